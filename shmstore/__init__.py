@@ -1,0 +1,23 @@
+"""shmstore: a shared-memory object store for HPC jobs.
+
+Processes on a node share objects through POSIX shared memory without copies
+and without a server in the request path; a per-node spill process keeps
+memory in check and cleans up after crashes; ``shmstore.mpi`` moves objects
+between nodes over MPI.
+"""
+from .errors import (ConfigError, InvalidArgumentError, InvalidKeyError, LayoutError, LockTimeoutError,
+                     ObjectExistsError, ObjectLockedError, ObjectNotFoundError, SerializationError,
+                     ShmStoreError, SpillError, StorageFullError, StoreClosedError, StoreInUseError,
+                     TransferError)
+from .levels import Capacity, Level, ObjectInfo
+from .store import Store, connect, destroy
+from .streams import Reader, Writer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "connect", "destroy", "Store", "Level", "ObjectInfo", "Capacity", "Reader", "Writer",
+    "ShmStoreError", "ObjectNotFoundError", "ObjectExistsError", "ObjectLockedError", "StorageFullError",
+    "LockTimeoutError", "LayoutError", "StoreClosedError", "StoreInUseError", "SpillError", "TransferError",
+    "InvalidArgumentError", "InvalidKeyError", "SerializationError", "ConfigError", "__version__",
+]

@@ -1,0 +1,176 @@
+"""Configuration: keyword argument, then ``SHMSTORE_<NAME>``, then default.
+
+One frozen :class:`Config` per connection. Unknown keywords raise
+``TypeError``; a bad value raises :class:`~shmstore.errors.ConfigError` naming
+the keyword or the environment variable it came from. There are no config
+files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+import tempfile
+from typing import Any, Callable
+
+from .errors import ConfigError
+from .units import parse_size
+
+__all__ = ["Config", "SHM_DIR"]
+
+SHM_DIR = "/dev/shm"
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _default_name() -> str:
+    job = os.environ.get("SLURM_JOB_ID")
+    return f"job-{job}" if job else "default"
+
+
+def _default_capacity() -> int:
+    """40% of the node's /dev/shm: room for the job's own buffers besides the store."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return 1 << 30
+    return max(64 << 20, int(st.f_blocks * st.f_frsize * 0.4)) & ~4095
+
+
+def _default_spill_dir() -> str:
+    for var in ("SLURM_TMPDIR", "TMPDIR"):
+        if os.environ.get(var):
+            return os.environ[var]
+    return tempfile.gettempdir()
+
+
+def _default_node() -> str:
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"not a boolean: {text!r} (use 1/0, true/false, yes/no, on/off)")
+
+
+def _parse_fraction(text: Any) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"must be in (0, 1], got {text!r}")
+    return value
+
+
+def _parse_positive_float(text: Any) -> float:
+    value = float(text)
+    if value <= 0:
+        raise ValueError(f"must be positive, got {text!r}")
+    return value
+
+
+def _parse_count(text: Any) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {text!r}")
+    return value
+
+
+def _parse_ident(text: Any) -> str:
+    value = str(text)
+    if not _NAME_RE.match(value):
+        raise ValueError(f"{value!r} must be 1-64 characters of A-Z a-z 0-9 _ . -")
+    return value
+
+
+def _parse_session(text: Any) -> str:
+    value = str(text)
+    if value and not _NAME_RE.match(value):
+        raise ValueError(f"{value!r} must be empty or 1-64 characters of A-Z a-z 0-9 _ . -")
+    return value
+
+
+def _parse_optional_size(text: Any) -> int | None:
+    return None if text in (None, "", "auto") else parse_size(text)
+
+
+# field name -> (parser, default factory)
+_FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[], Any]]] = {
+    "name": (_parse_ident, _default_name),
+    "capacity": (parse_size, _default_capacity),
+    "spill_dir": (str, _default_spill_dir),
+    "node": (_parse_ident, _default_node),
+    "session": (_parse_session, lambda: ""),
+    "persist": (lambda v: v if isinstance(v, bool) else _parse_bool(str(v)), lambda: False),
+    "high_watermark": (_parse_fraction, lambda: 0.9),
+    "low_watermark": (_parse_fraction, lambda: 0.75),
+    "lock_timeout": (_parse_positive_float, lambda: 10.0),
+    "spill_timeout": (_parse_positive_float, lambda: 60.0),
+    "max_objects": (_parse_count, lambda: 65536),
+    "max_clients": (_parse_count, lambda: 256),
+    "prefault": (parse_size, lambda: 1 << 30),
+    "disk_capacity": (_parse_optional_size, lambda: None),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Settings of one connection to a node store (immutable).
+
+    ``capacity``, ``max_objects`` and ``max_clients`` only matter to the
+    process that creates the store; attachers read them from the store.
+    """
+
+    name: str
+    capacity: int
+    spill_dir: str
+    node: str
+    session: str
+    persist: bool
+    high_watermark: float
+    low_watermark: float
+    lock_timeout: float
+    spill_timeout: float
+    max_objects: int
+    max_clients: int
+    prefault: int
+    disk_capacity: int | None
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "Config":
+        """Build a Config: keyword, then ``SHMSTORE_<NAME>``, then default.
+
+        Raises:
+            TypeError: an unknown keyword.
+            ConfigError: a value that does not parse, naming its source.
+        """
+        unknown = set(kwargs) - set(_FIELDS)
+        if unknown:
+            raise TypeError(f"unknown shmstore setting(s): {', '.join(sorted(unknown))}")
+        values = {name: _resolve(name, kwargs.get(name)) for name in _FIELDS}
+        if values["low_watermark"] >= values["high_watermark"]:
+            raise ConfigError(
+                f"low_watermark ({values['low_watermark']}) must be below high_watermark "
+                f"({values['high_watermark']}) (set SHMSTORE_LOW_WATERMARK / SHMSTORE_HIGH_WATERMARK)"
+            )
+        if values["capacity"] < 1 << 20:
+            raise ConfigError(f"capacity must be at least 1 MiB, got {values['capacity']} B (capacity= / SHMSTORE_CAPACITY)")
+        return cls(**values)
+
+
+def _resolve(name: str, value: Any) -> Any:
+    parser, default = _FIELDS[name]
+    source = f"{name}="
+    if value is None:
+        env = "SHMSTORE_" + name.upper()
+        if env not in os.environ:
+            return default()
+        value, source = os.environ[env], env
+    try:
+        return parser(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"bad value for {source}: {exc}") from None

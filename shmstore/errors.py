@@ -1,0 +1,125 @@
+"""Exceptions raised by shmstore.
+
+Everything raised on purpose derives from :class:`ShmStoreError`. Where a
+standard exception fits, ours also derives from it (``ObjectNotFoundError`` is
+a ``KeyError``, ``LockTimeoutError`` a ``TimeoutError``), so ``except KeyError``
+keeps working. Messages are lowercase, name the object with ``!r``, give sizes
+in human units and, for limits, end with the setting to change in parentheses.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "ShmStoreError",
+    "ObjectNotFoundError",
+    "ObjectExistsError",
+    "ObjectLockedError",
+    "StorageFullError",
+    "LockTimeoutError",
+    "LayoutError",
+    "StoreClosedError",
+    "StoreInUseError",
+    "SpillError",
+    "TransferError",
+    "InvalidArgumentError",
+    "InvalidKeyError",
+    "SerializationError",
+    "ConfigError",
+]
+
+
+class ShmStoreError(Exception):
+    """Root of every exception shmstore raises on purpose."""
+
+
+class ObjectNotFoundError(ShmStoreError, KeyError):
+    """No sealed object has this key (in this session)."""
+
+    def __init__(self, message: str, object_id: str | None = None) -> None:
+        super().__init__(message)
+        self.object_id = object_id
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ObjectExistsError(ShmStoreError):
+    """A put or writer names a key that is already present."""
+
+    def __init__(self, message: str, object_id: str | None = None) -> None:
+        super().__init__(message)
+        self.object_id = object_id
+
+
+class ObjectLockedError(ShmStoreError):
+    """The object is pinned, being written, or being moved."""
+
+    def __init__(self, message: str, object_id: str | None = None) -> None:
+        super().__init__(message)
+        self.object_id = object_id
+
+
+class StorageFullError(ShmStoreError):
+    """A level has no room; says what was asked, what is free, what to raise."""
+
+    def __init__(
+        self,
+        message: str,
+        object_id: str | None = None,
+        level: object = None,
+        requested: int | None = None,
+        available: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.object_id = object_id
+        self.level = level
+        self.requested = requested
+        self.available = available
+
+
+class LockTimeoutError(ShmStoreError, TimeoutError):
+    """A store lock was not acquired in time (``lock_timeout``)."""
+
+
+class LayoutError(ShmStoreError):
+    """A segment of another layout version, or not a shmstore segment."""
+
+
+class StoreClosedError(ShmStoreError):
+    """The store (or reader/writer) was used after ``close()``."""
+
+
+class StoreInUseError(ShmStoreError):
+    """``destroy`` refused: live clients are attached (pass ``force=True``)."""
+
+
+class SpillError(ShmStoreError):
+    """Moving an object between levels failed; the object stayed where it was."""
+
+    def __init__(self, message: str, object_id: str | None = None) -> None:
+        super().__init__(message)
+        self.object_id = object_id
+
+
+class TransferError(ShmStoreError):
+    """A transfer between nodes failed; nothing partial is left behind."""
+
+    def __init__(self, message: str, object_id: str | None = None, peer: int | None = None) -> None:
+        super().__init__(message)
+        self.object_id = object_id
+        self.peer = peer
+
+
+class InvalidArgumentError(ShmStoreError, ValueError):
+    """An argument is out of range (negative size, bad level, ...)."""
+
+
+class InvalidKeyError(InvalidArgumentError):
+    """A key is not a non-empty ``str`` of at most 255 UTF-8 bytes."""
+
+
+class SerializationError(ShmStoreError, TypeError):
+    """The value cannot be pickled (or unpickled)."""
+
+
+class ConfigError(ShmStoreError, ValueError):
+    """A configuration value (keyword or ``SHMSTORE_*`` variable) is invalid."""

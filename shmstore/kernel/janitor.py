@@ -1,0 +1,58 @@
+"""Reclaiming what dead processes held: pins, half-written objects, client slots.
+
+Run by the spill process (and by any client that finds the spill process
+gone). Each step takes only the lock of the entry it repairs, so clients keep
+working while a dead process's leftovers are cleaned up.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import layout as L
+from .node import NodeStore, pid_alive
+
+__all__ = ["reclaim", "dead_clients", "janitor_pass"]
+
+
+def dead_clients(node: NodeStore) -> list[tuple[int, int]]:
+    """(slot, pid) of registered clients whose process is gone."""
+    return [(slot, pid) for slot, pid, start in node.clients() if not pid_alive(pid, start)]
+
+
+def reclaim(node: NodeStore, slot: int) -> tuple[int, int]:
+    """Release everything client ``slot`` held, then free its slot.
+
+    Returns:
+        (objects dropped, bytes freed) - unsealed writes and deleted objects
+        whose last pin it was.
+    """
+    buf, lay, table = node.meta.mm, node.layout, node.table
+    dropped = freed = 0
+    entries = L.entry_table(buf, lay)
+    for idx in np.flatnonzero((entries["state"] == L.WRITING) & (entries["writer"] == slot)):
+        idx = int(idx)
+        with node.stripe_of(idx):
+            eoff = lay.entry(idx)
+            e = L.unpack_entry(buf, eoff)
+            if e.state == L.WRITING and e.writer == slot:
+                table.unlink(idx, table.bucket_of(idx))
+                node.release(idx)
+                dropped, freed = dropped + 1, freed + e.size
+    for idx in table.pinned_by(slot):
+        idx = int(idx)
+        with node.stripe_of(idx):
+            e = L.unpack_entry(buf, lay.entry(idx))
+            node.unpin(slot, idx)
+            if e.state == L.DELETED and e.pins == 1:
+                dropped, freed = dropped + 1, freed + e.size
+    node.deregister(slot)
+    return dropped, freed
+
+
+def janitor_pass(node: NodeStore) -> list[tuple[int, int, int, int]]:
+    """Reclaim every dead client of ``node``: [(slot, pid, objects dropped, bytes freed)]."""
+    out = []
+    for slot, pid in dead_clients(node):
+        dropped, freed = reclaim(node, slot)
+        out.append((slot, pid, dropped, freed))
+    return out

@@ -1,0 +1,610 @@
+"""All binary layout of a node store: the metadata segment and object headers.
+
+Nothing else in shmstore computes an offset into shared memory: the other
+modules call the pack/unpack functions here, which are pure functions over a
+buffer (``mmap``, ``memoryview`` or ``bytearray``) and an offset.
+
+Metadata segment (``/shmstore-<uid>-<name>-<node>-meta``), sections in order,
+each aligned to 64 bytes (``Layout`` computes the offsets from the header)::
+
+    offset   size                 what
+    0        4096                 HEADER (identity, fixed at creation) + ALLOC_STATE
+                                  + SPILL_STATE
+    4096     MAX_SESSIONS * 64    session names (SESSION records); id 0 is ""
+    ...      nlocks * 64          process-shared robust mutexes: ADMIN, ALLOC,
+                                  SPILL, then one per key stripe
+    ...      max_clients * 64     CLIENT records (attached processes)
+    ...      nbuckets * 4         hash bucket heads (i32, 1-based entry index, 0 = none)
+    ...      max_objects * 448    ENTRY records (the object table)
+    ...      nextents * 40        EXTENT records (the arena allocator)
+    ...      max_clients * B      pin bitmaps: bit i of client c = c pins entry i
+
+HEADER (offset 0)::
+
+    off  size type    field
+    0    8    8s      magic b"SHMSTOR\\0"
+    8    4    u32     layout_version (LAYOUT_VERSION)
+    12   4    u32     state: 0 initialising, 1 ready, 2 destroying
+    16   4    u32     flags: 1 persistent
+    20   4    u32     uid of the owner
+    24   4    i32     pid of the creator
+    28   4    i32     pid of the spill process (0 none, -1 being started)
+    32   8    u64     capacity of the MEMORY arena in bytes
+    40   8    u64     size of this segment
+    48   4    u32     max_objects
+    52   4    u32     max_clients
+    56   4    u32     nstripes
+    60   4    u32     nbuckets
+    64   8    f64     creation time (time.time())
+    72   64   64s     store name (NUL padded)
+    136  64   64s     node id (NUL padded)
+
+ALLOC_STATE (offset 256, guarded by the ALLOC lock)::
+
+    0    24   3*u64   used bytes per level (GPU, MEMORY, DISK)
+    24   8    u64     live objects
+    32   8    u64     arena frontier: end of the highest extent ever handed out
+    40   4    u32     entries never used yet start here (0-based)
+    44   4    i32     head of the free entry list (1-based, 0 none)
+    48   4    u32     extents never used yet start here (0-based)
+    52   4    i32     head of the free extent-record list (1-based)
+    56   8    u64     bitmap of non-empty allocator bins
+    64   256  64*i32  allocator bins: free extents with size in [2**k, 2**(k+1))
+    320  8    u64     LRU clock (bumped on every get/put)
+
+ENTRY (object table record, ENTRY_SIZE bytes)::
+
+    0    8    u64     offset of the data in its level (arena offset for MEMORY)
+    8    8    u64     stored size in bytes (allocation for MEMORY)
+    16   8    u64     logical size (what ObjectInfo.size reports)
+    24   8    f64     last access (LRU clock value)
+    32   8    f64     creation time
+    40   4    u32     crc32 of (session, key)
+    44   4    i32     next entry in the bucket chain (1-based, 0 end)
+    48   4    u32     generation (bumped whenever the entry is reused)
+    52   4    u32     number of client processes pinning it
+    56   4    i32     client slot of the writer while WRITING, else -1
+    60   4    i32     extent record of the data (1-based, 0 none)
+    64   4    u32     number of blobs
+    68   2    u16     key length in bytes
+    70   2    u16     session id
+    72   1    u8      state: 0 free, 1 writing, 2 sealed, 3 deleted (hidden, pinned)
+    73   1    u8      kind: 0 raw bytes, 1 ndarray, 2 pickle5
+    74   1    u8      level (Level value)
+    75   1    u8      flags: 1 being moved
+    80   16   16s     ndarray dtype.str
+    96   1    u8      ndarray ndim (<= 8)
+    97   1    u8      ndarray order: 0 C, 1 F
+    104  64   8*i64   ndarray shape
+    168  256  bytes   key (UTF-8)
+
+EXTENT (allocator record, 40 bytes)::
+
+    0    8    u64     arena offset
+    8    8    u64     size
+    16   4    i32     physical predecessor (1-based, 0 none)
+    20   4    i32     physical successor
+    24   4    i32     previous in its free bin list
+    28   4    i32     next in its free bin list
+    32   4    i32     1 free, 2 used, 0 record unused
+    36   4    i32     owning entry (1-based) while used
+
+CLIENT (64 bytes): pid i32, state i32 (0 free, 1 attached), start time u64
+(``/proc/<pid>/stat`` field 22, tells a reused pid apart), attach time f64.
+
+Pickled objects in the arena start with OBJECT_HEADER (nblobs u32, flags u32,
+pickle length u64), then nblobs BLOB records (offset u64 from the object
+start, length u64), then the pickle stream, then the blobs at 64-byte aligned
+offsets.
+"""
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+import numpy as np
+
+MAGIC = b"SHMSTOR\0"
+LAYOUT_VERSION = 1
+HEADER_SIZE = 4096
+MAX_SESSIONS = 256
+MAX_KEY = 255
+MAX_NDIM = 8
+ALIGN = 64
+PAGE = 4096
+NBINS = 64
+
+# lock indices
+LOCK_ADMIN, LOCK_ALLOC, LOCK_SPILL, LOCK_FIRST_STRIPE = 0, 1, 2, 3
+LOCK_STRIDE = 64
+
+# entry states and kinds
+FREE, WRITING, SEALED, DELETED = 0, 1, 2, 3
+KIND_RAW, KIND_NDARRAY, KIND_PICKLE = 0, 1, 2
+FLAG_MOVING = 1
+# header states and flags
+STATE_INIT, STATE_READY, STATE_DESTROYING = 0, 1, 2
+FLAG_PERSIST = 1
+# extent record flags
+EXT_UNUSED, EXT_FREE, EXT_USED = 0, 1, 2
+
+HEADER = struct.Struct("<8sIIIIiiQQIIIId64s64s")
+ALLOC_OFFSET = 256
+ALLOC_STATE = struct.Struct("<3QQQIiIiQ")
+BINS = struct.Struct(f"<{NBINS}i")
+BINS_OFFSET = ALLOC_OFFSET + ALLOC_STATE.size
+CLOCK_OFFSET = ALLOC_OFFSET + 320
+SPILL_OFFSET = 1024
+SESSION = struct.Struct("<B63s")
+SESSION_SIZE = 64
+CLIENT = struct.Struct("<iiQd")
+CLIENT_SIZE = 64
+ENTRY_HEAD = struct.Struct("<QQQddIiIIiiIHHBBBB4x")
+ENTRY_ARRAY = struct.Struct("<16sBB6x8q")
+ENTRY_ARRAY_OFFSET = 80
+ENTRY_KEY_OFFSET = 168
+ENTRY_SIZE = 448
+EXTENT = struct.Struct("<QQiiiiii")
+OBJECT_HEADER = struct.Struct("<IIQ")
+BLOB = struct.Struct("<QQ")
+
+_U8 = struct.Struct("<B")
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+_U64 = struct.Struct("<Q")
+_F64 = struct.Struct("<d")
+# entry field offsets (see the table above)
+_E_ATIME, _E_HASH, _E_NEXT, _E_GEN, _E_PINS, _E_WRITER, _E_EXTENT = 24, 40, 44, 48, 52, 56, 60
+_E_STATE, _E_LEVEL, _E_FLAGS = 72, 74, 75
+_H_STATE, _H_FLAGS, _H_SPILL_PID = 12, 16, 28
+
+# numpy view of the entry table, for vectorised scans (list, janitor, spill policy)
+ENTRY_DTYPE = np.dtype({
+    "names": ["offset", "size", "nbytes", "atime", "ctime", "hash", "next", "gen", "pins",
+              "writer", "extent", "nblobs", "keylen", "session", "state", "kind", "level", "flags"],
+    "formats": ["<u8", "<u8", "<u8", "<f8", "<f8", "<u4", "<i4", "<u4", "<u4",
+                "<i4", "<i4", "<u4", "<u2", "<u2", "u1", "u1", "u1", "u1"],
+    "offsets": [0, 8, 16, 24, 32, 40, 44, 48, 52, 56, 60, 64, 68, 70, 72, 73, 74, 75],
+    "itemsize": ENTRY_SIZE,
+})
+CLIENT_DTYPE = np.dtype({"names": ["pid", "state", "start", "attached"],
+                         "formats": ["<i4", "<i4", "<u8", "<f8"],
+                         "offsets": [0, 4, 8, 16], "itemsize": CLIENT_SIZE})
+
+
+def _align(n: int, to: int = ALIGN) -> int:
+    return (n + to - 1) // to * to
+
+
+def align(n: int) -> int:
+    """Round ``n`` up to the arena alignment (64 bytes)."""
+    return (n + ALIGN - 1) & ~(ALIGN - 1)
+
+
+def page_align(n: int) -> int:
+    """Round ``n`` up to a page."""
+    return (n + PAGE - 1) & ~(PAGE - 1)
+
+
+class Header(NamedTuple):
+    magic: bytes
+    version: int
+    state: int
+    flags: int
+    uid: int
+    creator_pid: int
+    spill_pid: int
+    capacity: int
+    meta_size: int
+    max_objects: int
+    max_clients: int
+    nstripes: int
+    nbuckets: int
+    created: float
+    name: str
+    node: str
+
+
+class Layout:
+    """Offsets of every section of a metadata segment, computed from its sizes."""
+
+    def __init__(self, max_objects: int, max_clients: int, nstripes: int) -> None:
+        self.max_objects = max_objects
+        self.max_clients = max_clients
+        self.nstripes = nstripes
+        self.nbuckets = 1 << max(4, (max_objects - 1).bit_length())
+        self.nextents = 2 * max_objects + 2
+        self.nlocks = LOCK_FIRST_STRIPE + nstripes
+        self.bitmap_bytes = _align((max_objects + 7) // 8)
+        self.sessions = HEADER_SIZE
+        self.locks = _align(self.sessions + MAX_SESSIONS * SESSION_SIZE)
+        self.clients = _align(self.locks + self.nlocks * LOCK_STRIDE)
+        self.buckets = _align(self.clients + max_clients * CLIENT_SIZE)
+        self.entries = _align(self.buckets + self.nbuckets * 4)
+        self.extents = _align(self.entries + max_objects * ENTRY_SIZE)
+        self.pinmaps = _align(self.extents + self.nextents * EXTENT.size)
+        self.size = page_align(self.pinmaps + max_clients * self.bitmap_bytes)
+
+    @classmethod
+    def from_header(cls, h: Header) -> "Layout":
+        return cls(h.max_objects, h.max_clients, h.nstripes)
+
+    def lock_offset(self, index: int) -> int:
+        return self.locks + index * LOCK_STRIDE
+
+    def stripe_lock(self, stripe: int) -> int:
+        return LOCK_FIRST_STRIPE + stripe
+
+    def entry(self, idx: int) -> int:
+        """Offset of entry ``idx`` (0-based)."""
+        return self.entries + idx * ENTRY_SIZE
+
+    def bucket(self, b: int) -> int:
+        return self.buckets + 4 * b
+
+    def extent(self, rec: int) -> int:
+        """Offset of extent record ``rec`` (1-based)."""
+        return self.extents + (rec - 1) * EXTENT.size
+
+    def client(self, slot: int) -> int:
+        return self.clients + slot * CLIENT_SIZE
+
+    def session(self, sid: int) -> int:
+        return self.sessions + sid * SESSION_SIZE
+
+    def pinmap(self, slot: int) -> int:
+        return self.pinmaps + slot * self.bitmap_bytes
+
+    def pinbit(self, slot: int, idx: int) -> tuple[int, int]:
+        """(byte offset, bit mask) of entry ``idx`` in client ``slot``'s pin bitmap."""
+        return self.pinmap(slot) + (idx >> 3), 1 << (idx & 7)
+
+
+# ---- header -----------------------------------------------------------------
+
+def pack_header(buf, h: Header) -> None:
+    HEADER.pack_into(buf, 0, h.magic, h.version, h.state, h.flags, h.uid, h.creator_pid,
+                     h.spill_pid, h.capacity, h.meta_size, h.max_objects, h.max_clients,
+                     h.nstripes, h.nbuckets, h.created, h.name.encode(), h.node.encode())
+
+
+def unpack_header(buf) -> Header:
+    f = list(HEADER.unpack_from(buf, 0))
+    f[14] = f[14].rstrip(b"\0").decode(errors="replace")
+    f[15] = f[15].rstrip(b"\0").decode(errors="replace")
+    return Header(*f)
+
+
+def header_state(buf) -> int:
+    return _U32.unpack_from(buf, _H_STATE)[0]
+
+
+def set_header_state(buf, state: int) -> None:
+    _U32.pack_into(buf, _H_STATE, state)
+
+
+def header_flags(buf) -> int:
+    return _U32.unpack_from(buf, _H_FLAGS)[0]
+
+
+def set_header_flags(buf, flags: int) -> None:
+    _U32.pack_into(buf, _H_FLAGS, flags)
+
+
+def spill_pid(buf) -> int:
+    return _I32.unpack_from(buf, _H_SPILL_PID)[0]
+
+
+def set_spill_pid(buf, pid: int) -> None:
+    _I32.pack_into(buf, _H_SPILL_PID, pid)
+
+
+# ---- allocator state --------------------------------------------------------
+
+class AllocState(NamedTuple):
+    used_gpu: int
+    used_memory: int
+    used_disk: int
+    nobjects: int
+    frontier: int
+    entry_next: int
+    entry_free: int
+    extent_next: int
+    extent_free: int
+    bin_mask: int
+
+
+def unpack_alloc(buf) -> AllocState:
+    return AllocState(*ALLOC_STATE.unpack_from(buf, ALLOC_OFFSET))
+
+
+def pack_alloc(buf, s: AllocState) -> None:
+    ALLOC_STATE.pack_into(buf, ALLOC_OFFSET, *s)
+
+
+def used(buf, level: int) -> int:
+    return _U64.unpack_from(buf, ALLOC_OFFSET + 8 * level)[0]
+
+
+def set_used(buf, level: int, value: int) -> None:
+    _U64.pack_into(buf, ALLOC_OFFSET + 8 * level, value)
+
+
+def nobjects(buf) -> int:
+    return _U64.unpack_from(buf, ALLOC_OFFSET + 24)[0]
+
+
+def set_nobjects(buf, value: int) -> None:
+    _U64.pack_into(buf, ALLOC_OFFSET + 24, value)
+
+
+def frontier(buf) -> int:
+    return _U64.unpack_from(buf, ALLOC_OFFSET + 32)[0]
+
+
+def set_frontier(buf, value: int) -> None:
+    _U64.pack_into(buf, ALLOC_OFFSET + 32, value)
+
+
+def entry_cursor(buf) -> tuple[int, int]:
+    """(first never-used entry, head of the free entry list)."""
+    return _U32.unpack_from(buf, ALLOC_OFFSET + 40)[0], _I32.unpack_from(buf, ALLOC_OFFSET + 44)[0]
+
+
+def set_entry_cursor(buf, next_unused: int, free_head: int) -> None:
+    _U32.pack_into(buf, ALLOC_OFFSET + 40, next_unused)
+    _I32.pack_into(buf, ALLOC_OFFSET + 44, free_head)
+
+
+def extent_cursor(buf) -> tuple[int, int]:
+    return _U32.unpack_from(buf, ALLOC_OFFSET + 48)[0], _I32.unpack_from(buf, ALLOC_OFFSET + 52)[0]
+
+
+def set_extent_cursor(buf, next_unused: int, free_head: int) -> None:
+    _U32.pack_into(buf, ALLOC_OFFSET + 48, next_unused)
+    _I32.pack_into(buf, ALLOC_OFFSET + 52, free_head)
+
+
+def bin_mask(buf) -> int:
+    return _U64.unpack_from(buf, ALLOC_OFFSET + 56)[0]
+
+
+def set_bin_mask(buf, mask: int) -> None:
+    _U64.pack_into(buf, ALLOC_OFFSET + 56, mask)
+
+
+def bin_head(buf, k: int) -> int:
+    return _I32.unpack_from(buf, BINS_OFFSET + 4 * k)[0]
+
+
+def set_bin_head(buf, k: int, rec: int) -> None:
+    _I32.pack_into(buf, BINS_OFFSET + 4 * k, rec)
+
+
+def clear_bins(buf) -> None:
+    BINS.pack_into(buf, BINS_OFFSET, *([0] * NBINS))
+
+
+def tick(buf) -> float:
+    """Advance and return the store-wide LRU clock (callers hold a lock)."""
+    value = _F64.unpack_from(buf, CLOCK_OFFSET)[0] + 1.0
+    _F64.pack_into(buf, CLOCK_OFFSET, value)
+    return value
+
+
+# ---- entries ----------------------------------------------------------------
+
+class EntryHead(NamedTuple):
+    offset: int
+    size: int
+    nbytes: int
+    atime: float
+    ctime: float
+    hash: int
+    next: int
+    gen: int
+    pins: int
+    writer: int
+    extent: int
+    nblobs: int
+    keylen: int
+    session: int
+    state: int
+    kind: int
+    level: int
+    flags: int
+
+
+def unpack_entry(buf, eoff: int) -> EntryHead:
+    return EntryHead._make(ENTRY_HEAD.unpack_from(buf, eoff))
+
+
+def pack_entry(buf, eoff: int, e: EntryHead) -> None:
+    ENTRY_HEAD.pack_into(buf, eoff, *e)
+
+
+def entry_probe(buf, eoff: int) -> tuple[int, int, int, int]:
+    """(hash, next, keylen, session) for a chain walk."""
+    h, nxt = struct.unpack_from("<Ii", buf, eoff + _E_HASH)
+    keylen, session = struct.unpack_from("<HH", buf, eoff + 68)
+    return h, nxt, keylen, session
+
+
+def entry_key(buf, eoff: int, keylen: int) -> bytes:
+    return bytes(buf[eoff + ENTRY_KEY_OFFSET: eoff + ENTRY_KEY_OFFSET + keylen])
+
+
+def set_entry_key(buf, eoff: int, key: bytes) -> None:
+    buf[eoff + ENTRY_KEY_OFFSET: eoff + ENTRY_KEY_OFFSET + len(key)] = key
+
+
+def bucket_head(buf, boff: int) -> int:
+    return _I32.unpack_from(buf, boff)[0]
+
+
+def set_bucket_head(buf, boff: int, rec: int) -> None:
+    _I32.pack_into(buf, boff, rec)
+
+
+def entry_next(buf, eoff: int) -> int:
+    return _I32.unpack_from(buf, eoff + _E_NEXT)[0]
+
+
+def set_entry_next(buf, eoff: int, nxt: int) -> None:
+    _I32.pack_into(buf, eoff + _E_NEXT, nxt)
+
+
+def entry_state(buf, eoff: int) -> int:
+    return buf[eoff + _E_STATE]
+
+
+def set_entry_state(buf, eoff: int, state: int) -> None:
+    buf[eoff + _E_STATE] = state
+
+
+def entry_level(buf, eoff: int) -> int:
+    return buf[eoff + _E_LEVEL]
+
+
+def set_entry_level(buf, eoff: int, level: int) -> None:
+    buf[eoff + _E_LEVEL] = level
+
+
+def entry_flags(buf, eoff: int) -> int:
+    return buf[eoff + _E_FLAGS]
+
+
+def set_entry_flags(buf, eoff: int, flags: int) -> None:
+    buf[eoff + _E_FLAGS] = flags
+
+
+def entry_pins(buf, eoff: int) -> int:
+    return _U32.unpack_from(buf, eoff + _E_PINS)[0]
+
+
+def set_entry_pins(buf, eoff: int, pins: int) -> None:
+    _U32.pack_into(buf, eoff + _E_PINS, pins)
+
+
+def entry_gen(buf, eoff: int) -> int:
+    return _U32.unpack_from(buf, eoff + _E_GEN)[0]
+
+
+def entry_hash(buf, eoff: int) -> int:
+    return _U32.unpack_from(buf, eoff + _E_HASH)[0]
+
+
+def entry_extent(buf, eoff: int) -> int:
+    return _I32.unpack_from(buf, eoff + _E_EXTENT)[0]
+
+
+def set_entry_extent(buf, eoff: int, rec: int) -> None:
+    _I32.pack_into(buf, eoff + _E_EXTENT, rec)
+
+
+def set_entry_atime(buf, eoff: int, atime: float) -> None:
+    _F64.pack_into(buf, eoff + _E_ATIME, atime)
+
+
+def set_entry_writer(buf, eoff: int, slot: int) -> None:
+    _I32.pack_into(buf, eoff + _E_WRITER, slot)
+
+
+def unpack_entry_array(buf, eoff: int) -> tuple[str, tuple[int, ...], str]:
+    """(dtype str, shape, order) of an ndarray entry."""
+    f = ENTRY_ARRAY.unpack_from(buf, eoff + ENTRY_ARRAY_OFFSET)
+    ndim = f[1]
+    return f[0].rstrip(b"\0").decode(), tuple(f[3:3 + ndim]), "F" if f[2] else "C"
+
+
+def pack_entry_array(buf, eoff: int, dtype: str, shape: tuple[int, ...], order: str) -> None:
+    dims = list(shape) + [0] * (MAX_NDIM - len(shape))
+    ENTRY_ARRAY.pack_into(buf, eoff + ENTRY_ARRAY_OFFSET, dtype.encode(), len(shape),
+                          1 if order == "F" else 0, *dims)
+
+
+def entry_table(buf, layout: Layout) -> np.ndarray:
+    """Structured numpy view of the whole entry table (no copy)."""
+    return np.ndarray((layout.max_objects,), ENTRY_DTYPE, buffer=buf, offset=layout.entries)
+
+
+# ---- extents ----------------------------------------------------------------
+
+class Extent(NamedTuple):
+    offset: int
+    size: int
+    prev_phys: int
+    next_phys: int
+    prev_free: int
+    next_free: int
+    flags: int
+    owner: int
+
+
+def unpack_extent(buf, xoff: int) -> Extent:
+    return Extent._make(EXTENT.unpack_from(buf, xoff))
+
+
+def pack_extent(buf, xoff: int, x: Extent) -> None:
+    EXTENT.pack_into(buf, xoff, *x)
+
+
+# ---- clients and sessions ---------------------------------------------------
+
+def unpack_client(buf, coff: int) -> tuple[int, int, int, float]:
+    """(pid, state, start time, attach time)."""
+    return CLIENT.unpack_from(buf, coff)
+
+
+def pack_client(buf, coff: int, pid: int, state: int, start: int, attached: float) -> None:
+    CLIENT.pack_into(buf, coff, pid, state, start, attached)
+
+
+def client_table(buf, layout: Layout) -> np.ndarray:
+    return np.ndarray((layout.max_clients,), CLIENT_DTYPE, buffer=buf, offset=layout.clients)
+
+
+def unpack_session(buf, soff: int) -> str | None:
+    n, raw = SESSION.unpack_from(buf, soff)
+    return raw[:n - 1].decode() if n else None  # n = len + 1, so 0 means unused
+
+
+def pack_session(buf, soff: int, name: str) -> None:
+    raw = name.encode()
+    SESSION.pack_into(buf, soff, len(raw) + 1, raw)
+
+
+# ---- pin bitmaps ------------------------------------------------------------
+
+def pinmap(buf, layout: Layout, slot: int) -> np.ndarray:
+    return np.ndarray((layout.bitmap_bytes,), np.uint8, buffer=buf, offset=layout.pinmap(slot))
+
+
+# ---- pickled object header (lives in the arena) -----------------------------
+
+def object_header_size(nblobs: int) -> int:
+    return OBJECT_HEADER.size + nblobs * BLOB.size
+
+
+def plan_object(pickle_len: int, blob_lens: list[int]) -> tuple[int, list[int]]:
+    """Total size and blob offsets of a pickled object with these parts."""
+    pos = align(object_header_size(len(blob_lens)) + pickle_len)
+    offsets = []
+    for n in blob_lens:
+        offsets.append(pos)
+        pos = align(pos + n)
+    return max(pos, ALIGN), offsets
+
+
+def pack_object_header(buf, off: int, pickle_len: int, blobs: list[tuple[int, int]]) -> None:
+    OBJECT_HEADER.pack_into(buf, off, len(blobs), 0, pickle_len)
+    if blobs:
+        flat = [v for b in blobs for v in b]
+        struct.pack_into(f"<{len(flat)}Q", buf, off + OBJECT_HEADER.size, *flat)
+
+
+def unpack_object_header(buf, off: int = 0) -> tuple[int, int, list[tuple[int, int]]]:
+    """(pickle start, pickle length, [(blob offset, blob length)]) relative to ``off``."""
+    nblobs, _flags, pickle_len = OBJECT_HEADER.unpack_from(buf, off)
+    flat = struct.unpack_from(f"<{2 * nblobs}Q", buf, off + OBJECT_HEADER.size)
+    return object_header_size(nblobs), pickle_len, list(zip(flat[0::2], flat[1::2]))

@@ -1,0 +1,106 @@
+"""The only ctypes in shmstore: libc's robust pthread mutexes and madvise.
+
+Foreign calls through ctypes release the GIL, which is what we want for both a
+blocking lock and a long ``madvise(MADV_POPULATE_WRITE)``.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import mmap
+import time
+
+__all__ = [
+    "MUTEX_SIZE", "EOWNERDEAD", "ENOTRECOVERABLE", "address_of",
+    "mutex_init", "mutex_trylock", "mutex_lock", "mutex_timedlock", "mutex_unlock",
+    "mutex_consistent", "populate_write",
+]
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+MUTEX_SIZE = 40  # sizeof(pthread_mutex_t) on Linux x86-64 and aarch64 (glibc)
+EOWNERDEAD = errno.EOWNERDEAD
+ENOTRECOVERABLE = errno.ENOTRECOVERABLE
+_PTHREAD_PROCESS_SHARED = 1
+_PTHREAD_MUTEX_ROBUST = 1
+_MADV_POPULATE_WRITE = 23  # Linux 5.14; Python 3.11's mmap lacks the constant
+_CLOCK_MONOTONIC = 1
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _fn(name: str, *argtypes):
+    f = getattr(_libc, name)
+    f.argtypes = list(argtypes)
+    f.restype = ctypes.c_int
+    return f
+
+
+_vp = ctypes.c_void_p
+_attr_init = _fn("pthread_mutexattr_init", _vp)
+_attr_setpshared = _fn("pthread_mutexattr_setpshared", _vp, ctypes.c_int)
+_attr_setrobust = _fn("pthread_mutexattr_setrobust", _vp, ctypes.c_int)
+_attr_destroy = _fn("pthread_mutexattr_destroy", _vp)
+_init = _fn("pthread_mutex_init", _vp, _vp)
+mutex_trylock = _fn("pthread_mutex_trylock", _vp)
+mutex_lock = _fn("pthread_mutex_lock", _vp)
+mutex_unlock = _fn("pthread_mutex_unlock", _vp)
+mutex_consistent = _fn("pthread_mutex_consistent", _vp)
+try:  # glibc >= 2.30: waits on CLOCK_MONOTONIC, immune to clock steps
+    _clocklock = _fn("pthread_mutex_clocklock", _vp, ctypes.c_int, ctypes.POINTER(_Timespec))
+except AttributeError:  # pragma: no cover - old glibc
+    _clocklock = None
+_timedlock = _fn("pthread_mutex_timedlock", _vp, ctypes.POINTER(_Timespec))
+_madvise = _fn("madvise", _vp, ctypes.c_size_t, ctypes.c_int)
+
+
+def address_of(mm: mmap.mmap) -> tuple[int, object]:
+    """Base address of a mapping, plus the export that keeps it valid.
+
+    The returned object holds a buffer export on ``mm``: drop it before
+    ``mm.close()``.
+    """
+    anchor = ctypes.c_char.from_buffer(mm)
+    return ctypes.addressof(anchor), anchor
+
+
+def mutex_init(addr: int) -> None:
+    """Initialise a robust, process-shared mutex at ``addr``.
+
+    Raises:
+        OSError: pthread refused.
+    """
+    attr = ctypes.create_string_buffer(64)
+    for rc in (_attr_init(attr), _attr_setpshared(attr, _PTHREAD_PROCESS_SHARED),
+               _attr_setrobust(attr, _PTHREAD_MUTEX_ROBUST), _init(addr, attr)):
+        if rc:
+            raise OSError(rc, f"pthread mutex init: {errno.errorcode.get(rc, rc)}")
+    _attr_destroy(attr)
+
+
+def mutex_timedlock(addr: int, timeout: float) -> int:
+    """Wait up to ``timeout`` seconds; returns 0, ETIMEDOUT or EOWNERDEAD."""
+    if _clocklock is not None:
+        deadline = time.monotonic() + timeout
+        ts = _Timespec(int(deadline), int((deadline % 1) * 1e9))
+        return _clocklock(addr, _CLOCK_MONOTONIC, ctypes.byref(ts))
+    deadline = time.time() + timeout  # pragma: no cover - old glibc
+    ts = _Timespec(int(deadline), int((deadline % 1) * 1e9))
+    return _timedlock(addr, ctypes.byref(ts))
+
+
+def populate_write(addr: int, length: int) -> int:
+    """Fault pages in for writing without touching their contents.
+
+    Returns 0, or an errno: EINVAL where the kernel lacks MADV_POPULATE_WRITE,
+    EFAULT/ENOMEM where the backing tmpfs is full (where a plain write would
+    have raised SIGBUS).
+    """
+    if length <= 0:
+        return 0
+    if _madvise(addr, length, _MADV_POPULATE_WRITE) == 0:
+        return 0
+    return ctypes.get_errno()

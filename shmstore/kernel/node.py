@@ -1,0 +1,378 @@
+"""One process's attachment to a node store: segments, locks, clients.
+
+A node store is two POSIX shm segments named after the user, the store and
+the node (``/shmstore-<uid>-<name>-<node>-meta`` and ``...-arena``) plus a
+spill process. :meth:`NodeStore.open` creates them all-or-nothing on first
+use, or attaches; creation races are settled by ``O_EXCL`` on the metadata
+segment, and attachers wait for the creator to publish ``state = ready``.
+
+The lifecycle race with the janitor, step by step: the spill process takes
+the ADMIN lock, sees no client, sets ``state = destroying``, releases the
+lock and unlinks the names. A client that mapped the segment before the
+unlink takes the ADMIN lock to register, sees ``destroying``, detaches and
+starts over (creating a fresh store). Registration and the destroy decision
+both happen under the ADMIN lock, so exactly one of them wins.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from ..config import SHM_DIR, Config
+from ..errors import LayoutError, StorageFullError
+from ..units import format_size
+from . import layout as L
+from .alloc import Allocator
+from .lock import ShmLock, init_lock
+from .segment import Segment, unlink_segment
+from .table import Table
+
+__all__ = ["NodeStore", "store_prefix", "proc_start_time", "pid_alive"]
+
+NSTRIPES = 64
+_ATTACH_TIMEOUT = 10.0
+_POPULATE_CHUNK = 32 << 20
+_spawned: list[subprocess.Popen] = []
+
+
+def store_prefix(name: str, node: str, uid: int | None = None) -> str:
+    """Common prefix of a store's segment names."""
+    return f"/shmstore-{os.getuid() if uid is None else uid}-{name}-{node}"
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Start time of a live process (clock ticks since boot); None if gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+def pid_alive(pid: int, start: int = 0) -> bool:
+    """True if ``pid`` runs and (when ``start`` is given) is the same process."""
+    if pid <= 0:
+        return False
+    now = proc_start_time(pid)
+    return now is not None and (not start or now == start)
+
+
+def reap_children() -> None:
+    """Collect exited spill processes this process started (no zombies)."""
+    for p in list(_spawned):
+        if p.poll() is not None:
+            _spawned.remove(p)
+
+
+class NodeStore:
+    """The segments, locks and tables of one node store, mapped in this process.
+
+    Owns its mappings; ``close`` unmaps them. Only the janitor (spill
+    process), the last client, or :func:`shmstore.destroy` unlink the names.
+    Process-safe through its locks; thread-safe.
+    """
+
+    meta: Segment | None = None
+    arena: Segment | None = None
+    _stop: threading.Event | None = None
+    _populator: threading.Thread | None = None
+
+    def __init__(self, cfg: Config, meta: Segment, arena: Segment, created: bool) -> None:
+        self.cfg = cfg
+        self.meta, self.arena = meta, arena
+        self.created = created
+        self.prefix = store_prefix(cfg.name, cfg.node)
+        self.header = L.unpack_header(meta.mm)
+        self.layout = L.Layout.from_header(self.header)
+        self.capacity = self.header.capacity
+        self.alloc = Allocator(meta.mm, self.layout, self.capacity)
+        self.table = Table(meta.mm, self.layout, self.alloc)
+        base, timeout = meta.address, cfg.lock_timeout
+        lock = lambda i, name, rec=None: ShmLock(base + self.layout.lock_offset(i), name, timeout, rec)
+        self.admin = lock(L.LOCK_ADMIN, "admin")
+        self.alloc_lock = lock(L.LOCK_ALLOC, "alloc", self._repair_alloc)
+        self.spill_lock = lock(L.LOCK_SPILL, "spill")
+        self.stripes = [lock(self.layout.stripe_lock(s), f"stripe {s}", self._stripe_repair(s))
+                        for s in range(self.layout.nstripes)]
+        self.populated = 0
+
+    # ---- open / create / attach -------------------------------------------
+    @classmethod
+    def open(cls, cfg: Config, create: bool = True) -> "NodeStore":
+        """Attach to the store named by ``cfg``, creating it if needed.
+
+        Raises:
+            FileNotFoundError: it does not exist and ``create`` is False.
+            LayoutError, PermissionError: a segment that is not ours to use.
+            StorageFullError: /dev/shm cannot hold ``capacity``.
+        """
+        deadline = time.monotonic() + _ATTACH_TIMEOUT
+        prefix = store_prefix(cfg.name, cfg.node)
+        while True:
+            try:
+                return cls._attach(cfg, prefix, deadline)
+            except FileNotFoundError:
+                if not create:
+                    raise
+            except BlockingIOError:  # being created right now
+                if time.monotonic() > deadline:  # its creator died before sizing it
+                    unlink_segment(prefix + "-meta")
+                time.sleep(0.002)
+                continue
+            try:
+                return cls._create(cfg, prefix)
+            except FileExistsError:
+                pass  # lost the creation race: attach to the winner's store
+            if time.monotonic() > deadline:
+                raise LayoutError(f"store {cfg.name!r} on node {cfg.node!r} neither attachable nor creatable "
+                                  f"(segments {prefix}-*: remove them with `shmstore destroy {cfg.name}`)")
+            time.sleep(0.005)
+
+    @classmethod
+    def _create(cls, cfg: Config, prefix: str) -> "NodeStore":
+        lay = L.Layout(cfg.max_objects, cfg.max_clients, NSTRIPES)
+        capacity = L.page_align(cfg.capacity)
+        _check_room(capacity + lay.size)
+        meta = Segment.create(prefix + "-meta", lay.size)
+        arena = None
+        try:
+            buf = meta.mm
+            for i in range(lay.nlocks):
+                init_lock(meta.address + lay.lock_offset(i))
+            L.pack_header(buf, L.Header(L.MAGIC, L.LAYOUT_VERSION, L.STATE_INIT,
+                                        L.FLAG_PERSIST if cfg.persist else 0, os.getuid(), os.getpid(), 0,
+                                        capacity, lay.size, lay.max_objects, lay.max_clients, lay.nstripes,
+                                        lay.nbuckets, time.time(), cfg.name, cfg.node))
+            L.pack_session(buf, lay.session(0), "")
+            Allocator(buf, lay, capacity).init()
+            try:
+                arena = Segment.create(prefix + "-arena", capacity)
+            except FileExistsError:  # stale arena of a store whose metadata is gone
+                unlink_segment(prefix + "-arena")
+                arena = Segment.create(prefix + "-arena", capacity)
+            L.set_header_state(buf, L.STATE_READY)
+            return cls(cfg, meta, arena, created=True)
+        except BaseException:
+            if arena is not None:
+                arena.close()
+                arena.unlink()
+            meta.close()
+            meta.unlink()
+            raise
+
+    @classmethod
+    def _attach(cls, cfg: Config, prefix: str, deadline: float) -> "NodeStore":
+        meta = Segment.attach(prefix + "-meta")  # FileNotFoundError goes to open()
+        try:
+            h = _wait_ready(meta, prefix, deadline)
+            if meta.size < L.Layout.from_header(h).size:
+                raise LayoutError(f"segment {meta.name!r} is {format_size(meta.size)}, shorter than its header says")
+            try:
+                arena = Segment.attach(prefix + "-arena")
+            except FileNotFoundError:
+                raise LayoutError(f"store {cfg.name!r} has metadata but no arena segment "
+                                  f"(remove it with `shmstore destroy {cfg.name}`)") from None
+            return cls(cfg, meta, arena, created=False)
+        except BaseException:
+            meta.close()
+            raise
+
+    # ---- clients -----------------------------------------------------------
+    def register(self) -> int:
+        """Take a client slot for this process; returns the slot.
+
+        Raises:
+            FileNotFoundError: the store is being destroyed (open it again).
+            StorageFullError: every client slot is taken (``max_clients``).
+        """
+        pid, start = os.getpid(), proc_start_time(os.getpid()) or 0
+        with self.admin:
+            if L.header_state(self.meta.mm) != L.STATE_READY:
+                raise FileNotFoundError(f"store {self.cfg.name!r} is being destroyed")
+            clients = L.client_table(self.meta.mm, self.layout)
+            free = [int(s) for s in (clients["state"] == 0).nonzero()[0]]
+            if not free:
+                raise StorageFullError(
+                    f"store {self.cfg.name!r} has all {self.layout.max_clients} client slots taken "
+                    f"(raise max_clients= / SHMSTORE_MAX_CLIENTS when creating the store)")
+            slot = free[0]
+            L.pack_client(self.meta.mm, self.layout.client(slot), pid, 1, start, time.time())
+            return slot
+
+    def deregister(self, slot: int) -> int:
+        """Give slot ``slot`` back; returns how many clients remain."""
+        with self.admin:
+            L.pack_client(self.meta.mm, self.layout.client(slot), 0, 0, 0, 0.0)
+            return int((L.client_table(self.meta.mm, self.layout)["state"] == 1).sum())
+
+    def clients(self) -> list[tuple[int, int, int]]:
+        """(slot, pid, start time) of every registered client."""
+        t = L.client_table(self.meta.mm, self.layout)
+        return [(int(s), int(t["pid"][s]), int(t["start"][s])) for s in (t["state"] == 1).nonzero()[0]]
+
+    # ---- entries shared by every client (caller holds the entry's stripe lock) ---
+    def stripe_of(self, idx: int) -> ShmLock:
+        """The lock guarding entry ``idx`` (valid while the entry is pinned or locked)."""
+        return self.stripes[self.table.stripe_of(idx)]
+
+    def release(self, idx: int) -> None:
+        """Free entry ``idx`` and its space (already unlinked from its chain)."""
+        with self.alloc_lock:
+            self.table.release_entry(idx)
+
+    def unpin(self, slot: int, idx: int) -> None:
+        """Drop ``slot``'s pin on ``idx``; free a deleted entry once nobody pins it."""
+        if self.table.unpin_shared(slot, idx) == 0 and L.entry_state(self.meta.mm, self.layout.entry(idx)) == L.DELETED:
+            self.release(idx)
+
+    # ---- spill process -----------------------------------------------------
+    def spill_pid(self) -> int:
+        return L.spill_pid(self.meta.mm)
+
+    def ensure_spill(self) -> int:
+        """Start the spill process if none runs; returns its pid."""
+        reap_children()
+        with self.admin:
+            pid = L.spill_pid(self.meta.mm)
+            if pid_alive(pid):
+                return pid
+            persistent = bool(L.header_flags(self.meta.mm) & L.FLAG_PERSIST)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "shmstore.spill", "--name", self.cfg.name, "--node", self.cfg.node,
+                 "--spill-dir", self.cfg.spill_dir],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL if persistent else None,
+                start_new_session=True, close_fds=True)
+            _spawned.append(proc)
+            L.set_spill_pid(self.meta.mm, proc.pid)
+            return proc.pid
+
+    # ---- prefaulting -------------------------------------------------------
+    def start_populating(self, prefault: int) -> None:
+        """Fault the arena in ahead of use, in a background thread of this process."""
+        self._stop = threading.Event()
+        self._populator = threading.Thread(target=self._populate_loop, args=(prefault, self._stop),
+                                           name="shmstore-prefault", daemon=True)
+        self._populator.start()
+
+    def _populate_loop(self, prefault: int, stop: threading.Event) -> None:
+        while not stop.is_set():
+            target = min(self.capacity, max(prefault, L.frontier(self.meta.mm) + prefault))
+            if self.populated >= target:
+                stop.wait(0.2)
+                continue
+            n = min(_POPULATE_CHUNK, target - self.populated)
+            if self.arena.populate(self.populated, n):
+                return  # tmpfs full or kernel too old: writers populate what they use
+            self.populated += n
+
+    def wait_populated(self, nbytes: int, timeout: float = 60.0) -> bool:
+        """Wait until the first ``nbytes`` of the arena are faulted in here."""
+        deadline = time.monotonic() + timeout
+        while self.populated < min(nbytes, self.capacity):
+            if time.monotonic() > deadline or self._populator is None or not self._populator.is_alive():
+                return False
+            time.sleep(0.005)
+        return True
+
+    def ensure_populated(self, offset: int, length: int, key: str) -> None:
+        """Fault a range in before writing it, so a full /dev/shm is an error, not SIGBUS.
+
+        Raises:
+            StorageFullError: /dev/shm has no pages left for the range.
+        """
+        if offset + length <= self.populated or length == 0:
+            return
+        rc = self.arena.populate(offset, length)
+        if rc and rc != 22:  # EINVAL: no MADV_POPULATE_WRITE in this kernel; write and hope
+            raise StorageFullError(
+                f"cannot place {key!r} ({format_size(length)}): /dev/shm has no free pages left "
+                f"({os.strerror(rc)}; free /dev/shm or lower capacity= / SHMSTORE_CAPACITY)",
+                object_id=key, requested=length)
+
+    # ---- recovery -----------------------------------------------------------
+    def _stripe_repair(self, stripe: int):
+        return lambda: self.table.repair_pins(stripe)
+
+    def _repair_alloc(self) -> None:
+        """Rebuild allocator, entry free list and counters from the entry table."""
+        buf, lay = self.meta.mm, self.layout
+        t = L.entry_table(buf, lay)
+        next_unused, _ = L.entry_cursor(buf)
+        live = (t["state"] != L.FREE)
+        live[next_unused:] = False
+        mem = live & (t["level"] == 1) & (t["extent"] != 0)
+        owners = self.alloc.rebuild((int(t["offset"][i]), int(t["size"][i]), int(i) + 1) for i in mem.nonzero()[0])
+        for owner, rec in owners.items():
+            L.set_entry_extent(buf, lay.entry(owner - 1), rec)
+        head = 0
+        for i in reversed((~live[:next_unused]).nonzero()[0]):
+            L.set_entry_next(buf, lay.entry(int(i)), head)
+            head = int(i) + 1
+        L.set_entry_cursor(buf, next_unused, head)
+        for level in range(3):
+            L.set_used(buf, level, int(t["size"][live & (t["level"] == level)].sum()))
+        L.set_nobjects(buf, int(live.sum()))
+
+    # ---- teardown ------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the prefault thread and unmap; idempotent."""
+        if self._stop is not None:
+            self._stop.set()
+            if self._populator is not None and self._populator is not threading.current_thread():
+                self._populator.join(10)
+            self._stop = None
+        for seg in (self.arena, self.meta):
+            if seg is not None:
+                seg.close()
+
+    def unlink(self) -> None:
+        """Remove the store's segment names."""
+        unlink_segment(self.prefix + "-arena")
+        unlink_segment(self.prefix + "-meta")
+
+
+def _check_room(size: int) -> None:
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return
+    free = st.f_bavail * st.f_frsize
+    if size > free:
+        raise StorageFullError(
+            f"a store of {format_size(size)} does not fit in {SHM_DIR}: {format_size(free)} free of "
+            f"{format_size(st.f_blocks * st.f_frsize)} (lower capacity= / SHMSTORE_CAPACITY)",
+            requested=size, available=free)
+
+
+def _wait_ready(meta: Segment, prefix: str, deadline: float) -> L.Header:
+    """Validate the header and wait for the creator to finish initialising."""
+    while True:
+        h = L.unpack_header(meta.mm)
+        if h.magic != L.MAGIC:
+            if h.magic != b"\0" * 8:
+                raise LayoutError(f"segment {meta.name!r} is not a shmstore segment")
+            if time.monotonic() > deadline:  # its creator died before writing the header
+                unlink_segment(prefix + "-meta")
+                raise FileNotFoundError(f"store {prefix} was left half-created")
+        elif h.version != L.LAYOUT_VERSION:
+            raise LayoutError(f"segment {meta.name!r} has layout version {h.version}, this build reads {L.LAYOUT_VERSION}")
+        elif h.uid != os.getuid():
+            raise PermissionError(f"segment {meta.name!r} belongs to uid {h.uid}")
+        elif h.state == L.STATE_READY:
+            return h
+        elif h.state == L.STATE_DESTROYING:
+            raise FileNotFoundError(f"store {prefix} is being destroyed")
+        elif not pid_alive(h.creator_pid):  # creator died while initialising: stale
+            unlink_segment(prefix + "-arena")
+            unlink_segment(prefix + "-meta")
+            raise FileNotFoundError(f"store {prefix} was left half-created")
+        if time.monotonic() > deadline:
+            raise LayoutError(f"segment {meta.name!r} stays uninitialised (creator pid {h.creator_pid})")
+        time.sleep(0.002)

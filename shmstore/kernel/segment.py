@@ -1,0 +1,169 @@
+"""POSIX shared-memory segments: create, attach, close, unlink.
+
+The only module that touches posix_ipc shared memory and mmap.
+"""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import stat
+
+import posix_ipc
+
+from ..errors import StorageFullError
+from ..units import format_size
+from . import native
+
+__all__ = ["Segment", "segment_exists", "unlink_segment", "list_segments"]
+
+_SHM_DIR = "/dev/shm"
+
+
+class Segment:
+    """One named POSIX shared-memory segment mapped into this process.
+
+    The process that created it (``create``) and :func:`unlink_segment`
+    callers may unlink the name; ``close`` only unmaps. Not thread-safe to
+    close while other threads use the mapping.
+    """
+
+    name: str = ""
+    size: int = 0
+    mm: mmap.mmap | None = None
+    address: int = 0
+    _anchor: object = None
+    _fd: int = -1
+
+    def __init__(self, name: str, size: int, fd: int) -> None:
+        self.name = name
+        self.size = size
+        self._fd = fd
+        try:
+            self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self.address, self._anchor = native.address_of(self.mm)
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def create(cls, name: str, size: int) -> "Segment":
+        """Create a new owner-only segment of ``size`` bytes (all or nothing).
+
+        Raises:
+            FileExistsError: the name exists.
+            StorageFullError: /dev/shm cannot hold ``size`` bytes.
+        """
+        try:
+            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600)
+        except posix_ipc.ExistentialError as exc:
+            raise FileExistsError(errno.EEXIST, f"segment {name!r} exists") from exc
+        fd = shm.fd
+        try:
+            os.fchmod(fd, 0o600)  # the umask may have narrowed it further, never widened
+            os.ftruncate(fd, size)
+            return cls(name, size, fd)
+        except OSError as exc:
+            os.close(fd)
+            posix_ipc.unlink_shared_memory(name)
+            if exc.errno in (errno.ENOSPC, errno.ENOMEM):
+                raise StorageFullError(f"cannot create segment {name!r} of {format_size(size)}: {exc.strerror}") from exc
+            raise
+        except BaseException:
+            os.close(fd)
+            posix_ipc.unlink_shared_memory(name)
+            raise
+
+    @classmethod
+    def attach(cls, name: str) -> "Segment":
+        """Map an existing segment of this user.
+
+        Raises:
+            FileNotFoundError: no such segment.
+            BlockingIOError: the segment exists but is still empty (being created).
+            PermissionError: the segment belongs to another user or is not owner-only.
+        """
+        try:
+            shm = posix_ipc.SharedMemory(name, 0)
+        except posix_ipc.ExistentialError as exc:
+            raise FileNotFoundError(errno.ENOENT, f"no segment {name!r}") from exc
+        except posix_ipc.PermissionsError as exc:
+            raise PermissionError(errno.EACCES, f"segment {name!r} belongs to another user") from exc
+        fd = shm.fd
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.getuid():
+                raise PermissionError(errno.EACCES, f"segment {name!r} belongs to uid {st.st_uid}, not {os.getuid()}")
+            if stat.S_IMODE(st.st_mode) & 0o077:
+                raise PermissionError(errno.EACCES, f"segment {name!r} is readable by others (mode {stat.S_IMODE(st.st_mode):o})")
+            if st.st_size == 0:  # between the creator's shm_open and ftruncate
+                raise BlockingIOError(errno.EAGAIN, f"segment {name!r} is being created")
+            return cls(name, st.st_size, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def populate(self, offset: int, length: int) -> int:
+        """Fault ``[offset, offset+length)`` in for writing; returns 0 or an errno."""
+        start = offset & ~4095
+        end = min(self.size, (offset + length + 4095) & ~4095)
+        return native.populate_write(self.address + start, end - start)
+
+    def close(self) -> None:
+        """Unmap and close the descriptor; idempotent.
+
+        Raises nothing: if live views still export the mapping it stays
+        mapped until they are garbage collected.
+        """
+        self._anchor = None
+        if self.mm is not None:
+            try:
+                self.mm.close()
+            except BufferError:
+                pass  # views into it are alive; the mmap object unmaps when they die
+            self.mm = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def unlink(self) -> None:
+        """Remove the segment's name (creator or janitor only)."""
+        unlink_segment(self.name)
+
+    def __enter__(self) -> "Segment":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except OSError:
+            pass
+
+    def __reduce__(self):
+        return (Segment.attach, (self.name,))
+
+
+def unlink_segment(name: str) -> bool:
+    """Remove a segment name; False if it was already gone."""
+    try:
+        posix_ipc.unlink_shared_memory(name)
+        return True
+    except posix_ipc.ExistentialError:
+        return False
+
+
+def segment_exists(name: str) -> bool:
+    return os.path.exists(os.path.join(_SHM_DIR, name.lstrip("/")))
+
+
+def list_segments(prefix: str) -> list[str]:
+    """Names (with a leading slash) of segments in /dev/shm starting with ``prefix``."""
+    try:
+        entries = os.listdir(_SHM_DIR)
+    except OSError:
+        return []
+    bare = prefix.lstrip("/")
+    return sorted("/" + e for e in entries if e.startswith(bare))

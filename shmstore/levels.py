@@ -1,0 +1,75 @@
+"""Storage levels and the immutable values describing objects and capacity."""
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple, Sequence
+
+from .errors import InvalidArgumentError
+
+__all__ = ["Level", "ObjectInfo", "Capacity", "parse_levels"]
+
+
+class Level(enum.IntEnum):
+    """Where an object lives, ordered fast to slow: ``GPU < MEMORY < DISK``."""
+
+    GPU = 0
+    MEMORY = 1
+    DISK = 2
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+class ObjectInfo(NamedTuple):
+    """What the table says about one sealed object (a snapshot).
+
+    ``size`` is the object's logical size (bytes of a bytes-like value, the
+    stored serialized size otherwise); ``stored`` what it occupies on its level.
+    """
+
+    key: str
+    size: int
+    level: Level
+    pinned: bool
+    sealed: bool
+    nblobs: int
+    kind: str
+    stored: int
+    pins: int
+    session: str
+    created: float
+
+
+class Capacity(NamedTuple):
+    """Usage of one level (a snapshot). ``free = total - used``."""
+
+    total: int
+    used: int
+    pinned: int
+    free: int
+    objects: int
+    spillable: int = 0
+    spilled: int = 0
+    restored: int = 0
+
+
+def parse_levels(levels: object, default: Sequence[Level]) -> tuple[Level, ...]:
+    """Normalise a priority list of levels (``None`` gives ``default``).
+
+    Raises:
+        InvalidArgumentError: not a Level, a list of Levels, or empty.
+    """
+    if levels is None:
+        return tuple(default)
+    items = [levels] if isinstance(levels, (Level, int, str)) else list(levels)  # type: ignore[arg-type]
+    out = []
+    for item in items:
+        try:
+            lv = Level[item.upper()] if isinstance(item, str) else Level(item)
+        except (KeyError, ValueError):
+            raise InvalidArgumentError(f"not a storage level: {item!r} (use Level.MEMORY, Level.DISK or Level.GPU)") from None
+        if lv not in out:
+            out.append(lv)
+    if not out:
+        raise InvalidArgumentError("empty list of levels (give at least one Level)")
+    return tuple(out)

@@ -1,0 +1,271 @@
+"""The user API: :func:`connect`, :class:`Store`, :func:`destroy`.
+
+A :class:`Store` is one process's connection to its node's store: a client
+slot, a :class:`~shmstore.kernel.Kernel` for its session, and the policy the
+kernel leaves out (priority lists of levels, waiting for the spill process).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable
+
+from .config import Config
+from .errors import InvalidArgumentError, ShmStoreError, StoreClosedError, StoreInUseError
+from .kernel import Kernel, NodeStore
+from .kernel import layout as L
+from .kernel.node import pid_alive, reap_children, store_prefix
+from .kernel.segment import list_segments, unlink_segment
+from .levels import Capacity, Level, ObjectInfo, parse_levels
+from .streams import Reader, Writer
+
+__all__ = ["Store", "connect", "destroy"]
+
+_PUT_LEVELS = (Level.MEMORY,)
+
+
+class Store:
+    """A connection to this node's store (see :func:`connect`).
+
+    Owns a client slot, given back by ``close``; never destroys data other
+    processes use. Process-safe; thread-safe. Pickling sends the settings
+    only: the receiver connects to the same store.
+    """
+
+    _kernel: Kernel | None = None
+    _node: NodeStore | None = None
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        deadline = time.monotonic() + 10
+        while True:
+            node = NodeStore.open(config)
+            try:
+                slot = node.register()
+                break
+            except FileNotFoundError:  # the janitor is removing it: start a fresh one
+                node.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        self._node = node
+        try:
+            self._kernel = Kernel(node, slot, config.session)
+            self._kernel.on_detach = self._on_detach
+            node.ensure_spill()
+            node.start_populating(config.prefault)
+        except BaseException:
+            node.deregister(slot)
+            node.close()
+            raise
+
+    # ---- properties -----------------------------------------------------
+    @property
+    def kernel(self) -> Kernel:
+        """The kernel verbs on this store (never wait; raise at once when full)."""
+        return self._checked()
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def node(self) -> str:
+        return self.config.node
+
+    @property
+    def session(self) -> str:
+        return self.config.session
+
+    @property
+    def spill_pid(self) -> int:
+        """Pid of this node store's spill process (restarted here if it died)."""
+        self._checked()
+        return self._node.ensure_spill()
+
+    @property
+    def closed(self) -> bool:
+        return self._kernel is None or self._kernel._closed
+
+    def _checked(self) -> Kernel:
+        k = self._kernel
+        if k is None:
+            raise StoreClosedError("store is closed (connect() again)")
+        k._check()
+        return k
+
+    # ---- objects --------------------------------------------------------
+    def put(self, key: str, obj: Any, levels: Iterable[Level] | Level | None = None) -> ObjectInfo:
+        """Store ``obj`` under ``key`` on the first level of ``levels`` with room.
+
+        Numpy arrays, alone or inside containers, come back from ``get`` as
+        read-only zero-copy views; bytes-like values are stored raw.
+
+        Raises:
+            ObjectExistsError: ``key`` is present (delete it first).
+            StorageFullError: no level of ``levels`` has room.
+            SerializationError, InvalidKeyError: bad input; nothing changes.
+        """
+        order = parse_levels(levels, _PUT_LEVELS)
+        self._require_levels(order)
+        return self._checked().put(key, obj)
+
+    def get(self, key: str, conditions: Any = None, levels: Iterable[Level] | Level | None = None) -> Any:
+        """The value of ``key`` (views into shared memory for arrays and bytes).
+
+        ``conditions`` slices an array without materialising it, e.g.
+        ``conditions=(slice(0, 100),)``.
+
+        Raises:
+            ObjectNotFoundError: no such object in this session.
+            InvalidArgumentError: ``conditions`` on a non-array value.
+        """
+        if levels is not None:
+            self._require_levels(parse_levels(levels, _PUT_LEVELS))
+        return self._checked().get(key, conditions)
+
+    def _require_levels(self, order: tuple[Level, ...]) -> None:
+        if Level.MEMORY not in order:
+            raise InvalidArgumentError(f"levels {[lv.name for lv in order]} are not available in this store "
+                                       f"(use Level.MEMORY)")
+
+    def delete(self, key: str, missing_ok: bool = False) -> None:
+        """Remove ``key``: hidden at once, space freed when its last view goes.
+
+        Raises:
+            ObjectNotFoundError: no such object (unless ``missing_ok``).
+        """
+        self._checked().delete(key, missing_ok)
+
+    def __contains__(self, key: object) -> bool:
+        return self._checked().contains(key)  # type: ignore[arg-type]
+
+    def get_info(self, key: str) -> ObjectInfo:
+        """What the store knows about ``key``.
+
+        Raises:
+            ObjectNotFoundError: no such object.
+        """
+        return self._checked().info(key)
+
+    def list(self, level: Level | None = None) -> list[ObjectInfo]:
+        """Objects of this session, optionally only those on ``level``."""
+        return self._checked().list(None if level is None else parse_levels(level, ())[0])
+
+    def keys(self) -> list[str]:
+        return [i.key for i in self.list()]
+
+    def get_capacity(self) -> dict[Level, Capacity]:
+        """Total, used, pinned and free bytes per level."""
+        return self._checked().capacity()
+
+    def clear(self) -> int:
+        """Delete every object of this session; returns how many."""
+        k = self._checked()
+        infos = k.list()
+        for info in infos:
+            k.delete(info.key, missing_ok=True)
+        return len(infos)
+
+    def pin(self, key: str) -> None:
+        """Pin ``key`` (counted) so that spill never moves it."""
+        self._checked().pin(key)
+
+    def unpin(self, key: str) -> None:
+        """Undo one ``pin``."""
+        self._checked().unpin(key)
+
+    def open_writer(self, key: str, size: int, levels: Iterable[Level] | Level | None = None) -> Writer:
+        """A writer for a new raw object of exactly ``size`` bytes, sealed on close."""
+        self._require_levels(parse_levels(levels, _PUT_LEVELS))
+        return Writer(self._checked(), key, size)
+
+    def open_reader(self, key: str) -> Reader:
+        """A reader streaming the stored bytes of ``key`` (pinned while open)."""
+        return Reader(self._checked(), key)
+
+    # ---- lifecycle ------------------------------------------------------
+    def close(self) -> None:
+        """Detach this process; idempotent. Never destroys data others use.
+
+        If views returned by ``get`` are still alive, the mapping stays until
+        they are garbage collected.
+        """
+        if self._kernel is not None:
+            self._kernel.close()  # detaching runs _on_detach, now or when the last view dies
+
+    def _on_detach(self, remaining: int) -> None:
+        node, self._node = self._node, None
+        if node is not None:
+            node.close()
+        reap_children()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __reduce__(self):
+        return (_reconnect, (self.config,))
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<shmstore.Store {self.config.name!r} node={self.config.node!r} session={self.config.session!r} {state}>"
+
+
+def _reconnect(config: Config) -> Store:
+    return Store(config)
+
+
+def connect(name: str | None = None, **kwargs: Any) -> Store:
+    """Connect to this node's store, creating it on first use.
+
+    Args:
+        name: the store's name (``SHMSTORE_NAME``; default ``job-$SLURM_JOB_ID``
+            under Slurm, else ``"default"``).
+        **kwargs: ``capacity``, ``spill_dir``, ``session``, ``node``,
+            ``persist``, ``high_watermark``, ``low_watermark``,
+            ``lock_timeout``, ``max_objects``, ``max_clients``, ``prefault``.
+
+    Raises:
+        TypeError: an unknown setting. ConfigError: a bad value.
+        StorageFullError: /dev/shm cannot hold the capacity asked for.
+        LayoutError, PermissionError: the segments are not ours to use.
+    """
+    return Store(Config.from_kwargs(name=name, **kwargs))
+
+
+def destroy(name: str | None = None, force: bool = False, node: str | None = None) -> bool:
+    """Remove a store's segments and spill files.
+
+    Refuses while live clients are attached, unless ``force``.
+
+    Returns:
+        True if anything was removed.
+
+    Raises:
+        StoreInUseError: live clients are attached and ``force`` is False.
+    """
+    cfg = Config.from_kwargs(name=name, node=node)
+    prefix = store_prefix(cfg.name, cfg.node)
+    try:
+        ns = NodeStore.open(cfg, create=False)
+    except (FileNotFoundError, ShmStoreError, PermissionError, BlockingIOError):
+        return any([unlink_segment(n) for n in list_segments(prefix + "-")])
+    try:
+        with ns.admin:
+            live = [pid for _, pid, start in ns.clients() if pid_alive(pid, start)]
+            if live and not force:
+                raise StoreInUseError(f"store {cfg.name!r} has {len(live)} attached client(s) (pids "
+                                      f"{', '.join(map(str, live[:8]))}); close them or pass force=True")
+            L.set_header_state(ns.meta.mm, L.STATE_DESTROYING)
+        ns.unlink()
+    finally:
+        ns.close()
+    return True
