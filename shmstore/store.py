@@ -34,11 +34,11 @@ class Store:
     _kernel: Kernel | None = None
     _node: NodeStore | None = None
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, create: bool = True) -> None:
         self.config = config
         deadline = time.monotonic() + 10
         while True:
-            node = NodeStore.open(config)
+            node = NodeStore.open(config, create)
             try:
                 slot = node.register()
                 break
@@ -183,6 +183,20 @@ class Store:
         """A reader streaming the stored bytes of ``key`` (pinned while open)."""
         return Reader(self._checked(), key)
 
+    def status(self) -> dict[str, Any]:
+        """A snapshot of the whole node store: capacity per level, clients, spill process."""
+        k = self._checked()
+        node = self._node
+        spill = node.spill_pid()
+        return {
+            "name": self.config.name, "node": self.config.node, "segments": node.prefix + "-*",
+            "persistent": bool(L.header_flags(node.meta.mm) & L.FLAG_PERSIST),
+            "objects": L.nobjects(node.meta.mm),
+            "levels": {lv.name.lower(): c._asdict() for lv, c in k.capacity().items()},
+            "clients": [{"pid": pid, "alive": pid_alive(pid, start), "slot": slot} for slot, pid, start in node.clients()],
+            "spill": {"pid": spill, "alive": pid_alive(spill)},
+        }
+
     # ---- lifecycle ------------------------------------------------------
     def close(self) -> None:
         """Detach this process; idempotent. Never destroys data others use.
@@ -223,7 +237,7 @@ def _reconnect(config: Config) -> Store:
     return Store(config)
 
 
-def connect(name: str | None = None, **kwargs: Any) -> Store:
+def connect(name: str | None = None, *, create: bool = True, **kwargs: Any) -> Store:
     """Connect to this node's store, creating it on first use.
 
     Args:
@@ -232,13 +246,14 @@ def connect(name: str | None = None, **kwargs: Any) -> Store:
         **kwargs: ``capacity``, ``spill_dir``, ``session``, ``node``,
             ``persist``, ``high_watermark``, ``low_watermark``,
             ``lock_timeout``, ``max_objects``, ``max_clients``, ``prefault``.
+        create: False to attach only; a missing store raises FileNotFoundError.
 
     Raises:
         TypeError: an unknown setting. ConfigError: a bad value.
         StorageFullError: /dev/shm cannot hold the capacity asked for.
         LayoutError, PermissionError: the segments are not ours to use.
     """
-    return Store(Config.from_kwargs(name=name, **kwargs))
+    return Store(Config.from_kwargs(name=name, **kwargs), create)
 
 
 def destroy(name: str | None = None, force: bool = False, node: str | None = None) -> bool:

@@ -1,0 +1,97 @@
+"""The ``shmstore`` command: look into and manage node stores.
+
+    shmstore [--name NAME] [--node NODE] [--session S] [--json] status | ls | info KEY | rm KEY | destroy [NAME]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .errors import ShmStoreError
+from .store import connect, destroy
+from .units import format_size
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shmstore", description="Inspect and manage shmstore node stores.")
+    p.add_argument("--name", help="store name (default: $SHMSTORE_NAME, job-$SLURM_JOB_ID or 'default')")
+    p.add_argument("--node", help="node id (default: $SHMSTORE_NODE or the host name)")
+    p.add_argument("--session", help="session whose objects ls/info/rm see (default: '')")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("status", help="capacity and usage per level, clients, spill process")
+    sub.add_parser("ls", help="objects of the session")
+    sub.add_parser("info", help="one object").add_argument("key")
+    sub.add_parser("rm", help="delete an object").add_argument("key")
+    d = sub.add_parser("destroy", help="remove a store's segments and spill files")
+    d.add_argument("store", nargs="?", help="store name (default: --name)")
+    d.add_argument("--force", action="store_true", help="even while clients are attached")
+    return p
+
+
+def _open(args: argparse.Namespace):
+    kw = {k: v for k, v in (("node", args.node), ("session", args.session)) if v is not None}
+    return connect(args.name, create=False, prefault=0, **kw)
+
+
+def _print_status(st: dict[str, Any]) -> None:
+    print(f"store {st['name']!r} on node {st['node']!r} ({st['segments']}){' persistent' if st['persistent'] else ''}")
+    for level, c in st["levels"].items():
+        print(f"  {level:<7} used {format_size(c['used'])} of {format_size(c['total'])}, "
+              f"pinned {format_size(c['pinned'])}, {c['objects']} object(s)")
+    alive = sum(c["alive"] for c in st["clients"])
+    print(f"  clients {alive} alive: " + ", ".join(str(c["pid"]) for c in st["clients"]))
+    print(f"  spill process {st['spill']['pid']} ({'running' if st['spill']['alive'] else 'not running'})")
+
+
+def _info_dict(info) -> dict[str, Any]:
+    d = info._asdict()
+    d["level"] = info.level.name.lower()
+    return d
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.cmd == "destroy":
+        removed = destroy(args.store or args.name, force=args.force, node=args.node)
+        print(json.dumps({"removed": removed}) if args.json else ("removed" if removed else "nothing to remove"))
+        return 0
+    with _open(args) as store:
+        if args.cmd == "status":
+            st = store.status()
+            st["clients"] = [c for c in st["clients"] if c["pid"] != _own_pid()]
+            print(json.dumps(st, indent=2)) if args.json else _print_status(st)
+        elif args.cmd == "ls":
+            infos = store.list()
+            if args.json:
+                print(json.dumps([_info_dict(i) for i in infos], indent=2))
+            for i in [] if args.json else infos:
+                print(f"{i.key}\t{format_size(i.size)}\t{i.level.name.lower()}\t{i.kind}{'  pinned' if i.pinned else ''}")
+        elif args.cmd == "info":
+            info = store.get_info(args.key)
+            print(json.dumps(_info_dict(info), indent=2)) if args.json else print(
+                "\n".join(f"{k}: {v}" for k, v in _info_dict(info).items()))
+        elif args.cmd == "rm":
+            store.delete(args.key)
+            print(json.dumps({"deleted": args.key}) if args.json else f"deleted {args.key!r}")
+    return 0
+
+
+def _own_pid() -> int:
+    import os
+    return os.getpid()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except FileNotFoundError:
+        print(f"shmstore: no store {args.name or 'default'!r} on this node", file=sys.stderr)
+        return 1
+    except (ShmStoreError, PermissionError) as exc:
+        print(f"shmstore: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,277 @@
+"""The Store API on one process: values, views, deletes, pins, sessions, errors."""
+from __future__ import annotations
+
+import gc
+import pickle
+
+import numpy as np
+import pytest
+
+import shmstore
+from shmstore import Level
+
+
+def test_array_roundtrip_is_readonly_zero_copy_view(store):
+    a = np.arange(1000, dtype=np.float64).reshape(10, 100)
+    info = store.put("a", a)
+    assert info.size == a.nbytes and info.kind == "ndarray" and info.level is Level.MEMORY
+    got = store.get("a")
+    np.testing.assert_array_equal(got, a)
+    assert got.dtype == a.dtype and got.shape == a.shape
+    assert not got.flags.writeable and not got.flags.owndata
+    with pytest.raises(ValueError):
+        got[0, 0] = 1
+    again = store.get("a")
+    assert np.shares_memory(got, again)  # both views of the same shared bytes
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.asfortranarray(np.arange(60, dtype=np.int32).reshape(3, 4, 5)),
+    lambda: np.arange(100, dtype=np.int64)[::3],
+    lambda: np.arange(24).reshape(4, 6).T,
+    lambda: np.zeros((0, 5), np.float32),
+    lambda: np.array(3.5),
+    lambda: np.array(["a", "bcd"], dtype="<U3"),
+    lambda: np.arange(10, dtype=">i4"),
+    lambda: np.zeros(4, dtype=[("x", "<f8"), ("y", "<i2")]),
+    lambda: np.array([1, "x", None], dtype=object),
+    lambda: np.arange(8, dtype=np.complex128).reshape(2, 2, 2),
+])
+def test_arrays_of_every_layout_roundtrip(store, make):
+    a = make()
+    store.put("k", a)
+    got = store.get("k")
+    assert got.dtype == a.dtype and got.shape == a.shape
+    np.testing.assert_array_equal(got, a)
+    if a.flags.f_contiguous and not a.flags.c_contiguous:
+        assert got.flags.f_contiguous
+
+
+def test_state_dict_of_many_arrays_returns_views(store):
+    sd = {f"layer{i}.weight": np.full((i % 7 + 1, 3), i, np.float32) for i in range(1000)}
+    sd["empty"] = np.zeros(0)
+    sd["meta"] = {"step": 7, "names": ["a", "b"]}
+    info = store.put("sd", sd)
+    assert info.kind == "pickle" and info.nblobs >= 1000
+    got = store.get("sd")
+    assert got.keys() == sd.keys()
+    for k in sd:
+        if k == "meta":
+            assert got[k] == sd[k]
+        else:
+            np.testing.assert_array_equal(got[k], sd[k])
+    w = got["layer5.weight"]
+    assert not w.flags.writeable and not w.flags.owndata
+
+
+@pytest.mark.parametrize("value", [b"", b"hello", bytearray(b"\x00\x01" * 1000), memoryview(b"abcdef")[1:4]])
+def test_bytes_like_values_are_stored_raw(store, value):
+    store.put("b", value)
+    got = store.get("b")
+    assert isinstance(got, memoryview) and got.readonly
+    assert bytes(got) == bytes(value)
+    with store.open_reader("b") as r:
+        assert r.read() == bytes(value)
+
+
+@pytest.mark.parametrize("value", [None, 0, "text", [1, 2, (3, 4)], {"a": {"b": None}}, 1.5, {1, 2}])
+def test_plain_python_values_roundtrip(store, value):
+    store.put("v", value)
+    assert store.get("v") == value
+
+
+def test_conditions_slice_without_copy(store):
+    a = np.arange(10000).reshape(100, 100)
+    store.put("a", a)
+    part = store.get("a", conditions=(slice(10, 20), slice(0, 5)))
+    np.testing.assert_array_equal(part, a[10:20, :5])
+    assert not part.flags.owndata
+    with pytest.raises(shmstore.InvalidArgumentError):
+        store.get("a", conditions=(slice(0, 1),) * 5)
+    store.put("d", {"x": 1})
+    with pytest.raises(shmstore.InvalidArgumentError):
+        store.get("d", conditions=(slice(0, 1),))
+
+
+def test_put_twice_and_missing_keys(store):
+    store.put("x", 1)
+    with pytest.raises(shmstore.ObjectExistsError):
+        store.put("x", 2)
+    assert store.get("x") == 1
+    with pytest.raises(shmstore.ObjectNotFoundError) as err:
+        store.get("nope")
+    assert isinstance(err.value, KeyError) and "'nope'" in str(err.value)
+    with pytest.raises(KeyError):
+        store.delete("nope")
+    store.delete("nope", missing_ok=True)
+    assert "x" in store and "nope" not in store
+
+
+def test_delete_hides_at_once_but_views_stay_valid(store):
+    a = np.arange(100_000, dtype=np.int64)
+    store.put("a", a)
+    view = store.get("a")
+    used_before = store.get_capacity()[Level.MEMORY].used
+    store.delete("a")
+    assert "a" not in store
+    with pytest.raises(shmstore.ObjectNotFoundError):
+        store.get("a")
+    # the space is not reused while the view lives
+    assert store.get_capacity()[Level.MEMORY].used == used_before
+    store.put("a", np.zeros_like(a))  # the key is free again, in fresh space
+    np.testing.assert_array_equal(view, a)
+    derived = view[10:20]
+    del view
+    gc.collect()
+    np.testing.assert_array_equal(derived, a[10:20])
+    del derived
+    gc.collect()
+    assert store.get_capacity()[Level.MEMORY].used < used_before + a.nbytes
+
+
+def test_view_pins_until_collected_and_explicit_pins_count(store):
+    store.put("a", np.ones(10))
+    v = store.get("a")
+    assert store.get_info("a").pinned
+    del v
+    gc.collect()
+    assert not store.get_info("a").pinned
+    store.pin("a")
+    store.pin("a")
+    store.unpin("a")
+    assert store.get_info("a").pinned
+    store.unpin("a")
+    assert not store.get_info("a").pinned
+    with pytest.raises(shmstore.InvalidArgumentError):
+        store.unpin("a")
+
+
+def test_capacity_accounting_returns_to_zero(store):
+    cap = store.get_capacity()[Level.MEMORY]
+    assert cap.used == 0 and cap.free == cap.total == 64 << 20
+    for i in range(50):
+        store.put(f"k{i}", np.zeros(i * 100 + 1))
+    cap = store.get_capacity()[Level.MEMORY]
+    assert cap.objects == 50 and cap.used == sum(i.stored for i in store.list())
+    assert store.clear() == 50
+    cap = store.get_capacity()[Level.MEMORY]
+    assert cap.used == 0 and cap.objects == 0
+
+
+def test_freed_space_is_reused(store):
+    big = np.zeros(20 << 20, np.uint8)
+    for _ in range(10):  # 200 MiB through a 64 MiB arena
+        store.put("big", big)
+        store.delete("big")
+    assert store.get_capacity()[Level.MEMORY].used == 0
+
+
+def test_sessions_namespace_keys(name):
+    with shmstore.connect(name, capacity="16MiB", session="s1") as a, \
+            shmstore.connect(name, session="s2") as b:
+        a.put("k", 1)
+        b.put("k", 2)
+        assert a.get("k") == 1 and b.get("k") == 2
+        assert [i.key for i in a.list()] == ["k"]
+        b.clear()
+        assert "k" not in b and a.get("k") == 1
+
+
+def test_kernel_raises_full_at_once(store):
+    with pytest.raises(shmstore.StorageFullError) as err:
+        store.kernel.put("huge", np.zeros(65 << 20, np.uint8))
+    msg = str(err.value)
+    assert "'huge'" in msg and "MiB" in msg and "capacity" in msg
+    assert err.value.requested >= 65 << 20
+    assert "huge" not in store and store.get_capacity()[Level.MEMORY].used == 0
+    store.kernel.put("fits", np.zeros(1 << 20, np.uint8))
+    assert store.get("fits").nbytes == 1 << 20
+
+
+def test_object_table_full_is_clear(name):
+    with shmstore.connect(name, capacity="8MiB", max_objects=16) as s:
+        for i in range(16):
+            s.put(f"k{i}", i)
+        with pytest.raises(shmstore.StorageFullError, match="max_objects"):
+            s.put("one-more", 0)
+        s.delete("k0")
+        s.put("one-more", 0)
+
+
+@pytest.mark.parametrize("key", ["", "x" * 256, "é" * 128, 5, None, b"bytes", "\udc80"])
+def test_bad_keys_are_rejected_and_change_nothing(store, key):
+    with pytest.raises(shmstore.InvalidKeyError):
+        store.put(key, 1)
+    with pytest.raises(shmstore.InvalidKeyError):
+        store.get(key)
+    assert store.list() == []
+
+
+def test_longest_key_works(store):
+    key = "k" * 255
+    store.put(key, 1)
+    assert store.get(key) == 1 and store.list()[0].key == key
+
+
+def test_unpicklable_value_changes_nothing(store):
+    with pytest.raises(shmstore.SerializationError):
+        store.put("f", lambda: 1)
+    with pytest.raises(shmstore.SerializationError):
+        store.put("g", {"ok": np.ones(3), "bad": (x for x in [])})
+    assert store.list() == [] and store.get_capacity()[Level.MEMORY].used == 0
+
+
+def test_closed_store_raises(name):
+    s = shmstore.connect(name, capacity="8MiB")
+    s.put("a", 1)
+    s.close()
+    s.close()
+    for call in (lambda: s.get("a"), lambda: s.put("b", 1), lambda: "a" in s, lambda: s.list()):
+        with pytest.raises(shmstore.StoreClosedError):
+            call()
+
+
+def test_close_with_live_views_keeps_them_valid(name):
+    s = shmstore.connect(name, capacity="8MiB")
+    s.put("a", np.arange(1000))
+    view = s.get("a")
+    s.close()
+    np.testing.assert_array_equal(view, np.arange(1000))
+    del view
+    gc.collect()
+
+
+def test_capacity_larger_than_dev_shm_is_refused(name):
+    with pytest.raises(shmstore.StorageFullError, match="SHMSTORE_CAPACITY"):
+        shmstore.connect(name, capacity="100TiB")
+
+
+def test_store_pickles_as_its_settings(store):
+    store.put("a", 41)
+    clone = pickle.loads(pickle.dumps(store))
+    try:
+        assert clone.get("a") == 41 and clone.name == store.name
+    finally:
+        clone.close()
+
+
+def test_destroy_refuses_while_attached(name):
+    s = shmstore.connect(name, capacity="8MiB", persist=True)
+    s.put("a", 1)
+    with pytest.raises(shmstore.StoreInUseError):
+        shmstore.destroy(name)
+    s.close()
+    with shmstore.connect(name, create=False) as again:  # persistent: outlives its clients
+        assert again.get("a") == 1
+    assert shmstore.destroy(name) is True
+    with pytest.raises(FileNotFoundError):
+        shmstore.connect(name, create=False)
+
+
+def test_levels_argument_is_validated(store):
+    with pytest.raises(shmstore.InvalidArgumentError):
+        store.put("a", 1, levels=["tape"])
+    with pytest.raises(shmstore.InvalidArgumentError):
+        store.put("a", 1, levels=[])
+    store.put("a", 1, levels=[Level.MEMORY])
+    assert store.get("a", levels=Level.MEMORY) == 1
