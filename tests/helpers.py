@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import queue
 import signal
+import threading
 import subprocess
 import sys
 import textwrap
@@ -59,6 +61,14 @@ class Child:
         full_env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
         self.proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._pump, daemon=True, name=f"child-{self.pid}-stdout")
+        self._reader.start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
 
     @property
     def pid(self) -> int:
@@ -66,15 +76,17 @@ class Child:
 
     def readline(self, timeout: float = 30.0) -> str:
         """Next stdout line (raises if the child dies or takes too long)."""
-        import selectors
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout):
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            os.kill(self.pid, signal.SIGKILL)
+            err = self.proc.stderr.read()
             self.kill()
-            raise TimeoutError(f"child {self.pid} silent for {timeout} s; stderr: {self.proc.stderr.read()}")
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"child {self.pid} exited ({self.proc.wait()}): {self.proc.stderr.read()}")
+            raise TimeoutError(f"child {self.pid} silent for {timeout} s; stderr: {err}") from None
+        if line is None:
+            rc, err = self.proc.wait(), self.proc.stderr.read()
+            self._close_pipes()
+            raise RuntimeError(f"child {self.pid} exited ({rc}): {err}")
         return line.strip()
 
     def send(self, line: str) -> None:
@@ -102,6 +114,7 @@ class Child:
         return rc
 
     def _close_pipes(self) -> None:
+        self._reader.join(10)
         for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if f and not f.closed:
                 f.close()

@@ -1,0 +1,215 @@
+"""Several real processes on one store, and processes killed with SIGKILL."""
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import shmstore
+from shmstore import Level
+from shmstore.kernel import layout as L
+
+from helpers import Child, shm_segments, spill_running, wait_for
+
+CONNECT = "import shmstore, numpy as np, os, sys\nstore = shmstore.connect(os.environ['N'], capacity='64MiB')\n"
+
+
+def used(store) -> int:
+    return store.get_capacity()[Level.MEMORY].used
+
+
+def test_processes_share_objects_both_ways(store):
+    store.put("from-parent", np.arange(1000))
+    child = Child(CONNECT + """
+print(int(store.get('from-parent').sum()), flush=True)
+store.put('from-child', {'w': np.full(10, 7.0), 'pid': os.getpid()})
+print('done', flush=True)
+sys.stdin.readline()
+""", env={"N": store.name})
+    assert child.readline() == str(sum(range(1000)))
+    assert child.readline() == "done"
+    got = store.get("from-child")
+    assert got["pid"] == child.pid and got["w"].sum() == 70
+    assert len(store.status()["clients"]) == 2
+    child.send("exit")
+    child.wait()
+
+
+def test_killed_writer_leaves_nothing_visible_and_space_comes_back(store):
+    child = Child(CONNECT + """
+w = store.open_writer('partial', 8 << 20)
+w.write(b'x' * (4 << 20))
+print('half', flush=True)
+sys.stdin.readline()
+""", env={"N": store.name})
+    assert child.readline() == "half"
+    assert "partial" not in store and used(store) >= 8 << 20
+    with pytest.raises(shmstore.ObjectLockedError):
+        store.put("partial", 1)
+    child.kill()
+    assert wait_for(lambda: used(store) == 0, timeout=10), "dead writer's space not reclaimed"
+    store.put("partial", b"complete")
+    assert bytes(store.get("partial")) == b"complete"
+
+
+def test_killed_reader_releases_its_pins(store):
+    store.put("a", np.ones(1 << 20))
+    child = Child(CONNECT + """
+view = store.get('a')
+store.pin('a')
+r = store.open_reader('a')
+print('pinned', flush=True)
+sys.stdin.readline()
+""", env={"N": store.name})
+    assert child.readline() == "pinned"
+    assert store.get_info("a").pins == 1
+    store.delete("a")
+    assert used(store) > 0  # still mapped by the child
+    child.kill()
+    assert wait_for(lambda: used(store) == 0, timeout=10), "dead reader's pins not released"
+
+
+@pytest.mark.parametrize("lock", ["stripe", "alloc", "admin"])
+def test_process_killed_holding_a_lock_does_not_block_the_store(store, lock):
+    store.put("before", np.arange(10))
+    child = Child(CONNECT + f"""
+node = store._node
+if {lock!r} == 'stripe':
+    lk = node.stripes[node.table.locate(store._kernel.sid, b'victim')[2]]
+elif {lock!r} == 'alloc':
+    lk = node.alloc_lock
+else:
+    lk = node.admin
+lk.acquire()
+if {lock!r} == 'alloc':  # die in the middle of an update: an extent nobody owns
+    node.alloc.alloc(1 << 20, 0)
+print('locked', flush=True)
+sys.stdin.readline()
+""", env={"N": store.name})
+    assert child.readline() == "locked"
+    child.kill()
+    store.put("victim", np.arange(5))  # needs the stripe and alloc locks
+    np.testing.assert_array_equal(store.get("victim"), np.arange(5))
+    with shmstore.connect(store.name) as other:  # needs the admin lock
+        assert other.get("before").sum() == 45
+    infos = store.list()
+    assert used(store) == sum(i.stored for i in infos)
+    store.clear()
+    assert used(store) == 0
+
+
+def test_allocator_rebuilt_after_death_mid_update_covers_arena(store):
+    child = Child(CONNECT + """
+node = store._node
+store.put('keep', np.ones(1000))
+node.alloc_lock.acquire()
+node.alloc.alloc(3 << 20, 0)
+print('locked', flush=True)
+sys.stdin.readline()
+""", env={"N": store.name})
+    assert child.readline() == "locked"
+    child.kill()
+    store.put("after", np.zeros(10))
+    node = store._node
+    with node.alloc_lock:
+        free = node.alloc.free_extents()
+    assert sum(size for _, size in free) == node.capacity - used(store)
+    np.testing.assert_array_equal(store.get("keep"), np.ones(1000))
+
+
+def test_job_exit_leaves_nothing_in_dev_shm(name):
+    for how in ("exit", "kill"):
+        child = Child(CONNECT + """
+store.put('x', np.ones(1000))
+print(store.spill_pid, flush=True)
+sys.stdin.readline()
+""", env={"N": name + how})
+        spill = int(child.readline())
+        assert any(name + how in s for s in shm_segments())
+        if how == "exit":
+            child.send("bye")
+            child.wait()
+        else:
+            child.kill()
+        assert wait_for(lambda: not any(name + how in s for s in shm_segments()), timeout=10)
+        assert wait_for(lambda: not spill_running(spill), timeout=10)
+
+
+def test_spill_process_is_restarted_when_killed(store):
+    first = store.spill_pid
+    os.kill(first, signal.SIGKILL)
+    assert wait_for(lambda: not spill_running(first), timeout=10)
+    second = store.spill_pid
+    assert second != first and spill_running(second)
+    # the new janitor still reclaims dead clients
+    child = Child(CONNECT + "store.put('c', 1)\nv = store.open_writer('w', 1000)\nprint('ok', flush=True)\nsys.stdin.readline()\n",
+                  env={"N": store.name})
+    assert child.readline() == "ok"
+    child.kill()
+    assert wait_for(lambda: len(store.status()["clients"]) == 1 and used(store) == store.get_info("c").stored,
+                    timeout=10)
+
+
+def test_concurrent_puts_from_two_processes(store):
+    code = CONNECT + """
+me = sys.argv[0]
+tag = os.environ['TAG']
+for i in range(1500):
+    store.put(f'{tag}{i}', np.full(4, i))
+for i in range(0, 1500, 7):
+    store.delete(f'{tag}{i}')
+print('done', flush=True)
+"""
+    kids = [Child(code, env={"N": store.name, "TAG": t}) for t in "ab"]
+    for k in kids:
+        assert k.readline(timeout=120) == "done"
+        k.wait()
+    keys = {i.key for i in store.list()}
+    expect = {f"{t}{i}" for t in "ab" for i in range(1500) if i % 7}
+    assert keys == expect
+    assert store.get("b1499")[0] == 1499
+    assert used(store) == sum(i.stored for i in store.list())
+
+
+def test_racing_creators_share_one_store(name):
+    code = """
+import shmstore, os, sys
+s = shmstore.connect(os.environ['N'], capacity='16MiB')
+s.put(os.environ['TAG'], os.getpid())
+print('put', flush=True)
+sys.stdin.readline()
+print(sorted(i.key for i in s.list()), flush=True)
+s.close()
+"""
+    kids = [Child(code, env={"N": name, "TAG": f"k{i}"}) for i in range(4)]
+    for k in kids:
+        assert k.readline() == "put"
+    for k in kids:
+        k.send("go")
+    for k in kids:
+        assert k.readline() == str(["k0", "k1", "k2", "k3"])
+        k.wait()
+    assert wait_for(lambda: not any(name in s for s in shm_segments()), timeout=10)
+
+
+def test_segments_are_owner_only_and_named_for_user_store_node(store):
+    segs = [s for s in shm_segments() if store.name in s]
+    assert len(segs) == 2
+    for seg in segs:
+        assert f"-{os.getuid()}-{store.name}-{store.node}-" in seg
+        assert os.stat("/dev/shm/" + seg).st_mode & 0o777 == 0o600
+
+
+def test_emulated_nodes_never_share_memory(name):
+    with shmstore.connect(name, capacity="8MiB", node="n0") as a, shmstore.connect(name, capacity="8MiB", node="n1") as b:
+        a.put("k", 0)
+        b.put("k", 1)
+        assert a.get("k") == 0 and b.get("k") == 1
+
+
+def test_header_records_layout(store):
+    h = L.unpack_header(store._node.meta.mm)
+    assert h.magic == L.MAGIC and h.version == L.LAYOUT_VERSION and h.uid == os.getuid()
+    assert h.name == store.name and h.node == store.node
