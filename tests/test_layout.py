@@ -1,0 +1,72 @@
+"""Binary layout: pure pack/unpack on bytearrays, and section offsets."""
+from __future__ import annotations
+
+import numpy as np
+
+from shmstore.kernel import layout as L
+
+
+def test_header_roundtrip():
+    buf = bytearray(L.HEADER_SIZE)
+    h = L.Header(L.MAGIC, L.LAYOUT_VERSION, L.STATE_READY, L.FLAG_PERSIST, 1000, 42, 43, 1 << 30, 1 << 20,
+                 100, 8, 4, 128, 1.5, "store", "node0")
+    L.pack_header(buf, h)
+    assert L.unpack_header(buf) == h
+    assert L.header_state(buf) == L.STATE_READY and L.spill_pid(buf) == 43
+    L.set_spill_pid(buf, 7)
+    assert L.unpack_header(buf).spill_pid == 7
+
+
+def test_entry_roundtrip_and_numpy_view_agree():
+    lay = L.Layout(max_objects=8, max_clients=2, nstripes=2)
+    buf = bytearray(lay.size)
+    e = L.EntryHead(4096, 128, 100, 3.0, 4.0, 0xDEADBEEF, 2, 5, 1, -1, 3, 0, 3, 1, L.SEALED, L.KIND_NDARRAY, 1, 0)
+    eoff = lay.entry(3)
+    L.pack_entry(buf, eoff, e)
+    L.set_entry_key(buf, eoff, b"key")
+    L.pack_entry_array(buf, eoff, "<f8", (5, 4), "F")
+    assert L.unpack_entry(buf, eoff) == e
+    assert L.entry_key(buf, eoff, 3) == b"key"
+    assert L.unpack_entry_array(buf, eoff) == ("<f8", (5, 4), "F")
+    t = L.entry_table(buf, lay)
+    assert t["offset"][3] == 4096 and t["hash"][3] == 0xDEADBEEF and t["state"][3] == L.SEALED
+    assert t["writer"][3] == -1 and t["keylen"][3] == 3
+    L.set_entry_pins(buf, eoff, 9)
+    assert t["pins"][3] == 9
+
+
+def test_sections_are_aligned_and_disjoint():
+    lay = L.Layout(max_objects=1000, max_clients=16, nstripes=64)
+    starts = [lay.sessions, lay.locks, lay.clients, lay.buckets, lay.entries, lay.extents, lay.pinmaps, lay.size]
+    assert starts == sorted(starts)
+    assert all(s % 64 == 0 for s in starts)
+    assert lay.size % 4096 == 0
+    assert lay.entries + 1000 * L.ENTRY_SIZE <= lay.extents
+    assert L.ENTRY_HEAD.size <= L.ENTRY_ARRAY_OFFSET
+    assert L.ENTRY_ARRAY_OFFSET + L.ENTRY_ARRAY.size <= L.ENTRY_KEY_OFFSET
+    assert L.ENTRY_KEY_OFFSET + L.MAX_KEY <= L.ENTRY_SIZE
+
+
+def test_object_header_roundtrip():
+    size, offsets = L.plan_object(100, [0, 10, 1000])
+    assert all(o % 64 == 0 for o in offsets) and size >= offsets[-1] + 1000
+    buf = bytearray(size)
+    L.pack_object_header(buf, 0, 100, list(zip(offsets, [0, 10, 1000])))
+    start, plen, blobs = L.unpack_object_header(buf)
+    assert plen == 100 and blobs == list(zip(offsets, [0, 10, 1000]))
+    assert start == L.object_header_size(3)
+
+
+def test_sessions_and_clients():
+    lay = L.Layout(max_objects=8, max_clients=2, nstripes=2)
+    buf = bytearray(lay.size)
+    assert L.unpack_session(buf, lay.session(1)) is None
+    L.pack_session(buf, lay.session(1), "")
+    assert L.unpack_session(buf, lay.session(1)) == ""
+    L.pack_session(buf, lay.session(2), "step1")
+    assert L.unpack_session(buf, lay.session(2)) == "step1"
+    L.pack_client(buf, lay.client(1), 123, 1, 456, 7.0)
+    assert L.unpack_client(buf, lay.client(1)) == (123, 1, 456, 7.0)
+    assert list(L.client_table(buf, lay)["pid"]) == [0, 123]
+    m = L.pinmap(buf, lay, 1)
+    assert m.dtype == np.uint8 and m.nbytes == lay.bitmap_bytes
