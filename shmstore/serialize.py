@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .copying import copy_into, copy_many
+from .copying import PARALLEL_MIN, copy_into, copy_many
 from .errors import SerializationError
 from .kernel import layout as L
 
@@ -31,18 +31,32 @@ _EMPTY = np.empty(0, np.uint8)
 class Encoded:
     """A value ready to be written: its kind, stored size and parts."""
 
-    __slots__ = ("kind", "size", "nbytes", "nblobs", "array", "_src", "_pickle", "_blobs", "_offsets")
+    __slots__ = ("kind", "size", "nbytes", "nblobs", "meta", "src", "array", "pickle", "blobs", "offsets")
 
-    def __init__(self, kind: int, size: int, nbytes: int) -> None:
+    def __init__(self, kind: int, size: int, nbytes: int, nblobs: int = 0, meta: bytes | None = None,
+                 src: Any = None, array: tuple | None = None) -> None:
         self.kind = kind
         self.size = size          # bytes it occupies
         self.nbytes = nbytes      # what ObjectInfo.size reports
-        self.nblobs = 0
-        self.array: tuple[str, tuple[int, ...], str] | None = None
-        self._src: Any = None
-        self._pickle = b""
-        self._blobs: list[np.ndarray] = []
-        self._offsets: list[int] = []
+        self.nblobs = nblobs
+        self.meta = meta          # ENTRY_ARRAY bytes of an ndarray
+        self.src = src
+        self.array = array        # (dtype, shape, order) of an ndarray
+        self.pickle = b""
+        self.blobs: list[np.ndarray] = []
+        self.offsets: list[int] = []
+
+
+_FAST_DTYPES: dict[np.dtype, str | None] = {}
+
+
+def _fast_dtype(dt: np.dtype) -> str | None:
+    """dtype.str if arrays of this dtype take the ndarray path, else None."""
+    s = _FAST_DTYPES.get(dt, False)
+    if s is False:
+        ok = not dt.hasobject and dt.names is None and dt.subdtype is None and len(dt.str) <= 16
+        s = _FAST_DTYPES[dt] = dt.str if ok else None
+    return s  # type: ignore[return-value]
 
 
 def as_u8(buf: Any) -> np.ndarray:
@@ -55,30 +69,23 @@ def as_u8(buf: Any) -> np.ndarray:
     return np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv, np.uint8)
 
 
-def _array_fast_path(obj: Any) -> bool:
-    if type(obj) is not np.ndarray:
-        return False
-    dt = obj.dtype
-    return not dt.hasobject and dt.names is None and dt.subdtype is None and obj.ndim <= L.MAX_NDIM and len(dt.str) <= 16
-
-
 def encode(obj: Any) -> Encoded:
     """Prepare ``obj`` for storing.
 
     Raises:
         SerializationError: the value cannot be pickled.
     """
+    if type(obj) is np.ndarray and obj.ndim <= L.MAX_NDIM:
+        dts = _fast_dtype(obj.dtype)
+        if dts is not None:
+            flags = obj.flags
+            order = "F" if flags.f_contiguous and not flags.c_contiguous else "C"
+            n = obj.nbytes
+            return Encoded(L.KIND_NDARRAY, n, n, 0, L.array_meta(dts, obj.shape, order), obj,
+                           (obj.dtype, obj.shape, order))
     if isinstance(obj, (bytes, bytearray, memoryview)):
         src = as_u8(obj)
-        enc = Encoded(L.KIND_RAW, src.nbytes, src.nbytes)
-        enc._src = src
-        return enc
-    if _array_fast_path(obj):
-        order = "F" if obj.flags.f_contiguous and not obj.flags.c_contiguous else "C"
-        enc = Encoded(L.KIND_NDARRAY, obj.nbytes, obj.nbytes)
-        enc.array = (obj.dtype.str, obj.shape, order)
-        enc._src = obj
-        return enc
+        return Encoded(L.KIND_RAW, src.nbytes, src.nbytes, src=src)
     return _encode_pickle(obj)
 
 
@@ -90,50 +97,51 @@ def _encode_pickle(obj: Any) -> Encoded:
         raise SerializationError(f"cannot pickle {type(obj).__name__}: {exc}") from exc
     blobs = [as_u8(b.raw()) for b in buffers]
     size, offsets = L.plan_object(len(data), [b.nbytes for b in blobs])
-    enc = Encoded(L.KIND_PICKLE, size, size)
-    enc.nblobs = len(blobs)
-    enc._pickle, enc._blobs, enc._offsets = data, blobs, offsets
+    enc = Encoded(L.KIND_PICKLE, size, size, len(blobs))
+    enc.pickle, enc.blobs, enc.offsets = data, blobs, offsets
     return enc
 
 
-def write(enc: Encoded, dst: np.ndarray) -> None:
-    """Write ``enc`` into the writable uint8 array ``dst`` (at least ``enc.size`` long)."""
-    if enc.kind == L.KIND_RAW:
-        if enc.size:
-            copy_into(dst[: enc.size], enc._src)
-    elif enc.kind == L.KIND_NDARRAY:
+def write(enc: Encoded, buf: Any, off: int) -> None:
+    """Write ``enc`` into the writable buffer ``buf`` (the arena) at ``off``."""
+    if not enc.size:
+        return
+    if enc.kind == L.KIND_NDARRAY:
         dtype, shape, order = enc.array  # type: ignore[misc]
-        if enc.size:
-            view = np.ndarray(shape, np.dtype(dtype), buffer=dst, order=order)
-            copy_into(view, enc._src)
+        dst = np.ndarray(shape, dtype, buf, off, None, order)
+        if enc.size < PARALLEL_MIN:
+            np.copyto(dst, enc.src, casting="no")
+        else:
+            copy_into(dst, enc.src)
+    elif enc.kind == L.KIND_RAW:
+        copy_into(np.ndarray((enc.size,), np.uint8, buf, off), enc.src)
     else:
-        _write_pickle(enc, dst)
+        _write_pickle(enc, np.ndarray((enc.size,), np.uint8, buf, off))
 
 
 def _write_pickle(enc: Encoded, dst: np.ndarray) -> None:
-    blobs = enc._blobs
-    L.pack_object_header(dst, 0, len(enc._pickle), [(o, b.nbytes) for o, b in zip(enc._offsets, blobs)])
+    blobs = enc.blobs
+    L.pack_object_header(dst, 0, len(enc.pickle), [(o, b.nbytes) for o, b in zip(enc.offsets, blobs)])
     start = L.object_header_size(len(blobs))
-    pairs = [(dst[start: start + len(enc._pickle)], np.frombuffer(enc._pickle, np.uint8))]
-    pairs += [(dst[o: o + b.nbytes], b) for o, b in zip(enc._offsets, blobs) if b.nbytes]
+    pairs = [(dst[start: start + len(enc.pickle)], np.frombuffer(enc.pickle, np.uint8))]
+    pairs += [(dst[o: o + b.nbytes], b) for o, b in zip(enc.offsets, blobs) if b.nbytes]
     copy_many(pairs)
 
 
-def decode(kind: int, base: np.ndarray, nbytes: int, array: tuple[str, tuple[int, ...], str] | None) -> Any:
-    """Rebuild a value from its stored bytes ``base`` (a read-only uint8 view).
+def decode(kind: int, base: np.ndarray, nbytes: int) -> Any:
+    """Rebuild a raw or pickled value from its stored bytes ``base`` (a read-only uint8 lease).
 
     Arrays in the result are views into ``base``; they keep it alive.
+    (ndarray values are rebuilt by the kernel straight from the table.)
 
     Raises:
         SerializationError: the stored pickle does not load here.
     """
     if kind == L.KIND_RAW:
         return memoryview(base[:nbytes])
-    if kind == L.KIND_NDARRAY:
-        dtype, shape, order = array  # type: ignore[misc]
-        return np.ndarray(shape, np.dtype(dtype), buffer=base, order=order)
-    start, plen, blobs = L.unpack_object_header(base)
+    raw = base.view(np.ndarray)  # plain slices whose base is the lease
+    start, plen, blobs = L.unpack_object_header(raw)
     try:
-        return pickle.loads(base[start: start + plen], buffers=[base[o: o + n] for o, n in blobs])
+        return pickle.loads(raw[start: start + plen], buffers=[raw[o: o + n] for o, n in blobs])
     except Exception as exc:
         raise SerializationError(f"cannot unpickle stored value: {exc}") from exc

@@ -105,9 +105,12 @@ class Store:
             StorageFullError: no level of ``levels`` has room.
             SerializationError, InvalidKeyError: bad input; nothing changes.
         """
-        order = parse_levels(levels, _PUT_LEVELS)
-        self._require_levels(order)
-        return self._checked().put(key, obj)
+        if levels is not None:
+            self._require_levels(parse_levels(levels, _PUT_LEVELS))
+        k = self._kernel
+        if k is None:
+            raise StoreClosedError("store is closed (connect() again)")
+        return k.put(key, obj)
 
     def get(self, key: str, conditions: Any = None, levels: Iterable[Level] | Level | None = None) -> Any:
         """The value of ``key`` (views into shared memory for arrays and bytes).
@@ -121,7 +124,10 @@ class Store:
         """
         if levels is not None:
             self._require_levels(parse_levels(levels, _PUT_LEVELS))
-        return self._checked().get(key, conditions)
+        k = self._kernel
+        if k is None:
+            raise StoreClosedError("store is closed (connect() again)")
+        return k.get(key, conditions)
 
     def _require_levels(self, order: tuple[Level, ...]) -> None:
         if Level.MEMORY not in order:

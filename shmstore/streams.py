@@ -44,7 +44,7 @@ class Writer:
         self.key, self.size = key, _check_size(key, size)
         kernel._check()
         self._kernel = kernel
-        self._idx, off = kernel.reserve(key, kb, L.KIND_RAW, self.size, self.size)
+        self._idx, off, _, _ = kernel.reserve(key, kb, L.KIND_RAW, self.size, self.size)
         try:
             kernel.node.ensure_populated(off, self.size, key)
         except BaseException:
@@ -146,10 +146,10 @@ class Reader:
     def __init__(self, kernel: Kernel, key: str) -> None:
         kb = encode_key(key)
         kernel._check()
-        idx, e = kernel.lookup(key, kb, pin=True)
+        idx, e, _ = kernel.lookup(key, kb, True)
         self.key = key
-        self._data = kernel.lease(idx, e.offset, e.nbytes)
-        self.size = e.nbytes
+        self._data = kernel.lease(idx, e[L.E_OFFSET], e[L.E_NBYTES], e[L.E_GEN]).view(np.ndarray)
+        self.size = e[L.E_NBYTES]
         self._pos = 0
         self.closed = False
 

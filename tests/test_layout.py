@@ -31,8 +31,14 @@ def test_entry_roundtrip_and_numpy_view_agree():
     t = L.entry_table(buf, lay)
     assert t["offset"][3] == 4096 and t["hash"][3] == 0xDEADBEEF and t["state"][3] == L.SEALED
     assert t["writer"][3] == -1 and t["keylen"][3] == 3
-    L.set_entry_pins(buf, eoff, 9)
-    assert t["pins"][3] == 9
+    L.set_entry_atime(buf, eoff, 9.5)
+    assert t["atime"][3] == 9.5
+    idx, raw = L.find_entry(buf, lay, 0, 0xDEADBEEF, 1, b"key")
+    assert idx == -1 and raw is None  # not linked into a chain yet
+    L.set_bucket_head(buf, lay.bucket(5), 4)
+    L.set_entry_next(buf, eoff, 0)
+    idx, raw = L.find_entry(buf, lay, 5, 0xDEADBEEF, 1, b"key")
+    assert idx == 3 and raw[L.E_OFFSET] == 4096 and raw[L.E_STATE] == L.SEALED
 
 
 def test_sections_are_aligned_and_disjoint():
@@ -68,5 +74,7 @@ def test_sessions_and_clients():
     L.pack_client(buf, lay.client(1), 123, 1, 456, 7.0)
     assert L.unpack_client(buf, lay.client(1)) == (123, 1, 456, 7.0)
     assert list(L.client_table(buf, lay)["pid"]) == [0, 123]
-    m = L.pinmap(buf, lay, 1)
-    assert m.dtype == np.uint8 and m.nbytes == lay.bitmap_bytes
+    pins = L.pin_table(buf, lay)
+    assert pins.shape == (2, 8) and pins.dtype == np.uint8
+    buf[lay.pinbyte(1, 5)] = 1
+    assert pins[1, 5] == 1 and pins.sum() == 1

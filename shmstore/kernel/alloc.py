@@ -35,61 +35,60 @@ class Allocator:
         self.capacity = capacity & ~(L.ALIGN - 1)
 
     # ---- records ---------------------------------------------------------
-    def _read(self, rec: int) -> L.Extent:
-        return L.unpack_extent(self._buf, self._layout.extent(rec))
-
-    def _write(self, rec: int, x: L.Extent) -> None:
-        L.pack_extent(self._buf, self._layout.extent(rec), x)
-
     def _new_record(self) -> int:
-        next_unused, free_head = L.extent_cursor(self._buf)
+        buf = self._buf
+        next_unused, free_head = L.extent_cursor(buf)
         if free_head:
-            nxt = self._read(free_head).next_free
-            L.set_extent_cursor(self._buf, next_unused, nxt)
+            L.set_extent_cursor(buf, next_unused, L.extent_raw(buf, self._layout.extent(free_head))[5])
             return free_head
         if next_unused >= self._layout.nextents:
             raise RuntimeError("extent records exhausted")  # cannot happen: <= 2 per object + 1
-        L.set_extent_cursor(self._buf, next_unused + 1, free_head)
+        L.set_extent_cursor(buf, next_unused + 1, free_head)
         return next_unused + 1
 
     def _drop_record(self, rec: int) -> None:
         next_unused, free_head = L.extent_cursor(self._buf)
-        self._write(rec, L.Extent(0, 0, 0, 0, 0, free_head, L.EXT_UNUSED, 0))
+        L.extent_write(self._buf, self._layout.extent(rec), 0, 0, 0, 0, 0, free_head, L.EXT_UNUSED, 0)
         L.set_extent_cursor(self._buf, next_unused, rec)
 
     # ---- bins ------------------------------------------------------------
-    def _bin_insert(self, rec: int, x: L.Extent) -> None:
-        k = x.size.bit_length() - 1
-        head = L.bin_head(self._buf, k)
-        self._write(rec, x._replace(prev_free=0, next_free=head, flags=L.EXT_FREE, owner=0))
+    def _bin_insert(self, rec: int, offset: int, size: int, prev_phys: int, next_phys: int) -> None:
+        """Write ``rec`` as a free extent and push it on its bin."""
+        buf, lay = self._buf, self._layout
+        k = size.bit_length() - 1
+        head = L.bin_head(buf, k)
+        L.extent_write(buf, lay.extent(rec), offset, size, prev_phys, next_phys, 0, head, L.EXT_FREE, 0)
         if head:
-            self._write(head, self._read(head)._replace(prev_free=rec))
-        L.set_bin_head(self._buf, k, rec)
-        L.set_bin_mask(self._buf, L.bin_mask(self._buf) | (1 << k))
+            L.set_extent_prev_free(buf, lay.extent(head), rec)
+        L.set_bin_head(buf, k, rec)
+        L.set_bin_mask(buf, L.bin_mask(buf) | (1 << k))
 
-    def _bin_remove(self, rec: int, x: L.Extent) -> None:
-        k = x.size.bit_length() - 1
-        if x.prev_free:
-            self._write(x.prev_free, self._read(x.prev_free)._replace(next_free=x.next_free))
+    def _bin_remove(self, size: int, prev_free: int, next_free: int) -> None:
+        """Unlink a free extent (given its size and bin links) from its bin."""
+        buf, lay = self._buf, self._layout
+        k = size.bit_length() - 1
+        if prev_free:
+            L.set_extent_next_free(buf, lay.extent(prev_free), next_free)
         else:
-            L.set_bin_head(self._buf, k, x.next_free)
-            if not x.next_free:
-                L.set_bin_mask(self._buf, L.bin_mask(self._buf) & ~(1 << k))
-        if x.next_free:
-            self._write(x.next_free, self._read(x.next_free)._replace(prev_free=x.prev_free))
+            L.set_bin_head(buf, k, next_free)
+            if not next_free:
+                L.set_bin_mask(buf, L.bin_mask(buf) & ~(1 << k))
+        if next_free:
+            L.set_extent_prev_free(buf, lay.extent(next_free), prev_free)
 
     def _find(self, size: int) -> int:
+        buf, lay = self._buf, self._layout
         k = size.bit_length() - 1
-        rec, steps = L.bin_head(self._buf, k), 0
+        rec, steps = L.bin_head(buf, k), 0
         while rec and steps < 64:
-            x = self._read(rec)
-            if x.size >= size:
+            x = L.extent_raw(buf, lay.extent(rec))
+            if x[1] >= size:
                 return rec
-            rec, steps = x.next_free, steps + 1
-        mask = L.bin_mask(self._buf) >> (k + 1)
+            rec, steps = x[5], steps + 1
+        mask = L.bin_mask(buf) >> (k + 1)
         if not mask:
             return 0
-        return L.bin_head(self._buf, k + 1 + ((mask & -mask).bit_length() - 1))
+        return L.bin_head(buf, k + 1 + ((mask & -mask).bit_length() - 1))
 
     # ---- public ----------------------------------------------------------
     def init(self) -> None:
@@ -97,61 +96,71 @@ class Allocator:
         L.set_extent_cursor(self._buf, 0, 0)
         L.clear_bins(self._buf)
         L.set_bin_mask(self._buf, 0)
-        rec = self._new_record()
-        self._bin_insert(rec, L.Extent(0, self.capacity, 0, 0, 0, 0, L.EXT_FREE, 0))
+        self._bin_insert(self._new_record(), 0, self.capacity, 0, 0)
 
     def alloc(self, size: int, owner: int) -> tuple[int, int]:
         """Allocate ``size`` bytes (rounded up to 64) for entry ``owner`` (1-based).
 
+        A fitting free extent is cut from its front: the allocation gets a new
+        record and the free rest keeps the old one, in the same bin unless it
+        shrank below it, so carving small objects off the big untouched tail
+        touches two records and no bin list.
+
         Returns:
             (extent record, arena offset), or (0, 0) when no extent fits.
         """
-        size = L.align(max(size, 1))
+        size = (max(size, 1) + L.ALIGN - 1) & ~(L.ALIGN - 1)
         rec = self._find(size)
         if not rec:
             return 0, 0
-        x = self._read(rec)
-        self._bin_remove(rec, x)
-        if x.size - size >= L.ALIGN:
-            rest = self._new_record()
-            self._bin_insert(rest, L.Extent(x.offset + size, x.size - size, rec, x.next_phys, 0, 0, L.EXT_FREE, 0))
-            if x.next_phys:
-                self._write(x.next_phys, self._read(x.next_phys)._replace(prev_phys=rest))
-            x = x._replace(size=size, next_phys=rest)
-        self._write(rec, x._replace(prev_free=0, next_free=0, flags=L.EXT_USED, owner=owner))
-        end = x.offset + x.size
-        if end > L.frontier(self._buf):
-            L.set_frontier(self._buf, end)
-        return rec, x.offset
+        buf, lay = self._buf, self._layout
+        xoff = lay.extent(rec)
+        offset, xsize, prev_phys, next_phys, prev_free, next_free, _, _ = L.extent_raw(buf, xoff)
+        rest = xsize - size
+        if rest < L.ALIGN:  # take it whole
+            self._bin_remove(xsize, prev_free, next_free)
+            L.extent_write(buf, xoff, offset, xsize, prev_phys, next_phys, 0, 0, L.EXT_USED, owner)
+            used_rec, end = rec, offset + xsize
+        else:
+            used_rec, end = self._new_record(), offset + size
+            L.extent_write(buf, lay.extent(used_rec), offset, size, prev_phys, rec, 0, 0, L.EXT_USED, owner)
+            if prev_phys:
+                L.set_extent_next_phys(buf, lay.extent(prev_phys), used_rec)
+            if rest.bit_length() == xsize.bit_length():  # same bin: shrink in place
+                L.extent_write(buf, xoff, end, rest, used_rec, next_phys, prev_free, next_free, L.EXT_FREE, 0)
+            else:
+                self._bin_remove(xsize, prev_free, next_free)
+                self._bin_insert(rec, end, rest, used_rec, next_phys)
+        if end > L.frontier(buf):
+            L.set_frontier(buf, end)
+        return used_rec, offset
 
     def size_of(self, rec: int) -> int:
-        return self._read(rec).size
+        return L.extent_raw(self._buf, self._layout.extent(rec))[1]
 
     def free(self, rec: int) -> int:
         """Free extent ``rec``, coalescing with free neighbours; returns its size."""
-        x = self._read(rec)
-        if x.flags != L.EXT_USED:
+        buf, lay = self._buf, self._layout
+        offset, size, prev_phys, next_phys, _, _, flags, _ = L.extent_raw(buf, lay.extent(rec))
+        if flags != L.EXT_USED:
             raise RuntimeError(f"double free of extent {rec}")
-        size = x.size
-        if x.prev_phys:
-            p = self._read(x.prev_phys)
-            if p.flags == L.EXT_FREE:
-                self._bin_remove(x.prev_phys, p)
-                prev = x.prev_phys
+        freed = size
+        if prev_phys:
+            p = L.extent_raw(buf, lay.extent(prev_phys))
+            if p[6] == L.EXT_FREE:
+                self._bin_remove(p[1], p[4], p[5])
                 self._drop_record(rec)
-                rec, x = prev, p._replace(size=p.size + x.size, next_phys=x.next_phys)
-                if x.next_phys:
-                    self._write(x.next_phys, self._read(x.next_phys)._replace(prev_phys=rec))
-        if x.next_phys:
-            n = self._read(x.next_phys)
-            if n.flags == L.EXT_FREE:
-                self._bin_remove(x.next_phys, n)
-                self._drop_record(x.next_phys)
-                x = x._replace(size=x.size + n.size, next_phys=n.next_phys)
-                if n.next_phys:
-                    self._write(n.next_phys, self._read(n.next_phys)._replace(prev_phys=rec))
-        self._bin_insert(rec, x)
-        return size
+                rec, offset, size, prev_phys = prev_phys, p[0], p[1] + size, p[2]
+        if next_phys:
+            n = L.extent_raw(buf, lay.extent(next_phys))
+            if n[6] == L.EXT_FREE:
+                self._bin_remove(n[1], n[4], n[5])
+                self._drop_record(next_phys)
+                size, next_phys = size + n[1], n[3]
+        if next_phys:
+            L.set_extent_prev_phys(buf, lay.extent(next_phys), rec)
+        self._bin_insert(rec, offset, size, prev_phys, next_phys)
+        return freed
 
     def rebuild(self, live: Iterable[tuple[int, int, int]]) -> dict[int, int]:
         """Recreate all allocator state from the live ``(offset, size, owner)`` extents.
@@ -159,43 +168,42 @@ class Allocator:
         Used after a process died holding the ALLOC lock. Returns the new
         extent record of each owner.
         """
-        L.set_extent_cursor(self._buf, 0, 0)
-        L.clear_bins(self._buf)
-        L.set_bin_mask(self._buf, 0)
-        owners: dict[int, int] = {}
-        pos, prev = 0, 0
-        frontier = 0
+        buf, lay = self._buf, self._layout
+        L.set_extent_cursor(buf, 0, 0)
+        L.clear_bins(buf)
+        L.set_bin_mask(buf, 0)
+        spans: list[tuple[int, int, int]] = []  # (offset, size, owner or 0 for free)
+        pos = 0
         for offset, size, owner in sorted(live):
             if offset > pos:
-                prev = self._link(prev, L.Extent(pos, offset - pos, prev, 0, 0, 0, L.EXT_FREE, 0))
-            prev = self._link(prev, L.Extent(offset, size, prev, 0, 0, 0, L.EXT_USED, owner))
-            owners[owner] = prev
+                spans.append((pos, offset - pos, 0))
+            spans.append((offset, size, owner))
             pos = offset + size
-            frontier = pos
         if pos < self.capacity:
-            self._link(prev, L.Extent(pos, self.capacity - pos, prev, 0, 0, 0, L.EXT_FREE, 0))
-        L.set_frontier(self._buf, max(frontier, L.frontier(self._buf)))
+            spans.append((pos, self.capacity - pos, 0))
+        recs = [self._new_record() for _ in spans]
+        owners: dict[int, int] = {}
+        for i, (offset, size, owner) in enumerate(spans):
+            prev_phys = recs[i - 1] if i else 0
+            next_phys = recs[i + 1] if i + 1 < len(recs) else 0
+            if owner:
+                L.extent_write(buf, lay.extent(recs[i]), offset, size, prev_phys, next_phys, 0, 0, L.EXT_USED, owner)
+                owners[owner] = recs[i]
+            else:
+                self._bin_insert(recs[i], offset, size, prev_phys, next_phys)
+        L.set_frontier(buf, max(pos, L.frontier(buf)))
         return owners
-
-    def _link(self, prev: int, x: L.Extent) -> int:
-        rec = self._new_record()
-        if x.flags == L.EXT_FREE:
-            self._bin_insert(rec, x)
-        else:
-            self._write(rec, x)
-        if prev:
-            self._write(prev, self._read(prev)._replace(next_phys=rec))
-        return rec
 
     def free_extents(self) -> list[tuple[int, int]]:
         """(offset, size) of every free extent, for checks and status."""
+        buf, lay = self._buf, self._layout
         out = []
-        mask = L.bin_mask(self._buf)
+        mask = L.bin_mask(buf)
         for k in range(L.NBINS):
             if mask >> k & 1:
-                rec = L.bin_head(self._buf, k)
+                rec = L.bin_head(buf, k)
                 while rec:
-                    x = self._read(rec)
-                    out.append((x.offset, x.size))
-                    rec = x.next_free
+                    x = L.extent_raw(buf, lay.extent(rec))
+                    out.append((x[0], x[1]))
+                    rec = x[5]
         return sorted(out)

@@ -11,7 +11,7 @@ import numpy as np
 from . import layout as L
 from .node import NodeStore, pid_alive
 
-__all__ = ["reclaim", "dead_clients", "janitor_pass"]
+__all__ = ["reclaim", "dead_clients", "janitor_pass", "sweep_deleted"]
 
 
 def dead_clients(node: NodeStore) -> list[tuple[int, int]]:
@@ -41,12 +41,29 @@ def reclaim(node: NodeStore, slot: int) -> tuple[int, int]:
     for idx in table.pinned_by(slot):
         idx = int(idx)
         with node.stripe_of(idx):
-            e = L.unpack_entry(buf, lay.entry(idx))
-            node.unpin(slot, idx)
-            if e.state == L.DELETED and e.pins == 1:
-                dropped, freed = dropped + 1, freed + e.size
+            size = L.unpack_entry(buf, lay.entry(idx)).size
+            node.table.unpin(slot, idx)
+            if node.free_if_unpinned(idx):
+                dropped, freed = dropped + 1, freed + size
     node.deregister(slot)
     return dropped, freed
+
+
+def sweep_deleted(node: NodeStore) -> int:
+    """Free deleted entries that nobody pins any more; returns how many.
+
+    Catches the one case the lock-free unpin leaves behind (see table.py).
+    """
+    entries = L.entry_table(node.meta.mm, node.layout)
+    candidates = np.flatnonzero(entries["state"] == L.DELETED)
+    freed = 0
+    for idx in candidates:
+        idx = int(idx)
+        if node.table.pin_count(idx):
+            continue
+        with node.stripe_of(idx):
+            freed += node.free_if_unpinned(idx)
+    return freed
 
 
 def janitor_pass(node: NodeStore) -> list[tuple[int, int, int, int]]:

@@ -11,15 +11,17 @@ to get, and owned by this client's slot), copies outside any lock, then
 seals. A writer that dies leaves a ``writing`` entry that the janitor drops;
 one that fails drops it itself.
 
-Views: ``get`` returns views into the arena. They hang off a ``_Lease``
-(a read-only uint8 ndarray subclass over the object's bytes) whose
-finalizer unpins the object, so a delete only hides the object and its
-space is reused once the last view is gone.
+Views: ``get`` pins the object (this process's pin byte, set under the
+stripe lock) and returns views hanging off a ``_Lease``: a read-only uint8
+ndarray subclass over the object's bytes whose finalizer unpins. A delete
+only hides a pinned object; its space is reused once the last view is gone.
 """
 from __future__ import annotations
 
 import os
+import threading
 import time
+import zlib
 from typing import Any
 
 import numpy as np
@@ -30,10 +32,17 @@ from ..errors import (InvalidArgumentError, InvalidKeyError, ObjectExistsError, 
 from ..levels import Capacity, Level, ObjectInfo
 from ..units import format_size
 from . import layout as L
-from .lock import held
 from .node import NodeStore
 
 __all__ = ["Kernel", "encode_key"]
+
+_U8 = np.dtype(np.uint8)
+_DTYPES: dict[bytes, np.dtype] = {}
+_FORKS = [0]
+os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+_MEMORY = int(Level.MEMORY)
+_monotonic = time.monotonic
+_crc32 = zlib.crc32
 
 
 def encode_key(key: Any) -> bytes:
@@ -53,14 +62,21 @@ def encode_key(key: Any) -> bytes:
     return kb
 
 
+def _dtype(raw: bytes) -> np.dtype:
+    dt = _DTYPES.get(raw)
+    if dt is None:
+        dt = _DTYPES[raw] = np.dtype(raw.rstrip(b"\0").decode())
+    return dt
+
+
 class _Lease(np.ndarray):
     """Read-only bytes of one object; when the last view of it dies, it unpins."""
 
     def __del__(self) -> None:
-        release = self.__dict__.get("_release")
+        release = getattr(self, "_release", None)
         if release is not None:
             try:
-                release[0](release[1])
+                release[0](release[1], release[2])
             except Exception:  # finalizers must not raise; at worst the janitor unpins
                 pass
 
@@ -74,23 +90,30 @@ class Kernel:
     """
 
     _closed = True
-    _pins: dict[int, int] = {}
+    _detached = True
 
     def __init__(self, node: NodeStore, slot: int, session: str) -> None:
         self.node = node
         self.slot = slot
         self.session = session
+        lay = node.layout
         self._buf = node.meta.mm
         self._arena = node.arena.mm
-        self._lay = node.layout
+        self._ro = node.arena_ro
+        self._lay = lay
         self._table = node.table
-        self._pid = os.getpid()
-        self._pins = {}          # entry index -> local pin count (views, readers, explicit pins)
+        self._stripes = node.stripes
+        self._bmask = lay.nbuckets - 1
+        self._smask = lay.nstripes - 1
+        self._pinrow = L.pin_table(self._buf, lay)[slot]
+        self._plock = threading.Lock()  # guards _pins and our pin bytes between threads
+        self._pins: dict[int, int] = {}  # entry index -> local pins (views, readers, explicit)
         self._explicit: dict[tuple[int, bytes], list[int]] = {}
-        self._deferred: list[int] = []
+        self._deferred: list[tuple[int, int]] = []
         self._detach_when_unpinned = False
+        self._fork = _FORKS[0]
         self.sid = self._session_id(session)
-        self._closed = False
+        self._closed = self._detached = False
 
     # ---- sessions and checks ----------------------------------------------
     def _session_id(self, name: str) -> int:
@@ -108,15 +131,21 @@ class Kernel:
             return free
 
     def session_name(self, sid: int) -> str:
-        return L.unpack_session(self._buf, self._lay.session(sid)) or ""
+        return self.session if sid == self.sid else (L.unpack_session(self._buf, self._lay.session(sid)) or "")
 
     def _check(self) -> None:
         if self._closed:
             raise StoreClosedError("store is closed (connect() again)")
-        if os.getpid() != self._pid:
-            raise StoreClosedError(f"store was opened in pid {self._pid}, not in this forked child; connect() again here")
-        if self._deferred:
-            self._drain()
+        if self._fork != _FORKS[0]:
+            raise StoreClosedError("store was opened before fork(); connect() again in the child")
+        while self._deferred:
+            idx, gen = self._deferred.pop()
+            with self.node.stripe_of(idx):
+                self.node.free_if_unpinned(idx, gen)
+
+    def _not_found(self, key: str) -> ObjectNotFoundError:
+        where = f" in session {self.session!r}" if self.session else ""
+        return ObjectNotFoundError(f"no object {key!r}{where}", key)
 
     # ---- put --------------------------------------------------------------
     def put(self, key: str, obj: Any, level: Level = Level.MEMORY) -> ObjectInfo:
@@ -128,52 +157,56 @@ class Kernel:
             SerializationError, InvalidKeyError: bad input; nothing changes.
         """
         kb = encode_key(key)
-        self._check()
-        self._require_memory(level)
+        if self._closed or self._deferred or self._fork != _FORKS[0]:
+            self._check()
+        if level != _MEMORY:
+            raise InvalidArgumentError(f"the kernel places objects in memory only, not {Level(level).name}")
         enc = serialize.encode(obj)
-        idx, off = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.array)
+        idx, off, stored, ctime = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta)
         try:
-            self.node.ensure_populated(off, enc.size, key)
-            serialize.write(enc, self.writable(off, enc.size))
+            if off + enc.size > self.node.populated:
+                self.node.ensure_populated(off, enc.size, key)
+            serialize.write(enc, self._arena, off)
         except BaseException:
             self.abort(idx)
             raise
         self.seal(idx)
-        return self._info(idx, key)
-
-    def _require_memory(self, level: Level) -> None:
-        if level != Level.MEMORY:
-            raise InvalidArgumentError(f"the kernel places objects in memory only, not {Level(level).name}")
+        return ObjectInfo(key, enc.nbytes, Level.MEMORY, False, True, enc.nblobs, serialize.KIND_NAMES[enc.kind],
+                          stored, 0, self.session, ctime)
 
     def reserve(self, key: str, kb: bytes, kind: int, size: int, nbytes: int, nblobs: int = 0,
-                array: tuple | None = None) -> tuple[int, int]:
+                meta: bytes | None = None) -> tuple[int, int, int, float]:
         """Create an invisible ``writing`` entry with ``size`` bytes of arena.
 
         Returns:
-            (entry index, arena offset).
+            (entry index, arena offset, bytes taken, creation time).
+
+        Raises:
+            ObjectExistsError, ObjectLockedError, StorageFullError, InvalidArgumentError.
         """
         if size < 0:
             raise InvalidArgumentError(f"size of {key!r} must not be negative, got {size}")
-        node, buf, lay = self.node, self._buf, self._lay
-        h, b, s = self._table.locate(self.sid, kb)
-        with node.stripes[s]:
-            found = self._table.find(h, b, self.sid, kb)
-            if found >= 0:
-                if L.entry_state(buf, lay.entry(found)) == L.WRITING:
+        buf, lay = self._buf, self._lay
+        h = _crc32(kb, self.sid)
+        b = h & self._bmask
+        with self._stripes[b & self._smask]:
+            found, e = L.find_entry(buf, lay, b, h, self.sid, kb)
+            if e is not None:
+                if e[L.E_STATE] == L.WRITING:
                     raise ObjectLockedError(f"{key!r} is being written by another writer", key)
                 raise ObjectExistsError(f"{key!r} already exists (delete it first, or use another key)", key)
-            with node.alloc_lock:
+            with self.node.alloc_lock:
                 idx, rec, off, stored = self._allocate(key, size)
                 eoff = lay.entry(idx)
-                gen = L.entry_gen(buf, eoff)
-                L.pack_entry(buf, eoff, L.EntryHead(off, stored, nbytes, L.tick(buf), time.time(), h, 0, gen, 0,
-                                                    self.slot, rec, nblobs, len(kb), self.sid, L.WRITING, kind,
-                                                    int(Level.MEMORY), 0))
-                if array is not None:
-                    L.pack_entry_array(buf, eoff, *array)
+                ctime = time.time()
+                L.ENTRY_HEAD.pack_into(buf, eoff, off, stored, nbytes, _monotonic(), ctime, h, 0,
+                                       L.entry_gen(buf, eoff), 0, self.slot, rec, nblobs, len(kb), self.sid,
+                                       L.WRITING, kind, _MEMORY, 0)
+                if meta is not None:
+                    L.set_entry_array(buf, eoff, meta)
                 L.set_entry_key(buf, eoff, kb)
             self._table.link(idx, b)
-        return idx, off
+        return idx, off, stored, ctime
 
     def _allocate(self, key: str, size: int) -> tuple[int, int, int, int]:
         """(entry, extent, offset, stored size) under the ALLOC lock, or StorageFullError."""
@@ -186,24 +219,24 @@ class Kernel:
         rec, off = self.node.alloc.alloc(size, idx + 1)
         if not rec:
             self._table.release_entry(idx)
-            used, cap = L.used(buf, Level.MEMORY), self.node.capacity
+            used, cap = L.used(buf, _MEMORY), self.node.capacity
             hint = "" if cap - used < size else ", in pieces too small"
             raise StorageFullError(
                 f"cannot place {key!r} ({format_size(size)}) in memory: {format_size(cap - used)} free of "
                 f"{format_size(cap)}{hint} (raise capacity= / SHMSTORE_CAPACITY, or allow Level.DISK)",
                 key, Level.MEMORY, size, cap - used)
         stored = self.node.alloc.size_of(rec)
-        L.set_used(buf, Level.MEMORY, L.used(buf, Level.MEMORY) + stored)
+        L.set_used(buf, _MEMORY, L.used(buf, _MEMORY) + stored)
         L.set_nobjects(buf, L.nobjects(buf) + 1)
         return idx, rec, off, stored
 
     def writable(self, off: int, size: int) -> np.ndarray:
         """Writable uint8 view of ``size`` arena bytes at ``off`` (for the writer only)."""
-        return np.ndarray((size,), np.uint8, buffer=self._arena, offset=off)
+        return np.ndarray((size,), _U8, self._arena, off)
 
     def seal(self, idx: int) -> None:
-        """Make a reserved entry visible."""
-        with self.node.stripe_of(idx):
+        """Make a reserved entry visible (the lock orders the data before the state)."""
+        with self._stripes[self._table.stripe_of(idx)]:
             eoff = self._lay.entry(idx)
             L.set_entry_writer(self._buf, eoff, -1)
             L.set_entry_state(self._buf, eoff, L.SEALED)
@@ -215,23 +248,34 @@ class Kernel:
             self.node.release(idx)
 
     # ---- get --------------------------------------------------------------
-    def lookup(self, key: str, kb: bytes, pin: bool) -> tuple[int, L.EntryHead]:
-        """Find the sealed entry of ``key`` and (optionally) pin it for this process.
+    def lookup(self, key: str, kb: bytes, pin: bool) -> tuple[int, tuple, tuple | None]:
+        """Find the sealed entry of ``key``; pin it for this process if ``pin``.
+
+        Returns:
+            (index, raw ENTRY_HEAD tuple, (dtype, shape, order) for arrays else None).
 
         Raises:
             ObjectNotFoundError: no sealed object has this key.
         """
-        h, b, s = self._table.locate(self.sid, kb)
-        buf, lay = self._buf, self._lay
-        with self.node.stripes[s]:
-            idx = self._table.find(h, b, self.sid, kb)
-            if idx < 0 or L.entry_state(buf, lay.entry(idx)) != L.SEALED:
-                raise ObjectNotFoundError(f"no object {key!r}" + (f" in session {self.session!r}" if self.session else ""), key)
-            e = L.unpack_entry(buf, lay.entry(idx))
+        buf = self._buf
+        h = _crc32(kb, self.sid)
+        b = h & self._bmask
+        with self._stripes[b & self._smask]:
+            idx, e = L.find_entry(buf, self._lay, b, h, self.sid, kb)
+            if e is None or e[L.E_STATE] != L.SEALED:
+                raise self._not_found(key)
+            eoff = self._lay.entry(idx)
             if pin:
-                self._pin_locked(idx)
-                L.set_entry_atime(buf, lay.entry(idx), L.tick(buf))
-        return idx, e
+                with self._plock:
+                    n = self._pins.get(idx, 0)
+                    if not n:
+                        self._pinrow[idx] = 1
+                    self._pins[idx] = n + 1
+                L.set_entry_atime(buf, eoff, _monotonic())
+            if e[L.E_KIND] != L.KIND_NDARRAY:
+                return idx, e, None
+            a = L.entry_array_raw(buf, eoff)
+        return idx, e, (_dtype(a[0]), a[3:3 + a[1]], "F" if a[2] else "C")
 
     def get(self, key: str, conditions: Any = None) -> Any:
         """The value of ``key``: zero-copy read-only views for arrays and bytes.
@@ -241,46 +285,50 @@ class Kernel:
             InvalidArgumentError: ``conditions`` on a value that is not an array.
         """
         kb = encode_key(key)
-        self._check()
-        idx, e = self.lookup(key, kb, pin=True)
-        array = L.unpack_entry_array(self._buf, self._lay.entry(idx)) if e.kind == L.KIND_NDARRAY else None
-        obj = serialize.decode(e.kind, self.lease(idx, e.offset, e.nbytes), e.nbytes, array)
+        if self._closed or self._deferred or self._fork != _FORKS[0]:
+            self._check()
+        idx, e, array = self.lookup(key, kb, True)
+        lease = self.lease(idx, e[L.E_OFFSET], e[L.E_NBYTES], e[L.E_GEN])
+        if array is not None:
+            obj = np.ndarray(array[1], array[0], lease, 0, None, array[2])
+        else:
+            obj = serialize.decode(e[L.E_KIND], lease, e[L.E_NBYTES])
         return obj if conditions is None else apply_conditions(key, obj, conditions)
 
-    def lease(self, idx: int, off: int, n: int) -> np.ndarray:
-        """Read-only bytes of pinned entry ``idx``; the pin is released with the last view."""
-        lease = np.ndarray.__new__(_Lease, (n,), np.uint8, self._arena, off)
-        lease.flags.writeable = False
-        lease._release = (self._release, idx)
+    def lease(self, idx: int, off: int, n: int, gen: int) -> np.ndarray:
+        """Read-only bytes of entry ``idx`` (pinned by the caller); unpins with the last view."""
+        lease = np.ndarray.__new__(_Lease, (n,), _U8, self._ro, off)
+        lease._release = (self._release, idx, gen)
         return lease
 
     # ---- pins -------------------------------------------------------------
-    def _pin_locked(self, idx: int) -> None:
-        n = self._pins.get(idx, 0)
-        if not n:
-            self._table.pin_shared(self.slot, idx)
-        self._pins[idx] = n + 1
-
-    def _release(self, idx: int) -> None:
-        """Drop one local pin (from a finalizer, a reader or ``unpin``)."""
-        if self._closed and not self._detach_when_unpinned:
+    def _release(self, idx: int, gen: int) -> None:
+        """Drop one local pin (from a finalizer, a reader or ``unpin``); takes no store lock
+        unless the object was deleted meanwhile."""
+        if self._detached:
             return
-        if held():  # a finalizer fired inside one of our locked sections
-            self._deferred.append(idx)
-            return
-        with self.node.stripe_of(idx):
+        with self._plock:  # no allocation of GC-tracked objects inside: no finalizer can run here
             n = self._pins.get(idx, 0) - 1
             if n > 0:
                 self._pins[idx] = n
-            elif n == 0:
-                del self._pins[idx]
-                self.node.unpin(self.slot, idx)
+                return
+            if n < 0:
+                return
+            del self._pins[idx]
+            self._pinrow[idx] = 0
+        if L.entry_state(self._buf, self._lay.entry(idx)) == L.DELETED:
+            lock = self.node.stripe_of(idx)
+            # never block here: this may be a finalizer inside a locked section of this thread
+            done = None
+            if lock.acquire(blocking=False):
+                try:
+                    done = self.node.free_if_unpinned(idx, gen, blocking=False)
+                finally:
+                    lock.release()
+            if done is None:
+                self._deferred.append((idx, gen))
         if self._detach_when_unpinned and not self._pins:
             self._detach()
-
-    def _drain(self) -> None:
-        while self._deferred:
-            self._release(self._deferred.pop())
 
     def pin(self, key: str) -> None:
         """Pin ``key`` (counted): spill never moves it until as many ``unpin``.
@@ -290,8 +338,8 @@ class Kernel:
         """
         kb = encode_key(key)
         self._check()
-        idx, _ = self.lookup(key, kb, pin=True)
-        self._explicit.setdefault((self.sid, kb), [idx, 0])[1] += 1
+        idx, e, _ = self.lookup(key, kb, True)
+        self._explicit.setdefault((self.sid, kb), [idx, e[L.E_GEN], 0])[2] += 1
 
     def unpin(self, key: str) -> None:
         """Undo one ``pin`` of ``key`` by this process.
@@ -304,10 +352,10 @@ class Kernel:
         rec = self._explicit.get((self.sid, kb))
         if rec is None:
             raise InvalidArgumentError(f"{key!r} is not pinned by this process")
-        rec[1] -= 1
-        if rec[1] == 0:
+        rec[2] -= 1
+        if rec[2] == 0:
             del self._explicit[(self.sid, kb)]
-        self._release(rec[0])
+        self._release(rec[0], rec[1])
 
     # ---- delete / query ---------------------------------------------------
     def delete(self, key: str, missing_ok: bool = False) -> None:
@@ -318,16 +366,17 @@ class Kernel:
         """
         kb = encode_key(key)
         self._check()
-        h, b, s = self._table.locate(self.sid, kb)
         buf, lay = self._buf, self._lay
-        with self.node.stripes[s]:
-            idx = self._table.find(h, b, self.sid, kb)
-            if idx < 0 or L.entry_state(buf, lay.entry(idx)) != L.SEALED:
+        h = _crc32(kb, self.sid)
+        b = h & self._bmask
+        with self._stripes[b & self._smask]:
+            idx, e = L.find_entry(buf, lay, b, h, self.sid, kb)
+            if e is None or e[L.E_STATE] != L.SEALED:
                 if missing_ok:
                     return
                 raise ObjectNotFoundError(f"no object {key!r} to delete", key)
             self._table.unlink(idx, b)
-            if L.entry_pins(buf, lay.entry(idx)):
+            if self._table.pin_count(idx):
                 L.set_entry_state(buf, lay.entry(idx), L.DELETED)
             else:
                 self.node.release(idx)
@@ -335,10 +384,11 @@ class Kernel:
     def contains(self, key: str) -> bool:
         kb = encode_key(key)
         self._check()
-        h, b, s = self._table.locate(self.sid, kb)
-        with self.node.stripes[s]:
-            idx = self._table.find(h, b, self.sid, kb)
-            return idx >= 0 and L.entry_state(self._buf, self._lay.entry(idx)) == L.SEALED
+        h = _crc32(kb, self.sid)
+        b = h & self._bmask
+        with self._stripes[b & self._smask]:
+            _, e = L.find_entry(self._buf, self._lay, b, h, self.sid, kb)
+            return e is not None and e[L.E_STATE] == L.SEALED
 
     def info(self, key: str) -> ObjectInfo:
         """ObjectInfo of ``key``.
@@ -348,13 +398,13 @@ class Kernel:
         """
         kb = encode_key(key)
         self._check()
-        idx, _ = self.lookup(key, kb, pin=False)
-        return self._info(idx, key)
+        idx, e, _ = self.lookup(key, kb, False)
+        return self._info(key, e, self._table.pin_count(idx))
 
-    def _info(self, idx: int, key: str, e: L.EntryHead | None = None) -> ObjectInfo:
-        e = e or L.unpack_entry(self._buf, self._lay.entry(idx))
-        return ObjectInfo(key, e.nbytes, Level(e.level), e.pins > 0, e.state == L.SEALED, e.nblobs,
-                          serialize.KIND_NAMES[e.kind], e.size, e.pins, self.session_name(e.session), e.ctime)
+    def _info(self, key: str, e: tuple, pins: int) -> ObjectInfo:
+        return ObjectInfo(key, e[L.E_NBYTES], Level(e[L.E_LEVEL]), pins > 0, e[L.E_STATE] == L.SEALED,
+                          e[L.E_NBLOBS], serialize.KIND_NAMES[e[L.E_KIND]], e[L.E_SIZE], pins,
+                          self.session_name(e[L.E_SESSION]), e[L.E_CTIME])
 
     def list(self, level: Level | None = None, all_sessions: bool = False) -> list[ObjectInfo]:
         """Sealed objects of this session (or all), optionally on one level."""
@@ -365,21 +415,23 @@ class Kernel:
             mask &= t["session"] == self.sid
         if level is not None:
             mask &= t["level"] == int(level)
+        pins = self._table.pin_counts()
         out = []
         for idx in np.flatnonzero(mask):
             eoff = self._lay.entry(int(idx))
-            e = L.unpack_entry(self._buf, eoff)
-            if e.state == L.SEALED:
-                out.append(self._info(int(idx), L.entry_key(self._buf, eoff, e.keylen).decode(errors="replace"), e))
+            e = L.entry_raw(self._buf, eoff)
+            if e[L.E_STATE] == L.SEALED:
+                key = L.entry_key(self._buf, eoff, e[L.E_KEYLEN]).decode(errors="replace")
+                out.append(self._info(key, e, int(pins[idx])))
         return out
 
     def capacity(self) -> dict[Level, Capacity]:
         """Usage of the MEMORY level."""
         self._check()
         t = L.entry_table(self._buf, self._lay)
-        mem = (t["state"] != L.FREE) & (t["level"] == int(Level.MEMORY))
-        pinned = int(t["size"][mem & (t["pins"] > 0)].sum())
-        used, total = L.used(self._buf, Level.MEMORY), self.node.capacity
+        mem = (t["state"] != L.FREE) & (t["level"] == _MEMORY)
+        pinned = int(t["size"][mem & (self._table.pin_counts() > 0)].sum())
+        used, total = L.used(self._buf, _MEMORY), self.node.capacity
         return {Level.MEMORY: Capacity(total, used, pinned, total - used, int(mem.sum()))}
 
     # ---- lifecycle --------------------------------------------------------
@@ -391,16 +443,15 @@ class Kernel:
             slot is given back when the last one is garbage collected).
         """
         if self._closed:
-            return not self._detach_when_unpinned
-        if os.getpid() != self._pid:
-            self._closed = True
-            return True
-        self._drain()
-        for idx, count in list(self._explicit.values()):
-            for _ in range(count):
-                self._release(idx)
-        self._explicit.clear()
+            return self._detached
         self._closed = True
+        if self._fork != _FORKS[0]:
+            self._detached = True  # the parent owns the slot
+            return True
+        for idx, gen, count in list(self._explicit.values()):
+            for _ in range(count):
+                self._release(idx, gen)
+        self._explicit.clear()
         if self._pins:
             self._detach_when_unpinned = True
             return False
@@ -409,11 +460,12 @@ class Kernel:
 
     def _detach(self) -> None:
         self._detach_when_unpinned = False
+        self._detached = True
         remaining = self.node.deregister(self.slot)
         self.on_detach(remaining)
 
     def on_detach(self, remaining: int) -> None:
-        """Hook run after the slot is given back (the Store wakes the janitor)."""
+        """Hook run after the slot is given back (the Store closes its mappings)."""
 
 
 def apply_conditions(key: str, obj: Any, conditions: Any) -> Any:

@@ -17,7 +17,8 @@ each aligned to 64 bytes (``Layout`` computes the offsets from the header)::
     ...      nbuckets * 4         hash bucket heads (i32, 1-based entry index, 0 = none)
     ...      max_objects * 448    ENTRY records (the object table)
     ...      nextents * 40        EXTENT records (the arena allocator)
-    ...      max_clients * B      pin bitmaps: bit i of client c = c pins entry i
+    ...      max_clients * N      pin bytes: byte i of client c's row is 1 while c pins
+                                  entry i (N = max_objects rounded up to 64)
 
 HEADER (offset 0)::
 
@@ -50,19 +51,18 @@ ALLOC_STATE (offset 256, guarded by the ALLOC lock)::
     52   4    i32     head of the free extent-record list (1-based)
     56   8    u64     bitmap of non-empty allocator bins
     64   256  64*i32  allocator bins: free extents with size in [2**k, 2**(k+1))
-    320  8    u64     LRU clock (bumped on every get/put)
 
 ENTRY (object table record, ENTRY_SIZE bytes)::
 
     0    8    u64     offset of the data in its level (arena offset for MEMORY)
     8    8    u64     stored size in bytes (allocation for MEMORY)
     16   8    u64     logical size (what ObjectInfo.size reports)
-    24   8    f64     last access (LRU clock value)
+    24   8    f64     last access (CLOCK_MONOTONIC, comparable across processes)
     32   8    f64     creation time
     40   4    u32     crc32 of (session, key)
     44   4    i32     next entry in the bucket chain (1-based, 0 end)
     48   4    u32     generation (bumped whenever the entry is reused)
-    52   4    u32     number of client processes pinning it
+    52   4    u32     reserved (pins live in the pin bytes)
     56   4    i32     client slot of the writer while WRITING, else -1
     60   4    i32     extent record of the data (1-based, 0 none)
     64   4    u32     number of blobs
@@ -91,6 +91,11 @@ EXTENT (allocator record, 40 bytes)::
 
 CLIENT (64 bytes): pid i32, state i32 (0 free, 1 attached), start time u64
 (``/proc/<pid>/stat`` field 22, tells a reused pid apart), attach time f64.
+
+Pins are bytes, not counts: each client writes only its own row (one
+store sets or clears a pin, no read-modify-write), sets a byte only under
+the entry's stripe lock, and may clear it without a lock. Whoever frees or
+moves an entry checks the entry's column under the stripe lock.
 
 Pickled objects in the arena start with OBJECT_HEADER (nblobs u32, flags u32,
 pickle length u64), then nblobs BLOB records (offset u64 from the object
@@ -133,7 +138,6 @@ ALLOC_OFFSET = 256
 ALLOC_STATE = struct.Struct("<3QQQIiIiQ")
 BINS = struct.Struct(f"<{NBINS}i")
 BINS_OFFSET = ALLOC_OFFSET + ALLOC_STATE.size
-CLOCK_OFFSET = ALLOC_OFFSET + 320
 SPILL_OFFSET = 1024
 SESSION = struct.Struct("<B63s")
 SESSION_SIZE = 64
@@ -215,7 +219,7 @@ class Layout:
         self.nbuckets = 1 << max(4, (max_objects - 1).bit_length())
         self.nextents = 2 * max_objects + 2
         self.nlocks = LOCK_FIRST_STRIPE + nstripes
-        self.bitmap_bytes = _align((max_objects + 7) // 8)
+        self.pinrow = _align(max_objects)
         self.sessions = HEADER_SIZE
         self.locks = _align(self.sessions + MAX_SESSIONS * SESSION_SIZE)
         self.clients = _align(self.locks + self.nlocks * LOCK_STRIDE)
@@ -223,7 +227,7 @@ class Layout:
         self.entries = _align(self.buckets + self.nbuckets * 4)
         self.extents = _align(self.entries + max_objects * ENTRY_SIZE)
         self.pinmaps = _align(self.extents + self.nextents * EXTENT.size)
-        self.size = page_align(self.pinmaps + max_clients * self.bitmap_bytes)
+        self.size = page_align(self.pinmaps + max_clients * self.pinrow)
 
     @classmethod
     def from_header(cls, h: Header) -> "Layout":
@@ -252,12 +256,9 @@ class Layout:
     def session(self, sid: int) -> int:
         return self.sessions + sid * SESSION_SIZE
 
-    def pinmap(self, slot: int) -> int:
-        return self.pinmaps + slot * self.bitmap_bytes
-
-    def pinbit(self, slot: int, idx: int) -> tuple[int, int]:
-        """(byte offset, bit mask) of entry ``idx`` in client ``slot``'s pin bitmap."""
-        return self.pinmap(slot) + (idx >> 3), 1 << (idx & 7)
+    def pinbyte(self, slot: int, idx: int) -> int:
+        """Offset of client ``slot``'s pin byte for entry ``idx``."""
+        return self.pinmaps + slot * self.pinrow + idx
 
 
 # ---- header -----------------------------------------------------------------
@@ -385,13 +386,6 @@ def clear_bins(buf) -> None:
     BINS.pack_into(buf, BINS_OFFSET, *([0] * NBINS))
 
 
-def tick(buf) -> float:
-    """Advance and return the store-wide LRU clock (callers hold a lock)."""
-    value = _F64.unpack_from(buf, CLOCK_OFFSET)[0] + 1.0
-    _F64.pack_into(buf, CLOCK_OFFSET, value)
-    return value
-
-
 # ---- entries ----------------------------------------------------------------
 
 class EntryHead(NamedTuple):
@@ -421,6 +415,26 @@ def unpack_entry(buf, eoff: int) -> EntryHead:
 
 def pack_entry(buf, eoff: int, e: EntryHead) -> None:
     ENTRY_HEAD.pack_into(buf, eoff, *e)
+
+
+# indices into the raw ENTRY_HEAD tuple
+(E_OFFSET, E_SIZE, E_NBYTES, E_ATIME, E_CTIME, E_HASH, E_NEXT, E_GEN, E_PINS, E_WRITER, E_EXTENT, E_NBLOBS,
+ E_KEYLEN, E_SESSION, E_STATE, E_KIND, E_LEVEL, E_FLAGS) = range(18)
+entry_raw = ENTRY_HEAD.unpack_from
+
+
+def find_entry(buf, layout: Layout, b: int, h: int, session: int, key: bytes) -> tuple[int, tuple | None]:
+    """Walk bucket ``b``'s chain for ``key``: (index, raw ENTRY_HEAD tuple) or (-1, None)."""
+    rec = _I32.unpack_from(buf, layout.buckets + 4 * b)[0]
+    base, klen = layout.entries, len(key)
+    unpack = ENTRY_HEAD.unpack_from
+    while rec:
+        eoff = base + (rec - 1) * ENTRY_SIZE
+        e = unpack(buf, eoff)
+        if e[5] == h and e[12] == klen and e[13] == session and buf[eoff + ENTRY_KEY_OFFSET: eoff + ENTRY_KEY_OFFSET + klen] == key:
+            return rec - 1, e
+        rec = e[6]
+    return -1, None
 
 
 def entry_probe(buf, eoff: int) -> tuple[int, int, int, int]:
@@ -478,14 +492,6 @@ def set_entry_flags(buf, eoff: int, flags: int) -> None:
     buf[eoff + _E_FLAGS] = flags
 
 
-def entry_pins(buf, eoff: int) -> int:
-    return _U32.unpack_from(buf, eoff + _E_PINS)[0]
-
-
-def set_entry_pins(buf, eoff: int, pins: int) -> None:
-    _U32.pack_into(buf, eoff + _E_PINS, pins)
-
-
 def entry_gen(buf, eoff: int) -> int:
     return _U32.unpack_from(buf, eoff + _E_GEN)[0]
 
@@ -515,6 +521,30 @@ def unpack_entry_array(buf, eoff: int) -> tuple[str, tuple[int, ...], str]:
     f = ENTRY_ARRAY.unpack_from(buf, eoff + ENTRY_ARRAY_OFFSET)
     ndim = f[1]
     return f[0].rstrip(b"\0").decode(), tuple(f[3:3 + ndim]), "F" if f[2] else "C"
+
+
+_ARRAY_META: dict[tuple, bytes] = {}
+
+
+def array_meta(dtype: str, shape: tuple[int, ...], order: str) -> bytes:
+    """ENTRY_ARRAY bytes for an ndarray (cached: the same shapes come back)."""
+    k = (dtype, shape, order)
+    meta = _ARRAY_META.get(k)
+    if meta is None:
+        dims = list(shape) + [0] * (MAX_NDIM - len(shape))
+        meta = ENTRY_ARRAY.pack(dtype.encode(), len(shape), 1 if order == "F" else 0, *dims)
+        if len(_ARRAY_META) < 4096:
+            _ARRAY_META[k] = meta
+    return meta
+
+
+def set_entry_array(buf, eoff: int, meta: bytes) -> None:
+    buf[eoff + ENTRY_ARRAY_OFFSET: eoff + ENTRY_ARRAY_OFFSET + len(meta)] = meta
+
+
+def entry_array_raw(buf, eoff: int) -> tuple:
+    """ENTRY_ARRAY fields as stored: (dtype bytes, ndim, order flag, 8 dims)."""
+    return ENTRY_ARRAY.unpack_from(buf, eoff + ENTRY_ARRAY_OFFSET)
 
 
 def pack_entry_array(buf, eoff: int, dtype: str, shape: tuple[int, ...], order: str) -> None:
@@ -549,6 +579,32 @@ def pack_extent(buf, xoff: int, x: Extent) -> None:
     EXTENT.pack_into(buf, xoff, *x)
 
 
+# hot-path accessors: plain tuples in Extent field order, single-field stores
+extent_raw = EXTENT.unpack_from
+extent_write = EXTENT.pack_into
+_SPAN = struct.Struct("<QQ")
+
+
+def set_extent_span(buf, xoff: int, offset: int, size: int) -> None:
+    _SPAN.pack_into(buf, xoff, offset, size)
+
+
+def set_extent_prev_phys(buf, xoff: int, rec: int) -> None:
+    _I32.pack_into(buf, xoff + 16, rec)
+
+
+def set_extent_next_phys(buf, xoff: int, rec: int) -> None:
+    _I32.pack_into(buf, xoff + 20, rec)
+
+
+def set_extent_prev_free(buf, xoff: int, rec: int) -> None:
+    _I32.pack_into(buf, xoff + 24, rec)
+
+
+def set_extent_next_free(buf, xoff: int, rec: int) -> None:
+    _I32.pack_into(buf, xoff + 28, rec)
+
+
 # ---- clients and sessions ---------------------------------------------------
 
 def unpack_client(buf, coff: int) -> tuple[int, int, int, float]:
@@ -574,10 +630,12 @@ def pack_session(buf, soff: int, name: str) -> None:
     SESSION.pack_into(buf, soff, len(raw) + 1, raw)
 
 
-# ---- pin bitmaps ------------------------------------------------------------
+# ---- pins ---------------------------------------------------------------------
 
-def pinmap(buf, layout: Layout, slot: int) -> np.ndarray:
-    return np.ndarray((layout.bitmap_bytes,), np.uint8, buffer=buf, offset=layout.pinmap(slot))
+def pin_table(buf, layout: Layout) -> np.ndarray:
+    """(max_clients, max_objects) uint8 view of every client's pin bytes."""
+    return np.ndarray((layout.max_clients, layout.max_objects), np.uint8, buffer=buf, offset=layout.pinmaps,
+                      strides=(layout.pinrow, 1))
 
 
 # ---- pickled object header (lives in the arena) -----------------------------

@@ -6,35 +6,21 @@ microsecond). When a holder dies, the next acquirer gets ``EOWNERDEAD``: the
 lock marks the mutex consistent and runs the ``on_recover`` callback (while
 holding it) so the owner of the guarded data can repair a half-done update.
 
-Each thread counts the store locks it holds (:func:`held`): finalizers that
-fire from the garbage collector inside a locked section must not try to take
-a (non-recursive) store lock again, and defer their work instead.
+Finalizers (which may fire from the garbage collector inside a locked
+section of the same thread) must never block on a store lock: they use
+``acquire(blocking=False)`` and defer their work when it fails.
 """
 from __future__ import annotations
 
 import errno
-import threading
 from typing import Callable
 
 from ..errors import LockTimeoutError
 from . import native
 
-__all__ = ["ShmLock", "held", "init_lock"]
+__all__ = ["ShmLock", "init_lock"]
 
-_tls = threading.local()
-
-
-def held() -> int:
-    """Number of store locks the calling thread holds right now."""
-    return getattr(_tls, "depth", 0)
-
-
-def _enter() -> None:
-    _tls.depth = getattr(_tls, "depth", 0) + 1
-
-
-def _leave() -> None:
-    _tls.depth -= 1
+_trylock, _unlock = native.mutex_trylock, native.mutex_unlock
 
 
 def init_lock(addr: int) -> None:
@@ -71,16 +57,17 @@ class ShmLock:
         Returns:
             True when acquired, False when not (non-blocking or timed out).
         """
-        rc = native.mutex_trylock(self._addr)
+        return self._finish(_trylock(self._addr), blocking, timeout)
+
+    def _finish(self, rc: int, blocking: bool, timeout: float) -> bool:
+        """Complete an acquire whose trylock returned ``rc`` (nonzero: busy or owner dead)."""
         if rc == errno.EBUSY and blocking:
             wait = self.timeout if timeout is None or timeout < 0 else timeout
             rc = native.mutex_timedlock(self._addr, wait)
         if rc == 0:
-            _enter()
             return True
         if rc == native.EOWNERDEAD:
             native.mutex_consistent(self._addr)
-            _enter()
             if self._on_recover is not None:
                 self._on_recover()
             return True
@@ -90,20 +77,22 @@ class ShmLock:
 
     def release(self) -> None:
         """Release the lock (held by this thread)."""
-        rc = native.mutex_unlock(self._addr)
+        rc = _unlock(self._addr)
         if rc:
             raise RuntimeError(f"release of lock {self.name} not held by this thread ({errno.errorcode.get(rc, rc)})")
-        _leave()
 
     def locked(self) -> bool:
         """True when some thread or process holds the lock (a snapshot)."""
-        if native.mutex_trylock(self._addr) != 0:
+        if not self._finish(_trylock(self._addr), False, 0):
             return True
-        native.mutex_unlock(self._addr)
+        _unlock(self._addr)
         return False
 
     def __enter__(self) -> "ShmLock":
-        if not self.acquire(True, self.timeout):
+        rc = _trylock(self._addr)
+        if rc == 0:  # the uncontended fast path
+            return self
+        if not self._finish(rc, True, self.timeout):
             raise LockTimeoutError(
                 f"lock {self.name} not acquired within {self.timeout:g} s: another process holds it "
                 f"(raise lock_timeout= / SHMSTORE_LOCK_TIMEOUT, or check for a stopped process)"
@@ -111,7 +100,8 @@ class ShmLock:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.release()
+        if _unlock(self._addr):
+            raise RuntimeError(f"release of lock {self.name} not held by this thread")
 
     def __repr__(self) -> str:
         return f"<ShmLock {self.name}>"

@@ -17,7 +17,10 @@ __all__ = [
     "mutex_consistent", "populate_write",
 ]
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_LIBC_NAME = ctypes.util.find_library("c") or None
+_libc = ctypes.CDLL(_LIBC_NAME, use_errno=True)
+# trylock/unlock never block: call them without dropping the GIL (saves ~0.3 us a pair)
+_pylibc = ctypes.PyDLL(_LIBC_NAME)
 
 MUTEX_SIZE = 40  # sizeof(pthread_mutex_t) on Linux x86-64 and aarch64 (glibc)
 EOWNERDEAD = errno.EOWNERDEAD
@@ -32,8 +35,8 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-def _fn(name: str, *argtypes):
-    f = getattr(_libc, name)
+def _fn(name: str, *argtypes, lib=_libc):
+    f = getattr(lib, name)
     f.argtypes = list(argtypes)
     f.restype = ctypes.c_int
     return f
@@ -45,9 +48,9 @@ _attr_setpshared = _fn("pthread_mutexattr_setpshared", _vp, ctypes.c_int)
 _attr_setrobust = _fn("pthread_mutexattr_setrobust", _vp, ctypes.c_int)
 _attr_destroy = _fn("pthread_mutexattr_destroy", _vp)
 _init = _fn("pthread_mutex_init", _vp, _vp)
-mutex_trylock = _fn("pthread_mutex_trylock", _vp)
+mutex_trylock = _fn("pthread_mutex_trylock", _vp, lib=_pylibc)
 mutex_lock = _fn("pthread_mutex_lock", _vp)
-mutex_unlock = _fn("pthread_mutex_unlock", _vp)
+mutex_unlock = _fn("pthread_mutex_unlock", _vp, lib=_pylibc)
 mutex_consistent = _fn("pthread_mutex_consistent", _vp)
 try:  # glibc >= 2.30: waits on CLOCK_MONOTONIC, immune to clock steps
     _clocklock = _fn("pthread_mutex_clocklock", _vp, ctypes.c_int, ctypes.POINTER(_Timespec))

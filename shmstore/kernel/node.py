@@ -98,8 +98,10 @@ class NodeStore:
         self.admin = lock(L.LOCK_ADMIN, "admin")
         self.alloc_lock = lock(L.LOCK_ALLOC, "alloc", self._repair_alloc)
         self.spill_lock = lock(L.LOCK_SPILL, "spill")
-        self.stripes = [lock(self.layout.stripe_lock(s), f"stripe {s}", self._stripe_repair(s))
-                        for s in range(self.layout.nstripes)]
+        # chains are linked/unlinked with single stores and pins are bytes: a stripe
+        # whose holder died needs no repair
+        self.stripes = [lock(self.layout.stripe_lock(s), f"stripe {s}") for s in range(self.layout.nstripes)]
+        self.arena_ro = memoryview(arena.mm).toreadonly()
         self.populated = 0
 
     # ---- open / create / attach -------------------------------------------
@@ -208,6 +210,7 @@ class NodeStore:
     def deregister(self, slot: int) -> int:
         """Give slot ``slot`` back; returns how many clients remain."""
         with self.admin:
+            self.table.clear_pins(slot)
             L.pack_client(self.meta.mm, self.layout.client(slot), 0, 0, 0, 0.0)
             return int((L.client_table(self.meta.mm, self.layout)["state"] == 1).sum())
 
@@ -221,15 +224,41 @@ class NodeStore:
         """The lock guarding entry ``idx`` (valid while the entry is pinned or locked)."""
         return self.stripes[self.table.stripe_of(idx)]
 
-    def release(self, idx: int) -> None:
-        """Free entry ``idx`` and its space (already unlinked from its chain)."""
-        with self.alloc_lock:
+    def release(self, idx: int, blocking: bool = True) -> bool:
+        """Free entry ``idx`` and its space (already unlinked from its chain).
+
+        With ``blocking=False`` (finalizers) it gives up instead of waiting
+        for the ALLOC lock, and returns False.
+        """
+        if blocking:
+            with self.alloc_lock:
+                self.table.release_entry(idx)
+            return True
+        if not self.alloc_lock.acquire(blocking=False):
+            return False
+        try:
             self.table.release_entry(idx)
+        finally:
+            self.alloc_lock.release()
+        return True
 
     def unpin(self, slot: int, idx: int) -> None:
         """Drop ``slot``'s pin on ``idx``; free a deleted entry once nobody pins it."""
-        if self.table.unpin_shared(slot, idx) == 0 and L.entry_state(self.meta.mm, self.layout.entry(idx)) == L.DELETED:
-            self.release(idx)
+        self.table.unpin(slot, idx)
+        self.free_if_unpinned(idx)
+
+    def free_if_unpinned(self, idx: int, gen: int | None = None, blocking: bool = True) -> bool | None:
+        """Free ``idx`` if it is deleted (of generation ``gen``) and nobody pins it.
+
+        Returns True if freed, False if there was nothing to free, None if
+        ``blocking`` is False and the ALLOC lock was busy (try again later).
+        """
+        eoff = self.layout.entry(idx)
+        if L.entry_state(self.meta.mm, eoff) != L.DELETED or (gen is not None and L.entry_gen(self.meta.mm, eoff) != gen):
+            return False
+        if self.table.pin_count(idx):
+            return False
+        return True if self.release(idx, blocking) else None
 
     # ---- spill process -----------------------------------------------------
     def spill_pid(self) -> int:
@@ -297,9 +326,6 @@ class NodeStore:
                 object_id=key, requested=length)
 
     # ---- recovery -----------------------------------------------------------
-    def _stripe_repair(self, stripe: int):
-        return lambda: self.table.repair_pins(stripe)
-
     def _repair_alloc(self) -> None:
         """Rebuild allocator, entry free list and counters from the entry table."""
         buf, lay = self.meta.mm, self.layout
@@ -328,6 +354,10 @@ class NodeStore:
             if self._populator is not None and self._populator is not threading.current_thread():
                 self._populator.join(10)
             self._stop = None
+        try:
+            self.arena_ro.release()
+        except (BufferError, AttributeError):
+            pass  # views into it are alive
         for seg in (self.arena, self.meta):
             if seg is not None:
                 seg.close()

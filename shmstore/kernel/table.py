@@ -6,12 +6,17 @@ working on unrelated keys rarely meet on a lock. A chain is linked and
 unlinked with single 4-byte stores after the entry is fully written, so a
 process killed mid-update never leaves a broken chain.
 
-Pins: each client process has a bitmap with one bit per entry; the entry's
-``pins`` field counts the processes whose bit is set. Within a process,
-:class:`Table` callers keep their own counts (views, readers, explicit pins)
-and only the first pin and the last unpin touch shared memory. If a process
-dies between setting its bit and bumping ``pins``, :meth:`repair_pins`
-recomputes the counts from the bitmaps.
+Pins: each client process has a row of pin bytes, one per entry. It sets a
+byte only while holding the entry's stripe lock (so whoever frees or moves
+the entry, checking the column under that lock, sees it) and clears it with a
+plain store, without a lock. A process keeps its own counts of views,
+readers and explicit pins; only the first pin and the last unpin touch
+shared memory. The one race of the lock-free clear, step by step: a deleter
+holding the lock sees our byte still set and marks the entry ``deleted``
+instead of freeing it; we clear the byte and read the state before the
+``deleted`` store reaches us. Nobody frees the entry then, so the janitor
+sweeps ``deleted`` entries nobody pins (:func:`janitor.sweep_deleted`).
+Nothing is ever freed under a pin.
 
 Lock order: stripe lock, then ALLOC lock. Never the other way round.
 """
@@ -40,6 +45,7 @@ class Table:
         self.alloc = alloc
         self._bucket_mask = layout.nbuckets - 1
         self._stripe_mask = layout.nstripes - 1
+        self._pins = L.pin_table(buf, layout)
 
     # ---- hashing ---------------------------------------------------------
     def locate(self, session: int, key: bytes) -> tuple[int, int, int]:
@@ -118,41 +124,26 @@ class Table:
                                             0, -1, 0, 0, 0, 0, L.FREE, 0, 0, 0))
         L.set_entry_cursor(buf, next_unused, idx + 1)
 
-    # ---- pins (stripe lock of the entry held) ----------------------------
-    def pin_shared(self, slot: int, idx: int) -> None:
-        """Set ``slot``'s pin bit on ``idx`` and count it (first local pin)."""
-        byte, mask = self.layout.pinbit(slot, idx)
-        buf = self.buf
-        if buf[byte] & mask:
-            return
-        buf[byte] = buf[byte] | mask
-        eoff = self.layout.entry(idx)
-        L.set_entry_pins(buf, eoff, L.entry_pins(buf, eoff) + 1)
+    # ---- pins ----------------------------------------------------------------
+    def pin(self, slot: int, idx: int) -> None:
+        """Set ``slot``'s pin byte on ``idx`` (stripe lock of ``idx`` held)."""
+        self.buf[self.layout.pinbyte(slot, idx)] = 1
 
-    def unpin_shared(self, slot: int, idx: int) -> int:
-        """Clear ``slot``'s pin bit on ``idx``; returns the remaining pin count."""
-        byte, mask = self.layout.pinbit(slot, idx)
-        buf = self.buf
-        eoff = self.layout.entry(idx)
-        pins = L.entry_pins(buf, eoff)
-        if buf[byte] & mask:
-            buf[byte] = buf[byte] & ~mask
-            pins = max(0, pins - 1)
-            L.set_entry_pins(buf, eoff, pins)
-        return pins
+    def unpin(self, slot: int, idx: int) -> None:
+        """Clear ``slot``'s pin byte on ``idx`` (no lock needed: see the module notes)."""
+        self.buf[self.layout.pinbyte(slot, idx)] = 0
+
+    def pin_count(self, idx: int) -> int:
+        """Number of client processes pinning ``idx``."""
+        return int(np.count_nonzero(self._pins[:, idx]))
+
+    def pin_counts(self) -> np.ndarray:
+        """Pinning processes per entry (uint8 per client summed over clients)."""
+        return np.count_nonzero(self._pins, axis=0)
 
     def pinned_by(self, slot: int) -> np.ndarray:
-        """Entry indices whose pin bit ``slot`` has set."""
-        bits = np.unpackbits(L.pinmap(self.buf, self.layout, slot), bitorder="little")
-        return np.flatnonzero(bits[: self.layout.max_objects])
+        """Entry indices that client ``slot`` pins."""
+        return np.flatnonzero(self._pins[slot])
 
-    def repair_pins(self, stripe: int) -> None:
-        """Recompute the pin counts of ``stripe``'s entries from the client bitmaps."""
-        lay = self.layout
-        maps = np.ndarray((lay.max_clients, lay.bitmap_bytes), np.uint8, buffer=self.buf, offset=lay.pinmaps)
-        counts = np.zeros(lay.max_objects, np.uint32)
-        for slot in np.flatnonzero(maps.any(axis=1)):
-            counts += np.unpackbits(maps[slot], bitorder="little")[: lay.max_objects]
-        table = L.entry_table(self.buf, lay)
-        mine = (table["hash"] & self._bucket_mask & self._stripe_mask) == stripe
-        table["pins"][mine] = counts[mine]
+    def clear_pins(self, slot: int) -> None:
+        self._pins[slot] = 0
