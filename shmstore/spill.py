@@ -25,7 +25,7 @@ from .config import Config
 from .errors import ShmStoreError
 from .kernel import NodeStore
 from .kernel import layout as L
-from .kernel.janitor import janitor_pass
+from .kernel.janitor import janitor_pass, sweep_deleted
 from .units import format_size
 
 __all__ = ["main", "POLL"]
@@ -50,6 +50,9 @@ class _Spiller:
             for slot, pid, dropped, freed in janitor_pass(self.node):
                 log.warning("%s: reclaimed client pid %d (slot %d): %d unsealed/deleted object(s), %s",
                             self.label, pid, slot, dropped, format_size(freed))
+            sweep_deleted(self.node)
+            if L.retired_chunks(self.node.meta.mm):
+                self.node.reclaim_retired()
             if self.stopping:
                 return 0
             if self._destroy_if_unused():

@@ -197,7 +197,7 @@ class Store:
         return {
             "name": self.config.name, "node": self.config.node, "segments": node.prefix + "-*",
             "persistent": bool(L.header_flags(node.meta.mm) & L.FLAG_PERSIST),
-            "objects": L.nobjects(node.meta.mm),
+            "objects": node.nobjects(),
             "levels": {lv.name.lower(): c._asdict() for lv, c in k.capacity().items()},
             "clients": [{"pid": pid, "alive": pid_alive(pid, start), "slot": slot} for slot, pid, start in node.clients()],
             "spill": {"pid": spill, "alive": pid_alive(spill)},

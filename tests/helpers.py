@@ -118,3 +118,25 @@ class Child:
         for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if f and not f.closed:
                 f.close()
+
+
+def check_arena(node) -> None:
+    """Assert the arena's extents tile it exactly and every live object lies in its extent."""
+    import numpy as np
+    from shmstore.kernel import layout as L
+    buf, lay = node.meta.mm, node.layout
+    with node.alloc_lock:
+        ext = L.extent_table(buf, lay).copy()
+        t = L.entry_table(buf, lay).copy()
+    used = ext[np.isin(ext["flags"], [L.EXT_USED, L.EXT_CHUNK, L.EXT_RETIRED])]
+    spans = sorted([(int(o), int(s)) for o, s in zip(used["offset"], used["size"])] + node.alloc.free_extents())
+    pos = 0
+    for off, size in spans:
+        assert off == pos, f"extents overlap or leave a gap at {pos} (next at {off})"
+        pos = off + size
+    assert pos == node.capacity
+    live = np.isin(t["state"], [L.WRITING, L.SEALED, L.DELETED]) & (t["level"] == 1)
+    for i in np.flatnonzero(live):
+        x = ext[t["extent"][i] - 1]
+        assert x["flags"] in (L.EXT_USED, L.EXT_CHUNK, L.EXT_RETIRED)
+        assert x["offset"] <= t["offset"][i] and t["offset"][i] + t["size"][i] <= x["offset"] + x["size"]

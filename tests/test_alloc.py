@@ -73,11 +73,11 @@ def test_rebuild_from_live_extents(alloc):
     live = []
     for i in range(20):
         rec, off = alloc.alloc(1000 * (i + 1), i + 1)
-        live.append((off, alloc.size_of(rec), i + 1))
+        live.append((off, alloc.size_of(rec), i + 1, L.EXT_USED))
     keep = live[::2]
     owners = alloc.rebuild(keep)
-    assert set(owners) == {o for _, _, o in keep}
-    used = {owners[o]: (off, size) for off, size, o in keep}
+    assert set(owners) == {o for _, _, o, _ in keep}
+    used = {owners[o]: (off, size) for off, size, o, _ in keep}
     check_tiling(alloc, used)
     for rec in owners.values():
         alloc.free(rec)

@@ -11,7 +11,7 @@ import shmstore
 from shmstore import Level
 from shmstore.kernel import layout as L
 
-from helpers import Child, shm_segments, spill_running, wait_for
+from helpers import Child, check_arena, shm_segments, spill_running, wait_for
 
 CONNECT = "import shmstore, numpy as np, os, sys\nstore = shmstore.connect(os.environ['N'], capacity='64MiB')\n"
 
@@ -96,6 +96,7 @@ sys.stdin.readline()
         assert other.get("before").sum() == 45
     infos = store.list()
     assert used(store) == sum(i.stored for i in infos)
+    check_arena(store._node)
     store.clear()
     assert used(store) == 0
 
@@ -112,11 +113,12 @@ sys.stdin.readline()
     assert child.readline() == "locked"
     child.kill()
     store.put("after", np.zeros(10))
-    node = store._node
-    with node.alloc_lock:
-        free = node.alloc.free_extents()
-    assert sum(size for _, size in free) == node.capacity - used(store)
+    store.put("big-after", np.zeros(8 << 20, np.uint8))  # not from a chunk: the global allocator
+    check_arena(store._node)
     np.testing.assert_array_equal(store.get("keep"), np.ones(1000))
+    store.clear()
+    assert wait_for(lambda: store._node.reclaim_retired() >= 0 and
+                    store._node.alloc.free_extents()[-1][1] >= store._node.capacity - (2 << 20), timeout=10)
 
 
 def test_job_exit_leaves_nothing_in_dev_shm(name):

@@ -98,8 +98,11 @@ class Allocator:
         L.set_bin_mask(self._buf, 0)
         self._bin_insert(self._new_record(), 0, self.capacity, 0, 0)
 
-    def alloc(self, size: int, owner: int) -> tuple[int, int]:
+    def alloc(self, size: int, owner: int, flags: int = L.EXT_USED) -> tuple[int, int]:
         """Allocate ``size`` bytes (rounded up to 64) for entry ``owner`` (1-based).
+
+        ``flags`` is EXT_USED for one object, EXT_CHUNK for a client's chunk
+        (then ``owner`` is ``-(slot+1)``).
 
         A fitting free extent is cut from its front: the allocation gets a new
         record and the free rest keeps the old one, in the same bin unless it
@@ -119,11 +122,11 @@ class Allocator:
         rest = xsize - size
         if rest < L.ALIGN:  # take it whole
             self._bin_remove(xsize, prev_free, next_free)
-            L.extent_write(buf, xoff, offset, xsize, prev_phys, next_phys, 0, 0, L.EXT_USED, owner)
+            L.extent_write(buf, xoff, offset, xsize, prev_phys, next_phys, 0, 0, flags, owner)
             used_rec, end = rec, offset + xsize
         else:
             used_rec, end = self._new_record(), offset + size
-            L.extent_write(buf, lay.extent(used_rec), offset, size, prev_phys, rec, 0, 0, L.EXT_USED, owner)
+            L.extent_write(buf, lay.extent(used_rec), offset, size, prev_phys, rec, 0, 0, flags, owner)
             if prev_phys:
                 L.set_extent_next_phys(buf, lay.extent(prev_phys), used_rec)
             if rest.bit_length() == xsize.bit_length():  # same bin: shrink in place
@@ -138,11 +141,17 @@ class Allocator:
     def size_of(self, rec: int) -> int:
         return L.extent_raw(self._buf, self._layout.extent(rec))[1]
 
+    def set_flags(self, rec: int, flags: int) -> None:
+        """Change a used extent's kind (chunk -> retired chunk)."""
+        x = list(L.extent_raw(self._buf, self._layout.extent(rec)))
+        x[6] = flags
+        L.extent_write(self._buf, self._layout.extent(rec), *x)
+
     def free(self, rec: int) -> int:
         """Free extent ``rec``, coalescing with free neighbours; returns its size."""
         buf, lay = self._buf, self._layout
         offset, size, prev_phys, next_phys, _, _, flags, _ = L.extent_raw(buf, lay.extent(rec))
-        if flags != L.EXT_USED:
+        if flags in (L.EXT_UNUSED, L.EXT_FREE):
             raise RuntimeError(f"double free of extent {rec}")
         freed = size
         if prev_phys:
@@ -162,36 +171,39 @@ class Allocator:
         self._bin_insert(rec, offset, size, prev_phys, next_phys)
         return freed
 
-    def rebuild(self, live: Iterable[tuple[int, int, int]]) -> dict[int, int]:
-        """Recreate all allocator state from the live ``(offset, size, owner)`` extents.
+    def rebuild(self, live: Iterable[tuple[int, int, int, int]]) -> dict[int, int]:
+        """Recreate all allocator state from the live ``(offset, size, owner, flags)`` extents.
 
         Used after a process died holding the ALLOC lock. Returns the new
         extent record of each owner.
         """
         buf, lay = self._buf, self._layout
+        old_next, _ = L.extent_cursor(buf)
         L.set_extent_cursor(buf, 0, 0)
         L.clear_bins(buf)
         L.set_bin_mask(buf, 0)
-        spans: list[tuple[int, int, int]] = []  # (offset, size, owner or 0 for free)
+        spans: list[tuple[int, int, int, int]] = []  # (offset, size, owner, flags); flags 0 for free
         pos = 0
-        for offset, size, owner in sorted(live):
+        for offset, size, owner, flags in sorted(live):
             if offset > pos:
-                spans.append((pos, offset - pos, 0))
-            spans.append((offset, size, owner))
+                spans.append((pos, offset - pos, 0, 0))
+            spans.append((offset, size, owner, flags))
             pos = offset + size
         if pos < self.capacity:
-            spans.append((pos, self.capacity - pos, 0))
+            spans.append((pos, self.capacity - pos, 0, 0))
         recs = [self._new_record() for _ in spans]
         owners: dict[int, int] = {}
-        for i, (offset, size, owner) in enumerate(spans):
+        for i, (offset, size, owner, flags) in enumerate(spans):
             prev_phys = recs[i - 1] if i else 0
             next_phys = recs[i + 1] if i + 1 < len(recs) else 0
-            if owner:
-                L.extent_write(buf, lay.extent(recs[i]), offset, size, prev_phys, next_phys, 0, 0, L.EXT_USED, owner)
+            if flags:
+                L.extent_write(buf, lay.extent(recs[i]), offset, size, prev_phys, next_phys, 0, 0, flags, owner)
                 owners[owner] = recs[i]
             else:
                 self._bin_insert(recs[i], offset, size, prev_phys, next_phys)
         L.set_frontier(buf, max(pos, L.frontier(buf)))
+        for rec in range(len(recs) + 1, old_next + 1):  # records of the old state, now unused
+            L.extent_write(buf, lay.extent(rec), 0, 0, 0, 0, 0, 0, L.EXT_UNUSED, 0)
         return owners
 
     def free_extents(self) -> list[tuple[int, int]]:

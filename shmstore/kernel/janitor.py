@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import layout as L
+from .cache import retire_chunk
 from .node import NodeStore, pid_alive
 
-__all__ = ["reclaim", "dead_clients", "janitor_pass", "sweep_deleted"]
+__all__ = ["reclaim", "dead_clients", "janitor_pass", "sweep_deleted", "give_back"]
 
 
 def dead_clients(node: NodeStore) -> list[tuple[int, int]]:
@@ -45,8 +46,19 @@ def reclaim(node: NodeStore, slot: int) -> tuple[int, int]:
             node.table.unpin(slot, idx)
             if node.free_if_unpinned(idx):
                 dropped, freed = dropped + 1, freed + size
+    give_back(node, slot)
     node.deregister(slot)
     return dropped, freed
+
+
+def give_back(node: NodeStore, slot: int) -> None:
+    """Return client ``slot``'s reserved entries and retire its chunk."""
+    buf, lay = node.meta.mm, node.layout
+    with node.alloc_lock:
+        t = L.entry_table(buf, lay)
+        for idx in np.flatnonzero((t["state"] == L.RESERVED) & (t["writer"] == slot)):
+            node.table.push_free(int(idx), 0, L.entry_gen(buf, lay.entry(int(idx))))
+        retire_chunk(node, slot)
 
 
 def sweep_deleted(node: NodeStore) -> int:

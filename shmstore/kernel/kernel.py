@@ -32,6 +32,7 @@ from ..errors import (InvalidArgumentError, InvalidKeyError, ObjectExistsError, 
 from ..levels import Capacity, Level, ObjectInfo
 from ..units import format_size
 from . import layout as L
+from .cache import ClientCache
 from .node import NodeStore
 
 __all__ = ["Kernel", "encode_key"]
@@ -112,6 +113,7 @@ class Kernel:
         self._deferred: list[tuple[int, int]] = []
         self._detach_when_unpinned = False
         self._fork = _FORKS[0]
+        self._cache = ClientCache(node, slot)
         self.sid = self._session_id(session)
         self._closed = self._detached = False
 
@@ -141,7 +143,7 @@ class Kernel:
         while self._deferred:
             idx, gen = self._deferred.pop()
             with self.node.stripe_of(idx):
-                self.node.free_if_unpinned(idx, gen)
+                self.node.free_if_unpinned(idx, gen, cache=self._cache)
 
     def _not_found(self, key: str) -> ObjectNotFoundError:
         where = f" in session {self.session!r}" if self.session else ""
@@ -186,49 +188,54 @@ class Kernel:
         """
         if size < 0:
             raise InvalidArgumentError(f"size of {key!r} must not be negative, got {size}")
-        buf, lay = self._buf, self._lay
+        buf, lay, cache = self._buf, self._lay, self._cache
+        stored = L.align(max(size, 1))  # extents are exact multiples of the alignment
+        idx = cache.take_entry(key)
         h = _crc32(kb, self.sid)
         b = h & self._bmask
-        with self._stripes[b & self._smask]:
-            found, e = L.find_entry(buf, lay, b, h, self.sid, kb)
-            if e is not None:
-                if e[L.E_STATE] == L.WRITING:
-                    raise ObjectLockedError(f"{key!r} is being written by another writer", key)
-                raise ObjectExistsError(f"{key!r} already exists (delete it first, or use another key)", key)
-            with self.node.alloc_lock:
-                idx, rec, off, stored = self._allocate(key, size)
+        stripe = b & self._smask
+        try:
+            with self._stripes[stripe]:
+                found, e = L.find_entry(buf, lay, b, h, self.sid, kb)
+                if e is not None:
+                    if e[L.E_STATE] == L.WRITING:
+                        raise ObjectLockedError(f"{key!r} is being written by another writer", key)
+                    raise ObjectExistsError(f"{key!r} already exists (delete it first, or use another key)", key)
+                rec, off, flags = self._place(key, idx, stored)
                 eoff = lay.entry(idx)
                 ctime = time.time()
                 L.ENTRY_HEAD.pack_into(buf, eoff, off, stored, nbytes, _monotonic(), ctime, h, 0,
                                        L.entry_gen(buf, eoff), 0, self.slot, rec, nblobs, len(kb), self.sid,
-                                       L.WRITING, kind, _MEMORY, 0)
+                                       L.WRITING, kind, _MEMORY, flags)
                 if meta is not None:
                     L.set_entry_array(buf, eoff, meta)
                 L.set_entry_key(buf, eoff, kb)
-            self._table.link(idx, b)
+                L.add_stripe_stats(buf, lay.stripe_stats(stripe), _MEMORY, stored, 1)
+                self._table.link(idx, b)
+        except BaseException:
+            cache.entries.append(idx)  # still reserved for us
+            raise
         return idx, off, stored, ctime
 
-    def _allocate(self, key: str, size: int) -> tuple[int, int, int, int]:
-        """(entry, extent, offset, stored size) under the ALLOC lock, or StorageFullError."""
-        buf = self._buf
-        idx = self._table.new_entry()
-        if idx < 0:
-            raise StorageFullError(f"cannot place {key!r}: the object table holds its maximum of "
-                                   f"{self._lay.max_objects} objects (raise max_objects= / SHMSTORE_MAX_OBJECTS "
-                                   f"when creating the store)", key, Level.MEMORY)
-        rec, off = self.node.alloc.alloc(size, idx + 1)
-        if not rec:
-            self._table.release_entry(idx)
-            used, cap = L.used(buf, _MEMORY), self.node.capacity
-            hint = "" if cap - used < size else ", in pieces too small"
-            raise StorageFullError(
-                f"cannot place {key!r} ({format_size(size)}) in memory: {format_size(cap - used)} free of "
-                f"{format_size(cap)}{hint} (raise capacity= / SHMSTORE_CAPACITY, or allow Level.DISK)",
-                key, Level.MEMORY, size, cap - used)
-        stored = self.node.alloc.size_of(rec)
-        L.set_used(buf, _MEMORY, L.used(buf, _MEMORY) + stored)
-        L.set_nobjects(buf, L.nobjects(buf) + 1)
-        return idx, rec, off, stored
+    def _place(self, key: str, idx: int, stored: int) -> tuple[int, int, int]:
+        """(extent record, offset, entry flags) for ``stored`` bytes, or StorageFullError."""
+        if stored <= self._cache.small_max:
+            rec, off = self._cache.carve(stored)
+            if rec:
+                return rec, off, L.FLAG_IN_CHUNK
+        node = self.node
+        with node.alloc_lock:
+            rec, off = node.alloc.alloc(stored, idx + 1)
+            if not rec and node.reclaim_retired_locked():
+                rec, off = node.alloc.alloc(stored, idx + 1)
+        if rec:
+            return rec, off, 0
+        used, cap = node.used(_MEMORY), node.capacity
+        hint = "" if cap - used < stored else ", in pieces too small"
+        raise StorageFullError(
+            f"cannot place {key!r} ({format_size(stored)}) in memory: {format_size(cap - used)} free of "
+            f"{format_size(cap)}{hint} (raise capacity= / SHMSTORE_CAPACITY, or allow Level.DISK)",
+            key, Level.MEMORY, stored, cap - used)
 
     def writable(self, off: int, size: int) -> np.ndarray:
         """Writable uint8 view of ``size`` arena bytes at ``off`` (for the writer only)."""
@@ -245,7 +252,7 @@ class Kernel:
         """Drop a reserved entry and give its space back."""
         with self.node.stripe_of(idx):
             self._table.unlink(idx, self._table.bucket_of(idx))
-            self.node.release(idx)
+            self.node.release(idx, cache=self._cache)
 
     # ---- get --------------------------------------------------------------
     def lookup(self, key: str, kb: bytes, pin: bool) -> tuple[int, tuple, tuple | None]:
@@ -322,7 +329,7 @@ class Kernel:
             done = None
             if lock.acquire(blocking=False):
                 try:
-                    done = self.node.free_if_unpinned(idx, gen, blocking=False)
+                    done = self.node.free_if_unpinned(idx, gen, blocking=False, cache=self._cache)
                 finally:
                     lock.release()
             if done is None:
@@ -379,7 +386,7 @@ class Kernel:
             if self._table.pin_count(idx):
                 L.set_entry_state(buf, lay.entry(idx), L.DELETED)
             else:
-                self.node.release(idx)
+                self.node.release(idx, cache=self._cache)
 
     def contains(self, key: str) -> bool:
         kb = encode_key(key)
@@ -431,7 +438,7 @@ class Kernel:
         t = L.entry_table(self._buf, self._lay)
         mem = (t["state"] != L.FREE) & (t["level"] == _MEMORY)
         pinned = int(t["size"][mem & (self._table.pin_counts() > 0)].sum())
-        used, total = L.used(self._buf, _MEMORY), self.node.capacity
+        used, total = self.node.used(_MEMORY), self.node.capacity
         return {Level.MEMORY: Capacity(total, used, pinned, total - used, int(mem.sum()))}
 
     # ---- lifecycle --------------------------------------------------------
@@ -461,6 +468,7 @@ class Kernel:
     def _detach(self) -> None:
         self._detach_when_unpinned = False
         self._detached = True
+        self._cache.give_back()
         remaining = self.node.deregister(self.slot)
         self.on_detach(remaining)
 

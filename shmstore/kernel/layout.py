@@ -14,6 +14,8 @@ each aligned to 64 bytes (``Layout`` computes the offsets from the header)::
     ...      nlocks * 64          process-shared robust mutexes: ADMIN, ALLOC,
                                   SPILL, then one per key stripe
     ...      max_clients * 64     CLIENT records (attached processes)
+    ...      nstripes * 32        STRIPE_STATS: used bytes per level and object count of
+                                  the entries hashed to each stripe (under its lock)
     ...      nbuckets * 4         hash bucket heads (i32, 1-based entry index, 0 = none)
     ...      max_objects * 448    ENTRY records (the object table)
     ...      nextents * 40        EXTENT records (the arena allocator)
@@ -42,8 +44,8 @@ HEADER (offset 0)::
 
 ALLOC_STATE (offset 256, guarded by the ALLOC lock)::
 
-    0    24   3*u64   used bytes per level (GPU, MEMORY, DISK)
-    24   8    u64     live objects
+    0    24   3*u64   reserved
+    24   8    u64     number of retired chunks not yet reclaimed
     32   8    u64     arena frontier: end of the highest extent ever handed out
     40   4    u32     entries never used yet start here (0-based)
     44   4    i32     head of the free entry list (1-based, 0 none)
@@ -68,10 +70,11 @@ ENTRY (object table record, ENTRY_SIZE bytes)::
     64   4    u32     number of blobs
     68   2    u16     key length in bytes
     70   2    u16     session id
-    72   1    u8      state: 0 free, 1 writing, 2 sealed, 3 deleted (hidden, pinned)
+    72   1    u8      state: 0 free, 1 writing, 2 sealed, 3 deleted (hidden, pinned),
+                      4 reserved (in client ``writer``'s batch of free entries)
     73   1    u8      kind: 0 raw bytes, 1 ndarray, 2 pickle5
     74   1    u8      level (Level value)
-    75   1    u8      flags: 1 being moved
+    75   1    u8      flags: 1 being moved, 2 carved from a chunk (``extent`` is the chunk)
     80   16   16s     ndarray dtype.str
     96   1    u8      ndarray ndim (<= 8)
     97   1    u8      ndarray order: 0 C, 1 F
@@ -86,11 +89,26 @@ EXTENT (allocator record, 40 bytes)::
     20   4    i32     physical successor
     24   4    i32     previous in its free bin list
     28   4    i32     next in its free bin list
-    32   4    i32     1 free, 2 used, 0 record unused
-    36   4    i32     owning entry (1-based) while used
+    32   4    i32     0 record unused, 1 free, 2 used by one object, 3 a client's
+                      current chunk, 4 a retired chunk
+    36   4    i32     owning entry (1-based) while used; -(slot+1) for a chunk
 
-CLIENT (64 bytes): pid i32, state i32 (0 free, 1 attached), start time u64
-(``/proc/<pid>/stat`` field 22, tells a reused pid apart), attach time f64.
+CLIENT (64 bytes)::
+
+    0    4    i32     pid
+    4    4    i32     state: 0 free, 1 attached
+    8    8    u64     start time (``/proc/<pid>/stat`` field 22, tells a reused pid apart)
+    16   8    f64     attach time
+    24   4    i32     extent record of the client's current chunk (0 none)
+    32   8    u64     arena offset of that chunk
+    40   8    u64     its size
+
+Small objects are carved from per-client chunks without the ALLOC lock: a
+client takes a chunk (one extent) under the lock, records it here, and cuts
+objects off it with a private bump pointer; their entries point at the
+chunk's extent with flag 2. A full chunk is retired; the janitor frees
+retired chunks no entry points at any more. Free entries are likewise
+handed out to clients in batches (state 4).
 
 Pins are bytes, not counts: each client writes only its own row (one
 store sets or clears a pin, no read-modify-write), sets a byte only under
@@ -124,25 +142,29 @@ LOCK_ADMIN, LOCK_ALLOC, LOCK_SPILL, LOCK_FIRST_STRIPE = 0, 1, 2, 3
 LOCK_STRIDE = 64
 
 # entry states and kinds
-FREE, WRITING, SEALED, DELETED = 0, 1, 2, 3
+FREE, WRITING, SEALED, DELETED, RESERVED = 0, 1, 2, 3, 4
 KIND_RAW, KIND_NDARRAY, KIND_PICKLE = 0, 1, 2
-FLAG_MOVING = 1
+FLAG_MOVING, FLAG_IN_CHUNK = 1, 2
 # header states and flags
 STATE_INIT, STATE_READY, STATE_DESTROYING = 0, 1, 2
 FLAG_PERSIST = 1
 # extent record flags
-EXT_UNUSED, EXT_FREE, EXT_USED = 0, 1, 2
+EXT_UNUSED, EXT_FREE, EXT_USED, EXT_CHUNK, EXT_RETIRED = 0, 1, 2, 3, 4
 
 HEADER = struct.Struct("<8sIIIIiiQQIIIId64s64s")
 ALLOC_OFFSET = 256
-ALLOC_STATE = struct.Struct("<3QQQIiIiQ")
+ALLOC_STATE = struct.Struct("<3QQQIiIiQ")  # see the table; fields 0-2 reserved
 BINS = struct.Struct(f"<{NBINS}i")
 BINS_OFFSET = ALLOC_OFFSET + ALLOC_STATE.size
 SPILL_OFFSET = 1024
 SESSION = struct.Struct("<B63s")
 SESSION_SIZE = 64
 CLIENT = struct.Struct("<iiQd")
+CLIENT_CHUNK = struct.Struct("<i4xQQ")
+CLIENT_CHUNK_OFFSET = 24
 CLIENT_SIZE = 64
+STRIPE_STATS = struct.Struct("<3qq")
+STRIPE_STATS_SIZE = 32
 ENTRY_HEAD = struct.Struct("<QQQddIiIIiiIHHBBBB4x")
 ENTRY_ARRAY = struct.Struct("<16sBB6x8q")
 ENTRY_ARRAY_OFFSET = 80
@@ -171,9 +193,15 @@ ENTRY_DTYPE = np.dtype({
     "offsets": [0, 8, 16, 24, 32, 40, 44, 48, 52, 56, 60, 64, 68, 70, 72, 73, 74, 75],
     "itemsize": ENTRY_SIZE,
 })
-CLIENT_DTYPE = np.dtype({"names": ["pid", "state", "start", "attached"],
-                         "formats": ["<i4", "<i4", "<u8", "<f8"],
-                         "offsets": [0, 4, 8, 16], "itemsize": CLIENT_SIZE})
+CLIENT_DTYPE = np.dtype({"names": ["pid", "state", "start", "attached", "chunk", "chunk_offset", "chunk_size"],
+                         "formats": ["<i4", "<i4", "<u8", "<f8", "<i4", "<u8", "<u8"],
+                         "offsets": [0, 4, 8, 16, 24, 32, 40], "itemsize": CLIENT_SIZE})
+STATS_DTYPE = np.dtype({"names": ["used", "objects"], "formats": [("<i8", 3), "<i8"],
+                        "offsets": [0, 24], "itemsize": STRIPE_STATS_SIZE})
+EXTENT_DTYPE = np.dtype({"names": ["offset", "size", "prev_phys", "next_phys", "prev_free", "next_free",
+                                   "flags", "owner"],
+                         "formats": ["<u8", "<u8", "<i4", "<i4", "<i4", "<i4", "<i4", "<i4"],
+                         "offsets": [0, 8, 16, 20, 24, 28, 32, 36], "itemsize": 40})
 
 
 def _align(n: int, to: int = ALIGN) -> int:
@@ -223,7 +251,8 @@ class Layout:
         self.sessions = HEADER_SIZE
         self.locks = _align(self.sessions + MAX_SESSIONS * SESSION_SIZE)
         self.clients = _align(self.locks + self.nlocks * LOCK_STRIDE)
-        self.buckets = _align(self.clients + max_clients * CLIENT_SIZE)
+        self.stats = _align(self.clients + max_clients * CLIENT_SIZE)
+        self.buckets = _align(self.stats + nstripes * STRIPE_STATS_SIZE)
         self.entries = _align(self.buckets + self.nbuckets * 4)
         self.extents = _align(self.entries + max_objects * ENTRY_SIZE)
         self.pinmaps = _align(self.extents + self.nextents * EXTENT.size)
@@ -252,6 +281,9 @@ class Layout:
 
     def client(self, slot: int) -> int:
         return self.clients + slot * CLIENT_SIZE
+
+    def stripe_stats(self, stripe: int) -> int:
+        return self.stats + stripe * STRIPE_STATS_SIZE
 
     def session(self, sid: int) -> int:
         return self.sessions + sid * SESSION_SIZE
@@ -302,40 +334,11 @@ def set_spill_pid(buf, pid: int) -> None:
 
 # ---- allocator state --------------------------------------------------------
 
-class AllocState(NamedTuple):
-    used_gpu: int
-    used_memory: int
-    used_disk: int
-    nobjects: int
-    frontier: int
-    entry_next: int
-    entry_free: int
-    extent_next: int
-    extent_free: int
-    bin_mask: int
-
-
-def unpack_alloc(buf) -> AllocState:
-    return AllocState(*ALLOC_STATE.unpack_from(buf, ALLOC_OFFSET))
-
-
-def pack_alloc(buf, s: AllocState) -> None:
-    ALLOC_STATE.pack_into(buf, ALLOC_OFFSET, *s)
-
-
-def used(buf, level: int) -> int:
-    return _U64.unpack_from(buf, ALLOC_OFFSET + 8 * level)[0]
-
-
-def set_used(buf, level: int, value: int) -> None:
-    _U64.pack_into(buf, ALLOC_OFFSET + 8 * level, value)
-
-
-def nobjects(buf) -> int:
+def retired_chunks(buf) -> int:
     return _U64.unpack_from(buf, ALLOC_OFFSET + 24)[0]
 
 
-def set_nobjects(buf, value: int) -> None:
+def set_retired_chunks(buf, value: int) -> None:
     _U64.pack_into(buf, ALLOC_OFFSET + 24, value)
 
 
@@ -347,23 +350,41 @@ def set_frontier(buf, value: int) -> None:
     _U64.pack_into(buf, ALLOC_OFFSET + 32, value)
 
 
+_CURSOR = struct.Struct("<Ii")
+
+
 def entry_cursor(buf) -> tuple[int, int]:
     """(first never-used entry, head of the free entry list)."""
-    return _U32.unpack_from(buf, ALLOC_OFFSET + 40)[0], _I32.unpack_from(buf, ALLOC_OFFSET + 44)[0]
+    return _CURSOR.unpack_from(buf, ALLOC_OFFSET + 40)
 
 
 def set_entry_cursor(buf, next_unused: int, free_head: int) -> None:
-    _U32.pack_into(buf, ALLOC_OFFSET + 40, next_unused)
-    _I32.pack_into(buf, ALLOC_OFFSET + 44, free_head)
+    _CURSOR.pack_into(buf, ALLOC_OFFSET + 40, next_unused, free_head)
 
 
 def extent_cursor(buf) -> tuple[int, int]:
-    return _U32.unpack_from(buf, ALLOC_OFFSET + 48)[0], _I32.unpack_from(buf, ALLOC_OFFSET + 52)[0]
+    """(first never-used extent record, head of the free record list)."""
+    return _CURSOR.unpack_from(buf, ALLOC_OFFSET + 48)
 
 
 def set_extent_cursor(buf, next_unused: int, free_head: int) -> None:
-    _U32.pack_into(buf, ALLOC_OFFSET + 48, next_unused)
-    _I32.pack_into(buf, ALLOC_OFFSET + 52, free_head)
+    _CURSOR.pack_into(buf, ALLOC_OFFSET + 48, next_unused, free_head)
+
+
+def add_stripe_stats(buf, soff: int, level: int, nbytes: int, objects: int) -> None:
+    """Add to one stripe's used bytes on ``level`` and object count (stripe lock held)."""
+    f = list(STRIPE_STATS.unpack_from(buf, soff))
+    f[level] += nbytes
+    f[3] += objects
+    STRIPE_STATS.pack_into(buf, soff, *f)
+
+
+def stats_table(buf, layout: "Layout") -> np.ndarray:
+    return np.ndarray((layout.nstripes,), STATS_DTYPE, buffer=buf, offset=layout.stats)
+
+
+def extent_table(buf, layout: "Layout") -> np.ndarray:
+    return np.ndarray((layout.nextents,), EXTENT_DTYPE, buffer=buf, offset=layout.extents)
 
 
 def bin_mask(buf) -> int:
@@ -516,6 +537,12 @@ def set_entry_writer(buf, eoff: int, slot: int) -> None:
     _I32.pack_into(buf, eoff + _E_WRITER, slot)
 
 
+def reserve_entry(buf, eoff: int, slot: int) -> None:
+    """Mark a free entry as held in client ``slot``'s batch."""
+    _I32.pack_into(buf, eoff + _E_WRITER, slot)
+    buf[eoff + _E_STATE] = RESERVED
+
+
 def unpack_entry_array(buf, eoff: int) -> tuple[str, tuple[int, ...], str]:
     """(dtype str, shape, order) of an ndarray entry."""
     f = ENTRY_ARRAY.unpack_from(buf, eoff + ENTRY_ARRAY_OFFSET)
@@ -614,6 +641,16 @@ def unpack_client(buf, coff: int) -> tuple[int, int, int, float]:
 
 def pack_client(buf, coff: int, pid: int, state: int, start: int, attached: float) -> None:
     CLIENT.pack_into(buf, coff, pid, state, start, attached)
+    CLIENT_CHUNK.pack_into(buf, coff + CLIENT_CHUNK_OFFSET, 0, 0, 0)
+
+
+def client_chunk(buf, coff: int) -> tuple[int, int, int]:
+    """(extent record, offset, size) of a client's current chunk."""
+    return CLIENT_CHUNK.unpack_from(buf, coff + CLIENT_CHUNK_OFFSET)
+
+
+def set_client_chunk(buf, coff: int, rec: int, offset: int, size: int) -> None:
+    CLIENT_CHUNK.pack_into(buf, coff + CLIENT_CHUNK_OFFSET, rec, offset, size)
 
 
 def client_table(buf, layout: Layout) -> np.ndarray:

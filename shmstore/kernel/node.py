@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 
+import numpy as np
+
 from ..config import SHM_DIR, Config
 from ..errors import LayoutError, StorageFullError
 from ..units import format_size
@@ -99,8 +101,12 @@ class NodeStore:
         self.alloc_lock = lock(L.LOCK_ALLOC, "alloc", self._repair_alloc)
         self.spill_lock = lock(L.LOCK_SPILL, "spill")
         # chains are linked/unlinked with single stores and pins are bytes: a stripe
-        # whose holder died needs no repair
-        self.stripes = [lock(self.layout.stripe_lock(s), f"stripe {s}") for s in range(self.layout.nstripes)]
+        # whose holder died only needs its usage counters recomputed
+        self.stripes = [lock(self.layout.stripe_lock(s), f"stripe {s}", self._stripe_repair(s))
+                        for s in range(self.layout.nstripes)]
+        # small objects are carved from per-client chunks (see cache.py)
+        self.chunk_size = min(4 << 20, max(64 << 10, self.capacity // 64)) & ~(L.PAGE - 1)
+        self.small_max = self.chunk_size // 16
         self.arena_ro = memoryview(arena.mm).toreadonly()
         self.populated = 0
 
@@ -224,12 +230,18 @@ class NodeStore:
         """The lock guarding entry ``idx`` (valid while the entry is pinned or locked)."""
         return self.stripes[self.table.stripe_of(idx)]
 
-    def release(self, idx: int, blocking: bool = True) -> bool:
-        """Free entry ``idx`` and its space (already unlinked from its chain).
+    def release(self, idx: int, blocking: bool = True, cache=None) -> bool:
+        """Free entry ``idx`` and its space (already unlinked from its chain; stripe lock held).
 
-        With ``blocking=False`` (finalizers) it gives up instead of waiting
-        for the ALLOC lock, and returns False.
+        An object carved from a chunk goes back to ``cache`` (a client's
+        ClientCache) without the ALLOC lock. With ``blocking=False``
+        (finalizers) it gives up instead of waiting for the ALLOC lock, and
+        returns False.
         """
+        if cache is not None and L.entry_flags(self.meta.mm, self.layout.entry(idx)) & L.FLAG_IN_CHUNK:
+            self.table.keep_entry(idx, cache.slot)
+            cache.entries.append(idx)
+            return True
         if blocking:
             with self.alloc_lock:
                 self.table.release_entry(idx)
@@ -242,12 +254,8 @@ class NodeStore:
             self.alloc_lock.release()
         return True
 
-    def unpin(self, slot: int, idx: int) -> None:
-        """Drop ``slot``'s pin on ``idx``; free a deleted entry once nobody pins it."""
-        self.table.unpin(slot, idx)
-        self.free_if_unpinned(idx)
-
-    def free_if_unpinned(self, idx: int, gen: int | None = None, blocking: bool = True) -> bool | None:
+    def free_if_unpinned(self, idx: int, gen: int | None = None, blocking: bool = True,
+                         cache=None) -> bool | None:
         """Free ``idx`` if it is deleted (of generation ``gen``) and nobody pins it.
 
         Returns True if freed, False if there was nothing to free, None if
@@ -258,7 +266,7 @@ class NodeStore:
             return False
         if self.table.pin_count(idx):
             return False
-        return True if self.release(idx, blocking) else None
+        return True if self.release(idx, blocking, cache) else None
 
     # ---- spill process -----------------------------------------------------
     def spill_pid(self) -> int:
@@ -325,26 +333,84 @@ class NodeStore:
                 f"({os.strerror(rc)}; free /dev/shm or lower capacity= / SHMSTORE_CAPACITY)",
                 object_id=key, requested=length)
 
+    # ---- usage ----------------------------------------------------------------
+    def used(self, level: int) -> int:
+        """Bytes of the objects on ``level`` (sum of the stripes' counters)."""
+        return int(L.stats_table(self.meta.mm, self.layout)["used"][:, level].sum())
+
+    def nobjects(self) -> int:
+        return int(L.stats_table(self.meta.mm, self.layout)["objects"].sum())
+
+    def reclaim_retired_locked(self) -> int:
+        """Free retired chunks that no entry points at (ALLOC lock held); returns how many."""
+        buf = self.meta.mm
+        if not L.retired_chunks(buf):
+            return 0
+        ext = L.extent_table(buf, self.layout)
+        retired = np.flatnonzero(ext["flags"] == L.EXT_RETIRED) + 1
+        t = L.entry_table(buf, self.layout)
+        live = (t["state"] != L.FREE) & (t["state"] != L.RESERVED) & ((t["flags"] & L.FLAG_IN_CHUNK) != 0)
+        unused = np.setdiff1d(retired, t["extent"][live])
+        for rec in unused:
+            self.alloc.free(int(rec))
+        L.set_retired_chunks(buf, len(retired) - len(unused))
+        return len(unused)
+
+    def reclaim_retired(self) -> int:
+        with self.alloc_lock:
+            return self.reclaim_retired_locked()
+
     # ---- recovery -----------------------------------------------------------
+    def _stripe_repair(self, stripe: int):
+        return lambda: self.table.repair_stats(stripe)
+
     def _repair_alloc(self) -> None:
-        """Rebuild allocator, entry free list and counters from the entry table."""
+        """Rebuild allocator and entry free list from the entry table and client records.
+
+        Kept as they are: every attached client's current chunk (the client
+        goes on carving from it), reserved entries, and every live object
+        outside those chunks, which becomes an extent of its own (objects of
+        retired chunks included, so retired chunks disappear).
+        """
         buf, lay = self.meta.mm, self.layout
         t = L.entry_table(buf, lay)
+        c = L.client_table(buf, lay)
         next_unused, _ = L.entry_cursor(buf)
-        live = (t["state"] != L.FREE)
+        spans, chunks = [], []
+        for slot in np.flatnonzero((c["state"] == 1) & (c["chunk"] != 0)):
+            off, size = int(c["chunk_offset"][slot]), int(c["chunk_size"][slot])
+            spans.append((off, size, -(int(slot) + 1), L.EXT_CHUNK))
+            chunks.append((off, off + size, int(slot)))
+        live = (t["state"] == L.WRITING) | (t["state"] == L.SEALED) | (t["state"] == L.DELETED)
         live[next_unused:] = False
-        mem = live & (t["level"] == 1) & (t["extent"] != 0)
-        owners = self.alloc.rebuild((int(t["offset"][i]), int(t["size"][i]), int(i) + 1) for i in mem.nonzero()[0])
-        for owner, rec in owners.items():
-            L.set_entry_extent(buf, lay.entry(owner - 1), rec)
+        mem = np.flatnonzero(live & (t["level"] == 1) & (t["size"] > 0))
+        in_chunk: dict[int, int] = {}
+        for i in mem:
+            off = int(t["offset"][i])
+            slot = next((sl for lo, hi, sl in chunks if lo <= off < hi), None)
+            if slot is None:
+                spans.append((off, int(t["size"][i]), int(i) + 1, L.EXT_USED))
+            else:
+                in_chunk[int(i)] = slot
+        owners = self.alloc.rebuild(spans)
+        for i in mem:
+            i = int(i)
+            eoff = lay.entry(i)
+            if i in in_chunk:
+                L.set_entry_extent(buf, eoff, owners[-(in_chunk[i] + 1)])
+            else:
+                L.set_entry_extent(buf, eoff, owners[i + 1])
+                L.set_entry_flags(buf, eoff, L.entry_flags(buf, eoff) & ~L.FLAG_IN_CHUNK)
+        for _, _, slot in chunks:
+            coff = lay.client(slot)
+            _, off, size = L.client_chunk(buf, coff)
+            L.set_client_chunk(buf, coff, owners[-(slot + 1)], off, size)
         head = 0
-        for i in reversed((~live[:next_unused]).nonzero()[0]):
+        for i in reversed(np.flatnonzero(t["state"][:next_unused] == L.FREE)):
             L.set_entry_next(buf, lay.entry(int(i)), head)
             head = int(i) + 1
         L.set_entry_cursor(buf, next_unused, head)
-        for level in range(3):
-            L.set_used(buf, level, int(t["size"][live & (t["level"] == level)].sum()))
-        L.set_nobjects(buf, int(live.sum()))
+        L.set_retired_chunks(buf, 0)
 
     # ---- teardown ------------------------------------------------------------
     def close(self) -> None:

@@ -57,6 +57,14 @@ class Table:
     def stripe_of(self, idx: int) -> int:
         return L.entry_hash(self.buf, self.layout.entry(idx)) & self._bucket_mask & self._stripe_mask
 
+    def repair_stats(self, stripe: int) -> None:
+        """Recompute one stripe's usage from its entries (after its lock holder died)."""
+        t = L.entry_table(self.buf, self.layout)
+        live = ((t["state"] == L.WRITING) | (t["state"] == L.SEALED) | (t["state"] == L.DELETED))
+        mine = live & ((t["hash"] & self._bucket_mask & self._stripe_mask) == stripe)
+        used = [int(t["size"][mine & (t["level"] == lv)].sum()) for lv in range(3)]
+        L.STRIPE_STATS.pack_into(self.buf, self.layout.stripe_stats(stripe), *used, int(mine.sum()))
+
     # ---- chains (stripe lock held) --------------------------------------
     def find(self, h: int, b: int, session: int, key: bytes) -> int:
         """Entry index of ``key`` in bucket ``b``, or -1."""
@@ -98,9 +106,9 @@ class Table:
     def bucket_of(self, idx: int) -> int:
         return L.entry_hash(self.buf, self.layout.entry(idx)) & self._bucket_mask
 
-    # ---- entries (ALLOC lock held) ---------------------------------------
+    # ---- entries ----------------------------------------------------------------
     def new_entry(self) -> int:
-        """Pop a free entry index, or -1 when the table is full."""
+        """Pop a free entry index, or -1 when the table is full (ALLOC lock held)."""
         next_unused, free_head = L.entry_cursor(self.buf)
         if free_head:
             L.set_entry_cursor(self.buf, next_unused, L.entry_next(self.buf, self.layout.entry(free_head - 1)))
@@ -110,19 +118,41 @@ class Table:
         L.set_entry_cursor(self.buf, next_unused + 1, 0)
         return next_unused
 
+    def count(self, idx: int, sign: int) -> None:
+        """Add (sign=1) or remove (sign=-1) entry ``idx`` from its stripe's usage (stripe lock held)."""
+        e = L.entry_raw(self.buf, self.layout.entry(idx))
+        L.add_stripe_stats(self.buf, self.layout.stripe_stats(self.stripe_of(idx)), e[L.E_LEVEL],
+                           sign * e[L.E_SIZE], sign)
+
+    def keep_entry(self, idx: int, slot: int) -> None:
+        """Free an entry carved from a chunk into client ``slot``'s batch (stripe lock held).
+
+        Its bytes need no freeing: the chunk goes back whole once no entry
+        points at it. Takes no ALLOC lock.
+        """
+        self.count(idx, -1)
+        eoff = self.layout.entry(idx)
+        e = L.entry_raw(self.buf, eoff)
+        L.ENTRY_HEAD.pack_into(self.buf, eoff, 0, 0, 0, 0.0, 0.0, e[L.E_HASH], 0, (e[L.E_GEN] + 1) & 0xFFFFFFFF,
+                               0, slot, 0, 0, 0, 0, L.RESERVED, 0, 0, 0)
+
     def release_entry(self, idx: int) -> None:
-        """Free entry ``idx`` and its arena extent; bump its generation."""
+        """Free entry ``idx`` and its own extent onto the global lists (stripe + ALLOC locks held)."""
         buf, eoff = self.buf, self.layout.entry(idx)
-        e = L.unpack_entry(buf, eoff)
-        if e.extent:
-            self.alloc.free(e.extent)
-        if e.state != L.FREE:
-            L.set_used(buf, e.level, L.used(buf, e.level) - e.size)
-            L.set_nobjects(buf, L.nobjects(buf) - 1)
-        next_unused, free_head = L.entry_cursor(buf)
-        L.pack_entry(buf, eoff, L.EntryHead(0, 0, 0, 0.0, 0.0, e.hash, free_head, (e.gen + 1) & 0xFFFFFFFF,
-                                            0, -1, 0, 0, 0, 0, L.FREE, 0, 0, 0))
-        L.set_entry_cursor(buf, next_unused, idx + 1)
+        e = L.entry_raw(buf, eoff)
+        state = e[L.E_STATE]
+        if state in (L.WRITING, L.SEALED, L.DELETED):
+            self.count(idx, -1)
+            if e[L.E_EXTENT] and not e[L.E_FLAGS] & L.FLAG_IN_CHUNK:
+                self.alloc.free(e[L.E_EXTENT])
+        self.push_free(idx, e[L.E_HASH], e[L.E_GEN] + 1)
+
+    def push_free(self, idx: int, h: int, gen: int) -> None:
+        """Put entry ``idx`` on the global free list (ALLOC lock held)."""
+        next_unused, free_head = L.entry_cursor(self.buf)
+        L.ENTRY_HEAD.pack_into(self.buf, self.layout.entry(idx), 0, 0, 0, 0.0, 0.0, h, free_head, gen & 0xFFFFFFFF,
+                               0, -1, 0, 0, 0, 0, L.FREE, 0, 0, 0)
+        L.set_entry_cursor(self.buf, next_unused, idx + 1)
 
     # ---- pins ----------------------------------------------------------------
     def pin(self, slot: int, idx: int) -> None:
