@@ -44,7 +44,7 @@ class Writer:
         self.key, self.size = key, _check_size(key, size)
         kernel._check()
         self._kernel = kernel
-        self._idx, off, _, _ = kernel.reserve(key, kb, L.KIND_RAW, self.size, self.size)
+        self._idx, off, _, _, self._stripe = kernel.reserve(key, kb, L.KIND_RAW, self.size, self.size)
         try:
             kernel.node.ensure_populated(off, self.size, key)
         except BaseException:
@@ -107,7 +107,7 @@ class Writer:
                 f"nothing was stored")
         self._dst = None
         self.closed = True
-        self._kernel.seal(self._idx)
+        self._kernel.seal(self._idx, self._stripe)
 
     def abort(self) -> None:
         """Drop the unsealed object and give its space back; idempotent."""

@@ -33,12 +33,12 @@ def test_entry_roundtrip_and_numpy_view_agree():
     assert t["writer"][3] == -1 and t["keylen"][3] == 3
     L.set_entry_atime(buf, eoff, 9.5)
     assert t["atime"][3] == 9.5
-    idx, raw = L.find_entry(buf, lay, 0, 0xDEADBEEF, 1, b"key")
+    idx, _, raw = L.find_entry(buf, lay, 0, 0xDEADBEEF, 1, b"key")
     assert idx == -1 and raw is None  # not linked into a chain yet
     L.set_bucket_head(buf, lay.bucket(5), 4)
     L.set_entry_next(buf, eoff, 0)
-    idx, raw = L.find_entry(buf, lay, 5, 0xDEADBEEF, 1, b"key")
-    assert idx == 3 and raw[L.E_OFFSET] == 4096 and raw[L.E_STATE] == L.SEALED
+    idx, eoff2, raw = L.find_entry(buf, lay, 5, 0xDEADBEEF, 1, b"key")
+    assert idx == 3 and eoff2 == eoff and raw[L.E_OFFSET] == 4096 and raw[L.E_STATE] == L.SEALED
 
 
 def test_sections_are_aligned_and_disjoint():

@@ -106,7 +106,7 @@ class Kernel:
         self._stripes = node.stripes
         self._bmask = lay.nbuckets - 1
         self._smask = lay.nstripes - 1
-        self._pinrow = L.pin_table(self._buf, lay)[slot]
+        self._pinrow = L.pin_row(self._buf, lay, slot)
         self._plock = threading.Lock()  # guards _pins and our pin bytes between threads
         self._pins: dict[int, int] = {}  # entry index -> local pins (views, readers, explicit)
         self._explicit: dict[tuple[int, bytes], list[int]] = {}
@@ -164,7 +164,7 @@ class Kernel:
         if level != _MEMORY:
             raise InvalidArgumentError(f"the kernel places objects in memory only, not {Level(level).name}")
         enc = serialize.encode(obj)
-        idx, off, stored, ctime = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta)
+        idx, off, stored, ctime, stripe = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta)
         try:
             if off + enc.size > self.node.populated:
                 self.node.ensure_populated(off, enc.size, key)
@@ -172,16 +172,16 @@ class Kernel:
         except BaseException:
             self.abort(idx)
             raise
-        self.seal(idx)
+        self.seal(idx, stripe)
         return ObjectInfo(key, enc.nbytes, Level.MEMORY, False, True, enc.nblobs, serialize.KIND_NAMES[enc.kind],
                           stored, 0, self.session, ctime)
 
     def reserve(self, key: str, kb: bytes, kind: int, size: int, nbytes: int, nblobs: int = 0,
-                meta: bytes | None = None) -> tuple[int, int, int, float]:
+                meta: bytes | None = None) -> tuple[int, int, int, float, int]:
         """Create an invisible ``writing`` entry with ``size`` bytes of arena.
 
         Returns:
-            (entry index, arena offset, bytes taken, creation time).
+            (entry index, arena offset, bytes taken, creation time, stripe).
 
         Raises:
             ObjectExistsError, ObjectLockedError, StorageFullError, InvalidArgumentError.
@@ -196,7 +196,7 @@ class Kernel:
         stripe = b & self._smask
         try:
             with self._stripes[stripe]:
-                found, e = L.find_entry(buf, lay, b, h, self.sid, kb)
+                _, _, e = L.find_entry(buf, lay, b, h, self.sid, kb)
                 if e is not None:
                     if e[L.E_STATE] == L.WRITING:
                         raise ObjectLockedError(f"{key!r} is being written by another writer", key)
@@ -215,7 +215,7 @@ class Kernel:
         except BaseException:
             cache.entries.append(idx)  # still reserved for us
             raise
-        return idx, off, stored, ctime
+        return idx, off, stored, ctime, stripe
 
     def _place(self, key: str, idx: int, stored: int) -> tuple[int, int, int]:
         """(extent record, offset, entry flags) for ``stored`` bytes, or StorageFullError."""
@@ -241,9 +241,9 @@ class Kernel:
         """Writable uint8 view of ``size`` arena bytes at ``off`` (for the writer only)."""
         return np.ndarray((size,), _U8, self._arena, off)
 
-    def seal(self, idx: int) -> None:
+    def seal(self, idx: int, stripe: int | None = None) -> None:
         """Make a reserved entry visible (the lock orders the data before the state)."""
-        with self._stripes[self._table.stripe_of(idx)]:
+        with self._stripes[self._table.stripe_of(idx) if stripe is None else stripe]:
             eoff = self._lay.entry(idx)
             L.set_entry_writer(self._buf, eoff, -1)
             L.set_entry_state(self._buf, eoff, L.SEALED)
@@ -268,10 +268,9 @@ class Kernel:
         h = _crc32(kb, self.sid)
         b = h & self._bmask
         with self._stripes[b & self._smask]:
-            idx, e = L.find_entry(buf, self._lay, b, h, self.sid, kb)
+            idx, eoff, e = L.find_entry(buf, self._lay, b, h, self.sid, kb)
             if e is None or e[L.E_STATE] != L.SEALED:
                 raise self._not_found(key)
-            eoff = self._lay.entry(idx)
             if pin:
                 with self._plock:
                     n = self._pins.get(idx, 0)
@@ -377,7 +376,7 @@ class Kernel:
         h = _crc32(kb, self.sid)
         b = h & self._bmask
         with self._stripes[b & self._smask]:
-            idx, e = L.find_entry(buf, lay, b, h, self.sid, kb)
+            idx, _, e = L.find_entry(buf, lay, b, h, self.sid, kb)
             if e is None or e[L.E_STATE] != L.SEALED:
                 if missing_ok:
                     return
@@ -394,7 +393,7 @@ class Kernel:
         h = _crc32(kb, self.sid)
         b = h & self._bmask
         with self._stripes[b & self._smask]:
-            _, e = L.find_entry(self._buf, self._lay, b, h, self.sid, kb)
+            _, _, e = L.find_entry(self._buf, self._lay, b, h, self.sid, kb)
             return e is not None and e[L.E_STATE] == L.SEALED
 
     def info(self, key: str) -> ObjectInfo:
@@ -469,6 +468,7 @@ class Kernel:
         self._detach_when_unpinned = False
         self._detached = True
         self._cache.give_back()
+        self._pinrow.release()
         remaining = self.node.deregister(self.slot)
         self.on_detach(remaining)
 

@@ -371,12 +371,14 @@ def set_extent_cursor(buf, next_unused: int, free_head: int) -> None:
     _CURSOR.pack_into(buf, ALLOC_OFFSET + 48, next_unused, free_head)
 
 
+_LEVEL_STATS = [struct.Struct(f"<{8 * lv}xq{16 - 8 * lv}xq") for lv in range(3)]  # (used[lv], objects)
+
+
 def add_stripe_stats(buf, soff: int, level: int, nbytes: int, objects: int) -> None:
     """Add to one stripe's used bytes on ``level`` and object count (stripe lock held)."""
-    f = list(STRIPE_STATS.unpack_from(buf, soff))
-    f[level] += nbytes
-    f[3] += objects
-    STRIPE_STATS.pack_into(buf, soff, *f)
+    st = _LEVEL_STATS[level]
+    used, count = st.unpack_from(buf, soff)
+    st.pack_into(buf, soff, used + nbytes, count + objects)
 
 
 def stats_table(buf, layout: "Layout") -> np.ndarray:
@@ -444,8 +446,8 @@ def pack_entry(buf, eoff: int, e: EntryHead) -> None:
 entry_raw = ENTRY_HEAD.unpack_from
 
 
-def find_entry(buf, layout: Layout, b: int, h: int, session: int, key: bytes) -> tuple[int, tuple | None]:
-    """Walk bucket ``b``'s chain for ``key``: (index, raw ENTRY_HEAD tuple) or (-1, None)."""
+def find_entry(buf, layout: Layout, b: int, h: int, session: int, key: bytes) -> tuple[int, int, tuple | None]:
+    """Walk bucket ``b``'s chain for ``key``: (index, entry offset, raw ENTRY_HEAD tuple) or (-1, 0, None)."""
     rec = _I32.unpack_from(buf, layout.buckets + 4 * b)[0]
     base, klen = layout.entries, len(key)
     unpack = ENTRY_HEAD.unpack_from
@@ -453,9 +455,9 @@ def find_entry(buf, layout: Layout, b: int, h: int, session: int, key: bytes) ->
         eoff = base + (rec - 1) * ENTRY_SIZE
         e = unpack(buf, eoff)
         if e[5] == h and e[12] == klen and e[13] == session and buf[eoff + ENTRY_KEY_OFFSET: eoff + ENTRY_KEY_OFFSET + klen] == key:
-            return rec - 1, e
+            return rec - 1, eoff, e
         rec = e[6]
-    return -1, None
+    return -1, 0, None
 
 
 def entry_probe(buf, eoff: int) -> tuple[int, int, int, int]:
@@ -668,6 +670,12 @@ def pack_session(buf, soff: int, name: str) -> None:
 
 
 # ---- pins ---------------------------------------------------------------------
+
+def pin_row(buf, layout: Layout, slot: int) -> memoryview:
+    """Client ``slot``'s pin bytes, indexable by entry (release() it when done)."""
+    start = layout.pinbyte(slot, 0)
+    return memoryview(buf)[start: start + layout.max_objects]
+
 
 def pin_table(buf, layout: Layout) -> np.ndarray:
     """(max_clients, max_objects) uint8 view of every client's pin bytes."""
