@@ -66,6 +66,8 @@ def sweep_deleted(node: NodeStore) -> int:
 
     Catches the one case the lock-free unpin leaves behind (see table.py).
     """
+    if not node.table.deleted_pending():
+        return 0
     entries = L.entry_table(node.meta.mm, node.layout)
     candidates = np.flatnonzero(entries["state"] == L.DELETED)
     freed = 0

@@ -383,7 +383,7 @@ class Kernel:
                 raise ObjectNotFoundError(f"no object {key!r} to delete", key)
             self._table.unlink(idx, b)
             if self._table.pin_count(idx):
-                L.set_entry_state(buf, lay.entry(idx), L.DELETED)
+                self._table.mark_deleted(idx)
             else:
                 self.node.release(idx, cache=self._cache)
 

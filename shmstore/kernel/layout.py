@@ -14,8 +14,9 @@ each aligned to 64 bytes (``Layout`` computes the offsets from the header)::
     ...      nlocks * 64          process-shared robust mutexes: ADMIN, ALLOC,
                                   SPILL, then one per key stripe
     ...      max_clients * 64     CLIENT records (attached processes)
-    ...      nstripes * 32        STRIPE_STATS: used bytes per level and object count of
-                                  the entries hashed to each stripe (under its lock)
+    ...      nstripes * 64        STRIPE_STATS: used bytes per level, object count and
+                                  deleted-but-pinned count of the entries hashed to
+                                  each stripe (under its lock)
     ...      nbuckets * 4         hash bucket heads (i32, 1-based entry index, 0 = none)
     ...      max_objects * 448    ENTRY records (the object table)
     ...      nextents * 40        EXTENT records (the arena allocator)
@@ -163,8 +164,8 @@ CLIENT = struct.Struct("<iiQd")
 CLIENT_CHUNK = struct.Struct("<i4xQQ")
 CLIENT_CHUNK_OFFSET = 24
 CLIENT_SIZE = 64
-STRIPE_STATS = struct.Struct("<3qq")
-STRIPE_STATS_SIZE = 32
+STRIPE_STATS = struct.Struct("<3qqq")
+STRIPE_STATS_SIZE = 64
 ENTRY_HEAD = struct.Struct("<QQQddIiIIiiIHHBBBB4x")
 ENTRY_ARRAY = struct.Struct("<16sBB6x8q")
 ENTRY_ARRAY_OFFSET = 80
@@ -178,6 +179,7 @@ _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
 _U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")
 # entry field offsets (see the table above)
 _E_ATIME, _E_HASH, _E_NEXT, _E_GEN, _E_PINS, _E_WRITER, _E_EXTENT = 24, 40, 44, 48, 52, 56, 60
@@ -196,8 +198,8 @@ ENTRY_DTYPE = np.dtype({
 CLIENT_DTYPE = np.dtype({"names": ["pid", "state", "start", "attached", "chunk", "chunk_offset", "chunk_size"],
                          "formats": ["<i4", "<i4", "<u8", "<f8", "<i4", "<u8", "<u8"],
                          "offsets": [0, 4, 8, 16, 24, 32, 40], "itemsize": CLIENT_SIZE})
-STATS_DTYPE = np.dtype({"names": ["used", "objects"], "formats": [("<i8", 3), "<i8"],
-                        "offsets": [0, 24], "itemsize": STRIPE_STATS_SIZE})
+STATS_DTYPE = np.dtype({"names": ["used", "objects", "deleted"], "formats": [("<i8", 3), "<i8", "<i8"],
+                        "offsets": [0, 24, 32], "itemsize": STRIPE_STATS_SIZE})
 EXTENT_DTYPE = np.dtype({"names": ["offset", "size", "prev_phys", "next_phys", "prev_free", "next_free",
                                    "flags", "owner"],
                          "formats": ["<u8", "<u8", "<i4", "<i4", "<i4", "<i4", "<i4", "<i4"],
@@ -379,6 +381,11 @@ def add_stripe_stats(buf, soff: int, level: int, nbytes: int, objects: int) -> N
     st = _LEVEL_STATS[level]
     used, count = st.unpack_from(buf, soff)
     st.pack_into(buf, soff, used + nbytes, count + objects)
+
+
+def add_stripe_deleted(buf, soff: int, n: int) -> None:
+    """Count entries of a stripe that are deleted but still pinned."""
+    _I64.pack_into(buf, soff + 32, _I64.unpack_from(buf, soff + 32)[0] + n)
 
 
 def stats_table(buf, layout: "Layout") -> np.ndarray:

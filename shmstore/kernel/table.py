@@ -63,7 +63,8 @@ class Table:
         live = ((t["state"] == L.WRITING) | (t["state"] == L.SEALED) | (t["state"] == L.DELETED))
         mine = live & ((t["hash"] & self._bucket_mask & self._stripe_mask) == stripe)
         used = [int(t["size"][mine & (t["level"] == lv)].sum()) for lv in range(3)]
-        L.STRIPE_STATS.pack_into(self.buf, self.layout.stripe_stats(stripe), *used, int(mine.sum()))
+        deleted = int((mine & (t["state"] == L.DELETED)).sum())
+        L.STRIPE_STATS.pack_into(self.buf, self.layout.stripe_stats(stripe), *used, int(mine.sum()), deleted)
 
     # ---- chains (stripe lock held) --------------------------------------
     def find(self, h: int, b: int, session: int, key: bytes) -> int:
@@ -121,8 +122,19 @@ class Table:
     def count(self, idx: int, sign: int) -> None:
         """Add (sign=1) or remove (sign=-1) entry ``idx`` from its stripe's usage (stripe lock held)."""
         e = L.entry_raw(self.buf, self.layout.entry(idx))
-        L.add_stripe_stats(self.buf, self.layout.stripe_stats(self.stripe_of(idx)), e[L.E_LEVEL],
-                           sign * e[L.E_SIZE], sign)
+        soff = self.layout.stripe_stats(self.stripe_of(idx))
+        L.add_stripe_stats(self.buf, soff, e[L.E_LEVEL], sign * e[L.E_SIZE], sign)
+        if sign < 0 and e[L.E_STATE] == L.DELETED:
+            L.add_stripe_deleted(self.buf, soff, -1)
+
+    def mark_deleted(self, idx: int) -> None:
+        """Hide a pinned entry until its last pin goes (stripe lock held)."""
+        L.set_entry_state(self.buf, self.layout.entry(idx), L.DELETED)
+        L.add_stripe_deleted(self.buf, self.layout.stripe_stats(self.stripe_of(idx)), 1)
+
+    def deleted_pending(self) -> int:
+        """Deleted entries still waiting for their last pin, store-wide."""
+        return int(L.stats_table(self.buf, self.layout)["deleted"].sum())
 
     def keep_entry(self, idx: int, slot: int) -> None:
         """Free an entry carved from a chunk into client ``slot``'s batch (stripe lock held).
