@@ -73,18 +73,26 @@ def small_ops(store, keys, arrays) -> tuple[float, float]:
 
 def bench_small(n: int, repeats: int, name: str) -> dict:
     arrays = [np.full(8, i, np.float64) for i in range(n)]  # 64 bytes each
-    puts, gets = [], []
+    puts, gets, two_puts, two_gets = [], [], [], []
     with shmstore.connect(name, capacity="256MiB", prefault="64MiB") as store:
         store._node.wait_populated(64 * MiB)
         small_ops(store, [f"warm{i}" for i in range(2000)], arrays[:2000])
-        for r in range(repeats):
-            p, g = small_ops(store, [f"k{r}-{i}" for i in range(n)], arrays)
-            puts.append(p)
-            gets.append(g)
-        two = bench_small_two_procs(name, n, repeats)
+        workers = TwoWorkers(name, n, repeats)
+        try:
+            for r in range(repeats):  # interleaved, so that machine noise hits both alike
+                p, g = small_ops(store, [f"k{r}-{i}" for i in range(n)], arrays)
+                puts.append(p)
+                gets.append(g)
+                p, g = workers.run_once()
+                two_puts.append(p)
+                two_gets.append(g)
+        finally:
+            workers.close()
     base = bench_small_baseline(min(n, 5000), arrays)
     return {"n": n, "put_ops": median(puts), "get_ops": median(gets),
-            "two_proc_put_ops": two[0], "two_proc_get_ops": two[1],
+            "two_proc_put_ops": median(two_puts), "two_proc_get_ops": median(two_gets),
+            "two_proc_put_ratio": median([t / o for t, o in zip(two_puts, puts)]),
+            "two_proc_get_ratio": median([t / o for t, o in zip(two_gets, gets)]),
             "baseline_put_ops": base[0], "baseline_get_ops": base[1]}
 
 
@@ -112,26 +120,29 @@ with shmstore.connect(name) as store:
 """
 
 
-def bench_small_two_procs(name: str, n: int, repeats: int) -> tuple[float, float]:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, root, name, tag, str(n), str(repeats)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for tag in "ab"]
-    puts, gets = [], []
-    try:
-        for _ in range(repeats):
-            for p in procs:
-                assert p.stdout.readline().strip() == "ready"
-            for p in procs:
-                p.stdin.write("go\n")
-                p.stdin.flush()
-            times = [tuple(map(float, p.stdout.readline().split())) for p in procs]
-            puts.append(2 * n / max(t[0] for t in times))
-            gets.append(2 * n / max(t[1] for t in times))
-    finally:
-        for p in procs:
+class TwoWorkers:
+    """Two worker processes doing the same put/get passes at the same moment."""
+
+    def __init__(self, name: str, n: int, repeats: int) -> None:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.n = n
+        self.procs = [subprocess.Popen([sys.executable, "-c", _WORKER, root, name, tag, str(n), str(repeats)],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for tag in "ab"]
+
+    def run_once(self) -> tuple[float, float]:
+        """(aggregate put ops/s, aggregate get ops/s) of one pass of both."""
+        for p in self.procs:
+            assert p.stdout.readline().strip() == "ready"
+        for p in self.procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        times = [tuple(map(float, p.stdout.readline().split())) for p in self.procs]
+        return 2 * self.n / max(t[0] for t in times), 2 * self.n / max(t[1] for t in times)
+
+    def close(self) -> None:
+        for p in self.procs:
             p.stdin.close()
             p.wait(60)
-    return median(puts), median(gets)
 
 
 def bench_small_baseline(n: int, arrays) -> tuple[float, float]:
@@ -183,11 +194,12 @@ def bench_big(nbytes: int, repeats: int, name: str) -> dict:
         warm, gets = [], []
         for _ in range(repeats):
             warm.append(timed(lambda: store.put("big", src)))
-            t = time.perf_counter()
-            view = store.get("big")
-            gets.append(time.perf_counter() - t)
-            assert view.nbytes == nbytes and view[12345] == src[12345]
-            del view
+            for _ in range(5):
+                t = time.perf_counter()
+                view = store.get("big")
+                gets.append(time.perf_counter() - t)
+                assert view.nbytes == nbytes and view[12345] == src[12345]
+                del view
             store.delete("big")
     return {"bytes": nbytes, "copyto_s": copy, "copyto_gbps": nbytes / copy / 1e9,
             "put_cold_s": cold, "put_warm_s": median(warm), "put_warm_gbps": nbytes / median(warm) / 1e9,
@@ -231,11 +243,12 @@ def bench_state_dict(total: int, count: int, repeats: int, name: str) -> dict:
         puts, gets = [], []
         for _ in range(repeats):
             puts.append(timed(lambda: store.put("sd", sd)))
-            t = time.perf_counter()
-            got = store.get("sd")
-            gets.append(time.perf_counter() - t)
-            assert len(got) == count and got["layer7.weight"][3] == 7
-            del got
+            for _ in range(5):
+                t = time.perf_counter()
+                got = store.get("sd")
+                gets.append(time.perf_counter() - t)
+                assert len(got) == count and got["layer7.weight"][3] == 7
+                del got
             store.delete("sd")
     return {"bytes": total, "arrays": count, "copyto_s": copy, "put_s": median(puts),
             "put_vs_copyto": median(puts) / copy, "get_ms": median(gets) * 1e3}
@@ -256,8 +269,8 @@ def main() -> None:
     print(f"lock: uncontended acquire+release {r['acquire_release_us']:.2f} us", flush=True)
     out["small"] = r = bench_small(args.small, args.repeats, name + "s")
     print(f"small ({r['n']} x 64 B): put {r['put_ops']:,.0f}/s, get {r['get_ops']:,.0f}/s | "
-          f"two processes: put {r['two_proc_put_ops']:,.0f}/s ({r['two_proc_put_ops'] / r['put_ops']:.2f}x), "
-          f"get {r['two_proc_get_ops']:,.0f}/s ({r['two_proc_get_ops'] / r['get_ops']:.2f}x) | "
+          f"two processes: put {r['two_proc_put_ops']:,.0f}/s ({r['two_proc_put_ratio']:.2f}x), "
+          f"get {r['two_proc_get_ops']:,.0f}/s ({r['two_proc_get_ratio']:.2f}x) | "
           f"baseline shared_memory+Manager: put {r['baseline_put_ops']:,.0f}/s, get {r['baseline_get_ops']:,.0f}/s "
           f"(shmstore {r['put_ops'] / r['baseline_put_ops']:.0f}x / {r['get_ops'] / r['baseline_get_ops']:.0f}x)",
           flush=True)

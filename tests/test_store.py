@@ -74,6 +74,15 @@ def test_bytes_like_values_are_stored_raw(store, value):
         assert r.read() == bytes(value)
 
 
+def test_out_of_band_buffers_besides_arrays(store):
+    value = {"ba": bytearray(b"xyz" * 100), "a": np.arange(5), "pb": [bytearray(b""), np.zeros((2, 0))]}
+    store.put("v", value)
+    got = store.get("v")
+    assert bytes(got["ba"]) == bytes(value["ba"]) and bytes(got["pb"][0]) == b""
+    np.testing.assert_array_equal(got["a"], value["a"])
+    assert got["pb"][1].shape == (2, 0)
+
+
 @pytest.mark.parametrize("value", [None, 0, "text", [1, 2, (3, 4)], {"a": {"b": None}}, 1.5, {1, 2}])
 def test_plain_python_values_roundtrip(store, value):
     store.put("v", value)

@@ -707,6 +707,7 @@ def plan_object(pickle_len: int, blob_lens: list[int]) -> tuple[int, list[int]]:
 
 
 def pack_object_header(buf, off: int, pickle_len: int, blobs: list[tuple[int, int]]) -> None:
+    """Write the header of a pickled object: ``blobs`` are (offset, length) in pickle order."""
     OBJECT_HEADER.pack_into(buf, off, len(blobs), 0, pickle_len)
     if blobs:
         flat = [v for b in blobs for v in b]
