@@ -9,11 +9,12 @@ each aligned to 64 bytes (``Layout`` computes the offsets from the header)::
 
     offset   size                 what
     0        4096                 HEADER (identity, fixed at creation) + ALLOC_STATE
-                                  + SPILL_STATE
+                                  + SPILL_STATE + the spill directory's path
     4096     MAX_SESSIONS * 64    session names (SESSION records); id 0 is ""
     ...      nlocks * 64          process-shared robust mutexes: ADMIN, ALLOC,
                                   SPILL, then one per key stripe
-    ...      max_clients * 64     CLIENT records (attached processes)
+    ...      max_clients * 256    CLIENT records (attached processes) with their
+                                  REQUEST to the spill process
     ...      nstripes * 64        STRIPE_STATS: used bytes per level, object count and
                                   deleted-but-pinned count of the entries hashed to
                                   each stripe (under its lock)
@@ -45,7 +46,8 @@ HEADER (offset 0)::
 
 ALLOC_STATE (offset 256, guarded by the ALLOC lock)::
 
-    0    24   3*u64   reserved
+    0    8    u64     bytes reserved on the DISK level (its quota counter)
+    8    16   2*u64   reserved
     24   8    u64     number of retired chunks not yet reclaimed
     32   8    u64     arena frontier: end of the highest extent ever handed out
     40   4    u32     entries never used yet start here (0-based)
@@ -55,10 +57,28 @@ ALLOC_STATE (offset 256, guarded by the ALLOC lock)::
     56   8    u64     bitmap of non-empty allocator bins
     64   256  64*i32  allocator bins: free extents with size in [2**k, 2**(k+1))
 
+SPILL_STATE (offset 1024; watermarks fixed at creation, the rest written by
+the spill process)::
+
+    0    8    f64     high watermark (fraction of the MEMORY capacity)
+    8    8    f64     low watermark
+    16   8    u64     DISK capacity in bytes
+    24   8    u64     bytes spilled to DISK so far
+    32   8    u64     bytes restored to MEMORY so far
+    40   4    i32     entry being moved (1-based, 0 none)
+    44   4    i32     level it is moving to
+    48   8    u64     bytes of that move done
+    56   8    u64     bytes of that move in all
+    64   8    u64     failed moves so far
+    72   8    f64     last time the spill process went round its loop
+
+SPILL_DIR (offset 2048, 1024 bytes): the spill directory (UTF-8, NUL padded);
+DISK objects are files ``<index>.<generation>`` in it.
+
 ENTRY (object table record, ENTRY_SIZE bytes)::
 
-    0    8    u64     offset of the data in its level (arena offset for MEMORY)
-    8    8    u64     stored size in bytes (allocation for MEMORY)
+    0    8    u64     offset of the data in its level (arena offset for MEMORY, 0 for DISK)
+    8    8    u64     stored size in bytes (the same on every level)
     16   8    u64     logical size (what ObjectInfo.size reports)
     24   8    f64     last access (CLOCK_MONOTONIC, comparable across processes)
     32   8    f64     creation time
@@ -67,7 +87,8 @@ ENTRY (object table record, ENTRY_SIZE bytes)::
     48   4    u32     generation (bumped whenever the entry is reused)
     52   4    u32     reserved (pins live in the pin bytes)
     56   4    i32     client slot of the writer while WRITING, else -1
-    60   4    i32     extent record of the data (1-based, 0 none)
+    60   4    i32     extent record of the data (1-based, 0 none); on DISK, the
+                      arena extent of a restore in progress
     64   4    u32     number of blobs
     68   2    u16     key length in bytes
     70   2    u16     session id
@@ -103,6 +124,16 @@ CLIENT (64 bytes)::
     24   4    i32     extent record of the client's current chunk (0 none)
     32   8    u64     arena offset of that chunk
     40   8    u64     its size
+    64   160  REQUEST  what the client asked of the spill process:
+         0    u32     kind: 0 none, 1 make room (nbytes in MEMORY), 2 move entry to level
+         4    u32     sequence number (bumped by the client on every request)
+         8    i32     entry index
+         12   u32     entry generation
+         16   u32     target level
+         20   u32     status: 0 idle, 1 pending, 2 done, 3 failed
+         24   u32     error kind when failed: 1 full, 2 I/O, 3 locked, 4 not found
+         32   u64     bytes
+         40   120s    error message (UTF-8)
 
 Small objects are carved from per-client chunks without the ALLOC lock: a
 client takes a chunk (one extent) under the lock, records it here, and cuts
@@ -146,6 +177,7 @@ LOCK_STRIDE = 64
 FREE, WRITING, SEALED, DELETED, RESERVED = 0, 1, 2, 3, 4
 KIND_RAW, KIND_NDARRAY, KIND_PICKLE = 0, 1, 2
 FLAG_MOVING, FLAG_IN_CHUNK = 1, 2
+LEVEL_GPU, LEVEL_MEMORY, LEVEL_DISK = 0, 1, 2  # Level values, for code below the Level enum
 # header states and flags
 STATE_INIT, STATE_READY, STATE_DESTROYING = 0, 1, 2
 FLAG_PERSIST = 1
@@ -158,12 +190,19 @@ ALLOC_STATE = struct.Struct("<3QQQIiIiQ")  # see the table; fields 0-2 reserved
 BINS = struct.Struct(f"<{NBINS}i")
 BINS_OFFSET = ALLOC_OFFSET + ALLOC_STATE.size
 SPILL_OFFSET = 1024
+SPILL_STATE = struct.Struct("<ddQQQiiQQQd")
+SPILL_DIR_OFFSET, SPILL_DIR_SIZE = 2048, 1024
 SESSION = struct.Struct("<B63s")
 SESSION_SIZE = 64
 CLIENT = struct.Struct("<iiQd")
 CLIENT_CHUNK = struct.Struct("<i4xQQ")
 CLIENT_CHUNK_OFFSET = 24
-CLIENT_SIZE = 64
+CLIENT_SIZE = 256
+REQUEST = struct.Struct("<IIiIIII4xQ120s")
+REQUEST_OFFSET = 64
+REQ_NONE, REQ_SPACE, REQ_MOVE = 0, 1, 2
+RS_IDLE, RS_PENDING, RS_DONE, RS_FAILED = 0, 1, 2, 3
+ERR_FULL, ERR_IO, ERR_LOCKED, ERR_MISSING = 1, 2, 3, 4
 STRIPE_STATS = struct.Struct("<3qqq")
 STRIPE_STATS_SIZE = 64
 ENTRY_HEAD = struct.Struct("<QQQddIiIIiiIHHBBBB4x")
@@ -195,9 +234,10 @@ ENTRY_DTYPE = np.dtype({
     "offsets": [0, 8, 16, 24, 32, 40, 44, 48, 52, 56, 60, 64, 68, 70, 72, 73, 74, 75],
     "itemsize": ENTRY_SIZE,
 })
-CLIENT_DTYPE = np.dtype({"names": ["pid", "state", "start", "attached", "chunk", "chunk_offset", "chunk_size"],
-                         "formats": ["<i4", "<i4", "<u8", "<f8", "<i4", "<u8", "<u8"],
-                         "offsets": [0, 4, 8, 16, 24, 32, 40], "itemsize": CLIENT_SIZE})
+CLIENT_DTYPE = np.dtype({"names": ["pid", "state", "start", "attached", "chunk", "chunk_offset", "chunk_size",
+                                   "req_kind", "req_status"],
+                         "formats": ["<i4", "<i4", "<u8", "<f8", "<i4", "<u8", "<u8", "<u4", "<u4"],
+                         "offsets": [0, 4, 8, 16, 24, 32, 40, 64, 84], "itemsize": CLIENT_SIZE})
 STATS_DTYPE = np.dtype({"names": ["used", "objects", "deleted"], "formats": [("<i8", 3), "<i8", "<i8"],
                         "offsets": [0, 24, 32], "itemsize": STRIPE_STATS_SIZE})
 EXTENT_DTYPE = np.dtype({"names": ["offset", "size", "prev_phys", "next_phys", "prev_free", "next_free",
@@ -308,6 +348,70 @@ def unpack_header(buf) -> Header:
     f[14] = f[14].rstrip(b"\0").decode(errors="replace")
     f[15] = f[15].rstrip(b"\0").decode(errors="replace")
     return Header(*f)
+
+
+class SpillState(NamedTuple):
+    high: float
+    low: float
+    disk_capacity: int
+    spilled: int
+    restored: int
+    moving: int
+    moving_to: int
+    progress: int
+    total: int
+    failures: int
+    heartbeat: float
+
+
+def unpack_spill_state(buf) -> SpillState:
+    return SpillState._make(SPILL_STATE.unpack_from(buf, SPILL_OFFSET))
+
+
+def pack_spill_state(buf, s: SpillState) -> None:
+    SPILL_STATE.pack_into(buf, SPILL_OFFSET, *s)
+
+
+def spill_dir(buf) -> str:
+    return bytes(buf[SPILL_DIR_OFFSET: SPILL_DIR_OFFSET + SPILL_DIR_SIZE]).rstrip(b"\0").decode()
+
+
+def set_spill_dir(buf, path: str) -> None:
+    raw = path.encode()
+    if len(raw) >= SPILL_DIR_SIZE:
+        raise ValueError(f"spill directory path longer than {SPILL_DIR_SIZE - 1} bytes: {path!r}")
+    buf[SPILL_DIR_OFFSET: SPILL_DIR_OFFSET + SPILL_DIR_SIZE] = raw.ljust(SPILL_DIR_SIZE, b"\0")
+
+
+def disk_reserved(buf) -> int:
+    return _U64.unpack_from(buf, ALLOC_OFFSET)[0]
+
+
+def set_disk_reserved(buf, value: int) -> None:
+    _U64.pack_into(buf, ALLOC_OFFSET, value)
+
+
+class Request(NamedTuple):
+    kind: int
+    seq: int
+    idx: int
+    gen: int
+    level: int
+    status: int
+    error: int
+    nbytes: int
+    message: str
+
+
+def unpack_request(buf, coff: int) -> Request:
+    f = list(REQUEST.unpack_from(buf, coff + REQUEST_OFFSET))
+    f[8] = f[8].rstrip(b"\0").decode(errors="replace")
+    return Request._make(f)
+
+
+def pack_request(buf, coff: int, r: Request) -> None:
+    REQUEST.pack_into(buf, coff + REQUEST_OFFSET, r.kind, r.seq, r.idx, r.gen, r.level, r.status, r.error,
+                      r.nbytes, r.message.encode()[:120])
 
 
 def header_state(buf) -> int:

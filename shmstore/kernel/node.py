@@ -24,12 +24,13 @@ import time
 import numpy as np
 
 from ..config import SHM_DIR, Config
-from ..errors import LayoutError, StorageFullError
+from ..errors import LayoutError, LockTimeoutError, StorageFullError
 from ..units import format_size
 from . import layout as L
 from .alloc import Allocator
 from .lock import ShmLock, init_lock
-from .segment import Segment, unlink_segment
+from ..disk import SpillDir
+from .segment import Segment, Wakeup, unlink_segment, unlink_semaphore
 from .table import Table
 
 __all__ = ["NodeStore", "store_prefix", "proc_start_time", "pid_alive"]
@@ -108,6 +109,8 @@ class NodeStore:
         self.chunk_size = min(4 << 20, max(64 << 10, self.capacity // 64)) & ~(L.PAGE - 1)
         self.small_max = self.chunk_size // 16
         self.arena_ro = memoryview(arena.mm).toreadonly()
+        self.disk = SpillDir(L.spill_dir(meta.mm), self.prefix.lstrip("/"))
+        self.wake = Wakeup(self.prefix + "-wake", create=created)
         self.populated = 0
 
     # ---- open / create / attach -------------------------------------------
@@ -158,6 +161,10 @@ class NodeStore:
                                         capacity, lay.size, lay.max_objects, lay.max_clients, lay.nstripes,
                                         lay.nbuckets, time.time(), cfg.name, cfg.node))
             L.pack_session(buf, lay.session(0), "")
+            L.set_spill_dir(buf, os.path.abspath(cfg.spill_dir))
+            disk = cfg.disk_capacity if cfg.disk_capacity is not None else SpillDir(cfg.spill_dir, "").free_bytes()
+            L.pack_spill_state(buf, L.SpillState(cfg.high_watermark, cfg.low_watermark, disk, 0, 0, 0, 0, 0, 0, 0, 0.0))
+            Wakeup(prefix + "-wake", create=True).close()
             Allocator(buf, lay, capacity).init()
             try:
                 arena = Segment.create(prefix + "-arena", capacity)
@@ -172,6 +179,7 @@ class NodeStore:
                 arena.unlink()
             meta.close()
             meta.unlink()
+            unlink_semaphore(prefix + "-wake")
             raise
 
     @classmethod
@@ -211,6 +219,7 @@ class NodeStore:
                     f"(raise max_clients= / SHMSTORE_MAX_CLIENTS when creating the store)")
             slot = free[0]
             L.pack_client(self.meta.mm, self.layout.client(slot), pid, 1, start, time.time())
+            L.pack_request(self.meta.mm, self.layout.client(slot), L.Request(0, 0, 0, 0, 0, 0, 0, 0, ""))
             return slot
 
     def deregister(self, slot: int) -> int:
@@ -218,6 +227,7 @@ class NodeStore:
         with self.admin:
             self.table.clear_pins(slot)
             L.pack_client(self.meta.mm, self.layout.client(slot), 0, 0, 0, 0.0)
+            L.pack_request(self.meta.mm, self.layout.client(slot), L.Request(0, 0, 0, 0, 0, 0, 0, 0, ""))
             return int((L.client_table(self.meta.mm, self.layout)["state"] == 1).sum())
 
     def clients(self) -> list[tuple[int, int, int]]:
@@ -238,20 +248,24 @@ class NodeStore:
         (finalizers) it gives up instead of waiting for the ALLOC lock, and
         returns False.
         """
-        if cache is not None and L.entry_flags(self.meta.mm, self.layout.entry(idx)) & L.FLAG_IN_CHUNK:
+        e = L.entry_raw(self.meta.mm, self.layout.entry(idx))
+        if cache is not None and e[L.E_FLAGS] & L.FLAG_IN_CHUNK:
             self.table.keep_entry(idx, cache.slot)
             cache.entries.append(idx)
             return True
-        if blocking:
-            with self.alloc_lock:
-                self.table.release_entry(idx)
-            return True
-        if not self.alloc_lock.acquire(blocking=False):
+        if not self.alloc_lock.acquire(blocking=blocking, timeout=self.cfg.lock_timeout if blocking else -1):
+            if blocking:
+                raise LockTimeoutError(f"lock alloc not acquired within {self.cfg.lock_timeout:g} s "
+                                       f"(raise lock_timeout= / SHMSTORE_LOCK_TIMEOUT)")
             return False
         try:
             self.table.release_entry(idx)
+            if e[L.E_LEVEL] == L.LEVEL_DISK and e[L.E_STATE] != L.FREE:
+                L.set_disk_reserved(self.meta.mm, max(0, L.disk_reserved(self.meta.mm) - e[L.E_SIZE]))
         finally:
             self.alloc_lock.release()
+        if e[L.E_LEVEL] == L.LEVEL_DISK:
+            self.disk.remove(idx, e[L.E_GEN])
         return True
 
     def free_if_unpinned(self, idx: int, gen: int | None = None, blocking: bool = True,
@@ -428,14 +442,18 @@ class NodeStore:
             self.arena_ro.release()
         except (BufferError, AttributeError):
             pass  # views into it are alive
+        if getattr(self, "wake", None) is not None:
+            self.wake.close()
         for seg in (self.arena, self.meta):
             if seg is not None:
                 seg.close()
 
-    def unlink(self) -> None:
-        """Remove the store's segment names."""
+    def unlink(self) -> int:
+        """Remove the store's segment names, semaphore and spill files; returns how many files."""
         unlink_segment(self.prefix + "-arena")
         unlink_segment(self.prefix + "-meta")
+        self.wake.unlink()
+        return self.disk.remove_all()
 
 
 def _check_room(size: int) -> None:

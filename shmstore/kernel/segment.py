@@ -15,7 +15,7 @@ from ..errors import StorageFullError
 from ..units import format_size
 from . import native
 
-__all__ = ["Segment", "segment_exists", "unlink_segment", "list_segments"]
+__all__ = ["Segment", "Wakeup", "segment_exists", "unlink_segment", "unlink_semaphore", "list_segments"]
 
 _SHM_DIR = "/dev/shm"
 
@@ -167,3 +167,53 @@ def list_segments(prefix: str) -> list[str]:
         return []
     bare = prefix.lstrip("/")
     return sorted("/" + e for e in entries if e.startswith(bare))
+
+
+class Wakeup:
+    """A named POSIX semaphore that clients post to wake the spill process.
+
+    The creator of the store creates it; ``unlink`` (with the store) removes
+    the name. Process-safe and thread-safe.
+    """
+
+    _sem = None
+
+    def __init__(self, name: str, create: bool) -> None:
+        self.name = name
+        try:
+            flags = posix_ipc.O_CREAT if create else 0
+            self._sem = posix_ipc.Semaphore(name, flags, mode=0o600, initial_value=0)
+        except posix_ipc.ExistentialError as exc:
+            raise FileNotFoundError(errno.ENOENT, f"no semaphore {name!r}") from exc
+        except posix_ipc.PermissionsError as exc:
+            raise PermissionError(errno.EACCES, f"semaphore {name!r} belongs to another user") from exc
+
+    def post(self) -> None:
+        """Wake the waiter (cheap; extra posts only cause extra rounds)."""
+        if self._sem is not None and self._sem.value < 8:
+            self._sem.release()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a post; True if one came."""
+        try:
+            self._sem.acquire(timeout)
+            return True
+        except posix_ipc.BusyError:
+            return False
+
+    def close(self) -> None:
+        if self._sem is not None:
+            self._sem.close()
+            self._sem = None
+
+    def unlink(self) -> None:
+        unlink_semaphore(self.name)
+
+
+def unlink_semaphore(name: str) -> bool:
+    """Remove a named semaphore; False if it was already gone."""
+    try:
+        posix_ipc.unlink_semaphore(name)
+        return True
+    except posix_ipc.ExistentialError:
+        return False
