@@ -56,7 +56,9 @@ class SpillDir:
 
     def free_bytes(self) -> int:
         """Free space of the file system holding the directory."""
-        probe = self.path if os.path.exists(self.path) else self.root
+        probe = os.path.abspath(self.path)
+        while not os.path.exists(probe) and probe != os.path.dirname(probe):
+            probe = os.path.dirname(probe)  # not created yet: the file system it will be on
         st = os.statvfs(probe)
         return st.f_bavail * st.f_frsize
 

@@ -23,7 +23,7 @@ from .copying import PARALLEL_MIN, copy_into, copy_many
 from .errors import SerializationError
 from .kernel import layout as L
 
-__all__ = ["Encoded", "encode", "write", "decode", "as_u8", "KIND_NAMES"]
+__all__ = ["Encoded", "encode", "write", "parts", "decode", "as_u8", "KIND_NAMES"]
 
 KIND_NAMES = {L.KIND_RAW: "bytes", L.KIND_NDARRAY: "ndarray", L.KIND_PICKLE: "pickle"}
 _EMPTY = np.empty(0, np.uint8)
@@ -152,6 +152,24 @@ def write(enc: Encoded, buf: Any, off: int) -> None:
         copy_into(np.ndarray((enc.size,), np.uint8, buf, off), enc.src)
     else:
         _write_pickle(enc, np.ndarray((enc.size,), np.uint8, buf, off))
+
+
+def parts(enc: Encoded) -> list[tuple[int, memoryview]]:
+    """The stored bytes of ``enc`` as ``(offset, bytes)`` pieces, for writing a file."""
+    if not enc.size:
+        return []
+    if enc.kind == L.KIND_RAW:
+        return [(0, memoryview(enc.src))]
+    if enc.kind == L.KIND_NDARRAY:
+        dtype, shape, order = enc.array  # type: ignore[misc]
+        src = enc.src
+        if not (src.flags.c_contiguous if order == "C" else src.flags.f_contiguous):
+            src = np.array(src, order=order)
+        return [(0, pickle.PickleBuffer(src).raw())]
+    header = bytearray(L.object_header_size(len(enc.blobs)))
+    L.pack_object_header(header, 0, len(enc.pickle), [(o, b.nbytes) for o, b in zip(enc.offsets, enc.blobs)])
+    out = [(0, memoryview(header)), (len(header), memoryview(enc.pickle))]
+    return out + [(o, b) for o, b in zip(enc.offsets, enc.blobs) if b.nbytes]
 
 
 def _write_pickle(enc: Encoded, dst: np.ndarray) -> None:

@@ -1,16 +1,22 @@
 """The per-node spill process: ``python -m shmstore.spill``.
 
 One per node store, spawned (never forked) by the process that creates the
-store, restarted by any client that finds it dead. It is the node's janitor:
+store, restarted by any client that finds it dead. Its loop:
 
-- every ``POLL`` seconds it checks the registered clients; for a dead one it
-  releases its pins, drops its unsealed writes and frees its slot;
-- when no client is attached any more (and the store is not persistent) it
-  marks the store ``destroying`` under the ADMIN lock, unlinks its segments
-  and exits, logging what it reclaimed.
+- serve client requests (make room in memory, move an object), woken by the
+  store's semaphore;
+- keep MEMORY under the high watermark, spilling least recently used,
+  unpinned objects to DISK down to the low watermark, a slice at a time so
+  requests never wait long;
+- be the node's janitor: release what dead clients held, free deleted
+  objects nobody pins any more, free retired chunks;
+- when no client is attached any more (and the store is not persistent),
+  mark the store ``destroying`` under the ADMIN lock, unlink its segments,
+  semaphore and spill files, and exit, logging what it reclaimed.
 
-It ignores SIGINT (a Ctrl-C meant for the job), and on SIGTERM finishes the
-current pass before exiting without destroying a store that has clients.
+On start it first rolls back the moves a killed predecessor left half done.
+It ignores SIGINT (a Ctrl-C meant for the job); on SIGTERM it finishes the
+current step and exits without destroying a store that has clients.
 """
 from __future__ import annotations
 
@@ -25,7 +31,9 @@ from .config import Config
 from .errors import ShmStoreError
 from .kernel import NodeStore
 from .kernel import layout as L
+from .kernel import requests
 from .kernel.janitor import janitor_pass, sweep_deleted
+from .mover import MoveError, Mover
 from .units import format_size
 
 __all__ = ["main", "POLL"]
@@ -39,6 +47,7 @@ class _Spiller:
 
     def __init__(self, node: NodeStore) -> None:
         self.node = node
+        self.mover = Mover(node)
         self.stopping = False
         self.label = f"{node.cfg.name}@{node.cfg.node}"
 
@@ -46,19 +55,56 @@ class _Spiller:
         return L.spill_pid(self.node.meta.mm) == os.getpid() and L.header_state(self.node.meta.mm) == L.STATE_READY
 
     def run(self) -> int:
+        rolled = self.mover.recover()
+        if rolled:
+            log.warning("%s: rolled back %d move(s) a previous spill process left half done", self.label, rolled)
         while self.owns_store():
-            for slot, pid, dropped, freed in janitor_pass(self.node):
-                log.warning("%s: reclaimed client pid %d (slot %d): %d unsealed/deleted object(s), %s",
-                            self.label, pid, slot, dropped, format_size(freed))
-            sweep_deleted(self.node)
-            if L.retired_chunks(self.node.meta.mm):
-                self.node.reclaim_retired()
-            if self.stopping:
+            self.node.wake.wait(POLL)
+            self._heartbeat()
+            self.serve()
+            self._janitor()
+            try:
+                self.mover.relieve(interrupt=lambda: bool(requests.pending(self.node)))
+            except MoveError as exc:
+                log.warning("%s: background spill failed: %s", self.label, exc)
+            if self.stopping or self._destroy_if_unused():
                 return 0
-            if self._destroy_if_unused():
-                return 0
-            time.sleep(POLL)
         return 0
+
+    def _heartbeat(self) -> None:
+        s = L.unpack_spill_state(self.node.meta.mm)
+        L.pack_spill_state(self.node.meta.mm, s._replace(heartbeat=time.time()))
+
+    def _janitor(self) -> None:
+        for slot, pid, dropped, freed in janitor_pass(self.node):
+            log.warning("%s: reclaimed client pid %d (slot %d): %d unsealed/deleted object(s), %s",
+                        self.label, pid, slot, dropped, format_size(freed))
+        sweep_deleted(self.node)
+        if L.retired_chunks(self.node.meta.mm):
+            self.node.reclaim_retired()
+
+    def serve(self) -> None:
+        """Serve every pending client request, oldest slot first."""
+        for slot, req in requests.pending(self.node):
+            try:
+                self._serve_one(req)
+            except MoveError as exc:
+                requests.complete(self.node, slot, req, exc.kind, str(exc))
+            except ShmStoreError as exc:
+                requests.complete(self.node, slot, req, L.ERR_IO, str(exc))
+            else:
+                requests.complete(self.node, slot, req)
+
+    def _serve_one(self, req: L.Request) -> None:
+        if req.kind == L.REQ_SPACE:
+            self.mover.make_room(req.nbytes)
+        elif req.kind == L.REQ_MOVE:
+            if req.level == L.LEVEL_DISK:
+                self.mover.spill(req.idx, req.gen)
+            elif req.level == L.LEVEL_MEMORY:
+                self.mover.restore(req.idx, req.gen)
+            else:
+                raise MoveError(L.ERR_FULL, f"no level {req.level} in this store")
 
     def _destroy_if_unused(self) -> bool:
         node = self.node
@@ -68,8 +114,9 @@ class _Spiller:
             if node.clients() or L.header_state(node.meta.mm) != L.STATE_READY:
                 return False
             L.set_header_state(node.meta.mm, L.STATE_DESTROYING)
-        node.unlink()
-        log.info("%s: last client gone; removed the store", self.label)
+        files = node.unlink()
+        log.info("%s: last client gone; removed the store%s", self.label,
+                 f" and {files} spill file(s)" if files else "")
         return True
 
 
@@ -82,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="shmstore-spill[%(process)d]: %(message)s", stream=sys.stderr)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        node = NodeStore.open(Config.from_kwargs(name=args.name, node=args.node, spill_dir=args.spill_dir),
-                              create=False)
+        node = NodeStore.open(Config.from_kwargs(name=args.name, node=args.node, spill_dir=args.spill_dir,
+                                                 prefault=0), create=False)
     except (FileNotFoundError, ShmStoreError, PermissionError, BlockingIOError):
         return 0  # the store is gone already
     spiller = _Spiller(node)

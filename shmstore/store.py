@@ -16,11 +16,10 @@ from .kernel import layout as L
 from .kernel.node import pid_alive, reap_children, store_prefix
 from .kernel.segment import list_segments, unlink_segment
 from .levels import Capacity, Level, ObjectInfo, parse_levels
+from .placement import DEFAULT_PUT_LEVELS, Placement
 from .streams import Reader, Writer
 
 __all__ = ["Store", "connect", "destroy"]
-
-_PUT_LEVELS = (Level.MEMORY,)
 
 
 class Store:
@@ -51,6 +50,7 @@ class Store:
         try:
             self._kernel = Kernel(node, slot, config.session)
             self._kernel.on_detach = self._on_detach
+            self._placement = Placement(self._kernel, node, config)
             node.ensure_spill()
             node.start_populating(config.prefault)
         except BaseException:
@@ -97,42 +97,59 @@ class Store:
     def put(self, key: str, obj: Any, levels: Iterable[Level] | Level | None = None) -> ObjectInfo:
         """Store ``obj`` under ``key`` on the first level of ``levels`` with room.
 
-        Numpy arrays, alone or inside containers, come back from ``get`` as
-        read-only zero-copy views; bytes-like values are stored raw.
+        ``levels`` defaults to ``[Level.MEMORY, Level.DISK]``. When MEMORY is
+        full of spillable objects, the spill process makes room first (the
+        put waits up to ``spill_timeout``); an object larger than the level
+        goes to the next one at once. Numpy arrays, alone or inside
+        containers, come back from ``get`` as read-only zero-copy views;
+        bytes-like values are stored raw.
 
         Raises:
             ObjectExistsError: ``key`` is present (delete it first).
             StorageFullError: no level of ``levels`` has room.
+            SpillError: making room failed (disk full, I/O error).
             SerializationError, InvalidKeyError: bad input; nothing changes.
         """
-        if levels is not None:
-            self._require_levels(parse_levels(levels, _PUT_LEVELS))
-        k = self._kernel
-        if k is None:
-            raise StoreClosedError("store is closed (connect() again)")
-        return k.put(key, obj)
+        p = self._placement_checked()
+        if levels is None:
+            return p.put(key, obj, DEFAULT_PUT_LEVELS)
+        return p.put(key, obj, parse_levels(levels, DEFAULT_PUT_LEVELS))
 
     def get(self, key: str, conditions: Any = None, levels: Iterable[Level] | Level | None = None) -> Any:
-        """The value of ``key`` (views into shared memory for arrays and bytes).
+        """The value of ``key``: views into shared memory (or into the spill file) for arrays and bytes.
 
         ``conditions`` slices an array without materialising it, e.g.
-        ``conditions=(slice(0, 100),)``.
+        ``conditions=(slice(0, 100),)``; on DISK only the pages needed are
+        read. With ``levels``, an object on none of them is first moved to
+        the first one (``levels=[Level.MEMORY]`` brings a spilled object back).
 
         Raises:
             ObjectNotFoundError: no such object in this session.
+            ObjectLockedError: it must move but is pinned.
             InvalidArgumentError: ``conditions`` on a non-array value.
         """
-        if levels is not None:
-            self._require_levels(parse_levels(levels, _PUT_LEVELS))
         k = self._kernel
         if k is None:
             raise StoreClosedError("store is closed (connect() again)")
+        if levels is not None:
+            self._placement.bring(key, parse_levels(levels, DEFAULT_PUT_LEVELS))
         return k.get(key, conditions)
 
-    def _require_levels(self, order: tuple[Level, ...]) -> None:
-        if Level.MEMORY not in order:
-            raise InvalidArgumentError(f"levels {[lv.name for lv in order]} are not available in this store "
-                                       f"(use Level.MEMORY)")
+    def move(self, key: str, level: Level, progress: Any = None) -> ObjectInfo:
+        """Move ``key`` to ``level`` (explicit spill or restore); waits for the spill process.
+
+        Args:
+            progress: called with the spill state while the move runs.
+
+        Raises:
+            ObjectNotFoundError, ObjectLockedError (pinned), StorageFullError, SpillError.
+        """
+        return self._placement_checked().move(key, parse_levels(level, ())[0], progress)
+
+    def _placement_checked(self) -> Placement:
+        if self._kernel is None:
+            raise StoreClosedError("store is closed (connect() again)")
+        return self._placement
 
     def delete(self, key: str, missing_ok: bool = False) -> None:
         """Remove ``key``: hidden at once, space freed when its last view goes.
@@ -161,8 +178,8 @@ class Store:
         return [i.key for i in self.list()]
 
     def get_capacity(self) -> dict[Level, Capacity]:
-        """Total, used, pinned and free bytes per level."""
-        return self._checked().capacity()
+        """Total, used, pinned, free, spillable, spilled and restored bytes per level."""
+        return self._placement_checked().capacity()
 
     def clear(self) -> int:
         """Delete every object of this session; returns how many."""
@@ -181,9 +198,13 @@ class Store:
         self._checked().unpin(key)
 
     def open_writer(self, key: str, size: int, levels: Iterable[Level] | Level | None = None) -> Writer:
-        """A writer for a new raw object of exactly ``size`` bytes, sealed on close."""
-        self._require_levels(parse_levels(levels, _PUT_LEVELS))
-        return Writer(self._checked(), key, size)
+        """A writer for a new raw object of exactly ``size`` bytes, sealed on close.
+
+        Placed like ``put``: the first level of ``levels`` with room.
+        """
+        p = self._placement_checked()
+        order = parse_levels(levels, DEFAULT_PUT_LEVELS)
+        return p.open_writer(key, size, order, lambda level: Writer(self._checked(), key, size, level))
 
     def open_reader(self, key: str) -> Reader:
         """A reader streaming the stored bytes of ``key`` (pinned while open)."""
@@ -198,7 +219,9 @@ class Store:
             "name": self.config.name, "node": self.config.node, "segments": node.prefix + "-*",
             "persistent": bool(L.header_flags(node.meta.mm) & L.FLAG_PERSIST),
             "objects": node.nobjects(),
-            "levels": {lv.name.lower(): c._asdict() for lv, c in k.capacity().items()},
+            "levels": {lv.name.lower(): c._asdict() for lv, c in self._placement.capacity().items()},
+            "spill_dir": node.disk.path,
+            "moving": _moving(node),
             "clients": [{"pid": pid, "alive": pid_alive(pid, start), "slot": slot} for slot, pid, start in node.clients()],
             "spill": {"pid": spill, "alive": pid_alive(spill)},
         }
@@ -237,6 +260,13 @@ class Store:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"<shmstore.Store {self.config.name!r} node={self.config.node!r} session={self.config.session!r} {state}>"
+
+
+def _moving(node: NodeStore) -> dict[str, Any] | None:
+    s = L.unpack_spill_state(node.meta.mm)
+    if not s.moving:
+        return None
+    return {"entry": s.moving - 1, "to": Level(s.moving_to).name.lower(), "done": s.progress, "total": s.total}
 
 
 def _reconnect(config: Config) -> Store:

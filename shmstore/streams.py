@@ -8,13 +8,14 @@ never moves it underneath and a delete waits for it.
 from __future__ import annotations
 
 import io
+import os
 from typing import Any
 
 import numpy as np
 
 from .errors import InvalidArgumentError, StoreClosedError
 from .kernel import layout as L
-from .kernel.kernel import Kernel, encode_key
+from .kernel.kernel import Kernel, disk_error, encode_key
 from .serialize import as_u8
 from .units import format_size
 
@@ -30,29 +31,46 @@ def _check_size(key: str, size: Any) -> int:
 
 
 class Writer:
-    """Writes exactly ``size`` bytes of a new raw object ``key``.
+    """Writes exactly ``size`` bytes of a new raw object ``key`` on ``level``.
 
     Owns the reserved entry until ``close`` seals it or ``abort`` drops it.
-    Not thread-safe.
+    On MEMORY it writes straight into the arena (``buffer`` gives a writable
+    view to fill in place); on DISK into the object's spill file. Not
+    thread-safe.
     """
 
     _idx = -1
+    _fd = -1
+    _dst: np.ndarray | None = None
     closed = True
 
-    def __init__(self, kernel: Kernel, key: str, size: int) -> None:
+    def __init__(self, kernel: Kernel, key: str, size: int, level: int = L.LEVEL_MEMORY) -> None:
         kb = encode_key(key)
-        self.key, self.size = key, _check_size(key, size)
+        self.key, self.size, self.level = key, _check_size(key, size), level
         kernel._check()
         self._kernel = kernel
-        self._idx, off, _, _, self._stripe = kernel.reserve(key, kb, L.KIND_RAW, self.size, self.size)
+        self._idx, off, _, _, self._stripe = kernel.reserve(key, kb, L.KIND_RAW, self.size, self.size, level=level)
         try:
-            kernel.node.ensure_populated(off, self.size, key)
+            if level == L.LEVEL_MEMORY:
+                kernel.node.ensure_populated(off, self.size, key)
+                self._dst = kernel.writable(off, self.size)
+            else:
+                self._open_file()
         except BaseException:
             kernel.abort(self._idx)
             raise
-        self._dst = kernel.writable(off, self.size)
         self._pos = 0
         self.closed = False
+
+    def _open_file(self) -> None:
+        disk = self._kernel.node.disk
+        gen = L.entry_gen(self._kernel._buf, self._kernel._lay.entry(self._idx))
+        self._final = disk.file(self._idx, gen)
+        try:
+            disk.ensure()
+            self._fd = os.open(self._final + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        except OSError as exc:
+            raise disk_error(self.key, self.size, disk.path, exc) from exc
 
     def _check_open(self) -> None:
         if self.closed:
@@ -71,15 +89,29 @@ class Writer:
             raise InvalidArgumentError(
                 f"write of {format_size(n)} passes the end of {self.key!r}: {format_size(self._pos)} of "
                 f"{format_size(self.size)} written (open the writer with a larger size)")
-        if n:
+        if n and self._dst is not None:
             self._dst[self._pos: self._pos + n] = src
-            self._pos += n
+        elif n:
+            self._write_file(memoryview(src))
+        self._pos += n
         return n
+
+    def _write_file(self, mv: memoryview) -> None:
+        pos = self._pos
+        try:
+            while len(mv):
+                k = os.pwrite(self._fd, mv, pos)
+                mv, pos = mv[k:], pos + k
+        except OSError as exc:
+            self.abort()
+            raise disk_error(self.key, self.size, self._kernel.node.disk.path, exc) from exc
 
     @property
     def buffer(self) -> memoryview:
-        """Writable memoryview of the bytes not written yet (fill it, then ``advance``)."""
+        """Writable memoryview of the bytes not written yet (MEMORY only; fill it, then ``advance``)."""
         self._check_open()
+        if self._dst is None:
+            raise InvalidArgumentError(f"{self.key!r} is written to disk: use write(), not buffer")
         return memoryview(self._dst[self._pos:])
 
     def advance(self, n: int) -> None:
@@ -105,6 +137,15 @@ class Writer:
             raise InvalidArgumentError(
                 f"writer of {self.key!r} closed after {format_size(self._pos)} of {format_size(self.size)}; "
                 f"nothing was stored")
+        if self._fd >= 0:
+            try:
+                os.ftruncate(self._fd, L.align(max(self.size, 1)))
+                os.close(self._fd)
+                self._fd = -1
+                os.rename(self._final + ".tmp", self._final)
+            except OSError as exc:
+                self.abort()
+                raise disk_error(self.key, self.size, self._kernel.node.disk.path, exc) from exc
         self._dst = None
         self.closed = True
         self._kernel.seal(self._idx, self._stripe)
@@ -115,6 +156,9 @@ class Writer:
             return
         self._dst = None
         self.closed = True
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         self._kernel.abort(self._idx)
 
     def __enter__(self) -> "Writer":
@@ -148,7 +192,7 @@ class Reader:
         kernel._check()
         idx, e, _ = kernel.lookup(key, kb, True)
         self.key = key
-        self._data = kernel.lease(idx, e[L.E_OFFSET], e[L.E_NBYTES], e[L.E_GEN]).view(np.ndarray)
+        self._data = kernel.lease(idx, e).view(np.ndarray)
         self.size = e[L.E_NBYTES]
         self._pos = 0
         self.closed = False

@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 
 from ..errors import StorageFullError
-from ..levels import Level
 from . import layout as L
 from .node import NodeStore
 
@@ -67,7 +66,7 @@ class ClientCache:
         if not self.entries:
             raise StorageFullError(f"cannot place {key!r}: the object table holds its maximum of "
                                    f"{lay.max_objects} objects (raise max_objects= / SHMSTORE_MAX_OBJECTS "
-                                   f"when creating the store)", key, Level.MEMORY)
+                                   f"when creating the store)", key)  # no level: spilling does not help
 
     def carve(self, size: int) -> tuple[int, int]:
         """Cut ``size`` bytes (64-aligned) off the current chunk, taking a new one if needed.

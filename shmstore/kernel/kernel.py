@@ -18,6 +18,7 @@ only hides a pinned object; its space is reused once the last view is gone.
 """
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -28,7 +29,7 @@ import numpy as np
 
 from .. import serialize
 from ..errors import (InvalidArgumentError, InvalidKeyError, ObjectExistsError, ObjectLockedError,
-                      ObjectNotFoundError, StorageFullError, StoreClosedError)
+                      ObjectNotFoundError, SpillError, StorageFullError, StoreClosedError)
 from ..levels import Capacity, Level, ObjectInfo
 from ..units import format_size
 from . import layout as L
@@ -162,7 +163,7 @@ class Kernel:
         if self._closed or self._deferred or self._fork != _FORKS[0]:
             self._check()
         if level != _MEMORY:
-            raise InvalidArgumentError(f"the kernel places objects in memory only, not {Level(level).name}")
+            return self._put_disk(key, kb, obj, level)
         enc = serialize.encode(obj)
         idx, off, stored, ctime, stripe = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta)
         try:
@@ -176,9 +177,28 @@ class Kernel:
         return ObjectInfo(key, enc.nbytes, Level.MEMORY, False, True, enc.nblobs, serialize.KIND_NAMES[enc.kind],
                           stored, 0, self.session, ctime)
 
+    def _put_disk(self, key: str, kb: bytes, obj: Any, level: int) -> ObjectInfo:
+        if level != L.LEVEL_DISK:
+            raise InvalidArgumentError(f"cannot place {key!r} on {Level(level).name}: this build keeps objects in "
+                                       f"memory and on disk (use Level.MEMORY or Level.DISK)")
+        enc = serialize.encode(obj)
+        idx, _, stored, ctime, stripe = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta,
+                                                     level=L.LEVEL_DISK)
+        try:
+            self.node.disk.write(idx, L.entry_gen(self._buf, self._lay.entry(idx)), serialize.parts(enc), stored)
+        except OSError as exc:
+            self.abort(idx)
+            raise disk_error(key, stored, self.node.disk.path, exc) from exc
+        except BaseException:
+            self.abort(idx)
+            raise
+        self.seal(idx, stripe)
+        return ObjectInfo(key, enc.nbytes, Level.DISK, False, True, enc.nblobs, serialize.KIND_NAMES[enc.kind],
+                          stored, 0, self.session, ctime)
+
     def reserve(self, key: str, kb: bytes, kind: int, size: int, nbytes: int, nblobs: int = 0,
-                meta: bytes | None = None) -> tuple[int, int, int, float, int]:
-        """Create an invisible ``writing`` entry with ``size`` bytes of arena.
+                meta: bytes | None = None, level: int = _MEMORY) -> tuple[int, int, int, float, int]:
+        """Create an invisible ``writing`` entry with ``size`` bytes on ``level`` (arena or disk quota).
 
         Returns:
             (entry index, arena offset, bytes taken, creation time, stripe).
@@ -201,16 +221,19 @@ class Kernel:
                     if e[L.E_STATE] == L.WRITING:
                         raise ObjectLockedError(f"{key!r} is being written by another writer", key)
                     raise ObjectExistsError(f"{key!r} already exists (delete it first, or use another key)", key)
-                rec, off, flags = self._place(key, idx, stored)
+                if level == _MEMORY:
+                    rec, off, flags = self._place(key, idx, stored)
+                else:
+                    rec, off, flags = self._reserve_disk(key, stored)
                 eoff = lay.entry(idx)
                 ctime = time.time()
                 L.ENTRY_HEAD.pack_into(buf, eoff, off, stored, nbytes, _monotonic(), ctime, h, 0,
                                        L.entry_gen(buf, eoff), 0, self.slot, rec, nblobs, len(kb), self.sid,
-                                       L.WRITING, kind, _MEMORY, flags)
+                                       L.WRITING, kind, level, flags)
                 if meta is not None:
                     L.set_entry_array(buf, eoff, meta)
                 L.set_entry_key(buf, eoff, kb)
-                L.add_stripe_stats(buf, lay.stripe_stats(stripe), _MEMORY, stored, 1)
+                L.add_stripe_stats(buf, lay.stripe_stats(stripe), level, stored, 1)
                 self._table.link(idx, b)
         except BaseException:
             cache.entries.append(idx)  # still reserved for us
@@ -236,6 +259,20 @@ class Kernel:
             f"cannot place {key!r} ({format_size(stored)}) in memory: {format_size(cap - used)} free of "
             f"{format_size(cap)}{hint} (raise capacity= / SHMSTORE_CAPACITY, or allow Level.DISK)",
             key, Level.MEMORY, stored, cap - used)
+
+    def _reserve_disk(self, key: str, stored: int) -> tuple[int, int, int]:
+        """Charge ``stored`` bytes to the DISK quota, or StorageFullError."""
+        buf, node = self._buf, self.node
+        cap = L.unpack_spill_state(buf).disk_capacity
+        with node.alloc_lock:
+            used = L.disk_reserved(buf)
+            if used + stored <= cap:
+                L.set_disk_reserved(buf, used + stored)
+                return 0, 0, 0
+        raise StorageFullError(
+            f"cannot place {key!r} ({format_size(stored)}) on disk: {format_size(cap - used)} free of "
+            f"{format_size(cap)} in {node.disk.root} (raise disk_capacity= / SHMSTORE_DISK_CAPACITY when creating "
+            f"the store, or point SHMSTORE_SPILL_DIR at a larger file system)", key, Level.DISK, stored, cap - used)
 
     def writable(self, off: int, size: int) -> np.ndarray:
         """Writable uint8 view of ``size`` arena bytes at ``off`` (for the writer only)."""
@@ -294,17 +331,29 @@ class Kernel:
         if self._closed or self._deferred or self._fork != _FORKS[0]:
             self._check()
         idx, e, array = self.lookup(key, kb, True)
-        lease = self.lease(idx, e[L.E_OFFSET], e[L.E_NBYTES], e[L.E_GEN])
+        lease = self.lease(idx, e)
         if array is not None:
             obj = np.ndarray(array[1], array[0], lease, 0, None, array[2])
         else:
             obj = serialize.decode(e[L.E_KIND], lease, e[L.E_NBYTES])
         return obj if conditions is None else apply_conditions(key, obj, conditions)
 
-    def lease(self, idx: int, off: int, n: int, gen: int) -> np.ndarray:
-        """Read-only bytes of entry ``idx`` (pinned by the caller); unpins with the last view."""
-        lease = np.ndarray.__new__(_Lease, (n,), _U8, self._ro, off)
-        lease._release = (self._release, idx, gen)
+    def lease(self, idx: int, e: tuple) -> np.ndarray:
+        """Read-only bytes of entry ``idx`` (pinned by the caller); unpins with the last view.
+
+        A DISK object is mapped from its file: a slice reads only the pages it touches.
+        """
+        n = e[L.E_NBYTES]
+        if e[L.E_LEVEL] == _MEMORY or n == 0:
+            lease = np.ndarray.__new__(_Lease, (n,), _U8, self._ro, e[L.E_OFFSET] if n else 0)
+        else:
+            try:
+                mm = self.node.disk.map(idx, e[L.E_GEN], n)
+            except OSError as exc:
+                self._release(idx, e[L.E_GEN])
+                raise SpillError(f"cannot read spilled object (entry {idx}) from {self.node.disk.path}: {exc}") from exc
+            lease = np.ndarray.__new__(_Lease, (n,), _U8, mm, 0)
+        lease._release = (self._release, idx, e[L.E_GEN])
         return lease
 
     # ---- pins -------------------------------------------------------------
@@ -382,7 +431,7 @@ class Kernel:
                     return
                 raise ObjectNotFoundError(f"no object {key!r} to delete", key)
             self._table.unlink(idx, b)
-            if self._table.pin_count(idx):
+            if self._table.pin_count(idx) or e[L.E_FLAGS] & L.FLAG_MOVING:  # the mover frees a moving one
                 self._table.mark_deleted(idx)
             else:
                 self.node.release(idx, cache=self._cache)
@@ -474,6 +523,14 @@ class Kernel:
 
     def on_detach(self, remaining: int) -> None:
         """Hook run after the slot is given back (the Store closes its mappings)."""
+
+
+def disk_error(key: str, size: int, path: str, exc: OSError) -> Exception:
+    """The error for a failed write of ``key`` to the spill directory."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFullError(f"cannot place {key!r} ({format_size(size)}) on disk: {path} is full "
+                                f"(free space there, or point SHMSTORE_SPILL_DIR elsewhere)", key, Level.DISK, size)
+    return SpillError(f"cannot write {key!r} ({format_size(size)}) to {path}: {exc.strerror or exc}", key)
 
 
 def apply_conditions(key: str, obj: Any, conditions: Any) -> Any:

@@ -278,6 +278,8 @@ class NodeStore:
         eoff = self.layout.entry(idx)
         if L.entry_state(self.meta.mm, eoff) != L.DELETED or (gen is not None and L.entry_gen(self.meta.mm, eoff) != gen):
             return False
+        if L.entry_flags(self.meta.mm, eoff) & L.FLAG_MOVING:
+            return False  # the mover frees it when it finishes
         if self.table.pin_count(idx):
             return False
         return True if self.release(idx, blocking, cache) else None

@@ -1,0 +1,74 @@
+"""Requests from clients to the spill process: make room, move an object.
+
+Each client has one request record in its CLIENT record. The client writes
+it (status ``pending``, a new sequence number) and posts the store's wake
+semaphore; the spill process serves pending records in turn and writes
+``done`` or ``failed`` with an error kind and message; the client polls its
+own record with backoff. Nobody holds a store lock while waiting, so the
+spill process can always take every lock a move needs.
+
+If the spill process dies, the waiting client restarts it (``ensure_spill``)
+and the new one serves the still-pending record.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from . import layout as L
+from .node import NodeStore
+
+__all__ = ["submit", "wait", "pending", "complete"]
+
+
+def submit(node: NodeStore, slot: int, kind: int, nbytes: int = 0, idx: int = 0, gen: int = 0,
+           level: int = 0) -> int:
+    """Post a request for client ``slot``; returns its sequence number."""
+    buf, coff = node.meta.mm, node.layout.client(slot)
+    seq = (L.unpack_request(buf, coff).seq + 1) & 0xFFFFFFFF
+    L.pack_request(buf, coff, L.Request(kind, seq, idx, gen, level, L.RS_PENDING, 0, nbytes, ""))
+    node.wake.post()
+    return seq
+
+
+def wait(node: NodeStore, slot: int, seq: int, timeout: float,
+         progress: Callable[[L.SpillState], None] | None = None) -> L.Request | None:
+    """Wait for request ``seq`` of client ``slot`` to finish; None on timeout (then it is withdrawn)."""
+    buf, coff = node.meta.mm, node.layout.client(slot)
+    deadline = time.monotonic() + timeout
+    pause, next_check = 0.0002, time.monotonic() + 0.5
+    while True:
+        r = L.unpack_request(buf, coff)
+        if r.seq != seq:
+            return None  # withdrawn or superseded
+        if r.status in (L.RS_DONE, L.RS_FAILED):
+            return r
+        now = time.monotonic()
+        if now > deadline:
+            L.pack_request(buf, coff, r._replace(kind=L.REQ_NONE, status=L.RS_IDLE))
+            return None
+        if now > next_check:  # the spill process may have died: restart it, it serves the record
+            node.ensure_spill()
+            node.wake.post()
+            next_check = now + 0.5
+        if progress is not None:
+            progress(L.unpack_spill_state(buf))
+        time.sleep(pause)
+        pause = min(pause * 2, 0.005)
+
+
+def pending(node: NodeStore) -> list[tuple[int, L.Request]]:
+    """(slot, request) of every attached client with a pending request (spill process side)."""
+    buf, lay = node.meta.mm, node.layout
+    t = L.client_table(buf, lay)
+    slots = ((t["state"] == 1) & (t["req_status"] == L.RS_PENDING)).nonzero()[0]
+    return [(int(s), L.unpack_request(buf, lay.client(int(s)))) for s in slots]
+
+
+def complete(node: NodeStore, slot: int, req: L.Request, error: int = 0, message: str = "") -> None:
+    """Finish ``req`` of client ``slot`` (unless the client withdrew it meanwhile)."""
+    buf, coff = node.meta.mm, node.layout.client(slot)
+    now = L.unpack_request(buf, coff)
+    if now.seq == req.seq and now.status == L.RS_PENDING:
+        L.pack_request(buf, coff, now._replace(status=L.RS_FAILED if error else L.RS_DONE, error=error,
+                                               message=message))

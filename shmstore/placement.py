@@ -1,0 +1,194 @@
+"""Placement policy above the kernel: priority lists of levels, waiting for room.
+
+The kernel never waits; this layer does, but only ever on the spill process
+and never while holding a store lock:
+
+- a put tries the levels of its priority list in order; when MEMORY is full
+  of spillable data it asks the spill process for ``size * 1.1`` bytes and
+  waits (``spill_timeout``), then tries again; an object larger than the
+  whole level goes to the next level at once;
+- ``get`` with levels brings the object to the first listed level first;
+- ``move`` asks the spill process to move an object and waits, reporting
+  progress.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from .config import Config
+from .errors import (InvalidArgumentError, ObjectLockedError, ObjectNotFoundError, SpillError,
+                     StorageFullError)
+from .kernel import Kernel, NodeStore, encode_key
+from .kernel import layout as L
+from .kernel import requests
+from .levels import Capacity, Level, ObjectInfo
+from .policy import spill_candidates
+from .units import format_size
+
+__all__ = ["Placement", "DEFAULT_PUT_LEVELS"]
+
+DEFAULT_PUT_LEVELS = (Level.MEMORY, Level.DISK)
+_WAKE_EVERY = 256  # small puts between two looks at the high watermark
+
+
+class Placement:
+    """Level policy for one client; owned by its Store. Thread-safe like the kernel."""
+
+    def __init__(self, kernel: Kernel, node: NodeStore, config: Config) -> None:
+        self.kernel = kernel
+        self.node = node
+        self.config = config
+        self._puts = 0
+
+    # ---- put ------------------------------------------------------------------
+    def put(self, key: str, obj: Any, order: tuple[Level, ...]) -> ObjectInfo:
+        """Place ``obj`` on the first level of ``order`` with room.
+
+        Raises:
+            StorageFullError: no level has room (the last level's error).
+            SpillError: making room failed (disk full, I/O error).
+        """
+        last: StorageFullError | None = None
+        for i, level in enumerate(order):
+            try:
+                if level == Level.MEMORY:
+                    info = self._put_memory(key, obj, waits=True)
+                    self._hint(info.stored)
+                    return info
+                return self.kernel.put(key, obj, _check_level(level))
+            except StorageFullError as exc:
+                if exc.level is None:  # the object table is full: no level helps
+                    raise
+                last = exc
+        raise last  # type: ignore[misc]
+
+    def _put_memory(self, key: str, obj: Any, waits: bool) -> ObjectInfo:
+        deadline = None
+        while True:
+            try:
+                return self.kernel.put(key, obj)
+            except StorageFullError as exc:
+                if not waits or exc.level != Level.MEMORY or exc.requested is None \
+                        or exc.requested > self.node.capacity:
+                    raise
+                if deadline is None:
+                    deadline = time.monotonic() + self.config.spill_timeout
+                self.make_room(key, exc.requested, deadline)  # raises when no room can be made
+
+    def _hint(self, nbytes: int) -> None:
+        """Wake the spill process early when a put may have crossed the high watermark."""
+        self._puts += 1
+        if nbytes < self.node.small_max and self._puts % _WAKE_EVERY:
+            return
+        high = L.unpack_spill_state(self.node.meta.mm).high
+        if self.node.used(L.LEVEL_MEMORY) > high * self.node.capacity:
+            self.node.wake.post()
+
+    def make_room(self, key: str, nbytes: int, deadline: float) -> None:
+        """Ask the spill process for about ``nbytes * 1.1`` of memory and wait for it.
+
+        Raises:
+            StorageFullError: nothing left to spill, or no answer before ``deadline``.
+            SpillError: a spill failed.
+        """
+        want = min(int(nbytes * 1.1), self.node.capacity)
+        self._request(key, L.REQ_SPACE, deadline, nbytes=want)
+
+    def _request(self, key: str, kind: int, deadline: float, progress: Callable | None = None, **args: int) -> None:
+        seq = requests.submit(self.node, self.kernel.slot, kind, **args)
+        r = requests.wait(self.node, self.kernel.slot, seq, max(0.0, deadline - time.monotonic()), progress)
+        if r is None:
+            raise StorageFullError(
+                f"gave up on {key!r} after waiting {self.config.spill_timeout:g} s for the spill process "
+                f"(raise spill_timeout= / SHMSTORE_SPILL_TIMEOUT)", key, Level.MEMORY, args.get("nbytes"))
+        if r.status == L.RS_DONE:
+            return
+        raise _request_error(key, r)
+
+    def open_writer(self, key: str, size: int, order: tuple[Level, ...], make: Callable[[int], Any]) -> Any:
+        """``make(level)`` on the first level of ``order`` with room (waiting for room like ``put``)."""
+        last: StorageFullError | None = None
+        for level in order:
+            deadline = time.monotonic() + self.config.spill_timeout
+            while True:
+                try:
+                    return make(_check_level(level))
+                except StorageFullError as exc:
+                    last = exc
+                    if exc.level != Level.MEMORY or level != Level.MEMORY or (exc.requested or 0) > self.node.capacity:
+                        break
+                    try:
+                        self.make_room(key, exc.requested, deadline)
+                    except StorageFullError as full:
+                        last = full
+                        break
+        raise last  # type: ignore[misc]
+
+    # ---- get / move -------------------------------------------------------------
+    def bring(self, key: str, order: tuple[Level, ...]) -> None:
+        """Make sure ``key`` is on one of ``order``'s levels, moving it to the first if not."""
+        kb = encode_key(key)
+        _, e, _ = self.kernel.lookup(key, kb, False)
+        if Level(e[L.E_LEVEL]) not in order:
+            self.move(key, order[0])
+
+    def move(self, key: str, level: Level, progress: Callable[[L.SpillState], None] | None = None) -> ObjectInfo:
+        """Move ``key`` to ``level`` through the spill process; waits (``spill_timeout``).
+
+        Raises:
+            ObjectNotFoundError, ObjectLockedError (pinned), StorageFullError, SpillError.
+        """
+        level = Level(_check_level(level))
+        kb = encode_key(key)
+        idx, e, _ = self.kernel.lookup(key, kb, False)
+        if e[L.E_LEVEL] != level:
+            deadline = time.monotonic() + self.config.spill_timeout
+            self._request(key, L.REQ_MOVE, deadline, progress, idx=idx, gen=e[L.E_GEN], level=int(level))
+        return self.kernel.info(key)
+
+    # ---- capacity ---------------------------------------------------------------
+    def capacity(self) -> dict[Level, Capacity]:
+        """Total, used, pinned, free, objects, spillable, spilled and restored bytes per level."""
+        k, node = self.kernel, self.node
+        k._check()
+        buf = node.meta.mm
+        t = L.entry_table(buf, node.layout)
+        pins = node.table.pin_counts()
+        s = L.unpack_spill_state(buf)
+        live = (t["state"] != L.FREE) & (t["state"] != L.RESERVED)
+        out = {}
+        for level, total in ((Level.MEMORY, node.capacity), (Level.DISK, s.disk_capacity)):
+            on = live & (t["level"] == int(level))
+            used = node.used(int(level))
+            pinned = int(t["size"][on & (pins > 0)].sum())
+            spillable = int(t["size"][spill_candidates(t, pins)].sum()) if level == Level.MEMORY else 0
+            out[level] = Capacity(total, used, pinned, total - used, int(on.sum()), spillable,
+                                  s.spilled, s.restored)
+        return out
+
+
+def _check_level(level: Any) -> int:
+    if Level(level) == Level.GPU:
+        raise InvalidArgumentError("Level.GPU is not available in this build (use Level.MEMORY or Level.DISK)")
+    return int(level)
+
+
+def _request_error(key: str, r: L.Request) -> Exception:
+    msg = f"{key!r}: {r.message}" if r.message else f"request for {key!r} failed"
+    if r.error == L.ERR_LOCKED:
+        return ObjectLockedError(msg, key)
+    if r.error == L.ERR_MISSING:
+        return ObjectNotFoundError(msg, key)
+    if r.error == L.ERR_FULL:
+        return StorageFullError(msg, key, Level.MEMORY)
+    return SpillError(msg, key)
+
+
+def spill_progress_line(s: L.SpillState) -> str:
+    """One line describing the move in progress (for the command line)."""
+    if not s.moving or not s.total:
+        return ""
+    pct = 100.0 * s.progress / s.total
+    return f"moving to {Level(s.moving_to).name.lower()}: {format_size(s.progress)} of {format_size(s.total)} ({pct:.0f}%)"
+
