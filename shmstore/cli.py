@@ -1,15 +1,19 @@
 """The ``shmstore`` command: look into and manage node stores.
 
-    shmstore [--name NAME] [--node NODE] [--session S] [--json] status | ls | info KEY | rm KEY | destroy [NAME]
+    shmstore [--name NAME] [--node NODE] [--session S] [--json]
+             status | ls | info KEY | rm KEY | move KEY memory|disk | destroy [NAME]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 from .errors import ShmStoreError
+from .levels import Level
+from .placement import spill_progress_line
 from .store import connect, destroy
 from .units import format_size
 
@@ -27,6 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("ls", help="objects of the session")
     sub.add_parser("info", help="one object").add_argument("key")
     sub.add_parser("rm", help="delete an object").add_argument("key")
+    m = sub.add_parser("move", help="move an object to another level (spill or restore), showing progress")
+    m.add_argument("key")
+    m.add_argument("level", choices=["memory", "disk"])
     d = sub.add_parser("destroy", help="remove a store's segments and spill files")
     d.add_argument("store", nargs="?", help="store name (default: --name)")
     d.add_argument("--force", action="store_true", help="even while clients are attached")
@@ -42,7 +49,13 @@ def _print_status(st: dict[str, Any]) -> None:
     print(f"store {st['name']!r} on node {st['node']!r} ({st['segments']}){' persistent' if st['persistent'] else ''}")
     for level, c in st["levels"].items():
         print(f"  {level:<7} used {format_size(c['used'])} of {format_size(c['total'])}, "
-              f"pinned {format_size(c['pinned'])}, {c['objects']} object(s)")
+              f"pinned {format_size(c['pinned'])}, spillable {format_size(c['spillable'])}, "
+              f"{c['objects']} object(s)")
+    print(f"  spilled {format_size(st['levels']['memory']['spilled'])}, restored "
+          f"{format_size(st['levels']['memory']['restored'])} so far; spill files in {st['spill_dir']}")
+    mv = st.get("moving")
+    print(f"  moving entry {mv['entry']} to {mv['to']}: {format_size(mv['done'])} of {format_size(mv['total'])}"
+          if mv else "  no move running")
     alive = sum(c["alive"] for c in st["clients"])
     print(f"  clients {alive} alive: " + ", ".join(str(c["pid"]) for c in st["clients"]))
     print(f"  spill process {st['spill']['pid']} ({'running' if st['spill']['alive'] else 'not running'})")
@@ -74,10 +87,32 @@ def _run(args: argparse.Namespace) -> int:
             info = store.get_info(args.key)
             print(json.dumps(_info_dict(info), indent=2)) if args.json else print(
                 "\n".join(f"{k}: {v}" for k, v in _info_dict(info).items()))
+        elif args.cmd == "move":
+            info = store.move(args.key, Level[args.level.upper()], progress=_Progress())
+            print(json.dumps(_info_dict(info)) if args.json else f"{args.key!r} is on {args.level}")
         elif args.cmd == "rm":
             store.delete(args.key)
             print(json.dumps({"deleted": args.key}) if args.json else f"deleted {args.key!r}")
     return 0
+
+
+class _Progress:
+    """Prints the running move's progress to stderr, at most a few times a second."""
+
+    def __init__(self) -> None:
+        self._last = 0.0
+        self._shown = False
+
+    def __call__(self, state) -> None:
+        now = time.monotonic()
+        line = spill_progress_line(state)
+        if line and now - self._last > 0.25:
+            print("\r" + line, end="", file=sys.stderr, flush=True)
+            self._last, self._shown = now, True
+
+    def __del__(self) -> None:
+        if self._shown:
+            print(file=sys.stderr)
 
 
 def _own_pid() -> int:

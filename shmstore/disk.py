@@ -131,7 +131,7 @@ class SpillDir:
     def names(self) -> list[str]:
         try:
             return os.listdir(self.path)
-        except FileNotFoundError:
+        except OSError:  # not made yet, or not a directory
             return []
 
     def remove_all(self) -> int:

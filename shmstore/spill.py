@@ -55,21 +55,30 @@ class _Spiller:
         return L.spill_pid(self.node.meta.mm) == os.getpid() and L.header_state(self.node.meta.mm) == L.STATE_READY
 
     def run(self) -> int:
-        rolled = self.mover.recover()
+        try:
+            rolled = self.mover.recover()
+        except Exception:
+            log.exception("%s: recovery of half-done moves failed", self.label)
+            rolled = 0
         if rolled:
             log.warning("%s: rolled back %d move(s) a previous spill process left half done", self.label, rolled)
         while self.owns_store():
             self.node.wake.wait(POLL)
             self._heartbeat()
-            self.serve()
-            self._janitor()
-            try:
-                self.mover.relieve(interrupt=lambda: bool(requests.pending(self.node)))
-            except MoveError as exc:
-                log.warning("%s: background spill failed: %s", self.label, exc)
+            for step in (self.serve, self._janitor, self._relieve):
+                try:
+                    step()
+                except Exception:  # keep serving the node: one bad round must not kill its janitor
+                    log.exception("%s: %s failed", self.label, step.__name__)
             if self.stopping or self._destroy_if_unused():
                 return 0
         return 0
+
+    def _relieve(self) -> None:
+        try:
+            self.mover.relieve(interrupt=lambda: bool(requests.pending(self.node)))
+        except MoveError as exc:
+            log.warning("%s: background spill failed: %s", self.label, exc)
 
     def _heartbeat(self) -> None:
         s = L.unpack_spill_state(self.node.meta.mm)
