@@ -72,27 +72,37 @@ def small_ops(store, keys, arrays) -> tuple[float, float]:
 
 
 def bench_small(n: int, repeats: int, name: str) -> dict:
+    """Small-object rates: one worker process alone, then two at once, interleaved per repeat.
+
+    The same worker script does both, so the ratio compares like with like;
+    the figures of this (benchmark) process are reported too.
+    """
     arrays = [np.full(8, i, np.float64) for i in range(n)]  # 64 bytes each
-    puts, gets, two_puts, two_gets = [], [], [], []
+    puts, gets, solo_puts, solo_gets, two_puts, two_gets = [], [], [], [], [], []
     with shmstore.connect(name, capacity="256MiB", prefault="64MiB") as store:
         store._node.wait_populated(64 * MiB)
         small_ops(store, [f"warm{i}" for i in range(2000)], arrays[:2000])
-        workers = TwoWorkers(name, n, repeats)
+        workers = Workers(name, n)
         try:
-            for r in range(repeats):  # interleaved, so that machine noise hits both alike
+            workers.run(2)  # warm-up pass: fresh processes fault their mappings in
+            for r in range(repeats):  # interleaved, so that machine noise hits all alike
                 p, g = small_ops(store, [f"k{r}-{i}" for i in range(n)], arrays)
                 puts.append(p)
                 gets.append(g)
-                p, g = workers.run_once()
+                p, g = workers.run(1)
+                solo_puts.append(p)
+                solo_gets.append(g)
+                p, g = workers.run(2)
                 two_puts.append(p)
                 two_gets.append(g)
         finally:
             workers.close()
     base = bench_small_baseline(min(n, 5000), arrays)
-    return {"n": n, "put_ops": median(puts), "get_ops": median(gets),
+    return {"n": n, "put_ops": median(solo_puts), "get_ops": median(solo_gets),
+            "inprocess_put_ops": median(puts), "inprocess_get_ops": median(gets),
             "two_proc_put_ops": median(two_puts), "two_proc_get_ops": median(two_gets),
-            "two_proc_put_ratio": median([t / o for t, o in zip(two_puts, puts)]),
-            "two_proc_get_ratio": median([t / o for t, o in zip(two_gets, gets)]),
+            "two_proc_put_ratio": median([t / o for t, o in zip(two_puts, solo_puts)]),
+            "two_proc_get_ratio": median([t / o for t, o in zip(two_gets, solo_gets)]),
             "baseline_put_ops": base[0], "baseline_get_ops": base[1]}
 
 
@@ -100,13 +110,14 @@ _WORKER = r"""
 import sys, time, numpy as np
 sys.path.insert(0, sys.argv[1])
 import shmstore
-name, tag, n, repeats = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+name, tag, n = sys.argv[2], sys.argv[3], int(sys.argv[4])
 arrays = [np.full(8, i, np.float64) for i in range(n)]
-with shmstore.connect(name) as store:
-    for r in range(repeats):
+with shmstore.connect(name, prefault=0) as store:
+    r = 0
+    print("ready", flush=True)
+    while sys.stdin.readline().strip() == "go":
         keys = [f"{tag}{r}-{i}" for i in range(n)]
-        print("ready", flush=True)
-        sys.stdin.readline()
+        r += 1
         t0 = time.perf_counter()
         for k, a in zip(keys, arrays):
             store.put(k, a)
@@ -117,27 +128,31 @@ with shmstore.connect(name) as store:
         for k in keys:
             store.delete(k)
         print(t1 - t0, t2 - t1, flush=True)
+        print("ready", flush=True)
 """
 
 
-class TwoWorkers:
-    """Two worker processes doing the same put/get passes at the same moment."""
+class Workers:
+    """Two worker processes that run put/get passes alone or at the same moment."""
 
-    def __init__(self, name: str, n: int, repeats: int) -> None:
+    def __init__(self, name: str, n: int) -> None:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         self.n = n
-        self.procs = [subprocess.Popen([sys.executable, "-c", _WORKER, root, name, tag, str(n), str(repeats)],
+        self.procs = [subprocess.Popen([sys.executable, "-c", _WORKER, root, name, tag, str(n)],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for tag in "ab"]
-
-    def run_once(self) -> tuple[float, float]:
-        """(aggregate put ops/s, aggregate get ops/s) of one pass of both."""
         for p in self.procs:
             assert p.stdout.readline().strip() == "ready"
-        for p in self.procs:
+
+    def run(self, active: int) -> tuple[float, float]:
+        """(aggregate put ops/s, aggregate get ops/s) of one pass of ``active`` workers at once."""
+        procs = self.procs[:active]
+        for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()
-        times = [tuple(map(float, p.stdout.readline().split())) for p in self.procs]
-        return 2 * self.n / max(t[0] for t in times), 2 * self.n / max(t[1] for t in times)
+        times = [tuple(map(float, p.stdout.readline().split())) for p in procs]
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        return active * self.n / max(t[0] for t in times), active * self.n / max(t[1] for t in times)
 
     def close(self) -> None:
         for p in self.procs:
@@ -268,7 +283,8 @@ def main() -> None:
     out["lock"] = r = bench_lock(args.repeats)
     print(f"lock: uncontended acquire+release {r['acquire_release_us']:.2f} us", flush=True)
     out["small"] = r = bench_small(args.small, args.repeats, name + "s")
-    print(f"small ({r['n']} x 64 B): put {r['put_ops']:,.0f}/s, get {r['get_ops']:,.0f}/s | "
+    print(f"small ({r['n']} x 64 B), one process: put {r['put_ops']:,.0f}/s, get {r['get_ops']:,.0f}/s "
+          f"(this process: {r['inprocess_put_ops']:,.0f}/s, {r['inprocess_get_ops']:,.0f}/s) | "
           f"two processes: put {r['two_proc_put_ops']:,.0f}/s ({r['two_proc_put_ratio']:.2f}x), "
           f"get {r['two_proc_get_ops']:,.0f}/s ({r['two_proc_get_ratio']:.2f}x) | "
           f"baseline shared_memory+Manager: put {r['baseline_put_ops']:,.0f}/s, get {r['baseline_get_ops']:,.0f}/s "

@@ -43,6 +43,8 @@ _DTYPES: dict[bytes, np.dtype] = {}
 _FORKS = [0]
 os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
 _MEMORY = int(Level.MEMORY)
+_ATIME_GRAIN = 0.05   # seconds
+_ARRAY_CACHE = 65536  # (dtype, shape, order) of arrays this process got recently
 _monotonic = time.monotonic
 _crc32 = zlib.crc32
 
@@ -111,6 +113,7 @@ class Kernel:
         self._plock = threading.Lock()  # guards _pins and our pin bytes between threads
         self._pins: dict[int, int] = {}  # entry index -> local pins (views, readers, explicit)
         self._explicit: dict[tuple[int, bytes], list[int]] = {}
+        self._arrays: dict[tuple[int, int], tuple] = {}
         self._deferred: list[tuple[int, int]] = []
         self._detach_when_unpinned = False
         self._fork = _FORKS[0]
@@ -314,11 +317,20 @@ class Kernel:
                     if not n:
                         self._pinrow[idx] = 1
                     self._pins[idx] = n + 1
-                L.set_entry_atime(buf, eoff, _monotonic())
+                now = _monotonic()
+                if now - e[L.E_ATIME] > _ATIME_GRAIN:  # LRU needs no finer clock than this
+                    L.set_entry_atime(buf, eoff, now)
             if e[L.E_KIND] != L.KIND_NDARRAY:
                 return idx, e, None
-            a = L.entry_array_raw(buf, eoff)
-        return idx, e, (_dtype(a[0]), a[3:3 + a[1]], "F" if a[2] else "C")
+            # objects never change once sealed: (index, generation) names this array for good
+            array = self._arrays.get((idx, e[L.E_GEN]))
+            if array is None:
+                a = L.entry_array_raw(buf, eoff)
+                array = (_dtype(a[0]), a[3:3 + a[1]], "F" if a[2] else "C")
+                if len(self._arrays) >= _ARRAY_CACHE:
+                    self._arrays.clear()
+                self._arrays[(idx, e[L.E_GEN])] = array
+        return idx, e, array
 
     def get(self, key: str, conditions: Any = None) -> Any:
         """The value of ``key``: zero-copy read-only views for arrays and bytes.
