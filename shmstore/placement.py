@@ -106,8 +106,12 @@ class Placement:
             return
         raise _request_error(key, r)
 
-    def open_writer(self, key: str, size: int, order: tuple[Level, ...], make: Callable[[int], Any]) -> Any:
-        """``make(level)`` on the first level of ``order`` with room (waiting for room like ``put``)."""
+    def place(self, key: str, order: tuple[Level, ...], make: Callable[[int], Any]) -> Any:
+        """``make(level)`` on the first level of ``order`` with room (waiting for room like ``put``).
+
+        ``make`` reserves space (a writer, an incoming transfer) and raises
+        StorageFullError when its level has none.
+        """
         last: StorageFullError | None = None
         for level in order:
             deadline = time.monotonic() + self.config.spill_timeout

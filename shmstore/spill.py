@@ -31,7 +31,7 @@ from .config import Config
 from .errors import ShmStoreError
 from .kernel import NodeStore
 from .kernel import layout as L
-from .kernel import requests
+from .kernel import migrations, requests
 from .kernel.janitor import janitor_pass, sweep_deleted
 from .mover import MoveError, Mover
 from .units import format_size
@@ -89,6 +89,7 @@ class _Spiller:
             log.warning("%s: reclaimed client pid %d (slot %d): %d unsealed/deleted object(s), %s",
                         self.label, pid, slot, dropped, format_size(freed))
         sweep_deleted(self.node)
+        migrations.clear_dead(self.node)
         if L.retired_chunks(self.node.meta.mm):
             self.node.reclaim_retired()
 

@@ -204,7 +204,7 @@ class Store:
         """
         p = self._placement_checked()
         order = parse_levels(levels, DEFAULT_PUT_LEVELS)
-        return p.open_writer(key, size, order, lambda level: Writer(self._checked(), key, size, level))
+        return p.place(key, order, lambda level: Writer(self._checked(), key, size, level))
 
     def open_reader(self, key: str) -> Reader:
         """A reader streaming the stored bytes of ``key`` (pinned while open)."""

@@ -23,6 +23,8 @@ each aligned to 64 bytes (``Layout`` computes the offsets from the header)::
     ...      nextents * 40        EXTENT records (the arena allocator)
     ...      max_clients * N      pin bytes: byte i of client c's row is 1 while c pins
                                   entry i (N = max_objects rounded up to 64)
+    ...      NMIGRATIONS * 416    MIGRATION map: transfers into this node in flight
+                                  (or just failed), one per key (under the ADMIN lock)
 
 HEADER (offset 0)::
 
@@ -74,6 +76,14 @@ the spill process)::
 
 SPILL_DIR (offset 2048, 1024 bytes): the spill directory (UTF-8, NUL padded);
 DISK objects are files ``<index>.<generation>`` in it.
+
+TRANSFER_STATS (offset 3072, under the ADMIN lock): transfers into this node,
+bytes received, bytes sent, requests that joined a transfer already in
+flight (4 x u64).
+
+MIGRATION (416 bytes): state u32 (0 free, 1 in flight, 2 failed), session
+u16, key length u16, pid i32 of the transferring process, pad, start time
+(``/proc`` ticks) u64, time f64, error message 128s, key 256s.
 
 ENTRY (object table record, ENTRY_SIZE bytes)::
 
@@ -160,7 +170,7 @@ from typing import NamedTuple
 import numpy as np
 
 MAGIC = b"SHMSTOR\0"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 HEADER_SIZE = 4096
 MAX_SESSIONS = 256
 MAX_KEY = 255
@@ -190,6 +200,12 @@ ALLOC_STATE = struct.Struct("<3QQQIiIiQ")  # see the table; fields 0-2 reserved
 BINS = struct.Struct(f"<{NBINS}i")
 BINS_OFFSET = ALLOC_OFFSET + ALLOC_STATE.size
 SPILL_OFFSET = 1024
+TRANSFER_STATS = struct.Struct("<4Q")
+TRANSFER_STATS_OFFSET = 3072
+MIGRATION = struct.Struct("<IHHi4xQd128s256s")
+MIGRATION_SIZE = 416
+NMIGRATIONS = 128
+MIG_FREE, MIG_FLIGHT, MIG_FAILED = 0, 1, 2
 SPILL_STATE = struct.Struct("<ddQQQiiQQQd")
 SPILL_DIR_OFFSET, SPILL_DIR_SIZE = 2048, 1024
 SESSION = struct.Struct("<B63s")
@@ -298,7 +314,8 @@ class Layout:
         self.entries = _align(self.buckets + self.nbuckets * 4)
         self.extents = _align(self.entries + max_objects * ENTRY_SIZE)
         self.pinmaps = _align(self.extents + self.nextents * EXTENT.size)
-        self.size = page_align(self.pinmaps + max_clients * self.pinrow)
+        self.migrations = _align(self.pinmaps + max_clients * self.pinrow)
+        self.size = page_align(self.migrations + NMIGRATIONS * MIGRATION_SIZE)
 
     @classmethod
     def from_header(cls, h: Header) -> "Layout":
@@ -412,6 +429,44 @@ def unpack_request(buf, coff: int) -> Request:
 def pack_request(buf, coff: int, r: Request) -> None:
     REQUEST.pack_into(buf, coff + REQUEST_OFFSET, r.kind, r.seq, r.idx, r.gen, r.level, r.status, r.error,
                       r.nbytes, r.message.encode()[:120])
+
+
+def unpack_transfer_stats(buf) -> tuple[int, int, int, int]:
+    """(transfers, bytes received, bytes sent, deduplicated requests) of this node."""
+    return TRANSFER_STATS.unpack_from(buf, TRANSFER_STATS_OFFSET)
+
+
+def add_transfer_stats(buf, transfers: int = 0, received: int = 0, sent: int = 0, dedup: int = 0) -> None:
+    t = TRANSFER_STATS.unpack_from(buf, TRANSFER_STATS_OFFSET)
+    TRANSFER_STATS.pack_into(buf, TRANSFER_STATS_OFFSET, t[0] + transfers, t[1] + received, t[2] + sent, t[3] + dedup)
+
+
+class Migration(NamedTuple):
+    state: int
+    session: int
+    keylen: int
+    pid: int
+    start: int
+    time: float
+    error: str
+    key: bytes
+
+
+def unpack_migration(buf, layout: "Layout", slot: int) -> Migration:
+    f = list(MIGRATION.unpack_from(buf, layout.migrations + slot * MIGRATION_SIZE))
+    f[6] = f[6].rstrip(b"\0").decode(errors="replace")
+    f[7] = f[7][: f[2]]
+    return Migration._make(f)
+
+
+def pack_migration(buf, layout: "Layout", slot: int, m: Migration) -> None:
+    MIGRATION.pack_into(buf, layout.migrations + slot * MIGRATION_SIZE, m.state, m.session, len(m.key), m.pid,
+                        m.start, m.time, m.error.encode()[:128], m.key)
+
+
+def entry_array_bytes(buf, eoff: int) -> bytes:
+    """The ENTRY_ARRAY bytes of an entry, as stored (to copy an ndarray entry elsewhere)."""
+    return bytes(buf[eoff + ENTRY_ARRAY_OFFSET: eoff + ENTRY_ARRAY_OFFSET + ENTRY_ARRAY.size])
 
 
 def header_state(buf) -> int:

@@ -1,0 +1,100 @@
+"""The node's migration map: at most one transfer of a key into this node at a time.
+
+The first process that wants a key on this node registers a transfer in the
+map (under the ADMIN lock) and does it; others that want the same key
+meanwhile find the entry, count as deduplicated, and wait for it to go
+away (then the object is here) or to turn ``failed`` (then they get its
+error). A failed entry is replaced by the next request, so a retry can
+succeed. If the transferring process dies, the first waiter to notice takes
+the entry over (and the janitor clears entries of dead processes).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from . import layout as L
+from .node import NodeStore, pid_alive, proc_start_time
+
+__all__ = ["begin", "finish", "wait", "clear_dead"]
+
+
+def _find(node: NodeStore, sid: int, key: bytes) -> tuple[int, int]:
+    """(slot holding ``key``, first free slot), -1 where none (ADMIN lock held)."""
+    found = free = -1
+    for slot in range(L.NMIGRATIONS):
+        m = L.unpack_migration(node.meta.mm, node.layout, slot)
+        if m.state == L.MIG_FREE:
+            if free < 0:
+                free = slot
+        elif m.session == sid and m.key == key:
+            found = slot
+    return found, free
+
+
+def begin(node: NodeStore, sid: int, key: bytes) -> tuple[bool, int]:
+    """Register interest in transferring ``key`` into this node.
+
+    Returns:
+        (True, slot) if the caller must do the transfer, (False, slot) if one
+        is in flight already (wait on ``slot``), (False, -1) if the map is
+        full (transfer without deduplication).
+    """
+    me = os.getpid()
+    with node.admin:
+        found, free = _find(node, sid, key)
+        if found >= 0:
+            m = L.unpack_migration(node.meta.mm, node.layout, found)
+            if m.state == L.MIG_FLIGHT and pid_alive(m.pid, m.start):
+                L.add_transfer_stats(node.meta.mm, dedup=1)
+                return False, found
+            free = found  # failed, or its process died: take it over
+        if free < 0:
+            return True, -1
+        L.pack_migration(node.meta.mm, node.layout, free, L.Migration(
+            L.MIG_FLIGHT, sid, len(key), me, proc_start_time(me) or 0, time.time(), "", key))
+        return True, free
+
+
+def finish(node: NodeStore, slot: int, error: str | None = None) -> None:
+    """End the caller's transfer: free the entry, or leave the error for the waiters."""
+    if slot < 0:
+        return
+    with node.admin:
+        m = L.unpack_migration(node.meta.mm, node.layout, slot)
+        if m.pid != os.getpid():
+            return
+        state = L.MIG_FAILED if error else L.MIG_FREE
+        L.pack_migration(node.meta.mm, node.layout, slot, m._replace(state=state, error=error or "", time=time.time()))
+
+
+def wait(node: NodeStore, slot: int, sid: int, key: bytes, timeout: float) -> str | None:
+    """Wait for the transfer in ``slot``; returns None when done, the error when it failed,
+    or ``"retry"`` when its process died (call ``begin`` again)."""
+    deadline = time.monotonic() + timeout
+    pause = 0.0005
+    while time.monotonic() < deadline:
+        with node.admin:
+            m = L.unpack_migration(node.meta.mm, node.layout, slot)
+            if m.state == L.MIG_FREE or m.session != sid or m.key != key:
+                return None
+            if m.state == L.MIG_FAILED:
+                return m.error or "transfer failed"
+            if not pid_alive(m.pid, m.start):
+                return "retry"
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
+    return f"waited {timeout:g} s for the transfer of {key.decode(errors='replace')!r} by another process"
+
+
+def clear_dead(node: NodeStore) -> int:
+    """Free the entries of processes that died mid-transfer (janitor); returns how many."""
+    n = 0
+    with node.admin:
+        for slot in range(L.NMIGRATIONS):
+            m = L.unpack_migration(node.meta.mm, node.layout, slot)
+            stale_fail = m.state == L.MIG_FAILED and time.time() - m.time > 60
+            if (m.state == L.MIG_FLIGHT and not pid_alive(m.pid, m.start)) or stale_fail:
+                L.pack_migration(node.meta.mm, node.layout, slot, m._replace(state=L.MIG_FREE))
+                n += 1
+    return n

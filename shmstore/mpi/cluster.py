@@ -1,0 +1,447 @@
+"""The Cluster: one node store per node, objects moving between nodes over MPI.
+
+Every rank attaches to its node's store. Node identity is the host (ranks
+grouped by ``MPI.Comm.Split_type(COMM_TYPE_SHARED)``), labelled by
+``SHMSTORE_NODE``, else ``PMI_HOSTNAME`` (set by MPICH's hydra, also for
+``-launcher fork -hosts n0:2,n1:2``), else the host name; ``SHMSTORE_NODE``
+also splits one host into several emulated nodes (their stores never share
+memory: the node id is part of the segment names).
+
+The lowest rank of each node (its leader) runs the node's :class:`Service`.
+Locating a key asks every node (no directory to keep in sync, so a key is
+locatable as soon as ``put`` returns); a fetch goes through the node's
+migration map, so concurrent requests for one key cause one transfer; the
+bytes go from the source's arena (or spill file) straight into the
+destination's arena as a few raw frames, whatever the number of blobs.
+
+Deadlock freedom: no rank holds a store lock while it talks MPI; a service
+never waits on another node's service (pulls run in their own thread); room
+for incoming bytes is made (the destination's spill process) before the
+source is asked for them.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+from typing import Any, Iterable
+
+import numpy as np
+from mpi4py import MPI
+
+import shmstore
+
+from .. import errors
+from ..kernel import encode_key
+from ..kernel import layout as L
+from ..kernel import migrations
+from ..levels import Level, parse_levels
+from ..placement import DEFAULT_PUT_LEVELS
+from ..store import Store
+from . import tags as T
+from .service import Service
+
+__all__ = ["Cluster"]
+
+
+def _label(kwargs: dict) -> str:
+    raw = kwargs.get("node") or os.environ.get("SHMSTORE_NODE") or os.environ.get("PMI_HOSTNAME") \
+        or socket.gethostname().split(".")[0]
+    return "".join(c if c.isalnum() or c in "_.-" else "-" for c in str(raw))[:48] or "node"
+
+
+class Cluster:
+    """This rank's view of a job-wide object store (collective to create and close).
+
+    Args:
+        comm: the communicator of the job (default ``MPI.COMM_WORLD``); the
+            cluster works on a private duplicate of it.
+        **connect_kwargs: passed to :func:`shmstore.connect` on every rank
+            (the same on all ranks: ``name``, ``capacity``, ``session``, ...).
+
+    Owns its store connection and duplicated communicator; ``close`` (also
+    collective) releases both. Thread-safe.
+
+    Raises:
+        TransferError: MPI lacks ``MPI_THREAD_MULTIPLE``.
+    """
+
+    _closed = True
+    _service: Service | None = None
+
+    def __init__(self, comm: MPI.Comm | None = None, **connect_kwargs: Any) -> None:
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise errors.TransferError("shmstore.mpi needs MPI_THREAD_MULTIPLE (set mpi4py.rc.thread_level = "
+                                       "'multiple' before importing MPI)")
+        self._comm = (comm or MPI.COMM_WORLD).Dup()
+        self.rank, self.size = self._comm.rank, self._comm.size
+        self._identify(connect_kwargs)
+        connect_kwargs = dict(connect_kwargs, node=self.node)
+        self.store: Store = shmstore.connect(**connect_kwargs)
+        self._tags = itertools.count()
+        self._tag_lock = threading.Lock()
+        self.block_size = T.DEFAULT_BLOCK
+        if self.rank == self._leaders[self.node_index]:
+            self._service = Service(self._comm, self)
+            self._service.start()
+        self._comm.Barrier()
+        self._closed = False
+
+    def _identify(self, kwargs: dict) -> None:
+        """Group ranks into nodes: same host (Split_type) and same label; name each node."""
+        mine = _label(kwargs)
+        shared = self._comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        labels = shared.allgather(mine)
+        node_comm = shared.Split(color=sorted(set(labels)).index(mine), key=self.rank)
+        leader = node_comm.allreduce(self.rank, op=MPI.MIN)
+        node_comm.Free()
+        shared.Free()
+        by_leader = dict(self._comm.allgather((leader, mine)))
+        counts = {lb: list(by_leader.values()).count(lb) for lb in by_leader.values()}
+        # two hosts with the same label (or one label on two hosts) still get distinct node ids
+        names = {ld: lb if counts[lb] == 1 else f"{lb}-{ld}" for ld, lb in by_leader.items()}
+        self._leaders = sorted(by_leader)
+        self.nodes = [names[ld] for ld in self._leaders]
+        self.node_index = self._leaders.index(leader)
+        self.node = self.nodes[self.node_index]
+
+    # ---- messaging -------------------------------------------------------------
+    def _next_tag(self) -> int:
+        with self._tag_lock:
+            return T.TAG_REPLY_MIN + next(self._tags) % (T.TAG_REPLY_MAX - T.TAG_REPLY_MIN)
+
+    def _rpc(self, node: int, kind: str, *args: Any) -> tuple[int, tuple]:
+        """Send a request to ``node``'s leader and wait for its reply; (reply tag, reply)."""
+        dest, tag = self._leaders[node], self._next_tag()
+        self._comm.send((kind, tag) + args, dest=dest, tag=T.TAG_REQUEST)
+        reply = self._comm.recv(source=dest, tag=tag)
+        if reply[0] == "error":
+            cls = getattr(errors, reply[1], errors.TransferError)
+            raise _remote_error(cls, f"node {self.nodes[node]!r}: {reply[2]}", args[0] if args else None, dest)
+        return tag, reply
+
+    def _node_index(self, node: int | str) -> int:
+        if isinstance(node, str):
+            if node not in self.nodes:
+                raise errors.InvalidArgumentError(f"no node {node!r} in this cluster (nodes: {self.nodes})")
+            return self.nodes.index(node)
+        if not 0 <= node < len(self.nodes):
+            raise errors.InvalidArgumentError(f"node index {node} out of range (0..{len(self.nodes) - 1})")
+        return int(node)
+
+    def _check(self) -> None:
+        if self._closed:
+            raise errors.StoreClosedError("cluster is closed")
+
+    # ---- objects ---------------------------------------------------------------
+    def put(self, key: str, obj: Any, levels: Iterable[Level] | Level | None = None) -> Any:
+        """Put ``obj`` in this node's store; locatable from every node when it returns."""
+        self._check()
+        return self.store.put(key, obj, levels)
+
+    def get(self, key: str, fetch: bool = True, conditions: Any = None,
+            levels: Iterable[Level] | Level | None = None) -> Any:
+        """The value of ``key``: a local hit, or (``fetch``) one deduplicated transfer into this node.
+
+        Raises:
+            ObjectNotFoundError: no node has it (or ``fetch`` is False and this node has not).
+            TransferError: the transfer failed.
+        """
+        self._check()
+        try:
+            return self.store.get(key, conditions)
+        except errors.ObjectNotFoundError:
+            if not fetch:
+                raise
+        self._fetch_one(key, None, levels, self.block_size)
+        return self.store.get(key, conditions)
+
+    def fetch(self, keys: Iterable[str] | str, levels: Iterable[Level] | Level | None = None,
+              block_size: int | None = None) -> None:
+        """Bring every key of ``keys`` into this node (those already here cost nothing).
+
+        Args:
+            levels: where the copies go (default ``[MEMORY, DISK]``).
+            block_size: bytes per MPI message of the bulk transfer.
+        """
+        self._check()
+        block = self._block(block_size)
+        for key in [keys] if isinstance(keys, str) else list(keys):
+            if key not in self.store:
+                self._fetch_one(key, None, levels, block)
+
+    def _block(self, block_size: int | None) -> int:
+        if block_size is None:
+            return self.block_size
+        if not 0 < int(block_size) <= T.MAX_BLOCK:
+            raise errors.InvalidArgumentError(f"block_size must be in 1..{T.MAX_BLOCK}, got {block_size}")
+        return int(block_size)
+
+    def _fetch_one(self, key: str, source: int | None, levels: Any, block: int) -> None:
+        """One deduplicated transfer of ``key`` into this node (see the migration map)."""
+        kb = encode_key(key)
+        node, sid = self.store._node, self.store._kernel.sid
+        for _ in range(4):
+            if key in self.store:
+                return
+            owner, slot = migrations.begin(node, sid, kb)
+            if not owner:
+                err = migrations.wait(node, slot, sid, kb, self.store.config.spill_timeout * 2)
+                if err is None or err == "retry":
+                    continue
+                raise errors.TransferError(f"transfer of {key!r} into node {self.node!r} failed: {err}", key)
+            try:
+                if key not in self.store:
+                    src = source if source is not None else self._find_source(key)
+                    self._transfer(key, src, levels, block)
+            except BaseException as exc:
+                migrations.finish(node, slot, str(exc) or type(exc).__name__)
+                raise
+            migrations.finish(node, slot)
+            return
+        if key not in self.store:
+            raise errors.TransferError(f"transfer of {key!r} into node {self.node!r} kept being interrupted", key)
+
+    def _find_source(self, key: str) -> int:
+        for i in range(len(self.nodes)):
+            if i != self.node_index and self._rpc(i, T.HAS, key)[1][1]:
+                return i
+        raise errors.ObjectNotFoundError(f"no node has {key!r} (nodes: {self.nodes})", key)
+
+    def _transfer(self, key: str, src: int, levels: Any, block: int) -> None:
+        _, reply = self._rpc(src, T.LOOKUP, key, T.INLINE_MAX)
+        if reply[0] == "missing":
+            raise errors.ObjectNotFoundError(f"{key!r} is not on node {self.nodes[src]!r} any more", key)
+        (kind, nbytes, nblobs, meta), inline, handle = reply[1], reply[2], reply[3]
+        order = parse_levels(levels, DEFAULT_PUT_LEVELS)
+        kernel = self.store._kernel
+        kb = encode_key(key)
+        try:
+            res = self.store._placement.place(
+                key, order, lambda level: (level,) + kernel.reserve(key, kb, kind, nbytes, nbytes, nblobs, meta,
+                                                                    level=level))
+        except BaseException:
+            if handle:
+                self._rpc(src, T.RELEASE, handle)
+            raise
+        level, idx, off, stored, _, stripe = res
+        try:
+            self._receive(src, level, idx, off, stored, nbytes, inline, handle, block)
+        except BaseException:
+            kernel.abort(idx)
+            raise
+        kernel.seal(idx, stripe)
+        with self.store._node.admin:
+            L.add_transfer_stats(self.store._node.meta.mm, transfers=1, received=nbytes)
+
+    def _receive(self, src: int, level: int, idx: int, off: int, stored: int, nbytes: int,
+                 inline: bytes | None, handle: int, block: int) -> None:
+        kernel = self.store._kernel
+        if level == L.LEVEL_MEMORY:
+            kernel.node.ensure_populated(off, nbytes, "incoming transfer")
+            dst = kernel.writable(off, nbytes)
+        else:
+            dst = np.empty(nbytes, np.uint8)  # staged: MPI receives into memory
+        if inline is not None:
+            dst[:] = np.frombuffer(inline, np.uint8)
+        elif nbytes:
+            tag, ack = self._rpc(src, T.DATA, handle, block)
+            for pos in range(0, nbytes, block):
+                self._comm.Recv([dst[pos: pos + block], MPI.BYTE], source=self._leaders[src], tag=tag)
+        if level != L.LEVEL_MEMORY:
+            gen = L.entry_gen(kernel._buf, kernel._lay.entry(idx))
+            kernel.node.disk.write(idx, gen, [(0, memoryview(dst))], stored)
+
+    def migrate(self, key: str, node: int | str, keep_source: bool = False) -> None:
+        """Move (or with ``keep_source`` copy) ``key`` to ``node``; the copy keeps its key.
+
+        Raises:
+            ObjectNotFoundError: no node has it. TransferError: the transfer failed.
+        """
+        self._check()
+        dest = self._node_index(node)
+        holders = [self._node_index(n) for n in self.locate(key)]
+        if not holders:
+            raise errors.ObjectNotFoundError(f"no node has {key!r}", key)
+        if dest not in holders:
+            src = holders[0]
+            if dest == self.node_index:
+                self._fetch_one(key, src, None, self.block_size)
+            else:
+                self._rpc(dest, T.PULL, key, src, self.block_size)
+        if not keep_source:
+            for n in holders:
+                if n != dest:
+                    self._delete_on(n, key)
+
+    def locate(self, key: str) -> list[str]:
+        """Nodes holding a copy of ``key`` (asks every node)."""
+        self._check()
+        encode_key(key)
+        found = []
+        for i, name in enumerate(self.nodes):
+            has = (key in self.store) if i == self.node_index else self._rpc(i, T.HAS, key)[1][1]
+            if has:
+                found.append(name)
+        return found
+
+    def delete(self, key: str) -> int:
+        """Delete every copy of ``key``; returns how many there were."""
+        self._check()
+        return sum(self._delete_on(i, key) for i in range(len(self.nodes)))
+
+    def _delete_on(self, node: int, key: str) -> bool:
+        if node == self.node_index:
+            try:
+                self.store.delete(key)
+                return True
+            except errors.ObjectNotFoundError:
+                return False
+        return bool(self._rpc(node, T.DELETE, key)[1][1])
+
+    def open_reader(self, key: str, node: int | str | None = None) -> Any:
+        """A reader of ``key`` on ``node`` (default: this node if it has it, else the first that has),
+        streaming it without copying it whole."""
+        self._check()
+        if node is None:
+            node = self.node if key in self.store else (self.locate(key) or [self.node])[0]
+        n = self._node_index(node)
+        if n == self.node_index:
+            return self.store.open_reader(key)
+        return RemoteReader(self, n, key)
+
+    def open_writer(self, key: str, size: int, node: int | str | None = None) -> Any:
+        """A writer of a new raw object ``key`` of ``size`` bytes on ``node`` (default: this node)."""
+        self._check()
+        n = self.node_index if node is None else self._node_index(node)
+        if n == self.node_index:
+            return self.store.open_writer(key, size)
+        return RemoteWriter(self, n, key, size)
+
+    def stats(self) -> dict[str, int]:
+        """Node-wide counters: transfers into this node, bytes received and sent, deduplicated requests."""
+        t = L.unpack_transfer_stats(self.store._node.meta.mm)
+        return {"transfers": t[0], "bytes_received": t[1], "bytes_sent": t[2], "migrations_deduplicated": t[3]}
+
+    # ---- lifecycle -------------------------------------------------------------
+    def close(self) -> None:
+        """Collective: stop this node's service, free the communicator, close the store; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._comm.Barrier()  # nobody sends requests any more
+        if self._service is not None:
+            self._service.close()
+        self._comm.Barrier()
+        self._comm.Free()
+        self.store.close()
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<shmstore.mpi.Cluster rank {self.rank}/{self.size} node {self.node!r} of {self.nodes}>"
+
+
+def _remote_error(cls: type, message: str, key: Any, peer: int) -> Exception:
+    if issubclass(cls, errors.TransferError):
+        return cls(message, key if isinstance(key, str) else None, peer)
+    try:
+        return cls(message, key) if isinstance(key, str) and cls in _KEYED else cls(message)
+    except TypeError:
+        return errors.TransferError(message, None, peer)
+
+
+_KEYED = (errors.ObjectNotFoundError, errors.ObjectExistsError, errors.ObjectLockedError, errors.SpillError)
+
+
+class RemoteReader:
+    """Streams an object from another node, one request per read (nothing copied whole).
+
+    Not thread-safe.
+    """
+
+    def __init__(self, cluster: Cluster, node: int, key: str) -> None:
+        self._cluster, self._node, self.key = cluster, node, key
+        _, reply = cluster._rpc(node, T.READ, key, 0, 0)
+        self.size = reply[1]
+        self._pos = 0
+        self.closed = False
+
+    def read(self, n: int = -1) -> bytes:
+        if self.closed:
+            raise errors.StoreClosedError(f"reader of {self.key!r} is closed")
+        n = self.size - self._pos if n is None or n < 0 else min(n, self.size - self._pos)
+        if n <= 0:
+            return b""
+        data = self._cluster._rpc(self._node, T.READ, self.key, self._pos, n)[1][2]
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buf: Any) -> int:
+        mv = memoryview(buf).cast("B")
+        data = self.read(len(mv))
+        mv[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self) -> "RemoteReader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class RemoteWriter:
+    """Writes a new raw object on another node, one request per write; sealed on close.
+
+    Not thread-safe.
+    """
+
+    CHUNK = 16 << 20
+
+    def __init__(self, cluster: Cluster, node: int, key: str, size: int) -> None:
+        self._cluster, self._node, self.key, self.size = cluster, node, key, size
+        self._handle = cluster._rpc(node, T.WOPEN, key, size)[1][1]
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        if self.closed:
+            raise errors.StoreClosedError(f"writer of {self.key!r} is closed")
+        mv = memoryview(data).cast("B")
+        for pos in range(0, len(mv), self.CHUNK):
+            self._cluster._rpc(self._node, T.WRITE, self._handle, bytes(mv[pos: pos + self.CHUNK]))
+        return len(mv)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._cluster._rpc(self._node, T.WCLOSE, self._handle, False)
+
+    def abort(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._cluster._rpc(self._node, T.WCLOSE, self._handle, True)
+
+    def __enter__(self) -> "RemoteWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
