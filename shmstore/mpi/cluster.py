@@ -190,13 +190,13 @@ class Cluster:
                 err = migrations.wait(node, slot, sid, kb, self.store.config.spill_timeout * 2)
                 if err is None or err == "retry":
                     continue
-                raise errors.TransferError(f"transfer of {key!r} into node {self.node!r} failed: {err}", key)
+                raise _shared_error(key, self.node, err)  # the error of the transfer we waited for
             try:
                 if key not in self.store:
                     src = source if source is not None else self._find_source(key)
                     self._transfer(key, src, levels, block)
             except BaseException as exc:
-                migrations.finish(node, slot, str(exc) or type(exc).__name__)
+                migrations.finish(node, slot, f"{type(exc).__name__}:{exc}")
                 raise
             migrations.finish(node, slot)
             return
@@ -354,6 +354,14 @@ def _remote_error(cls: type, message: str, key: Any, peer: int) -> Exception:
         return cls(message, key) if isinstance(key, str) and cls in _KEYED else cls(message)
     except TypeError:
         return errors.TransferError(message, None, peer)
+
+
+def _shared_error(key: str, node: str, err: str) -> Exception:
+    name, _, msg = err.partition(":")
+    cls = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, errors.ObjectNotFoundError):
+        return cls(msg, key)
+    return errors.TransferError(f"transfer of {key!r} into node {node!r} failed: {msg or err}", key)
 
 
 _KEYED = (errors.ObjectNotFoundError, errors.ObjectExistsError, errors.ObjectLockedError, errors.SpillError)

@@ -1,0 +1,41 @@
+"""MPI tests: run on one rank by plain pytest, on 4 ranks / 2 nodes by mpi/run-tests.sh.
+
+Every rank runs every test in the same order, so collectives line up. The
+shared-memory leak check of tests/conftest.py is replaced here (other ranks
+create and remove segments concurrently); the launcher test checks that an
+MPI job leaves nothing behind.
+"""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+mpi4py = pytest.importorskip("mpi4py")
+from mpi4py import MPI  # noqa: E402
+
+from shmstore.mpi import Cluster  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    yield
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    name = MPI.COMM_WORLD.bcast("m" + uuid.uuid4().hex[:10] if MPI.COMM_WORLD.rank == 0 else None)
+    with Cluster(name=name, capacity="256MiB", prefault="64MiB") as c:
+        yield c
+
+
+@pytest.fixture
+def comm(cluster):
+    """The cluster's private communicator (for test-side barriers)."""
+    return cluster._comm
+
+
+@pytest.fixture
+def key(comm):
+    """A fresh key, the same on every rank."""
+    return comm.bcast("k" + uuid.uuid4().hex[:10] if comm.rank == 0 else None)
