@@ -14,7 +14,7 @@ from .errors import InvalidArgumentError, ShmStoreError, StoreClosedError, Store
 from .kernel import Kernel, NodeStore
 from .kernel import layout as L
 from .kernel.node import pid_alive, reap_children, store_prefix
-from .kernel.segment import list_segments, unlink_segment
+from .kernel.segment import list_segments, unlink_segment, unlink_semaphore
 from .levels import Capacity, Level, ObjectInfo, parse_levels
 from .placement import DEFAULT_PUT_LEVELS, Placement
 from .streams import Reader, Writer
@@ -308,7 +308,8 @@ def destroy(name: str | None = None, force: bool = False, node: str | None = Non
     try:
         ns = NodeStore.open(cfg, create=False)
     except (FileNotFoundError, ShmStoreError, PermissionError, BlockingIOError):
-        return any([unlink_segment(n) for n in list_segments(prefix + "-")])
+        leftovers = [unlink_segment(n) for n in list_segments(prefix + "-")]
+        return any(leftovers + [unlink_semaphore(prefix + "-wake")])
     try:
         with ns.admin:
             live = [pid for _, pid, start in ns.clients() if pid_alive(pid, start)]

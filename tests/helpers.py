@@ -27,7 +27,9 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: flo
 
 
 def shm_segments(prefix: str = "shmstore-") -> list[str]:
-    return sorted(e for e in os.listdir("/dev/shm") if e.startswith(prefix + str(os.getuid())))
+    """This user's shmstore segments and semaphores in /dev/shm."""
+    mine = (prefix + str(os.getuid()), "sem." + prefix + str(os.getuid()))
+    return sorted(e for e in os.listdir("/dev/shm") if e.startswith(mine))
 
 
 def children() -> list[int]:

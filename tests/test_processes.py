@@ -198,7 +198,7 @@ s.close()
 
 def test_segments_are_owner_only_and_named_for_user_store_node(store):
     segs = [s for s in shm_segments() if store.name in s]
-    assert len(segs) == 2
+    assert len(segs) == 3  # metadata, arena, wake-up semaphore
     for seg in segs:
         assert f"-{os.getuid()}-{store.name}-{store.node}-" in seg
         assert os.stat("/dev/shm/" + seg).st_mode & 0o777 == 0o600

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Run the MPI tests for real: 4 ranks on two emulated nodes, n0 and n1.
+#
+# MPICH's hydra with the fork launcher and fake host names runs every rank on
+# this machine but tells each one its host (PMI_HOSTNAME), so MPI and shmstore
+# both see two nodes. `python -m mpi4py` makes an uncaught exception on one
+# rank abort the whole job instead of hanging it.
+#
+#   NP=8 HOSTS=n0:4,n1:4 mpi/run-tests.sh -k migrate     # more ranks, a subset
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NP=${NP:-4}
+HOSTS=${HOSTS:-n0:2,n1:2}
+exec mpiexec -launcher fork -hosts "$HOSTS" -n "$NP" \
+    python -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi "$@"
