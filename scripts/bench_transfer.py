@@ -82,7 +82,7 @@ def timed_fetches(cluster: Cluster, key: str, dest: int, repeats: int, n_obj: in
         quiet_barrier(cluster._comm)
         if cluster.rank == dest:
             t = time.perf_counter()
-            cluster.fetch(key)
+            cluster.fetch(key, block_size=cluster.block_size)
             times.append(time.perf_counter() - t)
             cluster.store.delete(key)
     return times
@@ -92,6 +92,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--big-mib", type=int, default=1024)
+    ap.add_argument("--block-mib", type=int, default=0, help="bytes per MPI frame (default: the cluster's)")
     ap.add_argument("--json")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
@@ -102,6 +103,8 @@ def main() -> None:
         if len(cluster.nodes) < 2:
             raise SystemExit("bench_transfer needs two nodes: see the usage line")
         src, dest = cluster._leaders[0], cluster._leaders[1]
+        if args.block_mib:
+            cluster.block_size = args.block_mib * MiB
         out = {"ranks": comm.size, "nodes": cluster.nodes}
         if cluster.rank in (src, dest):
             cluster.store._node.wait_populated(cap, timeout=300)

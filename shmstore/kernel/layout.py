@@ -464,6 +464,21 @@ def pack_migration(buf, layout: "Layout", slot: int, m: Migration) -> None:
                         m.start, m.time, m.error.encode()[:128], m.key)
 
 
+MIGRATION_DTYPE = np.dtype({"names": ["state", "session", "keylen", "pid", "start", "time"],
+                            "formats": ["<u4", "<u2", "<u2", "<i4", "<u8", "<f8"],
+                            "offsets": [0, 4, 6, 8, 16, 24], "itemsize": MIGRATION_SIZE})
+_MIGRATION_KEY_OFFSET = MIGRATION.size - 256
+
+
+def migration_table(buf, layout: "Layout") -> np.ndarray:
+    return np.ndarray((NMIGRATIONS,), MIGRATION_DTYPE, buffer=buf, offset=layout.migrations)
+
+
+def migration_key(buf, layout: "Layout", slot: int, keylen: int) -> bytes:
+    off = layout.migrations + slot * MIGRATION_SIZE + _MIGRATION_KEY_OFFSET
+    return bytes(buf[off: off + keylen])
+
+
 def entry_array_bytes(buf, eoff: int) -> bytes:
     """The ENTRY_ARRAY bytes of an entry, as stored (to copy an ndarray entry elsewhere)."""
     return bytes(buf[eoff + ENTRY_ARRAY_OFFSET: eoff + ENTRY_ARRAY_OFFSET + ENTRY_ARRAY.size])

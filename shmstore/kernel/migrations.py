@@ -13,23 +13,35 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
+
 from . import layout as L
 from .node import NodeStore, pid_alive, proc_start_time
 
 __all__ = ["begin", "finish", "wait", "clear_dead"]
 
 
+_ME = os.getpid()
+_MY_START = proc_start_time(_ME) or 0
+
+
 def _find(node: NodeStore, sid: int, key: bytes) -> tuple[int, int]:
     """(slot holding ``key``, first free slot), -1 where none (ADMIN lock held)."""
-    found = free = -1
-    for slot in range(L.NMIGRATIONS):
-        m = L.unpack_migration(node.meta.mm, node.layout, slot)
-        if m.state == L.MIG_FREE:
-            if free < 0:
-                free = slot
-        elif m.session == sid and m.key == key:
-            found = slot
-    return found, free
+    buf, lay = node.meta.mm, node.layout
+    t = L.migration_table(buf, lay)
+    used = t["state"] != L.MIG_FREE
+    free = int(np.argmin(used)) if not used.all() else -1
+    for slot in np.flatnonzero(used & (t["session"] == sid) & (t["keylen"] == len(key))):
+        if L.migration_key(buf, lay, int(slot), len(key)) == key:
+            return int(slot), free
+    return -1, free
+
+
+def _identity() -> tuple[int, int]:
+    global _ME, _MY_START
+    if os.getpid() != _ME:  # forked
+        _ME, _MY_START = os.getpid(), proc_start_time(os.getpid()) or 0
+    return _ME, _MY_START
 
 
 def begin(node: NodeStore, sid: int, key: bytes) -> tuple[bool, int]:
@@ -40,7 +52,7 @@ def begin(node: NodeStore, sid: int, key: bytes) -> tuple[bool, int]:
         is in flight already (wait on ``slot``), (False, -1) if the map is
         full (transfer without deduplication).
     """
-    me = os.getpid()
+    me, start = _identity()
     with node.admin:
         found, free = _find(node, sid, key)
         if found >= 0:
@@ -52,7 +64,7 @@ def begin(node: NodeStore, sid: int, key: bytes) -> tuple[bool, int]:
         if free < 0:
             return True, -1
         L.pack_migration(node.meta.mm, node.layout, free, L.Migration(
-            L.MIG_FLIGHT, sid, len(key), me, proc_start_time(me) or 0, time.time(), "", key))
+            L.MIG_FLIGHT, sid, len(key), me, start, time.time(), "", key))
         return True, free
 
 

@@ -193,8 +193,7 @@ class Cluster:
                 raise _shared_error(key, self.node, err)  # the error of the transfer we waited for
             try:
                 if key not in self.store:
-                    src = source if source is not None else self._find_source(key)
-                    self._transfer(key, src, levels, block)
+                    self._transfer_from_any(key, source, levels, block)
             except BaseException as exc:
                 migrations.finish(node, slot, f"{type(exc).__name__}:{exc}")
                 raise
@@ -203,16 +202,16 @@ class Cluster:
         if key not in self.store:
             raise errors.TransferError(f"transfer of {key!r} into node {self.node!r} kept being interrupted", key)
 
-    def _find_source(self, key: str) -> int:
-        for i in range(len(self.nodes)):
-            if i != self.node_index and self._rpc(i, T.HAS, key)[1][1]:
-                return i
+    def _transfer_from_any(self, key: str, source: int | None, levels: Any, block: int) -> None:
+        """Ask ``source`` (else each other node in turn) for ``key``; transfer it from the first that has it."""
+        candidates = [source] if source is not None else [i for i in range(len(self.nodes)) if i != self.node_index]
+        for src in candidates:
+            _, reply = self._rpc(src, T.LOOKUP, key, T.INLINE_MAX)  # pins it there if found
+            if reply[0] != "missing":
+                return self._transfer(key, src, reply, levels, block)
         raise errors.ObjectNotFoundError(f"no node has {key!r} (nodes: {self.nodes})", key)
 
-    def _transfer(self, key: str, src: int, levels: Any, block: int) -> None:
-        _, reply = self._rpc(src, T.LOOKUP, key, T.INLINE_MAX)
-        if reply[0] == "missing":
-            raise errors.ObjectNotFoundError(f"{key!r} is not on node {self.nodes[src]!r} any more", key)
+    def _transfer(self, key: str, src: int, reply: tuple, levels: Any, block: int) -> None:
         (kind, nbytes, nblobs, meta), inline, handle = reply[1], reply[2], reply[3]
         order = parse_levels(levels, DEFAULT_PUT_LEVELS)
         kernel = self.store._kernel

@@ -2,7 +2,8 @@
 
 One per node, run as a daemon thread by the node's leader rank, on the
 cluster's private communicator. It probes for requests with exponential
-back-off (20 us up to 2 ms), so an idle node costs next to no CPU, instead
+back-off (every 50 us while requests keep coming, every 2 ms after half a
+second without one), so an idle node costs next to no CPU, instead
 of spinning in a blocking receive (MPICH busy-polls, and a spinning thread
 would steal a core from every rank of the node).
 
@@ -31,6 +32,9 @@ __all__ = ["Service", "HANDLE_TTL"]
 
 HANDLE_TTL = 120.0
 _NO_REPLY = object()
+_BUSY_PAUSE = 50e-6   # probe interval while requests came in recently
+_IDLE_PAUSE = 2e-3    # probe interval of an idle node
+_IDLE_AFTER = 0.5     # seconds without a request before backing off to _IDLE_PAUSE
 
 
 class Service:
@@ -69,15 +73,15 @@ class Service:
     # ---- loop ------------------------------------------------------------------
     def _loop(self) -> None:
         status = MPI.Status()
-        pause = 0.0
+        last = time.monotonic()
         while not self._stop.is_set():
             if not self.comm.iprobe(MPI.ANY_SOURCE, T.TAG_REQUEST, status):
-                if pause:
-                    time.sleep(pause)
-                pause = min(max(pause * 2, 20e-6), 2e-3)
-                self._expire()
+                idle = time.monotonic() - last
+                time.sleep(_BUSY_PAUSE if idle < _IDLE_AFTER else _IDLE_PAUSE)
+                if idle > 1.0:
+                    self._expire()
                 continue
-            pause = 0.0
+            last = time.monotonic()
             src = status.Get_source()
             msg = self.comm.recv(source=src, tag=T.TAG_REQUEST)
             kind, reply_tag, args = msg[0], msg[1], msg[2:]
