@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NP=${NP:-4}
+export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-400}  # hydra kills the job after this many seconds
 HOSTS=${HOSTS:-n0:2,n1:2}
 exec mpiexec -launcher fork -hosts "$HOSTS" -n "$NP" \
     python -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi "$@"

@@ -10,7 +10,7 @@ import time
 from typing import Any, Iterable
 
 from .config import Config
-from .errors import InvalidArgumentError, ShmStoreError, StoreClosedError, StoreInUseError
+from .errors import ShmStoreError, StoreClosedError, StoreInUseError
 from .kernel import Kernel, NodeStore
 from .kernel import layout as L
 from .kernel.node import pid_alive, reap_children, store_prefix
@@ -212,7 +212,7 @@ class Store:
 
     def status(self) -> dict[str, Any]:
         """A snapshot of the whole node store: capacity per level, clients, spill process."""
-        k = self._checked()
+        self._checked()
         node = self._node
         spill = node.spill_pid()
         return {

@@ -15,7 +15,8 @@ import numpy as np
 
 from .errors import InvalidArgumentError, StoreClosedError
 from .kernel import layout as L
-from .kernel.kernel import Kernel, disk_error, encode_key
+from .kernel.kernel import Kernel, encode_key
+from .kernel.writing import disk_error
 from .serialize import as_u8
 from .units import format_size
 

@@ -41,6 +41,7 @@ from ..placement import DEFAULT_PUT_LEVELS
 from ..store import Store
 from . import tags as T
 from .service import Service
+from .streams import RemoteReader, RemoteWriter
 
 __all__ = ["Cluster"]
 
@@ -364,91 +365,3 @@ def _shared_error(key: str, node: str, err: str) -> Exception:
 
 
 _KEYED = (errors.ObjectNotFoundError, errors.ObjectExistsError, errors.ObjectLockedError, errors.SpillError)
-
-
-class RemoteReader:
-    """Streams an object from another node, one request per read (nothing copied whole).
-
-    Not thread-safe.
-    """
-
-    def __init__(self, cluster: Cluster, node: int, key: str) -> None:
-        self._cluster, self._node, self.key = cluster, node, key
-        _, reply = cluster._rpc(node, T.READ, key, 0, 0)
-        self.size = reply[1]
-        self._pos = 0
-        self.closed = False
-
-    def read(self, n: int = -1) -> bytes:
-        if self.closed:
-            raise errors.StoreClosedError(f"reader of {self.key!r} is closed")
-        n = self.size - self._pos if n is None or n < 0 else min(n, self.size - self._pos)
-        if n <= 0:
-            return b""
-        data = self._cluster._rpc(self._node, T.READ, self.key, self._pos, n)[1][2]
-        self._pos += len(data)
-        return data
-
-    def readinto(self, buf: Any) -> int:
-        mv = memoryview(buf).cast("B")
-        data = self.read(len(mv))
-        mv[: len(data)] = data
-        return len(data)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self.size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def close(self) -> None:
-        self.closed = True
-
-    def __enter__(self) -> "RemoteReader":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-class RemoteWriter:
-    """Writes a new raw object on another node, one request per write; sealed on close.
-
-    Not thread-safe.
-    """
-
-    CHUNK = 16 << 20
-
-    def __init__(self, cluster: Cluster, node: int, key: str, size: int) -> None:
-        self._cluster, self._node, self.key, self.size = cluster, node, key, size
-        self._handle = cluster._rpc(node, T.WOPEN, key, size)[1][1]
-        self.closed = False
-
-    def write(self, data: Any) -> int:
-        if self.closed:
-            raise errors.StoreClosedError(f"writer of {self.key!r} is closed")
-        mv = memoryview(data).cast("B")
-        for pos in range(0, len(mv), self.CHUNK):
-            self._cluster._rpc(self._node, T.WRITE, self._handle, bytes(mv[pos: pos + self.CHUNK]))
-        return len(mv)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._cluster._rpc(self._node, T.WCLOSE, self._handle, False)
-
-    def abort(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._cluster._rpc(self._node, T.WCLOSE, self._handle, True)
-
-    def __enter__(self) -> "RemoteWriter":
-        return self
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

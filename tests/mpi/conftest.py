@@ -22,6 +22,18 @@ def no_leaks():
     yield
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failure on one rank would leave the others waiting in a collective: abort the job."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and MPI.COMM_WORLD.size > 1:
+        import sys
+        print(f"\nrank {MPI.COMM_WORLD.rank}: {item.nodeid} failed:\n{report.longreprtext}", file=sys.stderr,
+              flush=True)
+        MPI.COMM_WORLD.Abort(1)
+
+
 @pytest.fixture(scope="module")
 def cluster():
     name = MPI.COMM_WORLD.bcast("m" + uuid.uuid4().hex[:10] if MPI.COMM_WORLD.rank == 0 else None)

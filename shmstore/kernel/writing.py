@@ -1,0 +1,180 @@
+"""Putting objects: reserve an invisible entry, copy outside any lock, seal.
+
+A put first reserves its entry in state ``writing`` (invisible to get, and
+owned by this client's slot) with its space - a cut of this client's chunk
+for a small object, an extent of its own for a large one, or DISK quota -
+then copies with no lock held, then seals under the stripe lock. A writer
+that dies leaves a ``writing`` entry that the janitor drops; one that fails
+drops it itself.
+"""
+from __future__ import annotations
+
+import errno
+import time
+import zlib
+from typing import Any
+
+import numpy as np
+
+from .. import serialize
+from ..errors import InvalidArgumentError, ObjectExistsError, ObjectLockedError, SpillError, StorageFullError
+from ..levels import Level, ObjectInfo
+from ..units import format_size
+from . import layout as L
+
+__all__ = ["Writing", "disk_error"]
+
+_U8 = np.dtype(np.uint8)
+_MEMORY = int(Level.MEMORY)
+_monotonic = time.monotonic
+_crc32 = zlib.crc32
+
+
+class Writing:
+    """The put side of :class:`~shmstore.kernel.Kernel` (a mixin: it uses the kernel's state)."""
+
+    def put(self, key: str, obj: Any, level: Level = Level.MEMORY) -> ObjectInfo:
+        """Store ``obj`` under ``key`` on ``level`` (MEMORY here).
+
+        Raises:
+            ObjectExistsError: the key is present. ObjectLockedError: it is being written.
+            StorageFullError: no room on the level, at once.
+            SerializationError, InvalidKeyError: bad input; nothing changes.
+        """
+        kb = self._begin(key)  # type: ignore[attr-defined]
+        if level != _MEMORY:
+            return self._put_disk(key, kb, obj, level)
+        enc = serialize.encode(obj)
+        idx, off, stored, ctime, stripe = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta)
+        try:
+            if off + enc.size > self.node.populated:
+                self.node.ensure_populated(off, enc.size, key)
+            serialize.write(enc, self._arena, off)
+        except BaseException:
+            self.abort(idx)
+            raise
+        self.seal(idx, stripe)
+        return ObjectInfo(key, enc.nbytes, Level.MEMORY, False, True, enc.nblobs, serialize.KIND_NAMES[enc.kind],
+                          stored, 0, self.session, ctime)
+
+    def _put_disk(self, key: str, kb: bytes, obj: Any, level: int) -> ObjectInfo:
+        if level != L.LEVEL_DISK:
+            raise InvalidArgumentError(f"cannot place {key!r} on {Level(level).name}: this build keeps objects in "
+                                       f"memory and on disk (use Level.MEMORY or Level.DISK)")
+        enc = serialize.encode(obj)
+        idx, _, stored, ctime, stripe = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta,
+                                                     level=L.LEVEL_DISK)
+        try:
+            self.node.disk.write(idx, L.entry_gen(self._buf, self._lay.entry(idx)), serialize.parts(enc), stored)
+        except OSError as exc:
+            self.abort(idx)
+            raise disk_error(key, stored, self.node.disk.path, exc) from exc
+        except BaseException:
+            self.abort(idx)
+            raise
+        self.seal(idx, stripe)
+        return ObjectInfo(key, enc.nbytes, Level.DISK, False, True, enc.nblobs, serialize.KIND_NAMES[enc.kind],
+                          stored, 0, self.session, ctime)
+
+    def reserve(self, key: str, kb: bytes, kind: int, size: int, nbytes: int, nblobs: int = 0,
+                meta: bytes | None = None, level: int = _MEMORY) -> tuple[int, int, int, float, int]:
+        """Create an invisible ``writing`` entry with ``size`` bytes on ``level`` (arena or disk quota).
+
+        Returns:
+            (entry index, arena offset, bytes taken, creation time, stripe).
+
+        Raises:
+            ObjectExistsError, ObjectLockedError, StorageFullError, InvalidArgumentError.
+        """
+        if size < 0:
+            raise InvalidArgumentError(f"size of {key!r} must not be negative, got {size}")
+        buf, lay, cache = self._buf, self._lay, self._cache
+        stored = L.align(max(size, 1))  # extents are exact multiples of the alignment
+        idx = cache.take_entry(key)
+        h = _crc32(kb, self.sid)
+        b = h & self._bmask
+        stripe = b & self._smask
+        try:
+            with self._stripes[stripe]:
+                _, _, e = L.find_entry(buf, lay, b, h, self.sid, kb)
+                if e is not None:
+                    if e[L.E_STATE] == L.WRITING:
+                        raise ObjectLockedError(f"{key!r} is being written by another writer", key)
+                    raise ObjectExistsError(f"{key!r} already exists (delete it first, or use another key)", key)
+                if level == _MEMORY:
+                    rec, off, flags = self._place(key, idx, stored)
+                else:
+                    rec, off, flags = self._reserve_disk(key, stored)
+                eoff = lay.entry(idx)
+                ctime = time.time()
+                L.ENTRY_HEAD.pack_into(buf, eoff, off, stored, nbytes, _monotonic(), ctime, h, 0,
+                                       L.entry_gen(buf, eoff), 0, self.slot, rec, nblobs, len(kb), self.sid,
+                                       L.WRITING, kind, level, flags)
+                if meta is not None:
+                    L.set_entry_array(buf, eoff, meta)
+                L.set_entry_key(buf, eoff, kb)
+                L.add_stripe_stats(buf, lay.stripe_stats(stripe), level, stored, 1)
+                self._table.link(idx, b)
+        except BaseException:
+            cache.entries.append(idx)  # still reserved for us
+            raise
+        return idx, off, stored, ctime, stripe
+
+    def _place(self, key: str, idx: int, stored: int) -> tuple[int, int, int]:
+        """(extent record, offset, entry flags) for ``stored`` bytes, or StorageFullError."""
+        if stored <= self._cache.small_max:
+            rec, off = self._cache.carve(stored)
+            if rec:
+                return rec, off, L.FLAG_IN_CHUNK
+        node = self.node
+        with node.alloc_lock:
+            rec, off = node.alloc.alloc(stored, idx + 1)
+            if not rec and node.reclaim_retired_locked():
+                rec, off = node.alloc.alloc(stored, idx + 1)
+        if rec:
+            return rec, off, 0
+        used, cap = node.used(_MEMORY), node.capacity
+        hint = "" if cap - used < stored else ", in pieces too small"
+        raise StorageFullError(
+            f"cannot place {key!r} ({format_size(stored)}) in memory: {format_size(cap - used)} free of "
+            f"{format_size(cap)}{hint} (raise capacity= / SHMSTORE_CAPACITY, or allow Level.DISK)",
+            key, Level.MEMORY, stored, cap - used)
+
+    def _reserve_disk(self, key: str, stored: int) -> tuple[int, int, int]:
+        """Charge ``stored`` bytes to the DISK quota, or StorageFullError."""
+        buf, node = self._buf, self.node
+        cap = L.unpack_spill_state(buf).disk_capacity
+        with node.alloc_lock:
+            used = L.disk_reserved(buf)
+            if used + stored <= cap:
+                L.set_disk_reserved(buf, used + stored)
+                return 0, 0, 0
+        raise StorageFullError(
+            f"cannot place {key!r} ({format_size(stored)}) on disk: {format_size(cap - used)} free of "
+            f"{format_size(cap)} in {node.disk.root} (raise disk_capacity= / SHMSTORE_DISK_CAPACITY when creating "
+            f"the store, or point SHMSTORE_SPILL_DIR at a larger file system)", key, Level.DISK, stored, cap - used)
+
+    def writable(self, off: int, size: int) -> np.ndarray:
+        """Writable uint8 view of ``size`` arena bytes at ``off`` (for the writer only)."""
+        return np.ndarray((size,), _U8, self._arena, off)
+
+    def seal(self, idx: int, stripe: int | None = None) -> None:
+        """Make a reserved entry visible (the lock orders the data before the state)."""
+        with self._stripes[self._table.stripe_of(idx) if stripe is None else stripe]:
+            eoff = self._lay.entry(idx)
+            L.set_entry_writer(self._buf, eoff, -1)
+            L.set_entry_state(self._buf, eoff, L.SEALED)
+
+    def abort(self, idx: int) -> None:
+        """Drop a reserved entry and give its space back."""
+        with self.node.stripe_of(idx):
+            self._table.unlink(idx, self._table.bucket_of(idx))
+            self.node.release(idx, cache=self._cache)
+
+
+def disk_error(key: str, size: int, path: str, exc: OSError) -> Exception:
+    """The error for a failed write of ``key`` to the spill directory."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFullError(f"cannot place {key!r} ({format_size(size)}) on disk: {path} is full "
+                                f"(free space there, or point SHMSTORE_SPILL_DIR elsewhere)", key, Level.DISK, size)
+    return SpillError(f"cannot write {key!r} ({format_size(size)}) to {path}: {exc.strerror or exc}", key)
