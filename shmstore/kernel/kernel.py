@@ -187,9 +187,7 @@ class Kernel(Writing):
             ObjectNotFoundError: no sealed object has this key.
             InvalidArgumentError: ``conditions`` on a value that is not an array.
         """
-        kb = encode_key(key)
-        if self._closed or self._deferred or self._fork != _FORKS[0]:
-            self._check()
+        kb = self._begin(key)
         idx, e, array = self.lookup(key, kb, True)
         lease = self.lease(idx, e)
         if array is not None:
@@ -251,8 +249,7 @@ class Kernel(Writing):
         Raises:
             ObjectNotFoundError: no such object.
         """
-        kb = encode_key(key)
-        self._check()
+        kb = self._begin(key)
         idx, e, _ = self.lookup(key, kb, True)
         self._explicit.setdefault((self.sid, kb), [idx, e[L.E_GEN], 0])[2] += 1
 
@@ -262,8 +259,7 @@ class Kernel(Writing):
         Raises:
             InvalidArgumentError: this process holds no pin on ``key``.
         """
-        kb = encode_key(key)
-        self._check()
+        kb = self._begin(key)
         rec = self._explicit.get((self.sid, kb))
         if rec is None:
             raise InvalidArgumentError(f"{key!r} is not pinned by this process")
@@ -279,8 +275,7 @@ class Kernel(Writing):
         Raises:
             ObjectNotFoundError: no such object (unless ``missing_ok``).
         """
-        kb = encode_key(key)
-        self._check()
+        kb = self._begin(key)
         buf, lay = self._buf, self._lay
         h = _crc32(kb, self.sid)
         b = h & self._bmask
@@ -297,8 +292,7 @@ class Kernel(Writing):
                 self.node.release(idx, cache=self._cache)
 
     def contains(self, key: str) -> bool:
-        kb = encode_key(key)
-        self._check()
+        kb = self._begin(key)
         h = _crc32(kb, self.sid)
         b = h & self._bmask
         with self._stripes[b & self._smask]:
@@ -311,8 +305,7 @@ class Kernel(Writing):
         Raises:
             ObjectNotFoundError: no such object.
         """
-        kb = encode_key(key)
-        self._check()
+        kb = self._begin(key)
         idx, e, _ = self.lookup(key, kb, False)
         return self._info(key, e, self._table.pin_count(idx))
 

@@ -54,8 +54,7 @@ class Writing:
             self.abort(idx)
             raise
         self.seal(idx, stripe)
-        return ObjectInfo(key, enc.nbytes, Level.MEMORY, False, True, enc.nblobs, serialize.KIND_NAMES[enc.kind],
-                          stored, 0, self.session, ctime)
+        return self._new_info(key, enc, Level.MEMORY, stored, ctime)
 
     def _put_disk(self, key: str, kb: bytes, obj: Any, level: int) -> ObjectInfo:
         if level != L.LEVEL_DISK:
@@ -73,8 +72,12 @@ class Writing:
             self.abort(idx)
             raise
         self.seal(idx, stripe)
-        return ObjectInfo(key, enc.nbytes, Level.DISK, False, True, enc.nblobs, serialize.KIND_NAMES[enc.kind],
-                          stored, 0, self.session, ctime)
+        return self._new_info(key, enc, Level.DISK, stored, ctime)
+
+    def _new_info(self, key: str, enc: serialize.Encoded, level: Level, stored: int, ctime: float) -> ObjectInfo:
+        """ObjectInfo of an object this process just sealed (nobody pins it yet)."""
+        return ObjectInfo(key, enc.nbytes, level, False, True, enc.nblobs, serialize.KIND_NAMES[enc.kind],
+                          stored, 0, self.session, ctime)  # type: ignore[attr-defined]
 
     def reserve(self, key: str, kb: bytes, kind: int, size: int, nbytes: int, nblobs: int = 0,
                 meta: bytes | None = None, level: int = _MEMORY) -> tuple[int, int, int, float, int]:
