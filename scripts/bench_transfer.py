@@ -7,7 +7,10 @@ Rank 0 (node n0) is the source, the first rank of the other node the
 destination; with four ranks there, they also fetch one key all at once.
 
 - raw baseline: ``Send``/``Recv`` of one contiguous buffer of the same bytes
-  between the same two ranks (warm buffers), and an 8-byte ping-pong;
+  between the same two ranks (warm private buffers, which numpy backs with
+  huge pages), the same between buffers inside the two stores (shared-memory
+  pages, 4 KiB where the kernel gives tmpfs no huge pages), and an 8-byte
+  ping-pong;
 - fetch of a 1 GiB array into the other node's (prefaulted) store;
 - fetch of a 1,000-array 256 MiB state dict, against raw 256 MiB;
 - fetch of a 64-byte object: round-trip latency;
@@ -56,6 +59,35 @@ def raw_bandwidth(comm: MPI.Comm, a: int, b: int, nbytes: int, repeats: int) -> 
             comm.Recv([buf, MPI.BYTE], source=a, tag=7)
             times.append(time.perf_counter() - t)
             comm.Send([buf[:1], MPI.BYTE], dest=a, tag=8)
+    return statistics.median(times) if times else 0.0
+
+
+def raw_arena_bandwidth(cluster: Cluster, a: int, b: int, nbytes: int, repeats: int) -> float:
+    """Like raw_bandwidth, but between buffers in the two nodes' stores (shared-memory pages)."""
+    comm = cluster._comm
+    times = []
+    if comm.rank == a:
+        cluster.store.put("raw-src", np.ones(nbytes, np.uint8), levels=["memory"])
+        buf = cluster.store.get("raw-src")
+    elif comm.rank == b:
+        writer = cluster.store.open_writer("raw-dst", nbytes, levels=["memory"])
+        buf = np.frombuffer(writer.buffer, np.uint8)
+    for _ in range(repeats):
+        quiet_barrier(comm)
+        if comm.rank == a:
+            comm.Send([buf, MPI.BYTE], dest=b, tag=7)
+            comm.Recv([np.empty(1, np.uint8), MPI.BYTE], source=b, tag=8)
+        elif comm.rank == b:
+            t = time.perf_counter()
+            comm.Recv([buf, MPI.BYTE], source=a, tag=7)
+            times.append(time.perf_counter() - t)
+            comm.Send([buf[:1].copy(), MPI.BYTE], dest=a, tag=8)
+    if comm.rank == a:
+        del buf
+        cluster.store.delete("raw-src")
+    elif comm.rank == b:
+        del buf
+        writer.abort()
     return statistics.median(times) if times else 0.0
 
 
@@ -109,6 +141,7 @@ def main() -> None:
         if cluster.rank in (src, dest):
             cluster.store._node.wait_populated(cap, timeout=300)
         raw_big = raw_bandwidth(comm, src, dest, big, args.repeats)
+        raw_arena = raw_arena_bandwidth(cluster, src, dest, big, args.repeats)
         raw_sd = raw_bandwidth(comm, src, dest, 256 * MiB, args.repeats)
         raw_rtt = raw_latency(comm, dest, src)
 
@@ -125,6 +158,8 @@ def main() -> None:
             out["raw_gbps"] = big / raw_big / 1e9
             out["fetch_big_gbps"] = big / statistics.median(t_big) / 1e9
             out["fetch_big_vs_raw"] = raw_big / statistics.median(t_big)
+            out["raw_arena_gbps"] = big / raw_arena / 1e9
+            out["fetch_big_vs_raw_arena"] = raw_arena / statistics.median(t_big)
             out["raw_256mib_ms"] = raw_sd * 1e3
             out["fetch_state_dict_ms"] = statistics.median(t_sd) * 1e3
             out["fetch_state_dict_vs_raw"] = statistics.median(t_sd) / raw_sd
@@ -157,8 +192,9 @@ def main() -> None:
     if comm.rank == 0:
         r = results
         print(f"bench_transfer: {r['ranks']} ranks on nodes {r['nodes']}")
-        print(f"raw Send/Recv {args.big_mib} MiB: {r['raw_gbps']:.2f} GB/s | fetch {r['fetch_big_gbps']:.2f} GB/s "
-              f"({r['fetch_big_vs_raw']:.2f}x raw)")
+        print(f"raw Send/Recv {args.big_mib} MiB: {r['raw_gbps']:.2f} GB/s between private buffers, "
+              f"{r['raw_arena_gbps']:.2f} GB/s between buffers in the stores | fetch {r['fetch_big_gbps']:.2f} GB/s "
+              f"({r['fetch_big_vs_raw']:.2f}x raw private, {r['fetch_big_vs_raw_arena']:.2f}x raw in-store)")
         print(f"state dict 1000 arrays / 256 MiB: fetch {r['fetch_state_dict_ms']:.1f} ms vs raw 256 MiB "
               f"{r['raw_256mib_ms']:.1f} ms ({r['fetch_state_dict_vs_raw']:.2f}x)")
         print(f"64-byte object: fetch round trip {r['fetch_64b_us']:.0f} us (raw 8-byte ping-pong {r['raw_rtt_us']:.1f} us)")

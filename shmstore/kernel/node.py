@@ -109,6 +109,7 @@ class NodeStore:
         # small objects are carved from per-client chunks (see cache.py)
         self.chunk_size = min(4 << 20, max(64 << 10, self.capacity // 64)) & ~(L.PAGE - 1)
         self.small_max = self.chunk_size // 16
+        arena.advise_hugepages()
         self.arena_ro = memoryview(arena.mm).toreadonly()
         self.disk = SpillDir(L.spill_dir(meta.mm), self.prefix.lstrip("/"))
         self.wake = Wakeup(self.prefix + "-wake", create=created)

@@ -103,6 +103,18 @@ class Segment:
             os.close(fd)
             raise
 
+    def advise_hugepages(self) -> None:
+        """Ask for transparent huge pages (honoured where shmem THP is ``advise``; a no-op elsewhere).
+
+        4 KiB pages cost a lot of TLB misses on large reads: on a VM whose
+        tmpfs has no huge pages, reading the arena ran at a third of the speed
+        of a (huge-page backed) private numpy array.
+        """
+        try:
+            self.mm.madvise(mmap.MADV_HUGEPAGE)
+        except (AttributeError, OSError):
+            pass
+
     def populate(self, offset: int, length: int) -> int:
         """Fault ``[offset, offset+length)`` in for writing; returns 0 or an errno."""
         start = offset & ~4095
