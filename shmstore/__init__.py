@@ -10,13 +10,13 @@ from .errors import (ConfigError, InvalidArgumentError, InvalidKeyError, LayoutE
                      ShmStoreError, SpillError, StorageFullError, StoreClosedError, StoreInUseError,
                      TransferError)
 from .levels import Capacity, Level, ObjectInfo
-from .store import Store, connect, destroy
+from .store import Store, collect_stale, connect, destroy
 from .streams import Reader, Writer
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "connect", "destroy", "Store", "Level", "ObjectInfo", "Capacity", "Reader", "Writer",
+    "connect", "destroy", "collect_stale", "Store", "Level", "ObjectInfo", "Capacity", "Reader", "Writer",
     "ShmStoreError", "ObjectNotFoundError", "ObjectExistsError", "ObjectLockedError", "StorageFullError",
     "LockTimeoutError", "LayoutError", "StoreClosedError", "StoreInUseError", "SpillError", "TransferError",
     "InvalidArgumentError", "InvalidKeyError", "SerializationError", "ConfigError", "__version__",

@@ -1,7 +1,7 @@
 """The ``shmstore`` command: look into and manage node stores.
 
     shmstore [--name NAME] [--node NODE] [--session S] [--json]
-             status | ls | info KEY | rm KEY | move KEY memory|disk | destroy [NAME]
+             status | ls | info KEY | rm KEY | move KEY memory|disk | gc | destroy [NAME]
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 from .errors import ShmStoreError
 from .levels import Level
 from .placement import spill_progress_line
-from .store import connect, destroy
+from .store import collect_stale, connect, destroy
 from .units import format_size
 
 __all__ = ["main"]
@@ -34,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("move", help="move an object to another level (spill or restore), showing progress")
     m.add_argument("key")
     m.add_argument("level", choices=["memory", "disk"])
+    sub.add_parser("gc", help="remove this user's stores that no live process uses (for job epilogs)")
     d = sub.add_parser("destroy", help="remove a store's segments and spill files")
     d.add_argument("store", nargs="?", help="store name (default: --name)")
     d.add_argument("--force", action="store_true", help="even while clients are attached")
@@ -68,6 +69,11 @@ def _info_dict(info) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.cmd == "gc":
+        removed = collect_stale()
+        print(json.dumps({"removed": removed}) if args.json else
+              ("removed " + ", ".join(removed) if removed else "no stale stores"))
+        return 0
     if args.cmd == "destroy":
         removed = destroy(args.store or args.name, force=args.force, node=args.node)
         print(json.dumps({"removed": removed}) if args.json else ("removed" if removed else "nothing to remove"))

@@ -6,6 +6,7 @@ kernel leaves out (priority lists of levels, waiting for the spill process).
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Iterable
 
@@ -14,12 +15,12 @@ from .errors import ShmStoreError, StoreClosedError, StoreInUseError
 from .kernel import Kernel, NodeStore
 from .kernel import layout as L
 from .kernel.node import pid_alive, reap_children, store_prefix
-from .kernel.segment import list_segments, unlink_segment, unlink_semaphore
+from .kernel.segment import Segment, list_segments, unlink_segment, unlink_semaphore
 from .levels import Capacity, Level, ObjectInfo, parse_levels
 from .placement import DEFAULT_PUT_LEVELS, Placement
 from .streams import Reader, Writer
 
-__all__ = ["Store", "connect", "destroy"]
+__all__ = ["Store", "connect", "destroy", "collect_stale"]
 
 
 class Store:
@@ -321,3 +322,39 @@ def destroy(name: str | None = None, force: bool = False, node: str | None = Non
     finally:
         ns.close()
     return True
+
+
+def collect_stale() -> list[str]:
+    """Remove this user's stores on this host that nobody uses any more.
+
+    A store is stale when none of its clients and not its spill process is
+    alive (say every process of a job was SIGKILLed, the spill process too,
+    as a batch system's cleanup does). Persistent stores are kept. Meant for
+    a job epilog: ``shmstore gc``.
+
+    Returns:
+        The ``name@node`` of every store removed.
+    """
+    removed = []
+    for meta in list_segments(f"/shmstore-{os.getuid()}-"):
+        if not meta.endswith("-meta"):
+            continue
+        try:
+            seg = Segment.attach(meta)
+        except (OSError, ShmStoreError):
+            continue
+        try:
+            h = L.unpack_header(seg.mm)
+            if h.magic != L.MAGIC or h.flags & L.FLAG_PERSIST or pid_alive(h.spill_pid):
+                continue
+            lay = L.Layout.from_header(h)
+            clients = L.client_table(seg.mm, lay)
+            if any(pid_alive(int(p), int(st)) for p, st, state in zip(clients["pid"], clients["start"], clients["state"])
+                   if state == 1):
+                continue
+            name, node = h.name, h.node
+        finally:
+            seg.close()
+        destroy(name, force=True, node=node)
+        removed.append(f"{name}@{node}")
+    return removed

@@ -215,3 +215,23 @@ def test_header_records_layout(store):
     h = L.unpack_header(store._node.meta.mm)
     assert h.magic == L.MAGIC and h.version == L.LAYOUT_VERSION and h.uid == os.getuid()
     assert h.name == store.name and h.node == store.node
+
+
+def test_gc_removes_stores_whose_processes_all_died(name, tmp_path):
+    child = Child(CONNECT.replace("capacity='64MiB'", f"capacity='16MiB', spill_dir={str(tmp_path)!r}") + """
+store.put('x', b'y' * 100, levels=[shmstore.Level.DISK])
+print(store.spill_pid, flush=True)
+sys.stdin.readline()
+""", env={"N": name})
+    spill = int(child.readline())
+    os.kill(spill, signal.SIGKILL)  # the whole job goes down, its spill process too
+    child.kill()
+    assert wait_for(lambda: not spill_running(spill), timeout=10)
+    assert any(name in s for s in shm_segments())
+    with shmstore.connect(name + "live", capacity="8MiB") as live:
+        removed = shmstore.collect_stale()
+        assert any(r.startswith(name + "@") for r in removed)
+        assert not any(r.startswith(name + "live@") for r in removed)
+        assert live.get_capacity()  # untouched
+    assert not any(name + "-" in s for s in shm_segments())
+    assert not os.listdir(tmp_path)  # its spill files went too
