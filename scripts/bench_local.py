@@ -269,6 +269,12 @@ def bench_state_dict(total: int, count: int, repeats: int, name: str) -> dict:
             "put_vs_copyto": median(puts) / copy, "get_ms": median(gets) * 1e3}
 
 
+def python_speed() -> float:
+    """Nanoseconds per ``sum(range(50))``: this shared VM's Python speed varies ~2x over a day."""
+    import timeit
+    return min(timeit.repeat("sum(range(50))", number=100_000, repeat=5)) / 100_000 * 1e9
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -280,6 +286,9 @@ def main() -> None:
     name = "bench" + uuid.uuid4().hex[:6]
     out = {}
     print(f"shmstore {shmstore.__version__} bench_local: {os.cpu_count()} cpus, repeats={args.repeats}", flush=True)
+    out["python_ns_before"] = python_speed()
+    print(f"machine: sum(range(50)) takes {out['python_ns_before']:.0f} ns (a reference for the absolute rates)",
+          flush=True)
     out["lock"] = r = bench_lock(args.repeats)
     print(f"lock: uncontended acquire+release {r['acquire_release_us']:.2f} us", flush=True)
     out["small"] = r = bench_small(args.small, args.repeats, name + "s")
@@ -298,6 +307,8 @@ def main() -> None:
     print(f"state dict ({r['arrays']} arrays, {args.sd_mib} MiB): put {r['put_s'] * 1e3:.1f} ms = "
           f"{r['put_vs_copyto']:.2f}x one np.copyto ({r['copyto_s'] * 1e3:.1f} ms) | get {r['get_ms']:.2f} ms",
           flush=True)
+    out["python_ns_after"] = python_speed()
+    print(f"machine: sum(range(50)) takes {out['python_ns_after']:.0f} ns at the end", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
