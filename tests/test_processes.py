@@ -235,3 +235,64 @@ sys.stdin.readline()
         assert live.get_capacity()  # untouched
     assert not any(name + "-" in s for s in shm_segments())
     assert not os.listdir(tmp_path)  # its spill files went too
+
+
+def test_threads_share_one_connection(store):
+    import threading
+    errors = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(300):
+                store.put(f"t{t}-{i}", np.full(16, t * 1000 + i))
+                v = store.get(f"t{(t + 1) % 4}-{i}") if f"t{(t + 1) % 4}-{i}" in store else None
+                assert v is None or v[0] == ((t + 1) % 4) * 1000 + i
+                if i % 3 == 0:
+                    store.delete(f"t{t}-{i}")
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors
+    infos = store.list()
+    assert len(infos) == 4 * 200
+    assert used(store) == sum(i.stored for i in infos)
+
+
+def test_forked_child_must_connect_again(store):
+    store.put("a", 1)
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's connection is not usable here
+        code = 1
+        try:
+            store.get("a")
+        except shmstore.StoreClosedError:
+            code = 0
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert store.get("a") == 1  # the parent's connection is unharmed
+
+
+def test_lock_held_by_a_stopped_process_times_out_clearly(name):
+    with shmstore.connect(name, capacity="8MiB", lock_timeout=0.5) as s:
+        child = Child(CONNECT.replace("capacity='64MiB'", "capacity='8MiB'") + """
+node = store._node
+node.stripes[node.table.locate(store._kernel.sid, b'k')[2]].acquire()
+print('holding', flush=True)
+sys.stdin.readline()
+""", env={"N": name})
+        assert child.readline() == "holding"
+        os.kill(child.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(shmstore.LockTimeoutError, match="lock_timeout"):
+                s.put("k", 1)
+            assert "k" not in [i.key for i in s.list()] and used(s) == 0
+        finally:
+            os.kill(child.pid, signal.SIGCONT)
+            child.kill()
+        s.put("k", 1)  # recovered once the holder is gone
