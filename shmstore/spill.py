@@ -38,7 +38,7 @@ from .units import format_size
 
 __all__ = ["main", "POLL"]
 
-POLL = 0.05
+POLL = 0.25  # seconds between janitor rounds; requests and departures wake it at once
 log = logging.getLogger("shmstore.spill")
 
 

@@ -240,6 +240,8 @@ class Store:
     def _on_detach(self, remaining: int) -> None:
         node, self._node = self._node, None
         if node is not None:
+            if remaining == 0:
+                node.wake.post()  # the janitor removes the store now rather than at its next round
             node.close()
         reap_children()
 
