@@ -24,10 +24,11 @@ def test_entry_roundtrip_and_numpy_view_agree():
     eoff = lay.entry(3)
     L.pack_entry(buf, eoff, e)
     L.set_entry_key(buf, eoff, b"key")
-    L.pack_entry_array(buf, eoff, "<f8", (5, 4), "F")
+    L.set_entry_array(buf, eoff, L.array_meta("<f8", (5, 4), "F"))
     assert L.unpack_entry(buf, eoff) == e
     assert L.entry_key(buf, eoff, 3) == b"key"
-    assert L.unpack_entry_array(buf, eoff) == ("<f8", (5, 4), "F")
+    a = L.entry_array_raw(buf, eoff)
+    assert a[0].rstrip(b"\0") == b"<f8" and a[1] == 2 and a[2] == 1 and a[3:5] == (5, 4)
     t = L.entry_table(buf, lay)
     assert t["offset"][3] == 4096 and t["hash"][3] == 0xDEADBEEF and t["state"][3] == L.SEALED
     assert t["writer"][3] == -1 and t["keylen"][3] == 3

@@ -496,8 +496,6 @@ def header_flags(buf) -> int:
     return _U32.unpack_from(buf, _H_FLAGS)[0]
 
 
-def set_header_flags(buf, flags: int) -> None:
-    _U32.pack_into(buf, _H_FLAGS, flags)
 
 
 def spill_pid(buf) -> int:
@@ -641,11 +639,6 @@ def find_entry(buf, layout: Layout, b: int, h: int, session: int, key: bytes) ->
     return -1, 0, None
 
 
-def entry_probe(buf, eoff: int) -> tuple[int, int, int, int]:
-    """(hash, next, keylen, session) for a chain walk."""
-    h, nxt = struct.unpack_from("<Ii", buf, eoff + _E_HASH)
-    keylen, session = struct.unpack_from("<HH", buf, eoff + 68)
-    return h, nxt, keylen, session
 
 
 def entry_key(buf, eoff: int, keylen: int) -> bytes:
@@ -680,12 +673,8 @@ def set_entry_state(buf, eoff: int, state: int) -> None:
     buf[eoff + _E_STATE] = state
 
 
-def entry_level(buf, eoff: int) -> int:
-    return buf[eoff + _E_LEVEL]
 
 
-def set_entry_level(buf, eoff: int, level: int) -> None:
-    buf[eoff + _E_LEVEL] = level
 
 
 def entry_flags(buf, eoff: int) -> int:
@@ -704,8 +693,6 @@ def entry_hash(buf, eoff: int) -> int:
     return _U32.unpack_from(buf, eoff + _E_HASH)[0]
 
 
-def entry_extent(buf, eoff: int) -> int:
-    return _I32.unpack_from(buf, eoff + _E_EXTENT)[0]
 
 
 def set_entry_extent(buf, eoff: int, rec: int) -> None:
@@ -726,11 +713,6 @@ def reserve_entry(buf, eoff: int, slot: int) -> None:
     buf[eoff + _E_STATE] = RESERVED
 
 
-def unpack_entry_array(buf, eoff: int) -> tuple[str, tuple[int, ...], str]:
-    """(dtype str, shape, order) of an ndarray entry."""
-    f = ENTRY_ARRAY.unpack_from(buf, eoff + ENTRY_ARRAY_OFFSET)
-    ndim = f[1]
-    return f[0].rstrip(b"\0").decode(), tuple(f[3:3 + ndim]), "F" if f[2] else "C"
 
 
 _ARRAY_META: dict[tuple, bytes] = {}
@@ -757,10 +739,6 @@ def entry_array_raw(buf, eoff: int) -> tuple:
     return ENTRY_ARRAY.unpack_from(buf, eoff + ENTRY_ARRAY_OFFSET)
 
 
-def pack_entry_array(buf, eoff: int, dtype: str, shape: tuple[int, ...], order: str) -> None:
-    dims = list(shape) + [0] * (MAX_NDIM - len(shape))
-    ENTRY_ARRAY.pack_into(buf, eoff + ENTRY_ARRAY_OFFSET, dtype.encode(), len(shape),
-                          1 if order == "F" else 0, *dims)
 
 
 def entry_table(buf, layout: Layout) -> np.ndarray:
@@ -781,22 +759,15 @@ class Extent(NamedTuple):
     owner: int
 
 
-def unpack_extent(buf, xoff: int) -> Extent:
-    return Extent._make(EXTENT.unpack_from(buf, xoff))
 
 
-def pack_extent(buf, xoff: int, x: Extent) -> None:
-    EXTENT.pack_into(buf, xoff, *x)
 
 
 # hot-path accessors: plain tuples in Extent field order, single-field stores
 extent_raw = EXTENT.unpack_from
 extent_write = EXTENT.pack_into
-_SPAN = struct.Struct("<QQ")
 
 
-def set_extent_span(buf, xoff: int, offset: int, size: int) -> None:
-    _SPAN.pack_into(buf, xoff, offset, size)
 
 
 def set_extent_prev_phys(buf, xoff: int, rec: int) -> None:

@@ -15,7 +15,7 @@ from ..errors import StorageFullError
 from ..units import format_size
 from . import native
 
-__all__ = ["Segment", "Wakeup", "segment_exists", "unlink_segment", "unlink_semaphore", "list_segments"]
+__all__ = ["Segment", "Wakeup", "unlink_segment", "unlink_semaphore", "list_segments"]
 
 _SHM_DIR = "/dev/shm"
 
@@ -167,8 +167,6 @@ def unlink_segment(name: str) -> bool:
         return False
 
 
-def segment_exists(name: str) -> bool:
-    return os.path.exists(os.path.join(_SHM_DIR, name.lstrip("/")))
 
 
 def list_segments(prefix: str) -> list[str]:

@@ -67,19 +67,6 @@ class Table:
         L.STRIPE_STATS.pack_into(self.buf, self.layout.stripe_stats(stripe), *used, int(mine.sum()), deleted)
 
     # ---- chains (stripe lock held) --------------------------------------
-    def find(self, h: int, b: int, session: int, key: bytes) -> int:
-        """Entry index of ``key`` in bucket ``b``, or -1."""
-        buf, lay = self.buf, self.layout
-        rec = L.bucket_head(buf, lay.bucket(b))
-        klen = len(key)
-        while rec:
-            eoff = lay.entry(rec - 1)
-            eh, nxt, elen, esess = L.entry_probe(buf, eoff)
-            if eh == h and elen == klen and esess == session and L.entry_key(buf, eoff, klen) == key:
-                return rec - 1
-            rec = nxt
-        return -1
-
     def link(self, idx: int, b: int) -> None:
         """Push entry ``idx`` (fully written) on bucket ``b``'s chain."""
         head_off = self.layout.bucket(b)
