@@ -12,11 +12,12 @@ from .errors import (ConfigError, InvalidArgumentError, InvalidKeyError, LayoutE
 from .levels import Capacity, Level, ObjectInfo
 from .store import Store, collect_stale, connect, destroy
 from .streams import Reader, Writer
+from .views import SharedArray
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "connect", "destroy", "collect_stale", "Store", "Level", "ObjectInfo", "Capacity", "Reader", "Writer",
+    "connect", "destroy", "collect_stale", "Store", "SharedArray", "Level", "ObjectInfo", "Capacity", "Reader", "Writer",
     "ShmStoreError", "ObjectNotFoundError", "ObjectExistsError", "ObjectLockedError", "StorageFullError",
     "LockTimeoutError", "LayoutError", "StoreClosedError", "StoreInUseError", "SpillError", "TransferError",
     "InvalidArgumentError", "InvalidKeyError", "SerializationError", "ConfigError", "__version__",

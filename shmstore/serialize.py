@@ -22,6 +22,7 @@ import numpy as np
 from .copying import PARALLEL_MIN, copy_into, copy_many
 from .errors import SerializationError
 from .kernel import layout as L
+from .views import ARRAY_TYPES
 
 __all__ = ["Encoded", "encode", "write", "parts", "decode", "as_u8", "KIND_NAMES"]
 
@@ -76,7 +77,7 @@ def encode(obj: Any) -> Encoded:
     Raises:
         SerializationError: the value cannot be pickled.
     """
-    if type(obj) is np.ndarray and obj.ndim <= L.MAX_NDIM:
+    if type(obj) in ARRAY_TYPES and obj.ndim <= L.MAX_NDIM:
         dts = _fast_dtype(obj.dtype)
         if dts is not None:
             flags = obj.flags
@@ -111,7 +112,7 @@ class _Pickler(pickle.Pickler):
             self.blobs.append(memoryview(memoryview(pb).tobytes()))
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is not np.ndarray or obj.ndim > L.MAX_NDIM or _fast_dtype(obj.dtype) is None:
+        if type(obj) not in ARRAY_TYPES or obj.ndim > L.MAX_NDIM or _fast_dtype(obj.dtype) is None:
             return NotImplemented
         flags = obj.flags
         if flags.c_contiguous:

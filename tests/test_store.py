@@ -25,6 +25,20 @@ def test_array_roundtrip_is_readonly_zero_copy_view(store):
     assert np.shares_memory(got, again)  # both views of the same shared bytes
 
 
+def test_arrays_come_back_as_shared_arrays_that_behave_like_ndarrays(store):
+    a = np.arange(12.0).reshape(3, 4)
+    store.put("a", a)
+    got = store.get("a")
+    assert isinstance(got, shmstore.SharedArray) and isinstance(got, np.ndarray)
+    assert type(got + 1) is np.ndarray and type(np.sqrt(got)) is np.ndarray
+    assert isinstance(got.sum(), np.floating) and type(np.asarray(got)) is np.ndarray
+    assert type(pickle.loads(pickle.dumps(got))) is np.ndarray
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(got)), a)
+    store.put("again", got[1:])  # stored as an array again, not as a pickle
+    assert store.get_info("again").kind == "ndarray"
+    np.testing.assert_array_equal(store.get("again"), a[1:])
+
+
 @pytest.mark.parametrize("make", [
     lambda: np.asfortranarray(np.arange(60, dtype=np.int32).reshape(3, 4, 5)),
     lambda: np.arange(100, dtype=np.int64)[::3],

@@ -12,9 +12,10 @@ seals. A writer that dies leaves a ``writing`` entry that the janitor drops;
 one that fails drops it itself.
 
 Views: ``get`` pins the object (this process's pin byte, set under the
-stripe lock) and returns views hanging off a ``_Lease``: a read-only uint8
-ndarray subclass over the object's bytes whose finalizer unpins. A delete
-only hides a pinned object; its space is reused once the last view is gone.
+stripe lock) and returns a read-only :class:`~shmstore.SharedArray` for an
+array, or values hanging off a :class:`~shmstore.views.Lease` over the
+object's bytes; their finalizer unpins. A delete only hides a pinned object;
+its space is reused once the last view is gone.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from .. import serialize
 from ..errors import InvalidArgumentError, ObjectNotFoundError, SpillError, StorageFullError, StoreClosedError
 from ..levels import Capacity, Level, ObjectInfo
 from . import layout as L
+from ..views import Lease, SharedArray
 from .cache import ClientCache
 from .keys import encode_key
 from .writing import Writing
@@ -53,18 +55,6 @@ def _dtype(raw: bytes) -> np.dtype:
     if dt is None:
         dt = _DTYPES[raw] = np.dtype(raw.rstrip(b"\0").decode())
     return dt
-
-
-class _Lease(np.ndarray):
-    """Read-only bytes of one object; when the last view of it dies, it unpins."""
-
-    def __del__(self) -> None:
-        release = getattr(self, "_release", None)
-        if release is not None:
-            try:
-                release[0](release[1], release[2])
-            except Exception:  # finalizers must not raise; at worst the janitor unpins
-                pass
 
 
 class Kernel(Writing):
@@ -189,30 +179,34 @@ class Kernel(Writing):
         """
         kb = self._begin(key)
         idx, e, array = self.lookup(key, kb, True)
-        lease = self.lease(idx, e)
         if array is not None:
-            obj = np.ndarray(array[1], array[0], lease, 0, None, array[2])
+            obj = self.lease(idx, e, array)  # the array itself holds the pin: one numpy object
         else:
-            obj = serialize.decode(e[L.E_KIND], lease, e[L.E_NBYTES])
+            obj = serialize.decode(e[L.E_KIND], self.lease(idx, e), e[L.E_NBYTES])
         return obj if conditions is None else apply_conditions(key, obj, conditions)
 
-    def lease(self, idx: int, e: tuple) -> np.ndarray:
-        """Read-only bytes of entry ``idx`` (pinned by the caller); unpins with the last view.
+    def lease(self, idx: int, e: tuple, array: tuple | None = None) -> np.ndarray:
+        """Read-only view of entry ``idx`` (pinned by the caller) that unpins with its last view.
 
-        A DISK object is mapped from its file: a slice reads only the pages it touches.
+        Its bytes as a :class:`Lease`, or with ``array = (dtype, shape,
+        order)`` the stored array as a :class:`SharedArray`. A DISK object is
+        mapped from its file: a slice reads only the pages it touches.
         """
         n = e[L.E_NBYTES]
         if e[L.E_LEVEL] == _MEMORY or n == 0:
-            lease = np.ndarray.__new__(_Lease, (n,), _U8, self._ro, e[L.E_OFFSET] if n else 0)
+            buf, off = self._ro, e[L.E_OFFSET] if n else 0
         else:
             try:
-                mm = self.node.disk.map(idx, e[L.E_GEN], n)
+                buf, off = self.node.disk.map(idx, e[L.E_GEN], n), 0
             except OSError as exc:
                 self._release(idx, e[L.E_GEN])
                 raise SpillError(f"cannot read spilled object (entry {idx}) from {self.node.disk.path}: {exc}") from exc
-            lease = np.ndarray.__new__(_Lease, (n,), _U8, mm, 0)
-        lease._release = (self._release, idx, e[L.E_GEN])
-        return lease
+        if array is None:
+            view = np.ndarray.__new__(Lease, (n,), _U8, buf, off)
+        else:
+            view = np.ndarray.__new__(SharedArray, array[1], array[0], buf, off, None, array[2])
+        view._release = (self._release, idx, e[L.E_GEN])
+        return view
 
     # ---- pins -------------------------------------------------------------
     def _release(self, idx: int, gen: int) -> None:
