@@ -54,7 +54,7 @@ class Placement:
             try:
                 if level == Level.MEMORY:
                     info = self._put_memory(key, obj, waits=True)
-                    self._hint(info.stored)
+                    self.hint(info.stored)
                     return info
                 return self.kernel.put(key, obj, _check_level(level))
             except StorageFullError as exc:
@@ -76,7 +76,7 @@ class Placement:
                     deadline = time.monotonic() + self.config.spill_timeout
                 self.make_room(key, exc.requested, deadline)  # raises when no room can be made
 
-    def _hint(self, nbytes: int) -> None:
+    def hint(self, nbytes: int) -> None:
         """Wake the spill process early when a put may have crossed the high watermark."""
         self._puts += 1
         if nbytes < self.node.small_max and self._puts % _WAKE_EVERY:

@@ -11,7 +11,7 @@ import time
 from typing import Any, Iterable
 
 from .config import Config
-from .errors import ShmStoreError, StoreClosedError, StoreInUseError
+from .errors import ShmStoreError, StorageFullError, StoreClosedError, StoreInUseError
 from .kernel import Kernel, NodeStore
 from .kernel import layout as L
 from .kernel.node import pid_alive, reap_children, store_prefix
@@ -112,9 +112,14 @@ class Store:
             SerializationError, InvalidKeyError: bad input; nothing changes.
         """
         p = self._placement_checked()
-        if levels is None:
+        if levels is not None:
+            return p.put(key, obj, parse_levels(levels, DEFAULT_PUT_LEVELS))
+        try:  # the common case first: room in memory, nothing to wait for
+            info = self._kernel.put(key, obj)
+        except StorageFullError:
             return p.put(key, obj, DEFAULT_PUT_LEVELS)
-        return p.put(key, obj, parse_levels(levels, DEFAULT_PUT_LEVELS))
+        p.hint(info.stored)
+        return info
 
     def get(self, key: str, conditions: Any = None, levels: Iterable[Level] | Level | None = None) -> Any:
         """The value of ``key``: views into shared memory (or into the spill file) for arrays and bytes.

@@ -96,7 +96,8 @@ ENTRY (object table record, ENTRY_SIZE bytes)::
     44   4    i32     next entry in the bucket chain (1-based, 0 end)
     48   4    u32     generation (bumped whenever the entry is reused)
     52   4    u32     reserved (pins live in the pin bytes)
-    56   4    i32     client slot of the writer while WRITING, else -1
+    56   4    i32     client slot of the writer while WRITING (of the batch while RESERVED;
+                      left stale once sealed)
     60   4    i32     extent record of the data (1-based, 0 none); on DISK, the
                       arena extent of a restore in progress
     64   4    u32     number of blobs

@@ -164,9 +164,7 @@ class Writing:
     def seal(self, idx: int, stripe: int | None = None) -> None:
         """Make a reserved entry visible (the lock orders the data before the state)."""
         with self._stripes[self._table.stripe_of(idx) if stripe is None else stripe]:
-            eoff = self._lay.entry(idx)
-            L.set_entry_writer(self._buf, eoff, -1)
-            L.set_entry_state(self._buf, eoff, L.SEALED)
+            L.set_entry_state(self._buf, self._lay.entry(idx), L.SEALED)  # ``writer`` matters only while writing
 
     def abort(self, idx: int) -> None:
         """Drop a reserved entry and give its space back."""
