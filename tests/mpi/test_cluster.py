@@ -213,3 +213,18 @@ def test_source_is_unpinned_after_sends(cluster, comm, key):
     if comm.rank == 0:
         cluster.delete(key)
     comm.Barrier()
+
+
+def test_fetch_of_an_object_spilled_at_its_source(cluster, comm, key):
+    data = np.arange(200_000, dtype=np.int64)  # above the inline size: sent as raw frames from the file
+    if comm.rank == leader_of(cluster, 0):
+        cluster.put(key, data)
+        cluster.store.move(key, Level.DISK)
+    comm.Barrier()
+    got = cluster.get(key)
+    assert got[-1] == 199_999 and got.sum() == data.sum()
+    del got
+    comm.Barrier()
+    if comm.rank == 0:
+        cluster.delete(key)
+    comm.Barrier()
