@@ -32,6 +32,8 @@ from ..errors import InvalidArgumentError, ObjectNotFoundError, SpillError, Stor
 from ..levels import Capacity, Level, ObjectInfo
 from . import layout as L
 from ..views import Lease, SharedArray
+from . import fastpath
+_fast = fastpath.load()
 from .cache import ClientCache
 from .keys import encode_key
 from .writing import Writing
@@ -82,6 +84,9 @@ class Kernel(Writing):
         self._bmask = lay.nbuckets - 1
         self._smask = lay.nstripes - 1
         self._pinrow = L.pin_row(self._buf, lay, slot)
+        self._meta_addr = node.meta.address
+        self._pin_addr = node.meta.address + lay.pinbyte(slot, 0)
+        self._stripe_addrs = [lock.address for lock in node.stripes]
         self._plock = threading.Lock()  # guards _pins and our pin bytes between threads
         self._pins: dict[int, int] = {}  # entry index -> local pins (views, readers, explicit)
         self._explicit: dict[tuple[int, bytes], list[int]] = {}
@@ -145,30 +150,45 @@ class Kernel(Writing):
         buf = self._buf
         h = _crc32(kb, self.sid)
         b = h & self._bmask
-        with self._stripes[b & self._smask]:
+        stripe = b & self._smask
+        if pin and _fast is not None:  # C: lock, walk, pin, unlock; the pin keeps the entry still after
+            r = _fast.lookup_pin(self._meta_addr, self._lay.buckets, self._lay.entries, b, h, self.sid, kb,
+                                 self._stripe_addrs[stripe], self._pin_addr, self._pins, True)
+            if type(r) is tuple:
+                return self._pinned(r[0], r[1], L.entry_raw(buf, r[1]))
+            if r == -1:
+                raise self._not_found(key)
+            if r == -3:  # its holder died: we hold it now and must repair it first
+                self._stripes[stripe].recover_held()
+        with self._stripes[stripe]:
             idx, eoff, e = L.find_entry(buf, self._lay, b, h, self.sid, kb)
             if e is None or e[L.E_STATE] != L.SEALED:
                 raise self._not_found(key)
-            if pin:
-                with self._plock:
-                    n = self._pins.get(idx, 0)
-                    if not n:
-                        self._pinrow[idx] = 1
-                    self._pins[idx] = n + 1
-                now = _monotonic()
-                if now - e[L.E_ATIME] > _ATIME_GRAIN:  # LRU needs no finer clock than this
-                    L.set_entry_atime(buf, eoff, now)
-            if e[L.E_KIND] != L.KIND_NDARRAY:
-                return idx, e, None
-            # objects never change once sealed: (index, generation) names this array for good
-            array = self._arrays.get((idx, e[L.E_GEN]))
-            if array is None:
-                a = L.entry_array_raw(buf, eoff)
-                array = (_dtype(a[0]), a[3:3 + a[1]], "F" if a[2] else "C")
-                if len(self._arrays) >= _ARRAY_CACHE:
-                    self._arrays.clear()
-                self._arrays[(idx, e[L.E_GEN])] = array
-        return idx, e, array
+            if not pin:
+                return idx, e, self._array(idx, eoff, e)
+            self._pin_up(idx)
+        return self._pinned(idx, eoff, e)
+
+    def _pinned(self, idx: int, eoff: int, e: tuple) -> tuple[int, tuple, tuple | None]:
+        """The rest of a pinning lookup, without the lock: the pin keeps the entry as it is."""
+        now = _monotonic()
+        if now - e[L.E_ATIME] > _ATIME_GRAIN:  # LRU needs no finer clock than this
+            L.set_entry_atime(self._buf, eoff, now)
+        return idx, e, self._array(idx, eoff, e)
+
+    def _array(self, idx: int, eoff: int, e: tuple) -> tuple | None:
+        """(dtype, shape, order) of an ndarray entry, else None."""
+        if e[L.E_KIND] != L.KIND_NDARRAY:
+            return None
+        # objects never change once sealed: (index, generation) names this array for good
+        array = self._arrays.get((idx, e[L.E_GEN]))
+        if array is None:
+            a = L.entry_array_raw(self._buf, eoff)
+            array = (_dtype(a[0]), a[3:3 + a[1]], "F" if a[2] else "C")
+            if len(self._arrays) >= _ARRAY_CACHE:
+                self._arrays.clear()
+            self._arrays[(idx, e[L.E_GEN])] = array
+        return array
 
     def get(self, key: str, conditions: Any = None) -> Any:
         """The value of ``key``: zero-copy read-only views for arrays and bytes.
@@ -212,17 +232,8 @@ class Kernel(Writing):
     def _release(self, idx: int, gen: int) -> None:
         """Drop one local pin (from a finalizer, a reader or ``unpin``); takes no store lock
         unless the object was deleted meanwhile."""
-        if self._detached:
+        if self._detached or not self._pin_down(idx):
             return
-        with self._plock:  # no allocation of GC-tracked objects inside: no finalizer can run here
-            n = self._pins.get(idx, 0) - 1
-            if n > 0:
-                self._pins[idx] = n
-                return
-            if n < 0:
-                return
-            del self._pins[idx]
-            self._pinrow[idx] = 0
         if L.entry_state(self._buf, self._lay.entry(idx)) == L.DELETED:
             lock = self.node.stripe_of(idx)
             # never block here: this may be a finalizer inside a locked section of this thread
@@ -236,6 +247,32 @@ class Kernel(Writing):
                 self._deferred.append((idx, gen))
         if self._detach_when_unpinned and not self._pins:
             self._detach()
+
+    def _pin_up(self, idx: int) -> None:
+        """One more local pin on ``idx`` (its stripe lock held); the first sets our pin byte."""
+        if _fast is not None:  # one C call holding the GIL: atomic for the threads of this process
+            _fast.pin(self._pins, idx, self._pin_addr)
+            return
+        with self._plock:
+            n = self._pins.get(idx, 0)
+            if not n:
+                self._pinrow[idx] = 1
+            self._pins[idx] = n + 1
+
+    def _pin_down(self, idx: int) -> bool:
+        """One local pin less on ``idx`` (no lock); True when it was the last one."""
+        if _fast is not None:
+            return _fast.unpin(self._pins, idx, self._pin_addr)
+        with self._plock:  # no allocation of GC-tracked objects inside: no finalizer can run here
+            n = self._pins.get(idx, 0) - 1
+            if n > 0:
+                self._pins[idx] = n
+                return False
+            if n < 0:
+                return False
+            del self._pins[idx]
+            self._pinrow[idx] = 0
+            return True
 
     def pin(self, key: str) -> None:
         """Pin ``key`` (counted): spill never moves it until as many ``unpin``.

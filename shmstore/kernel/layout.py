@@ -626,6 +626,12 @@ def pack_entry(buf, eoff: int, e: EntryHead) -> None:
 entry_raw = ENTRY_HEAD.unpack_from
 
 
+def fast_path_layout() -> tuple[int, ...]:
+    """What the optional C fast path (_fast.c) needs to know of an ENTRY:
+    (size, hash, next, key length, session and state offsets, key offset, SEALED)."""
+    return (ENTRY_SIZE, _E_HASH, _E_NEXT, 68, 70, _E_STATE, ENTRY_KEY_OFFSET, SEALED)
+
+
 def find_entry(buf, layout: Layout, b: int, h: int, session: int, key: bytes) -> tuple[int, int, tuple | None]:
     """Walk bucket ``b``'s chain for ``key``: (index, entry offset, raw ENTRY_HEAD tuple) or (-1, 0, None)."""
     rec = _I32.unpack_from(buf, layout.buckets + 4 * b)[0]

@@ -83,6 +83,18 @@ class ShmLock:
             return False
         raise OSError(rc, f"lock {self.name}: {errno.errorcode.get(rc, rc)}")
 
+    @property
+    def address(self) -> int:
+        return self._addr
+
+    def recover_held(self) -> None:
+        """The caller took this lock from a dead holder outside this class: repair, then release."""
+        try:
+            if self._on_recover is not None:
+                self._on_recover()
+        finally:
+            self.release()
+
     def release(self) -> None:
         """Release the lock (held by this thread)."""
         rc = _unlock(self._addr)

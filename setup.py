@@ -1,0 +1,8 @@
+"""Build hook: the optional C fast path of the kernel (metadata lives in setup.cfg).
+
+``optional=True``: where no C compiler is available the build goes on and
+shmstore runs on its pure-Python kernel, with the same behaviour.
+"""
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("shmstore.kernel._fast", ["shmstore/kernel/_fast.c"], optional=True)])
