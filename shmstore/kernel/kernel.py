@@ -87,6 +87,7 @@ class Kernel(Writing):
         self._meta_addr = node.meta.address
         self._pin_addr = node.meta.address + lay.pinbyte(slot, 0)
         self._stripe_addrs = [lock.address for lock in node.stripes]
+        self._fast = _fast
         self._plock = threading.Lock()  # guards _pins and our pin bytes between threads
         self._pins: dict[int, int] = {}  # entry index -> local pins (views, readers, explicit)
         self._explicit: dict[tuple[int, bytes], list[int]] = {}

@@ -627,9 +627,16 @@ entry_raw = ENTRY_HEAD.unpack_from
 
 
 def fast_path_layout() -> tuple[int, ...]:
-    """What the optional C fast path (_fast.c) needs to know of an ENTRY:
-    (size, hash, next, key length, session and state offsets, key offset, SEALED)."""
-    return (ENTRY_SIZE, _E_HASH, _E_NEXT, 68, 70, _E_STATE, ENTRY_KEY_OFFSET, SEALED)
+    """What the optional C fast path (_fast.c) needs to know: ENTRY size; hash, next,
+    key length, session, state and key offsets; SEALED, WRITING; the ENTRY_ARRAY
+    offset; the object count's offset in a STRIPE_STATS record."""
+    return (ENTRY_SIZE, _E_HASH, _E_NEXT, 68, 70, _E_STATE, ENTRY_KEY_OFFSET, SEALED, WRITING,
+            ENTRY_ARRAY_OFFSET, 24)
+
+
+def entry_state_offset(eoff: int) -> int:
+    """Offset of an entry's state byte (for the C fast path's seal)."""
+    return eoff + _E_STATE
 
 
 def find_entry(buf, layout: Layout, b: int, h: int, session: int, key: bytes) -> tuple[int, int, tuple | None]:

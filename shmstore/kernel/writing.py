@@ -97,6 +97,10 @@ class Writing:
         h = _crc32(kb, self.sid)
         b = h & self._bmask
         stripe = b & self._smask
+        if self._fast is not None and level == _MEMORY:
+            done = self._fast_reserve(key, kb, idx, h, b, stripe, kind, stored, nbytes, nblobs, meta)
+            if done is not None:
+                return done
         try:
             with self._stripes[stripe]:
                 _, _, e = L.find_entry(buf, lay, b, h, self.sid, kb)
@@ -122,6 +126,43 @@ class Writing:
             cache.entries.append(idx)  # still reserved for us
             raise
         return idx, off, stored, ctime, stripe
+
+    def _fast_reserve(self, key: str, kb: bytes, idx: int, h: int, b: int, stripe: int, kind: int, stored: int,
+                      nbytes: int, nblobs: int, meta: bytes | None) -> tuple | None:
+        """``reserve`` through the C fast path: place first, then one locked C call.
+
+        Returns None (nothing changed) to leave it to the Python path: no room
+        (so that path reports the right error), or the stripe lock was busy.
+        """
+        try:
+            rec, off, flags = self._place(key, idx, stored)
+        except StorageFullError:
+            return None
+        buf, lay = self._buf, self._lay
+        ctime = time.time()
+        head = L.ENTRY_HEAD.pack(off, stored, nbytes, _monotonic(), ctime, h, 0, L.entry_gen(buf, lay.entry(idx)), 0,
+                                 self.slot, rec, nblobs, len(kb), self.sid, L.WRITING, kind, _MEMORY, flags)
+        rc = self._fast.insert(self._meta_addr, lay.buckets, lay.entries, b, h, self.sid, kb,
+                               self._stripe_addrs[stripe], idx, head, meta, self._meta_addr + lay.stripe_stats(stripe),
+                               _MEMORY, stored)
+        if rc == 0:
+            return idx, off, stored, ctime, stripe
+        self._unplace(rec, flags)
+        if rc == -3:  # its holder died: we hold it now and must repair it first
+            self._stripes[stripe].recover_held()
+        if rc == -4:
+            self._cache.entries.append(idx)
+            raise ObjectLockedError(f"{key!r} is being written by another writer", key)
+        if rc == -5:
+            self._cache.entries.append(idx)
+            raise ObjectExistsError(f"{key!r} already exists (delete it first, or use another key)", key)
+        return None
+
+    def _unplace(self, rec: int, flags: int) -> None:
+        """Give back space placed for an entry that was not made (a cut of a chunk stays unused)."""
+        if not flags & L.FLAG_IN_CHUNK:
+            with self.node.alloc_lock:
+                self.node.alloc.free(rec)
 
     def _place(self, key: str, idx: int, stored: int) -> tuple[int, int, int]:
         """(extent record, offset, entry flags) for ``stored`` bytes, or StorageFullError."""
@@ -163,7 +204,16 @@ class Writing:
 
     def seal(self, idx: int, stripe: int | None = None) -> None:
         """Make a reserved entry visible (the lock orders the data before the state)."""
-        with self._stripes[self._table.stripe_of(idx) if stripe is None else stripe]:
+        if stripe is None:
+            stripe = self._table.stripe_of(idx)
+        if self._fast is not None:
+            state = self._meta_addr + L.entry_state_offset(self._lay.entry(idx))
+            rc = self._fast.set_byte(self._stripe_addrs[stripe], state, L.SEALED)
+            if rc == 0:
+                return
+            if rc == -3:
+                self._stripes[stripe].recover_held()
+        with self._stripes[stripe]:
             L.set_entry_state(self._buf, self._lay.entry(idx), L.SEALED)  # ``writer`` matters only while writing
 
     def abort(self, idx: int) -> None:
