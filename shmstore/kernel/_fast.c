@@ -63,6 +63,24 @@ static int try_take(pthread_mutex_t *m) {
     return rc ? -2 : 0;
 }
 
+/* One more local pin on idx in ``pins``; the first sets this client's pin byte.
+ * 0, or -1 with an exception set. Allocates no GC-tracked object, so no
+ * finalizer can run inside (the caller may hold a store lock). */
+static int count_pin(PyObject *pins, Py_ssize_t idx, unsigned long long pins_addr) {
+    PyObject *k = PyLong_FromSsize_t(idx);
+    if (k == NULL)
+        return -1;
+    PyObject *n = PyDict_GetItemWithError(pins, k);
+    long count = n ? PyLong_AsLong(n) : 0;
+    PyObject *v = PyLong_FromLong(count + 1);
+    int rc = v ? PyDict_SetItem(pins, k, v) : -1;
+    Py_XDECREF(v);
+    Py_DECREF(k);
+    if (rc == 0 && count == 0)
+        ((volatile char *)(uintptr_t)pins_addr)[idx] = 1;
+    return rc;
+}
+
 /* lookup_pin(meta, buckets, entries, b, h, sid, key, lock, pins_addr, pins, pin) ->
  *   (idx, eoff) when found sealed (pinned if ``pin``), -1 when not, -2 when the
  *   lock is busy, -3 when its previous holder died: the caller then holds it,
@@ -92,25 +110,9 @@ static PyObject *lookup_pin(PyObject *self, PyObject *args) {
         pthread_mutex_unlock(m);
         return PyLong_FromLong(-1);
     }
-    if (pin) {
-        PyObject *k = PyLong_FromSsize_t(idx);
-        if (k == NULL) {
-            pthread_mutex_unlock(m);
-            return NULL;
-        }
-        PyObject *n = PyDict_GetItemWithError(pins, k);
-        long count = n ? PyLong_AsLong(n) : 0;
-        PyObject *v = PyLong_FromLong(count + 1);
-        if (v == NULL || PyDict_SetItem(pins, k, v) < 0) {
-            Py_XDECREF(v);
-            Py_DECREF(k);
-            pthread_mutex_unlock(m);
-            return NULL;
-        }
-        Py_DECREF(v);
-        Py_DECREF(k);
-        if (count == 0)
-            ((volatile char *)(uintptr_t)pins_addr)[idx] = 1;
+    if (pin && count_pin(pins, idx, pins_addr) < 0) {
+        pthread_mutex_unlock(m);
+        return NULL;
     }
     pthread_mutex_unlock(m);
     return Py_BuildValue("(nn)", idx, eoff);
@@ -192,19 +194,8 @@ static PyObject *pin(PyObject *self, PyObject *args) {
     unsigned long long pins_addr;
     if (!PyArg_ParseTuple(args, "O!nK", &PyDict_Type, &pins, &idx, &pins_addr))
         return NULL;
-    PyObject *k = PyLong_FromSsize_t(idx);
-    if (k == NULL)
+    if (count_pin(pins, idx, pins_addr) < 0)
         return NULL;
-    PyObject *n = PyDict_GetItemWithError(pins, k);
-    long count = n ? PyLong_AsLong(n) : 0;
-    PyObject *v = PyLong_FromLong(count + 1);
-    int rc = v ? PyDict_SetItem(pins, k, v) : -1;
-    Py_XDECREF(v);
-    Py_DECREF(k);
-    if (rc < 0)
-        return NULL;
-    if (count == 0)
-        ((volatile char *)(uintptr_t)pins_addr)[idx] = 1;
     Py_RETURN_NONE;
 }
 
