@@ -9,10 +9,11 @@ Measured in one run, medians over repeats:
   ``multiprocessing.Manager().dict()`` registry;
 - a 1 GiB array: put bandwidth against a single-thread ``np.copyto`` of the
   same bytes (cold: fresh shared-memory pages; warm: faulted in ahead), and
-  get latency (zero copy);
+  get latency (zero copy); the copy and the put alternate in each repeat and
+  the ratio is the median of the per-repeat ratios;
 - an uncontended store lock: acquire+release in microseconds;
 - a 1,000-array state dict of 256 MiB: put time against one ``np.copyto`` of
-  256 MiB, and get latency.
+  256 MiB (alternating, as above), and get latency.
 
 Usage: python scripts/bench_local.py [--repeats 5] [--small 20000] [--big-mib 1024] [--json out.json]
 """
@@ -195,19 +196,20 @@ def bench_small_baseline(n: int, arrays) -> tuple[float, float]:
 # ---- 1 GiB array -------------------------------------------------------------
 
 def bench_big(nbytes: int, repeats: int, name: str) -> dict:
+    """1 GiB put against ``np.copyto`` of the same bytes, interleaved per repeat (the VM's speed drifts)."""
     src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
     dst = np.empty_like(src)
     dst[:] = 0
-    copy = median([timed(lambda: np.copyto(dst, src)) for _ in range(repeats)])
-    del dst
     cap = nbytes + 64 * MiB
     with shmstore.connect(name + "cold", capacity=cap, prefault=0) as store:
+        copy_cold = timed(lambda: np.copyto(dst, src))
         cold = timed(lambda: store.put("big", src))
     with shmstore.connect(name + "warm", capacity=cap, prefault=cap) as store:
         if not store._node.wait_populated(cap, timeout=120):
             print("warning: arena not fully prefaulted", file=sys.stderr)
-        warm, gets = [], []
+        copies, warm, gets = [], [], []
         for _ in range(repeats):
+            copies.append(timed(lambda: np.copyto(dst, src)))
             warm.append(timed(lambda: store.put("big", src)))
             for _ in range(5):
                 t = time.perf_counter()
@@ -216,10 +218,11 @@ def bench_big(nbytes: int, repeats: int, name: str) -> dict:
                 assert view.nbytes == nbytes and view[12345] == src[12345]
                 del view
             store.delete("big")
+    copy = median(copies)
     return {"bytes": nbytes, "copyto_s": copy, "copyto_gbps": nbytes / copy / 1e9,
             "put_cold_s": cold, "put_warm_s": median(warm), "put_warm_gbps": nbytes / median(warm) / 1e9,
-            "put_warm_vs_copyto": copy / median(warm), "put_cold_vs_copyto": copy / cold,
-            "get_ms": median(gets) * 1e3}
+            "put_warm_vs_copyto": median([c / w for c, w in zip(copies, warm)]),
+            "put_cold_vs_copyto": copy_cold / cold, "get_ms": median(gets) * 1e3}
 
 
 # ---- lock ----------------------------------------------------------------------
@@ -246,17 +249,17 @@ def bench_lock(repeats: int) -> dict:
 # ---- state dict ------------------------------------------------------------------
 
 def bench_state_dict(total: int, count: int, repeats: int, name: str) -> dict:
+    """A state dict's put against one ``np.copyto`` of its bytes, interleaved per repeat."""
     per = total // count // 4
     sd = {f"layer{i}.weight": np.full(per, i, np.float32) for i in range(count)}
     flat = np.ones(total, np.uint8)
     dst = np.zeros_like(flat)
-    copy = median([timed(lambda: np.copyto(dst, flat)) for _ in range(repeats)])
-    del dst, flat
     cap = total + 64 * MiB
     with shmstore.connect(name, capacity=cap, prefault=cap) as store:
         store._node.wait_populated(cap, timeout=120)
-        puts, gets = [], []
+        copies, puts, gets = [], [], []
         for _ in range(repeats):
+            copies.append(timed(lambda: np.copyto(dst, flat)))
             puts.append(timed(lambda: store.put("sd", sd)))
             for _ in range(5):
                 t = time.perf_counter()
@@ -265,8 +268,8 @@ def bench_state_dict(total: int, count: int, repeats: int, name: str) -> dict:
                 assert len(got) == count and got["layer7.weight"][3] == 7
                 del got
             store.delete("sd")
-    return {"bytes": total, "arrays": count, "copyto_s": copy, "put_s": median(puts),
-            "put_vs_copyto": median(puts) / copy, "get_ms": median(gets) * 1e3}
+    return {"bytes": total, "arrays": count, "copyto_s": median(copies), "put_s": median(puts),
+            "put_vs_copyto": median([p / c for p, c in zip(puts, copies)]), "get_ms": median(gets) * 1e3}
 
 
 def python_speed() -> float:

@@ -1,25 +1,45 @@
 """Bulk copies into shared memory, split over threads when large.
 
-One thread's memcpy does not saturate memory bandwidth; ``np.copyto``
-releases the GIL, so a large copy split into a few chunks on a small pool of
-threads runs faster (Ray's store does the same). Copies below
-``PARALLEL_MIN`` stay on the calling thread.
+One thread's memcpy does not saturate memory bandwidth, so a large copy is
+split into a few parts on a small pool of threads (Ray's store does the
+same). The copies themselves run in the optional C helper ``_copy`` where it
+was built: it releases the GIL and writes pieces of 64 KiB and more with
+non-temporal stores, which matters for objects of many mid-sized blobs (a
+state dict's arrays are too small for glibc's memcpy to stream them). Without
+it, ``np.copyto`` does the copies (it releases the GIL too).
+``SHMSTORE_PURE_PYTHON=1`` disables the helper, like the kernel's fast path.
+
+Copies below ``PARALLEL_MIN`` bytes in all stay on the calling thread.
 """
 from __future__ import annotations
 
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["copy_into", "copy_many", "PARALLEL_MIN"]
+__all__ = ["copy_into", "copy_blobs", "PARALLEL_MIN"]
 
 PARALLEL_MIN = 16 << 20
 _NTHREADS = max(1, min(4, os.cpu_count() or 1))
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 _pool_pid = 0
+
+
+def _load_helper() -> Any:
+    if os.environ.get("SHMSTORE_PURE_PYTHON", "").strip().lower() in ("1", "true", "yes", "on"):
+        return None
+    try:
+        from . import _copy
+    except ImportError:
+        return None
+    return _copy
+
+
+_helper = _load_helper()
 
 
 def _get_pool() -> ThreadPoolExecutor:
@@ -31,57 +51,56 @@ def _get_pool() -> ThreadPoolExecutor:
         return _pool
 
 
-def _chunks(n: int, parts: int) -> list[tuple[int, int]]:
-    step = -(-n // parts)
-    step = (step + 4095) & ~4095
-    return [(i, min(n, i + step)) for i in range(0, n, step)]
-
-
 def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
-    """Copy ``src`` into ``dst`` (same shape); parallel for large contiguous arrays."""
-    n = src.nbytes
-    if n < PARALLEL_MIN or _NTHREADS == 1 or not _flat_ok(dst, src):
+    """Copy ``src`` into ``dst`` (same shape and dtype); parallel for large contiguous arrays."""
+    if not _flat_ok(dst, src):
         np.copyto(dst, src, casting="no")
         return
     d = dst.ravel(order="K").view(np.uint8)
     s = src.ravel(order="K").view(np.uint8)
-    spans = _chunks(n, _NTHREADS)
-    futures = [_get_pool().submit(np.copyto, d[a:b], s[a:b]) for a, b in spans[1:]]
-    a, b = spans[0]
-    np.copyto(d[a:b], s[a:b])
-    for f in futures:
-        f.result()
-
-
-def copy_many(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
-    """Copy each ``(dst, src)`` pair of flat uint8 arrays; shares large totals among threads."""
-    total = sum(s.nbytes for _, s in pairs)
-    if total < PARALLEL_MIN or _NTHREADS == 1:
-        for d, s in pairs:
-            np.copyto(d, s)
+    n = s.nbytes
+    if not n:
         return
-    big = [(d, s) for d, s in pairs if s.nbytes >= PARALLEL_MIN]
-    small = [(d, s) for d, s in pairs if s.nbytes < PARALLEL_MIN]
-    groups: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(_NTHREADS)]
-    sizes = [0] * _NTHREADS
-    for d, s in sorted(small, key=lambda p: -p[1].nbytes):
-        i = sizes.index(min(sizes))
-        groups[i].append((d, s))
-        sizes[i] += s.nbytes
-    futures = [_get_pool().submit(_copy_group, g) for g in groups[1:] if g]
-    _copy_group(groups[0])
-    for d, s in big:
-        copy_into(d, s)
-    for f in futures:
-        f.result()
+    parts = _NTHREADS if n >= PARALLEL_MIN else 1
+    step = (-(-n // parts) + 4095) & ~4095
+    copy_blobs(d, [(a, s[a: a + step]) for a in range(0, n, step)])
 
 
-def _copy_group(group: list[tuple[np.ndarray, np.ndarray]]) -> None:
-    for d, s in group:
-        np.copyto(d, s)
+def copy_blobs(dst: np.ndarray, items: Sequence[tuple[int, Any]]) -> None:
+    """Copy each ``(offset, buffer)`` of ``items`` into the flat uint8 array ``dst`` at ``offset``.
+
+    Buffers are C-contiguous (bytes, memoryviews, arrays); large totals are
+    shared among threads, each taking a similar number of bytes.
+    """
+    sizes = [memoryview(b).nbytes for _, b in items]
+    total = sum(sizes)
+    if total < PARALLEL_MIN or _NTHREADS == 1 or len(items) == 1:
+        _copy_group(dst, items)
+        return
+    groups: list[list[tuple[int, Any]]] = [[] for _ in range(_NTHREADS)]
+    loads = [0] * _NTHREADS
+    for i in sorted(range(len(items)), key=sizes.__getitem__, reverse=True):
+        g = loads.index(min(loads))
+        groups[g].append(items[i])
+        loads[g] += sizes[i]
+    futures = [_get_pool().submit(_copy_group, dst, g) for g in groups[1:] if g]
+    try:
+        _copy_group(dst, groups[0])
+    finally:
+        for f in futures:
+            f.result()
+
+
+def _copy_group(dst: np.ndarray, items: Sequence[tuple[int, Any]]) -> None:
+    if _helper is not None:
+        _helper.copy_blobs(dst.ctypes.data, dst.nbytes, items)
+        return
+    for off, b in items:
+        src = np.frombuffer(b, np.uint8)
+        np.copyto(dst[off: off + src.nbytes], src)
 
 
 def _flat_ok(dst: np.ndarray, src: np.ndarray) -> bool:
     both_c = dst.flags.c_contiguous and src.flags.c_contiguous
     both_f = dst.flags.f_contiguous and src.flags.f_contiguous
-    return (both_c or both_f) and dst.dtype == src.dtype
+    return (both_c or both_f) and dst.dtype == src.dtype and dst.shape == src.shape

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .copying import PARALLEL_MIN, copy_into, copy_many
+from .copying import copy_blobs, copy_into
 from .errors import SerializationError
 from .kernel import layout as L
 from .views import ARRAY_TYPES
@@ -144,11 +144,7 @@ def write(enc: Encoded, buf: Any, off: int) -> None:
         return
     if enc.kind == L.KIND_NDARRAY:
         dtype, shape, order = enc.array  # type: ignore[misc]
-        dst = np.ndarray(shape, dtype, buf, off, None, order)
-        if enc.size < PARALLEL_MIN:
-            np.copyto(dst, enc.src, casting="no")
-        else:
-            copy_into(dst, enc.src)
+        copy_into(np.ndarray(shape, dtype, buf, off, None, order), enc.src)
     elif enc.kind == L.KIND_RAW:
         copy_into(np.ndarray((enc.size,), np.uint8, buf, off), enc.src)
     else:
@@ -176,10 +172,9 @@ def parts(enc: Encoded) -> list[tuple[int, memoryview]]:
 def _write_pickle(enc: Encoded, dst: np.ndarray) -> None:
     blobs = enc.blobs
     L.pack_object_header(dst, 0, len(enc.pickle), [(o, b.nbytes) for o, b in zip(enc.offsets, blobs)])
-    start = L.object_header_size(len(blobs))
-    pairs = [(dst[start: start + len(enc.pickle)], np.frombuffer(enc.pickle, np.uint8))]
-    pairs += [(dst[o: o + b.nbytes], np.frombuffer(b, np.uint8)) for o, b in zip(enc.offsets, blobs) if b.nbytes]
-    copy_many(pairs)
+    items = [(L.object_header_size(len(blobs)), enc.pickle)]
+    items += [(o, b) for o, b in zip(enc.offsets, blobs) if b.nbytes]
+    copy_blobs(dst, items)
 
 
 def decode(kind: int, base: np.ndarray, nbytes: int) -> Any:
