@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Multi-node demo: a model put on one node, fetched by every rank, migrated.
 
-    mpiexec -launcher fork -hosts n0:2,n1:2 -n 4 python -m mpi4py scripts/demo.py
+    mpiexec -launcher fork -hosts n0:2,n1:2 -genv MPIR_CVAR_CH4_NUM_VCIS 4 -n 4 python -m mpi4py scripts/demo.py
 
 (two emulated nodes on one machine; under Slurm: ``srun python -m mpi4py
 scripts/demo.py``). Rank 0 puts a state dict into its node's store; every rank

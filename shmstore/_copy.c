@@ -1,7 +1,7 @@
 /* Optional C helper for bulk copies into the shared-memory arena.
  *
- * copy_blobs(dst, dst_len, items) copies each (offset, buffer) of items to
- * dst + offset, with the GIL released for the copies, so several Python
+ * copy_blobs(dst, items) copies each (offset, buffer) of items into the
+ * writable buffer dst at offset, with the GIL released for the copies, so several Python
  * threads can copy at once. Pieces of NT_MIN bytes or more are written with
  * non-temporal (streaming) stores on x86-64: the destination is shared
  * memory that this process rarely reads back at once, and streaming stores
@@ -10,7 +10,7 @@
  * which a state dict's arrays of a few hundred KiB are not. Smaller pieces
  * and other CPUs use memcpy.
  *
- * Every item is checked against dst_len before anything is copied; a bad
+ * Every item is checked against dst's length before anything is copied; a bad
  * item raises ValueError and copies nothing.
  */
 #define PY_SSIZE_T_CLEAN
@@ -77,14 +77,17 @@ static void copy_piece(char *dst, const char *src, size_t n) {
 }
 
 static PyObject *copy_blobs(PyObject *self, PyObject *args) {
-    unsigned long long dst_addr;
+    Py_buffer dst;
     Py_ssize_t dst_len, n, i, got = 0;
     PyObject *items, *seq;
-    if (!PyArg_ParseTuple(args, "KnO", &dst_addr, &dst_len, &items))
+    if (!PyArg_ParseTuple(args, "w*O", &dst, &items))
         return NULL;
+    dst_len = dst.len;
     seq = PySequence_Fast(items, "items must be a sequence of (offset, buffer)");
-    if (seq == NULL)
+    if (seq == NULL) {
+        PyBuffer_Release(&dst);
         return NULL;
+    }
     n = PySequence_Fast_GET_SIZE(seq);
     Py_buffer *views = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
     Py_ssize_t *offs = PyMem_Calloc(n ? n : 1, sizeof(Py_ssize_t));
@@ -108,7 +111,7 @@ static PyObject *copy_blobs(PyObject *self, PyObject *args) {
     }
     Py_BEGIN_ALLOW_THREADS
     for (i = 0; i < n; i++)
-        copy_piece((char *)(uintptr_t)dst_addr + offs[i], views[i].buf, (size_t)views[i].len);
+        copy_piece((char *)dst.buf + offs[i], views[i].buf, (size_t)views[i].len);
 #if HAVE_NT
     _mm_sfence();
 #endif
@@ -119,6 +122,7 @@ done:
     PyMem_Free(views);
     PyMem_Free(offs);
     Py_DECREF(seq);
+    PyBuffer_Release(&dst);
     if (PyErr_Occurred())
         return NULL;
     Py_RETURN_NONE;
@@ -126,7 +130,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"copy_blobs", copy_blobs, METH_VARARGS,
-     "copy_blobs(dst_addr, dst_len, [(offset, buffer), ...]): copy each buffer to dst_addr + offset, "
+     "copy_blobs(dst, [(offset, buffer), ...]): copy each buffer into the writable buffer dst at offset, "
      "GIL released."},
     {NULL, NULL, 0, NULL},
 };

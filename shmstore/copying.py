@@ -20,9 +20,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["copy_into", "copy_blobs", "PARALLEL_MIN"]
+__all__ = ["copy_into", "copy_blobs", "PARALLEL_MIN", "STREAM_MIN"]
 
 PARALLEL_MIN = 16 << 20
+STREAM_MIN = 64 << 10  # the C helper's streaming-store threshold: below it, plain np.copyto
 _NTHREADS = max(1, min(4, os.cpu_count() or 1))
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -53,7 +54,7 @@ def _get_pool() -> ThreadPoolExecutor:
 
 def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
     """Copy ``src`` into ``dst`` (same shape and dtype); parallel for large contiguous arrays."""
-    if not _flat_ok(dst, src):
+    if src.nbytes < STREAM_MIN or not _flat_ok(dst, src):
         np.copyto(dst, src, casting="no")
         return
     d = dst.ravel(order="K").view(np.uint8)
@@ -93,7 +94,7 @@ def copy_blobs(dst: np.ndarray, items: Sequence[tuple[int, Any]]) -> None:
 
 def _copy_group(dst: np.ndarray, items: Sequence[tuple[int, Any]]) -> None:
     if _helper is not None:
-        _helper.copy_blobs(dst.ctypes.data, dst.nbytes, items)
+        _helper.copy_blobs(dst, items)
         return
     for off, b in items:
         src = np.frombuffer(b, np.uint8)

@@ -66,8 +66,10 @@ def test_helper_rejects_pieces_that_do_not_fit_and_copies_nothing():
     dst = np.zeros(100, np.uint8)
     for bad in ([(0, b"x" * 50), (60, b"y" * 41)], [(-1, b"z")], [(0, b"w" * 101)]):
         with pytest.raises(ValueError, match="does not fit"):
-            copying._helper.copy_blobs(dst.ctypes.data, dst.nbytes, bad)
+            copying._helper.copy_blobs(dst, bad)
         assert not dst.any()
     with pytest.raises(TypeError):
-        copying._helper.copy_blobs(dst.ctypes.data, dst.nbytes, [(0, 12)])
+        copying._helper.copy_blobs(dst, [(0, 12)])
     assert not dst.any()
+    with pytest.raises(TypeError):  # read-only destination
+        copying._helper.copy_blobs(dst.tobytes(), [(0, b"x")])

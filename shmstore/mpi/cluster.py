@@ -76,6 +76,7 @@ class Cluster:
             raise errors.TransferError("shmstore.mpi needs MPI_THREAD_MULTIPLE (set mpi4py.rc.thread_level = "
                                        "'multiple' before importing MPI)")
         self._comm = (comm or MPI.COMM_WORLD).Dup()
+        self._bulk = [self._comm.Dup() for _ in range(T.STREAMS)]  # bulk frames, one per stream
         self.rank, self.size = self._comm.rank, self._comm.size
         self._identify(connect_kwargs)
         connect_kwargs = dict(connect_kwargs, node=self.node)
@@ -83,6 +84,7 @@ class Cluster:
         self._tags = itertools.count()
         self._tag_lock = threading.Lock()
         self.block_size = T.DEFAULT_BLOCK
+        self.streams = T.default_streams()
         if self.rank == self._leaders[self.node_index]:
             self._service = Service(self._comm, self)
             self._service.start()
@@ -246,12 +248,34 @@ class Cluster:
         if inline is not None:
             dst[:] = np.frombuffer(inline, np.uint8)
         elif nbytes:
-            tag, ack = self._rpc(src, T.DATA, handle, block)
-            for pos in range(0, nbytes, block):
-                self._comm.Recv([dst[pos: pos + block], MPI.BYTE], source=self._leaders[src], tag=tag)
+            self._receive_frames(src, dst, nbytes, handle, block)
         if level != L.LEVEL_MEMORY:
             gen = L.entry_gen(kernel._buf, kernel._lay.entry(idx))
             kernel.node.disk.write(idx, gen, [(0, memoryview(dst))], stored)
+
+    def _receive_frames(self, src: int, dst: np.ndarray, nbytes: int, handle: int, block: int) -> None:
+        """Receive an object's frames into ``dst``, one thread per stream (this one runs the first)."""
+        streams = max(1, min(self.streams, len(self._bulk)))
+        tag, _ = self._rpc(src, T.DATA, handle, block, streams)
+        plan, peer = T.frames(nbytes, block, streams), self._leaders[src]
+        failed: list[BaseException] = []
+
+        def stream(i: int) -> None:
+            try:
+                for pos, n in plan[i::streams]:
+                    self._bulk[i].Recv([dst[pos: pos + n], MPI.BYTE], source=peer, tag=tag)
+            except BaseException as exc:  # re-raised on the calling thread
+                failed.append(exc)
+
+        threads = [threading.Thread(target=stream, args=(i,), name="shmstore-mpi-stream", daemon=True)
+                   for i in range(1, min(streams, len(plan)))]
+        for t in threads:
+            t.start()
+        stream(0)
+        for t in threads:
+            t.join()
+        if failed:
+            raise failed[0]
 
     def migrate(self, key: str, node: int | str, keep_source: bool = False) -> None:
         """Move (or with ``keep_source`` copy) ``key`` to ``node``; the copy keeps its key.
@@ -334,6 +358,8 @@ class Cluster:
         if self._service is not None:
             self._service.close()
         self._comm.Barrier()
+        for c in self._bulk:
+            c.Free()
         self._comm.Free()
         self.store.close()
 

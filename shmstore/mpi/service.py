@@ -118,14 +118,17 @@ class Service:
         self._leases[h] = (lease, time.monotonic() + HANDLE_TTL)
         return ("ok", meta, None, h)
 
-    def _on_data(self, src: int, tag: int, handle: int, block: int) -> Any:
+    def _on_data(self, src: int, tag: int, handle: int, block: int, streams: int = 1) -> Any:
         entry = self._leases.pop(handle, None)
         if entry is None:
             return ("error", "TransferError", f"transfer handle {handle} expired (after {HANDLE_TTL:g} s)")
         lease = entry[0]
+        streams = max(1, min(int(streams), len(self.cluster._bulk)))
         self.comm.send(("ok", lease.nbytes), dest=src, tag=tag)
-        for off in range(0, lease.nbytes, block):
-            self.comm.Send([lease[off: off + block], MPI.BYTE], dest=src, tag=tag)
+        bulk = self.cluster._bulk
+        reqs = [bulk[i % streams].Isend([lease[pos: pos + n], MPI.BYTE], dest=src, tag=tag)
+                for i, (pos, n) in enumerate(T.frames(lease.nbytes, block, streams))]
+        wait_quietly(reqs)
         self._count_sent(lease.nbytes)
         return _NO_REPLY
 
@@ -196,3 +199,10 @@ class Service:
         node = self.store._node
         with node.admin:
             L.add_transfer_stats(node.meta.mm, sent=nbytes)
+
+
+def wait_quietly(reqs: list) -> None:
+    """Wait for ``reqs`` without spinning: the receiving ranks copy the frames (MPICH's blocking
+    calls busy-poll, which would take a core from them), this end only sees them finish."""
+    while not MPI.Request.Testall(reqs):
+        time.sleep(_BUSY_PAUSE)

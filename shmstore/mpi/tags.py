@@ -3,9 +3,18 @@
 Control messages are small pickled tuples ``(kind, reply_tag, *args)`` sent
 to a node's leader on ``TAG_REQUEST``; replies come back on the tag the
 requester chose. Bulk bytes go as raw ``MPI.BYTE`` frames, never pickled, in
-blocks of at most ``block_size`` (below the 2 GiB count limit).
+blocks of at most ``block_size`` (below the 2 GiB count limit), on the
+cluster's bulk communicators: frame ``i`` of a transfer on stream
+``i % streams``, with the reply tag.
+
+Several streams pay off where the MPI library progresses communicators in
+parallel: MPICH does with ``MPIR_CVAR_CH4_NUM_VCIS`` above 1 (each
+communicator gets its own virtual communication interface, and each stream's
+receiving thread copies its frames on its own core).
 """
 from __future__ import annotations
+
+import os
 
 TAG_REQUEST = 1
 TAG_REPLY_MIN = 1000
@@ -13,7 +22,7 @@ TAG_REPLY_MAX = 30000
 
 # request kinds
 LOOKUP = "lookup"      # (key, inline_max) -> (found, meta, inline bytes | None, handle)
-DATA = "data"          # (handle, block_size) -> raw frames on the reply tag
+DATA = "data"          # (handle, block_size, streams) -> raw frames on the reply tag
 RELEASE = "release"    # (handle,) -> True
 HAS = "has"            # (key,) -> bool
 DELETE = "delete"      # (key,) -> bool
@@ -26,3 +35,34 @@ WCLOSE = "wclose"      # (handle, abort) -> None | error string
 INLINE_MAX = 64 << 10      # objects up to this size travel inside the reply
 DEFAULT_BLOCK = 256 << 20  # bytes per bulk frame
 MAX_BLOCK = 1 << 30
+
+STREAMS = 2                # bulk communicators per cluster: the most streams one transfer uses
+SPLIT_MIN = 8 << 20        # objects of at least this many bytes are spread over every stream
+
+
+def default_streams() -> int:
+    """Streams per transfer: ``SHMSTORE_STREAMS``, else 2 where MPICH runs several VCIs, else 1."""
+    raw = os.environ.get("SHMSTORE_STREAMS", "").strip()
+    if raw:
+        try:
+            return max(1, min(STREAMS, int(raw)))
+        except ValueError:
+            pass
+    try:
+        vcis = int(os.environ.get("MPIR_CVAR_CH4_NUM_VCIS", "1"))
+    except ValueError:
+        vcis = 1
+    return STREAMS if vcis > 1 else 1
+
+
+def frames(nbytes: int, block: int, streams: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of each bulk frame of an object; both ends compute the same plan.
+
+    Frames are at most ``block`` bytes; an object of ``SPLIT_MIN`` bytes or
+    more has at least one frame per stream.
+    """
+    if nbytes <= 0:
+        return []
+    pieces = max(-(-nbytes // block), streams if nbytes >= SPLIT_MIN else 1)
+    step = -(-nbytes // pieces)
+    return [(pos, min(step, nbytes - pos)) for pos in range(0, nbytes, step)]

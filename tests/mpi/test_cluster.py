@@ -232,3 +232,39 @@ def test_fetch_of_an_object_spilled_at_its_source(cluster, comm, key):
     if comm.rank == 0:
         cluster.delete(key)
     comm.Barrier()
+
+
+def test_frame_plan_covers_the_object_once():
+    from shmstore.mpi import tags as T
+    for nbytes, block, streams in [(1, 4, 2), (100, 7, 1), (T.SPLIT_MIN, 1 << 30, 2), (T.SPLIT_MIN - 1, 1 << 30, 2),
+                                   (3 * T.SPLIT_MIN + 5, T.SPLIT_MIN, 2), (10 << 20, 1 << 20, 2)]:
+        plan = T.frames(nbytes, block, streams)
+        assert plan[0][0] == 0 and sum(n for _, n in plan) == nbytes
+        assert all(a + n == b for (a, n), (b, _) in zip(plan, plan[1:]))  # contiguous, in order
+        assert all(0 < n <= block for _, n in plan)
+        assert len(plan) >= (streams if nbytes >= T.SPLIT_MIN else 1)
+    assert T.frames(0, 1 << 20, 2) == []
+
+
+@pytest.mark.parametrize("streams", [1, 2])
+def test_fetch_over_one_or_several_streams(cluster, comm, key, streams):
+    """An object spread over every stream (frames of unequal sizes) arrives whole, byte for byte."""
+    from shmstore.mpi import tags as T
+    n = T.SPLIT_MIN + 12345
+    if comm.rank == leader_of(cluster, 0):
+        cluster.put(key, np.random.default_rng(7).integers(0, 255, n, dtype=np.uint8))
+    comm.Barrier()
+    if comm.rank == leader_of(cluster, last_node(cluster)):
+        old = cluster.streams
+        cluster.streams = streams
+        try:
+            cluster.fetch(key, block_size=(3 << 20) + 7)  # several frames per stream, odd sizes
+        finally:
+            cluster.streams = old
+        got = cluster.store.get(key)
+        assert np.array_equal(got, np.random.default_rng(7).integers(0, 255, n, dtype=np.uint8))
+        del got
+    comm.Barrier()
+    if comm.rank == 0:
+        cluster.delete(key)
+    comm.Barrier()
