@@ -16,18 +16,35 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 static Py_ssize_t ENTRY_SIZE, HASH_OFF, NEXT_OFF, KEYLEN_OFF, SESSION_OFF, STATE_OFF, KEY_OFF, ARRAY_OFF;
-static Py_ssize_t STATS_OBJECTS_OFF;
-static long SEALED, WRITING;
+static Py_ssize_t STATS_OBJECTS_OFF, OFFSET_OFF, NBYTES_OFF, ATIME_OFF, GEN_OFF, KIND_OFF, LEVEL_OFF, MAX_KEY;
+static long SEALED, WRITING, DELETED;
 static int configured;
+static uint32_t crc_table[256];
 
 static PyObject *configure(PyObject *self, PyObject *args) {
-    if (!PyArg_ParseTuple(args, "nnnnnnnllnn", &ENTRY_SIZE, &HASH_OFF, &NEXT_OFF, &KEYLEN_OFF, &SESSION_OFF,
-                          &STATE_OFF, &KEY_OFF, &SEALED, &WRITING, &ARRAY_OFF, &STATS_OBJECTS_OFF))
+    if (!PyArg_ParseTuple(args, "nnnnnnnllnnnnnnnnnl", &ENTRY_SIZE, &HASH_OFF, &NEXT_OFF, &KEYLEN_OFF, &SESSION_OFF,
+                          &STATE_OFF, &KEY_OFF, &SEALED, &WRITING, &ARRAY_OFF, &STATS_OBJECTS_OFF, &OFFSET_OFF,
+                          &NBYTES_OFF, &ATIME_OFF, &GEN_OFF, &KIND_OFF, &LEVEL_OFF, &MAX_KEY, &DELETED))
         return NULL;
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
     configured = 1;
     Py_RETURN_NONE;
+}
+
+/* zlib.crc32(data, seed): the key hash of layout.py. */
+static uint32_t crc32_seeded(uint32_t seed, const unsigned char *p, Py_ssize_t n) {
+    uint32_t c = ~seed;
+    while (n-- > 0)
+        c = crc_table[(c ^ *p++) & 0xff] ^ (c >> 8);
+    return ~c;
 }
 
 /* Walk bucket b's chain for key: the 0-based entry index, or -1. */
@@ -200,21 +217,16 @@ static PyObject *pin(PyObject *self, PyObject *args) {
 }
 
 /* unpin(pins, idx, pins_addr) -> True when that was this process's last pin on idx. */
-static PyObject *unpin(PyObject *self, PyObject *args) {
-    PyObject *pins;
-    Py_ssize_t idx;
-    unsigned long long pins_addr;
-    if (!PyArg_ParseTuple(args, "O!nK", &PyDict_Type, &pins, &idx, &pins_addr))
-        return NULL;
+/* One local pin less on idx: 1 when it was this process's last (its pin byte cleared),
+ * 0 when not (or there was none), -1 with an exception set. */
+static int drop_pin(PyObject *pins, Py_ssize_t idx, unsigned long long pins_addr) {
     PyObject *k = PyLong_FromSsize_t(idx);
     if (k == NULL)
-        return NULL;
+        return -1;
     PyObject *n = PyDict_GetItemWithError(pins, k);
     if (n == NULL) {
         Py_DECREF(k);
-        if (PyErr_Occurred())
-            return NULL;
-        Py_RETURN_FALSE;
+        return PyErr_Occurred() ? -1 : 0;
     }
     long count = PyLong_AsLong(n) - 1;
     int rc;
@@ -228,10 +240,171 @@ static PyObject *unpin(PyObject *self, PyObject *args) {
     }
     Py_DECREF(k);
     if (rc < 0)
+        return -1;
+    return count > 0 ? 0 : 1;
+}
+
+static PyObject *unpin(PyObject *self, PyObject *args) {
+    PyObject *pins;
+    Py_ssize_t idx;
+    unsigned long long pins_addr;
+    if (!PyArg_ParseTuple(args, "O!nK", &PyDict_Type, &pins, &idx, &pins_addr))
         return NULL;
-    if (count > 0)
-        Py_RETURN_FALSE;
-    Py_RETURN_TRUE;
+    int last = drop_pin(pins, idx, pins_addr);
+    if (last < 0)
+        return NULL;
+    return PyBool_FromLong(last);
+}
+
+/* A kernel's constants for get_entry/release, in a capsule (one per Kernel). */
+typedef struct {
+    char *meta;
+    Py_ssize_t buckets, entries;
+    unsigned long bmask, smask, sid;
+    pthread_mutex_t **stripes;
+    Py_ssize_t nstripes;
+    unsigned long long pins_addr;
+    PyObject *pins; /* the kernel's dict: entry index -> local pins (a strong reference) */
+    double grain;
+} Ctx;
+
+static void ctx_free(PyObject *capsule) {
+    Ctx *c = PyCapsule_GetPointer(capsule, "shmstore.ctx");
+    if (c == NULL)
+        return;
+    Py_XDECREF(c->pins);
+    PyMem_Free(c->stripes);
+    PyMem_Free(c);
+}
+
+/* context(meta, buckets, entries, bmask, smask, sid, stripe_addrs, pins_addr, pins, atime_grain) -> capsule */
+static PyObject *context(PyObject *self, PyObject *args) {
+    unsigned long long meta, pins_addr;
+    Py_ssize_t buckets, entries;
+    unsigned long bmask, smask, sid;
+    PyObject *stripes, *pins;
+    double grain;
+    if (!PyArg_ParseTuple(args, "KnnkkkO!KO!d", &meta, &buckets, &entries, &bmask, &smask, &sid, &PyTuple_Type,
+                          &stripes, &pins_addr, &PyDict_Type, &pins, &grain))
+        return NULL;
+    Ctx *c = PyMem_Calloc(1, sizeof(Ctx));
+    if (c == NULL)
+        return PyErr_NoMemory();
+    c->nstripes = PyTuple_GET_SIZE(stripes);
+    c->stripes = PyMem_Calloc(c->nstripes ? c->nstripes : 1, sizeof(pthread_mutex_t *));
+    if (c->stripes == NULL) {
+        PyMem_Free(c);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < c->nstripes; i++) {
+        c->stripes[i] = (pthread_mutex_t *)(uintptr_t)PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(stripes, i));
+        if (PyErr_Occurred()) {
+            PyMem_Free(c->stripes);
+            PyMem_Free(c);
+            return NULL;
+        }
+    }
+    if ((Py_ssize_t)smask + 1 != c->nstripes) {
+        PyMem_Free(c->stripes);
+        PyMem_Free(c);
+        PyErr_SetString(PyExc_ValueError, "stripe mask does not match the stripe addresses");
+        return NULL;
+    }
+    c->meta = (char *)(uintptr_t)meta;
+    c->buckets = buckets;
+    c->entries = entries;
+    c->bmask = bmask;
+    c->smask = smask;
+    c->sid = sid;
+    c->pins_addr = pins_addr;
+    c->grain = grain;
+    Py_INCREF(pins);
+    c->pins = pins;
+    PyObject *cap = PyCapsule_New(c, "shmstore.ctx", ctx_free);
+    if (cap == NULL) {
+        Py_DECREF(pins);
+        PyMem_Free(c->stripes);
+        PyMem_Free(c);
+    }
+    return cap;
+}
+
+/* get_entry(ctx, key) -> (idx, gen, offset, level, nbytes, kind, eoff) of the sealed entry of
+ * key, pinned for this process, its access time refreshed when older than the grain;
+ * -1 when there is none, -2 when its stripe lock is busy, -3 when that lock's holder
+ * died (the caller then holds it, made consistent, and must repair and release it);
+ * None for a key this path does not take (not UTF-8, empty or too long). */
+static PyObject *get_entry(PyObject *self, PyObject *args) {
+    PyObject *cap, *key;
+    if (!configured) {
+        PyErr_SetString(PyExc_RuntimeError, "_fast.configure() was not called");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OU", &cap, &key))
+        return NULL;
+    Ctx *c = PyCapsule_GetPointer(cap, "shmstore.ctx");
+    if (c == NULL)
+        return NULL;
+    Py_ssize_t klen;
+    const char *kb = PyUnicode_AsUTF8AndSize(key, &klen);
+    if (kb == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (klen <= 0 || klen > MAX_KEY)
+        Py_RETURN_NONE;
+    unsigned long h = crc32_seeded((uint32_t)c->sid, (const unsigned char *)kb, klen);
+    Py_ssize_t b = (Py_ssize_t)(h & c->bmask);
+    pthread_mutex_t *m = c->stripes[b & c->smask];
+    int rc = try_take(m);
+    if (rc)
+        return PyLong_FromLong(rc);
+    Py_ssize_t eoff = 0;
+    Py_ssize_t idx = find(c->meta, c->buckets, c->entries, b, h, c->sid, kb, klen, &eoff);
+    char *e = c->meta + eoff;
+    if (idx < 0 || (unsigned char)e[STATE_OFF] != SEALED) {
+        pthread_mutex_unlock(m);
+        return PyLong_FromLong(-1);
+    }
+    if (count_pin(c->pins, idx, c->pins_addr) < 0) {
+        pthread_mutex_unlock(m);
+        return NULL;
+    }
+    uint64_t off, nbytes;
+    uint32_t gen;
+    double atime, now;
+    struct timespec ts;
+    memcpy(&off, e + OFFSET_OFF, 8);
+    memcpy(&nbytes, e + NBYTES_OFF, 8);
+    memcpy(&gen, e + GEN_OFF, 4);
+    memcpy(&atime, e + ATIME_OFF, 8);
+    int kind = (unsigned char)e[KIND_OFF], level = (unsigned char)e[LEVEL_OFF];
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock */
+    now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    if (now - atime > c->grain)
+        memcpy(e + ATIME_OFF, &now, 8);
+    pthread_mutex_unlock(m);
+    return Py_BuildValue("(nkKiKin)", idx, (unsigned long)gen, (unsigned long long)off, level,
+                         (unsigned long long)nbytes, kind, eoff);
+}
+
+/* release(ctx, idx) -> 0 when this process still pins idx, 1 when that was its last pin,
+ * 2 when it was the last and the entry is deleted (the caller frees it). */
+static PyObject *release(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    Py_ssize_t idx;
+    if (!PyArg_ParseTuple(args, "On", &cap, &idx))
+        return NULL;
+    Ctx *c = PyCapsule_GetPointer(cap, "shmstore.ctx");
+    if (c == NULL)
+        return NULL;
+    int last = drop_pin(c->pins, idx, c->pins_addr);
+    if (last < 0)
+        return NULL;
+    if (!last)
+        return PyLong_FromLong(0);
+    int deleted = (unsigned char)c->meta[c->entries + idx * ENTRY_SIZE + STATE_OFF] == DELETED;
+    return PyLong_FromLong(deleted ? 2 : 1);
 }
 
 static PyMethodDef methods[] = {
@@ -241,6 +414,9 @@ static PyMethodDef methods[] = {
     {"set_byte", set_byte, METH_VARARGS, "Store one byte under a lock (sealing an entry)."},
     {"pin", pin, METH_VARARGS, "One more local pin (stripe lock held)."},
     {"unpin", unpin, METH_VARARGS, "Drop one local pin; True when it was the last."},
+    {"context", context, METH_VARARGS, "A kernel's constants for get_entry and release."},
+    {"get_entry", get_entry, METH_VARARGS, "Find, pin and touch a sealed entry; its fields."},
+    {"release", release, METH_VARARGS, "Drop one local pin: 0, 1 (last) or 2 (last, entry deleted)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -97,6 +97,9 @@ class Kernel(Writing):
         self._fork = _FORKS[0]
         self._cache = ClientCache(node, slot)
         self.sid = self._session_id(session)
+        self._ctx = None if _fast is None else _fast.context(
+            self._meta_addr, lay.buckets, lay.entries, self._bmask, self._smask, self.sid,
+            tuple(self._stripe_addrs), self._pin_addr, self._pins, _ATIME_GRAIN)
         self._closed = self._detached = False
 
     # ---- sessions and checks ----------------------------------------------
@@ -166,7 +169,7 @@ class Kernel(Writing):
             if e is None or e[L.E_STATE] != L.SEALED:
                 raise self._not_found(key)
             if not pin:
-                return idx, e, self._array(idx, eoff, e)
+                return idx, e, self._array(idx, eoff, e[L.E_KIND], e[L.E_GEN])
             self._pin_up(idx)
         return self._pinned(idx, eoff, e)
 
@@ -175,20 +178,20 @@ class Kernel(Writing):
         now = _monotonic()
         if now - e[L.E_ATIME] > _ATIME_GRAIN:  # LRU needs no finer clock than this
             L.set_entry_atime(self._buf, eoff, now)
-        return idx, e, self._array(idx, eoff, e)
+        return idx, e, self._array(idx, eoff, e[L.E_KIND], e[L.E_GEN])
 
-    def _array(self, idx: int, eoff: int, e: tuple) -> tuple | None:
+    def _array(self, idx: int, eoff: int, kind: int, gen: int) -> tuple | None:
         """(dtype, shape, order) of an ndarray entry, else None."""
-        if e[L.E_KIND] != L.KIND_NDARRAY:
+        if kind != L.KIND_NDARRAY:
             return None
         # objects never change once sealed: (index, generation) names this array for good
-        array = self._arrays.get((idx, e[L.E_GEN]))
+        array = self._arrays.get((idx, gen))
         if array is None:
             a = L.entry_array_raw(self._buf, eoff)
             array = (_dtype(a[0]), a[3:3 + a[1]], "F" if a[2] else "C")
             if len(self._arrays) >= _ARRAY_CACHE:
                 self._arrays.clear()
-            self._arrays[(idx, e[L.E_GEN])] = array
+            self._arrays[(idx, gen)] = array
         return array
 
     def get(self, key: str, conditions: Any = None) -> Any:
@@ -212,36 +215,23 @@ class Kernel(Writing):
         return obj if conditions is None else apply_conditions(key, obj, conditions)
 
     def _get_fast(self, key: str) -> Any:
-        """``get`` of an array in memory through the C fast path, in as few Python steps as
-        it takes (the same steps as lookup, _pinned, _array and lease); None for anything
-        else, which then goes the general way."""
-        try:
-            kb = key.encode()
-        except UnicodeEncodeError:
-            return None
-        if not 0 < len(kb) <= L.MAX_KEY:
-            return None
-        h = _crc32(kb, self.sid)
-        b = h & self._bmask
-        r = _fast.lookup_pin(self._meta_addr, self._lay.buckets, self._lay.entries, b, h, self.sid, kb,
-                             self._stripe_addrs[b & self._smask], self._pin_addr, self._pins, True)
+        """``get`` of an array in memory through the C fast path: one C call finds, pins and
+        touches the entry (the steps of lookup and _pinned); None for anything else, which
+        then goes the general way."""
+        r = _fast.get_entry(self._ctx, key)
         if type(r) is not tuple:
             if r == -1:
                 raise self._not_found(key)
-            if r == -3:
-                self._stripes[b & self._smask].recover_held()
+            if r == -3:  # the stripe lock's holder died: we hold it now and must repair it
+                self._stripes[_crc32(key.encode(), self.sid) & self._bmask & self._smask].recover_held()
             return None
-        idx, eoff = r
-        e = L.entry_raw(self._buf, eoff)
-        array = self._arrays.get((idx, e[L.E_GEN])) or self._array(idx, eoff, e)
-        if array is None or e[L.E_LEVEL] != _MEMORY or not e[L.E_NBYTES]:
-            self._release(idx, e[L.E_GEN])  # not the hot case: undo the pin, go the general way
+        idx, gen, off, level, nbytes, kind, eoff = r
+        array = self._arrays.get((idx, gen)) or self._array(idx, eoff, kind, gen)
+        if array is None or level != _MEMORY or not nbytes:
+            self._release(idx, gen)  # not the hot case: undo the pin, go the general way
             return None
-        now = _monotonic()
-        if now - e[L.E_ATIME] > _ATIME_GRAIN:
-            L.set_entry_atime(self._buf, eoff, now)
-        obj = np.ndarray.__new__(SharedArray, array[1], array[0], self._ro, e[L.E_OFFSET], None, array[2])
-        obj._release = (self._release, idx, e[L.E_GEN])
+        obj = np.ndarray.__new__(SharedArray, array[1], array[0], self._ro, off, None, array[2])
+        obj._release = (self._release, idx, gen)
         return obj
 
     def lease(self, idx: int, e: tuple, array: tuple | None = None) -> np.ndarray:
@@ -273,9 +263,16 @@ class Kernel(Writing):
         unless the object was deleted meanwhile."""
         if self._detached:
             return
-        if not (_fast.unpin(self._pins, idx, self._pin_addr) if _fast is not None else self._pin_down(idx)):
-            return
-        if L.entry_state(self._buf, self._lay.entry(idx)) == L.DELETED:
+        if _fast is not None:
+            last = _fast.release(self._ctx, idx)  # 0: still pinned here, 1: last pin, 2: last and deleted
+            if not last:
+                return
+            deleted = last == 2
+        else:
+            if not self._pin_down(idx):
+                return
+            deleted = L.entry_state(self._buf, self._lay.entry(idx)) == L.DELETED
+        if deleted:
             lock = self.node.stripe_of(idx)
             # never block here: this may be a finalizer inside a locked section of this thread
             done = None

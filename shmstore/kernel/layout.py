@@ -629,9 +629,10 @@ entry_raw = ENTRY_HEAD.unpack_from
 def fast_path_layout() -> tuple[int, ...]:
     """What the optional C fast path (_fast.c) needs to know: ENTRY size; hash, next,
     key length, session, state and key offsets; SEALED, WRITING; the ENTRY_ARRAY
-    offset; the object count's offset in a STRIPE_STATS record."""
+    offset; the object count's offset in a STRIPE_STATS record; the offset, nbytes,
+    atime, generation, kind and level offsets; MAX_KEY; DELETED."""
     return (ENTRY_SIZE, _E_HASH, _E_NEXT, 68, 70, _E_STATE, ENTRY_KEY_OFFSET, SEALED, WRITING,
-            ENTRY_ARRAY_OFFSET, 24)
+            ENTRY_ARRAY_OFFSET, 24, 0, 16, _E_ATIME, _E_GEN, 73, 74, MAX_KEY, DELETED)
 
 
 def entry_state_offset(eoff: int) -> int:
