@@ -135,24 +135,37 @@ static PyObject *lookup_pin(PyObject *self, PyObject *args) {
     return Py_BuildValue("(nn)", idx, eoff);
 }
 
-/* insert(meta, buckets, entries, b, h, sid, key, lock, idx, head, array, stats, level, nbytes) ->
+/* insert(meta, buckets, entries, b, h, sid, key, lock, idx, head, array, stats, level, nbytes
+ *        [, data, dst]) ->
  *   0 when entry idx (head: its packed ENTRY_HEAD, array: its ENTRY_ARRAY bytes or
  *   None) is written, keyed, counted in its stripe (stats: that stripe's record;
  *   nbytes on ``level``) and linked at the head of bucket b; -2/-3 as try_take;
- *   -4 when the key is being written, -5 when it exists. */
+ *   -4 when the key is being written, -5 when it exists. The entry keeps its
+ *   generation (head's is ignored). With ``data`` (a contiguous buffer), its bytes
+ *   are first copied to address ``dst`` (space this writer owns, not yet visible),
+ *   so a head whose state is SEALED publishes a whole object in one call. */
 static PyObject *insert(PyObject *self, PyObject *args) {
     unsigned long long meta, lock, stats;
     Py_ssize_t buckets, entries, b, klen, idx, level, hlen, nbytes;
     unsigned long h, sid;
     const char *key, *head;
-    PyObject *array;
+    PyObject *array, *data = Py_None;
+    unsigned long long dst = 0;
     if (!configured) {
         PyErr_SetString(PyExc_RuntimeError, "_fast.configure() was not called");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "Knnnkky#Kny#OKnn", &meta, &buckets, &entries, &b, &h, &sid, &key, &klen, &lock,
-                          &idx, &head, &hlen, &array, &stats, &level, &nbytes))
+    if (!PyArg_ParseTuple(args, "Knnnkky#Kny#OKnn|OK", &meta, &buckets, &entries, &b, &h, &sid, &key, &klen, &lock,
+                          &idx, &head, &hlen, &array, &stats, &level, &nbytes, &data, &dst))
         return NULL;
+    if (data != Py_None) {
+        Py_buffer db;
+        if (PyObject_GetBuffer(data, &db, PyBUF_ANY_CONTIGUOUS) < 0)
+            return NULL;
+        if (db.len)
+            memcpy((char *)(uintptr_t)dst, db.buf, (size_t)db.len);
+        PyBuffer_Release(&db);
+    }
     Py_buffer ab = {0};
     if (array != Py_None && PyObject_GetBuffer(array, &ab, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -165,7 +178,10 @@ static PyObject *insert(PyObject *self, PyObject *args) {
             rc = (unsigned char)base[found_off + STATE_OFF] == WRITING ? -4 : -5;
         } else {
             char *e = base + entries + idx * ENTRY_SIZE;
+            uint32_t gen;
+            memcpy(&gen, e + GEN_OFF, 4);
             memcpy(e, head, (size_t)hlen);
+            memcpy(e + GEN_OFF, &gen, 4);
             if (ab.buf)
                 memcpy(e + ARRAY_OFF, ab.buf, (size_t)ab.len);
             memcpy(e + KEY_OFF, key, (size_t)klen);

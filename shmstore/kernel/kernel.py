@@ -77,6 +77,7 @@ class Kernel(Writing):
         lay = node.layout
         self._buf = node.meta.mm
         self._arena = node.arena.mm
+        self._arena_addr = node.arena.address
         self._ro = node.arena_ro
         self._lay = lay
         self._table = node.table

@@ -45,6 +45,10 @@ class Writing:
         if level != _MEMORY:
             return self._put_disk(key, kb, obj, level)
         enc = serialize.encode(obj)
+        if self._fast is not None and enc.kind != L.KIND_PICKLE and enc.size <= self._cache.small_max:
+            info = self._fast_put(key, kb, enc)
+            if info is not None:
+                return info
         idx, off, stored, ctime, stripe = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta)
         try:
             if off + enc.size > self.node.populated:
@@ -55,6 +59,55 @@ class Writing:
             raise
         self.seal(idx, stripe)
         return self._new_info(key, enc, Level.MEMORY, stored, ctime)
+
+    def _fast_put(self, key: str, kb: bytes, enc: serialize.Encoded) -> ObjectInfo | None:
+        """A small array or bytes value put in one C call: copied into a cut of this client's
+        chunk, then its entry written already sealed and linked under the stripe lock.
+
+        Returns None (nothing changed) to leave it to the general path: a strided
+        array, no room, or a busy stripe lock.
+        """
+        src = enc.src
+        if enc.kind == L.KIND_NDARRAY:
+            flags = src.flags
+            if not (flags.c_contiguous or flags.f_contiguous):
+                return None
+        cache = self._cache
+        stored = L.align(max(enc.size, 1))
+        idx = cache.take_entry(key)
+        h = _crc32(kb, self.sid)
+        b = h & self._bmask
+        stripe = b & self._smask
+        try:
+            rec, off, flags = self._place(key, idx, stored)
+        except StorageFullError:
+            cache.entries.append(idx)
+            return None
+        try:
+            if off + enc.size > self.node.populated:
+                self.node.ensure_populated(off, enc.size, key)
+            ctime = time.time()
+            head = L.ENTRY_HEAD.pack(off, stored, enc.nbytes, _monotonic(), ctime, h, 0, 0, 0, self.slot, rec,
+                                     enc.nblobs, len(kb), self.sid, L.SEALED, enc.kind, _MEMORY, flags)
+            rc = self._fast.insert(self._meta_addr, self._lay.buckets, self._lay.entries, b, h, self.sid, kb,
+                                   self._stripe_addrs[stripe], idx, head, enc.meta,
+                                   self._meta_addr + self._lay.stripe_stats(stripe), _MEMORY, stored,
+                                   src, self._arena_addr + off)
+        except BaseException:
+            self._unplace(rec, flags)
+            cache.entries.append(idx)
+            raise
+        if rc == 0:
+            return self._new_info(key, enc, Level.MEMORY, stored, ctime)
+        self._unplace(rec, flags)
+        cache.entries.append(idx)
+        if rc == -3:  # its holder died: we hold it now and must repair it first
+            self._stripes[stripe].recover_held()
+        if rc == -4:
+            raise ObjectLockedError(f"{key!r} is being written by another writer", key)
+        if rc == -5:
+            raise ObjectExistsError(f"{key!r} already exists (delete it first, or use another key)", key)
+        return None
 
     def _put_disk(self, key: str, kb: bytes, obj: Any, level: int) -> ObjectInfo:
         if level != L.LEVEL_DISK:
