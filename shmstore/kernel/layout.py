@@ -465,14 +465,13 @@ def pack_migration(buf, layout: "Layout", slot: int, m: Migration) -> None:
                         m.start, m.time, m.error.encode()[:128], m.key)
 
 
-MIGRATION_DTYPE = np.dtype({"names": ["state", "session", "keylen", "pid", "start", "time"],
-                            "formats": ["<u4", "<u2", "<u2", "<i4", "<u8", "<f8"],
-                            "offsets": [0, 4, 6, 8, 16, 24], "itemsize": MIGRATION_SIZE})
 _MIGRATION_KEY_OFFSET = MIGRATION.size - 256
 
 
-def migration_table(buf, layout: "Layout") -> np.ndarray:
-    return np.ndarray((NMIGRATIONS,), MIGRATION_DTYPE, buffer=buf, offset=layout.migrations)
+def migration_states(buf, layout: "Layout") -> bytes:
+    """The state of every migration slot, one byte each (the low byte of its ``state``)."""
+    start = layout.migrations
+    return bytes(buf[start: start + NMIGRATIONS * MIGRATION_SIZE: MIGRATION_SIZE])
 
 
 def migration_key(buf, layout: "Layout", slot: int, keylen: int) -> bytes:

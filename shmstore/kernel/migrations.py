@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 import time
 
-import numpy as np
-
 from . import layout as L
 from .node import NodeStore, pid_alive, proc_start_time
 
@@ -28,12 +26,15 @@ _MY_START = proc_start_time(_ME) or 0
 def _find(node: NodeStore, sid: int, key: bytes) -> tuple[int, int]:
     """(slot holding ``key``, first free slot), -1 where none (ADMIN lock held)."""
     buf, lay = node.meta.mm, node.layout
-    t = L.migration_table(buf, lay)
-    used = t["state"] != L.MIG_FREE
-    free = int(np.argmin(used)) if not used.all() else -1
-    for slot in np.flatnonzero(used & (t["session"] == sid) & (t["keylen"] == len(key))):
-        if L.migration_key(buf, lay, int(slot), len(key)) == key:
-            return int(slot), free
+    states = L.migration_states(buf, lay)
+    free = states.find(L.MIG_FREE)
+    if states.count(L.MIG_FREE) == len(states):
+        return -1, free  # the usual case: nothing in flight
+    for slot, state in enumerate(states):
+        if state != L.MIG_FREE:
+            m = L.unpack_migration(buf, lay, slot)
+            if m.session == sid and m.key == key:
+                return slot, free
     return -1, free
 
 
