@@ -36,6 +36,7 @@ from . import fastpath
 _fast = fastpath.load()
 from .cache import ClientCache
 from .keys import encode_key
+from .pins import Pinning
 from .writing import Writing
 from .node import NodeStore
 
@@ -59,7 +60,7 @@ def _dtype(raw: bytes) -> np.dtype:
     return dt
 
 
-class Kernel(Writing):
+class Kernel(Writing, Pinning):
     """One client's verbs on one node store and session; never waits.
 
     Owns its client slot (given back by ``close``) but not the node store's
@@ -257,86 +258,6 @@ class Kernel(Writing):
             view = np.ndarray.__new__(SharedArray, array[1], array[0], buf, off, None, array[2])
         view._release = (self._release, idx, e[L.E_GEN])
         return view
-
-    # ---- pins -------------------------------------------------------------
-    def _release(self, idx: int, gen: int) -> None:
-        """Drop one local pin (from a finalizer, a reader or ``unpin``); takes no store lock
-        unless the object was deleted meanwhile."""
-        if self._detached:
-            return
-        if _fast is not None:
-            last = _fast.release(self._ctx, idx)  # 0: still pinned here, 1: last pin, 2: last and deleted
-            if not last:
-                return
-            deleted = last == 2
-        else:
-            if not self._pin_down(idx):
-                return
-            deleted = L.entry_state(self._buf, self._lay.entry(idx)) == L.DELETED
-        if deleted:
-            lock = self.node.stripe_of(idx)
-            # never block here: this may be a finalizer inside a locked section of this thread
-            done = None
-            if lock.acquire(blocking=False):
-                try:
-                    done = self.node.free_if_unpinned(idx, gen, blocking=False, cache=self._cache)
-                finally:
-                    lock.release()
-            if done is None:
-                self._deferred.append((idx, gen))
-        if self._detach_when_unpinned and not self._pins:
-            self._detach()
-
-    def _pin_up(self, idx: int) -> None:
-        """One more local pin on ``idx`` (its stripe lock held); the first sets our pin byte."""
-        if _fast is not None:  # one C call holding the GIL: atomic for the threads of this process
-            _fast.pin(self._pins, idx, self._pin_addr)
-            return
-        with self._plock:
-            n = self._pins.get(idx, 0)
-            if not n:
-                self._pinrow[idx] = 1
-            self._pins[idx] = n + 1
-
-    def _pin_down(self, idx: int) -> bool:
-        """One local pin less on ``idx`` (no lock); True when it was the last one."""
-        if _fast is not None:
-            return _fast.unpin(self._pins, idx, self._pin_addr)
-        with self._plock:  # no allocation of GC-tracked objects inside: no finalizer can run here
-            n = self._pins.get(idx, 0) - 1
-            if n > 0:
-                self._pins[idx] = n
-                return False
-            if n < 0:
-                return False
-            del self._pins[idx]
-            self._pinrow[idx] = 0
-            return True
-
-    def pin(self, key: str) -> None:
-        """Pin ``key`` (counted): spill never moves it until as many ``unpin``.
-
-        Raises:
-            ObjectNotFoundError: no such object.
-        """
-        kb = self._begin(key)
-        idx, e, _ = self.lookup(key, kb, True)
-        self._explicit.setdefault((self.sid, kb), [idx, e[L.E_GEN], 0])[2] += 1
-
-    def unpin(self, key: str) -> None:
-        """Undo one ``pin`` of ``key`` by this process.
-
-        Raises:
-            InvalidArgumentError: this process holds no pin on ``key``.
-        """
-        kb = self._begin(key)
-        rec = self._explicit.get((self.sid, kb))
-        if rec is None:
-            raise InvalidArgumentError(f"{key!r} is not pinned by this process")
-        rec[2] -= 1
-        if rec[2] == 0:
-            del self._explicit[(self.sid, kb)]
-        self._release(rec[0], rec[1])
 
     # ---- delete / query ---------------------------------------------------
     def delete(self, key: str, missing_ok: bool = False) -> None:

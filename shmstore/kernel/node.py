@@ -32,14 +32,14 @@ from .lock import ShmLock, init_lock
 from ..disk import SpillDir
 from .segment import Segment, Wakeup, unlink_segment, unlink_semaphore
 from .repair import rebuild_allocator
+from .prefault import Prefaulting
+from .procs import pid_alive, proc_start_time, reap_children, spawned
 from .table import Table
 
-__all__ = ["NodeStore", "store_prefix", "proc_start_time", "pid_alive"]
+__all__ = ["NodeStore", "store_prefix", "proc_start_time", "pid_alive", "reap_children"]
 
 NSTRIPES = 64
 _ATTACH_TIMEOUT = 10.0
-_POPULATE_CHUNK = 32 << 20
-_spawned: list[subprocess.Popen] = []
 
 
 def store_prefix(name: str, node: str, uid: int | None = None) -> str:
@@ -47,34 +47,7 @@ def store_prefix(name: str, node: str, uid: int | None = None) -> str:
     return f"/shmstore-{os.getuid() if uid is None else uid}-{name}-{node}"
 
 
-def proc_start_time(pid: int) -> int | None:
-    """Start time of a live process (clock ticks since boot); None if gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if fields[0] in (b"Z", b"X"):
-        return None
-    return int(fields[19])
-
-
-def pid_alive(pid: int, start: int = 0) -> bool:
-    """True if ``pid`` runs and (when ``start`` is given) is the same process."""
-    if pid <= 0:
-        return False
-    now = proc_start_time(pid)
-    return now is not None and (not start or now == start)
-
-
-def reap_children() -> None:
-    """Collect exited spill processes this process started (no zombies)."""
-    for p in list(_spawned):
-        if p.poll() is not None:
-            _spawned.remove(p)
-
-
-class NodeStore:
+class NodeStore(Prefaulting):
     """The segments, locks and tables of one node store, mapped in this process.
 
     Owns its mappings; ``close`` unmaps them. Only the janitor (spill
@@ -304,56 +277,9 @@ class NodeStore:
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL if persistent else None,
                 start_new_session=True, close_fds=True)
-            _spawned.append(proc)
+            spawned.append(proc)
             L.set_spill_pid(self.meta.mm, proc.pid)
             return proc.pid
-
-    # ---- prefaulting -------------------------------------------------------
-    def start_populating(self, prefault: int) -> None:
-        """Fault the arena in ahead of use, in a background thread of this process."""
-        self._stop = threading.Event()
-        self._populator = threading.Thread(target=self._populate_loop, args=(prefault, self._stop),
-                                           name="shmstore-prefault", daemon=True)
-        self._populator.start()
-
-    def _populate_loop(self, prefault: int, stop: threading.Event) -> None:
-        # the metadata first: first touches of its pages cost ~10 us each in a put
-        for off in range(0, self.meta.size, _POPULATE_CHUNK):
-            if stop.is_set() or self.meta.populate(off, min(_POPULATE_CHUNK, self.meta.size - off)):
-                break
-        while not stop.is_set():
-            target = min(self.capacity, max(prefault, L.frontier(self.meta.mm) + prefault))
-            if self.populated >= target:
-                stop.wait(0.2)
-                continue
-            n = min(_POPULATE_CHUNK, target - self.populated)
-            if self.arena.populate(self.populated, n):
-                return  # tmpfs full or kernel too old: writers populate what they use
-            self.populated += n
-
-    def wait_populated(self, nbytes: int, timeout: float = 60.0) -> bool:
-        """Wait until the first ``nbytes`` of the arena are faulted in here."""
-        deadline = time.monotonic() + timeout
-        while self.populated < min(nbytes, self.capacity):
-            if time.monotonic() > deadline or self._populator is None or not self._populator.is_alive():
-                return False
-            time.sleep(0.005)
-        return True
-
-    def ensure_populated(self, offset: int, length: int, key: str) -> None:
-        """Fault a range in before writing it, so a full /dev/shm is an error, not SIGBUS.
-
-        Raises:
-            StorageFullError: /dev/shm has no pages left for the range.
-        """
-        if offset + length <= self.populated or length == 0:
-            return
-        rc = self.arena.populate(offset, length)
-        if rc and rc != 22:  # EINVAL: no MADV_POPULATE_WRITE in this kernel; write and hope
-            raise StorageFullError(
-                f"cannot place {key!r} ({format_size(length)}): /dev/shm has no free pages left "
-                f"({os.strerror(rc)}; free /dev/shm or lower capacity= / SHMSTORE_CAPACITY)",
-                object_id=key, requested=length)
 
     # ---- usage ----------------------------------------------------------------
     def used(self, level: int) -> int:
