@@ -101,6 +101,30 @@ sys.stdin.readline()
     assert used(store) == 0
 
 
+@pytest.mark.parametrize("first", ["get", "put"])
+def test_first_verb_after_a_stripe_holder_died_repairs_that_stripe(store, first):
+    """The C fast paths report a dead holder of the key's stripe lock; the caller repairs that stripe."""
+    store.put("victim", np.arange(7))
+    child = Child(CONNECT + """
+node = store._node
+node.stripes[node.table.locate(store._kernel.sid, b'victim')[2]].acquire()
+print('locked', flush=True)
+sys.stdin.readline()
+""", env={"N": store.name})
+    assert child.readline() == "locked"
+    child.kill()
+    if first == "get":
+        np.testing.assert_array_equal(store.get("victim"), np.arange(7))
+    else:
+        with pytest.raises(shmstore.ObjectExistsError):
+            store.put("victim", np.arange(3))
+    stripe = store._node.stripes[store._node.table.locate(store._kernel.sid, b"victim")[2]]
+    assert not stripe.locked()
+    np.testing.assert_array_equal(store.get("victim"), np.arange(7))
+    store.delete("victim")
+    assert used(store) == 0
+
+
 def test_allocator_rebuilt_after_death_mid_update_covers_arena(store):
     child = Child(CONNECT + """
 node = store._node
