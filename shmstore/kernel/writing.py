@@ -67,47 +67,20 @@ class Writing:
         Returns None (nothing changed) to leave it to the general path: a strided
         array, no room, or a busy stripe lock.
         """
-        src = enc.src
         if enc.kind == L.KIND_NDARRAY:
-            flags = src.flags
+            flags = enc.src.flags
             if not (flags.c_contiguous or flags.f_contiguous):
                 return None
-        cache = self._cache
         stored = L.align(max(enc.size, 1))
-        idx = cache.take_entry(key)
+        idx = self._cache.take_entry(key)
         h = _crc32(kb, self.sid)
         b = h & self._bmask
-        stripe = b & self._smask
-        try:
-            rec, off, flags = self._place(key, idx, stored)
-        except StorageFullError:
-            cache.entries.append(idx)
+        done = self._fast_reserve(key, kb, idx, h, b, b & self._smask, enc.kind, stored, enc.nbytes, enc.nblobs,
+                                  enc.meta, enc)
+        if done is None:
+            self._cache.entries.append(idx)  # the general path takes an entry of its own
             return None
-        try:
-            if off + enc.size > self.node.populated:
-                self.node.ensure_populated(off, enc.size, key)
-            ctime = time.time()
-            head = L.ENTRY_HEAD.pack(off, stored, enc.nbytes, _monotonic(), ctime, h, 0, 0, 0, self.slot, rec,
-                                     enc.nblobs, len(kb), self.sid, L.SEALED, enc.kind, _MEMORY, flags)
-            rc = self._fast.insert(self._meta_addr, self._lay.buckets, self._lay.entries, b, h, self.sid, kb,
-                                   self._stripe_addrs[stripe], idx, head, enc.meta,
-                                   self._meta_addr + self._lay.stripe_stats(stripe), _MEMORY, stored,
-                                   src, self._arena_addr + off)
-        except BaseException:
-            self._unplace(rec, flags)
-            cache.entries.append(idx)
-            raise
-        if rc == 0:
-            return self._new_info(key, enc, Level.MEMORY, stored, ctime)
-        self._unplace(rec, flags)
-        cache.entries.append(idx)
-        if rc == -3:  # its holder died: we hold it now and must repair it first
-            self._stripes[stripe].recover_held()
-        if rc == -4:
-            raise ObjectLockedError(f"{key!r} is being written by another writer", key)
-        if rc == -5:
-            raise ObjectExistsError(f"{key!r} already exists (delete it first, or use another key)", key)
-        return None
+        return self._new_info(key, enc, Level.MEMORY, stored, done[3])
 
     def _put_disk(self, key: str, kb: bytes, obj: Any, level: int) -> ObjectInfo:
         if level != L.LEVEL_DISK:
@@ -181,8 +154,12 @@ class Writing:
         return idx, off, stored, ctime, stripe
 
     def _fast_reserve(self, key: str, kb: bytes, idx: int, h: int, b: int, stripe: int, kind: int, stored: int,
-                      nbytes: int, nblobs: int, meta: bytes | None) -> tuple | None:
+                      nbytes: int, nblobs: int, meta: bytes | None,
+                      enc: serialize.Encoded | None = None) -> tuple | None:
         """``reserve`` through the C fast path: place first, then one locked C call.
+
+        With ``enc`` (a contiguous array or bytes value) its bytes are copied
+        into the placed space first and the entry is made sealed: a whole put.
 
         Returns None (nothing changed) to leave it to the Python path: no room
         (so that path reports the right error), or the stripe lock was busy.
@@ -191,13 +168,25 @@ class Writing:
             rec, off, flags = self._place(key, idx, stored)
         except StorageFullError:
             return None
-        buf, lay = self._buf, self._lay
-        ctime = time.time()
-        head = L.ENTRY_HEAD.pack(off, stored, nbytes, _monotonic(), ctime, h, 0, L.entry_gen(buf, lay.entry(idx)), 0,
-                                 self.slot, rec, nblobs, len(kb), self.sid, L.WRITING, kind, _MEMORY, flags)
-        rc = self._fast.insert(self._meta_addr, lay.buckets, lay.entries, b, h, self.sid, kb,
-                               self._stripe_addrs[stripe], idx, head, meta, self._meta_addr + lay.stripe_stats(stripe),
-                               _MEMORY, stored)
+        lay = self._lay
+        try:
+            data = None
+            if enc is not None:
+                if off + enc.size > self.node.populated:
+                    self.node.ensure_populated(off, enc.size, key)
+                data = enc.src
+            ctime = time.time()
+            head = L.ENTRY_HEAD.pack(off, stored, nbytes, _monotonic(), ctime, h, 0, 0, 0,  # C keeps the generation
+                                     self.slot, rec, nblobs, len(kb), self.sid,
+                                     L.WRITING if data is None else L.SEALED, kind, _MEMORY, flags)
+            rc = self._fast.insert(self._meta_addr, lay.buckets, lay.entries, b, h, self.sid, kb,
+                                   self._stripe_addrs[stripe], idx, head, meta,
+                                   self._meta_addr + lay.stripe_stats(stripe), _MEMORY, stored,
+                                   data, self._arena_addr + off)
+        except BaseException:
+            self._unplace(rec, flags)
+            self._cache.entries.append(idx)
+            raise
         if rc == 0:
             return idx, off, stored, ctime, stripe
         self._unplace(rec, flags)
