@@ -1,12 +1,13 @@
-/* Optional C fast path of the kernel's lookup-and-pin and unpin.
+/* Optional C fast path of the kernel: lookup-and-pin, unpin, insert and seal.
  *
- * The pure-Python kernel does the same thing; this module only saves the
- * interpreter's overhead on the hottest path (a get of a small object). It
- * knows no binary layout of its own: layout.py hands it every offset through
- * configure(), and the kernel passes the store's section offsets on each call.
+ * The pure-Python kernel does the same things; this module only saves the
+ * interpreter's overhead on the hottest paths (a put or get of a small
+ * object). It knows no binary layout of its own: layout.py hands it every
+ * offset through configure(), and the kernel passes the store's addresses,
+ * once in a context capsule (get_entry, release) or on each call.
  *
- * Both functions run with the GIL held from start to end, so their updates of
- * the process-local pin counts are atomic with respect to other threads of
+ * Every function runs with the GIL held from start to end, so their updates
+ * of the process-local pin counts are atomic with respect to other threads of
  * the process; the kernel uses them for both pinning and unpinning, or for
  * neither.
  */
@@ -96,43 +97,6 @@ static int count_pin(PyObject *pins, Py_ssize_t idx, unsigned long long pins_add
     if (rc == 0 && count == 0)
         ((volatile char *)(uintptr_t)pins_addr)[idx] = 1;
     return rc;
-}
-
-/* lookup_pin(meta, buckets, entries, b, h, sid, key, lock, pins_addr, pins, pin) ->
- *   (idx, eoff) when found sealed (pinned if ``pin``), -1 when not, -2 when the
- *   lock is busy, -3 when its previous holder died: the caller then holds it,
- *   made consistent, and must repair and release it. */
-static PyObject *lookup_pin(PyObject *self, PyObject *args) {
-    unsigned long long meta, lock, pins_addr;
-    Py_ssize_t buckets, entries, b, klen;
-    unsigned long h, sid;
-    const char *key;
-    PyObject *pins;
-    int pin;
-    if (!configured) {
-        PyErr_SetString(PyExc_RuntimeError, "_fast.configure() was not called");
-        return NULL;
-    }
-    if (!PyArg_ParseTuple(args, "Knnnkky#KKO!p", &meta, &buckets, &entries, &b, &h, &sid, &key, &klen, &lock,
-                          &pins_addr, &PyDict_Type, &pins, &pin))
-        return NULL;
-    pthread_mutex_t *m = (pthread_mutex_t *)(uintptr_t)lock;
-    int rc = try_take(m);
-    if (rc)
-        return PyLong_FromLong(rc);
-    char *base = (char *)(uintptr_t)meta;
-    Py_ssize_t eoff = 0;
-    Py_ssize_t idx = find(base, buckets, entries, b, h, sid, key, klen, &eoff);
-    if (idx < 0 || (unsigned char)base[eoff + STATE_OFF] != SEALED) {
-        pthread_mutex_unlock(m);
-        return PyLong_FromLong(-1);
-    }
-    if (pin && count_pin(pins, idx, pins_addr) < 0) {
-        pthread_mutex_unlock(m);
-        return NULL;
-    }
-    pthread_mutex_unlock(m);
-    return Py_BuildValue("(nn)", idx, eoff);
 }
 
 /* insert(meta, buckets, entries, b, h, sid, key, lock, idx, head, array, stats, level, nbytes
@@ -425,7 +389,6 @@ static PyObject *release(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, "Set the entry layout (from layout.py)."},
-    {"lookup_pin", lookup_pin, METH_VARARGS, "Find a sealed entry under its stripe lock and pin it."},
     {"insert", insert, METH_VARARGS, "Write, count and link a reserved entry under its stripe lock."},
     {"set_byte", set_byte, METH_VARARGS, "Store one byte under a lock (sealing an entry)."},
     {"pin", pin, METH_VARARGS, "One more local pin (stripe lock held)."},

@@ -157,11 +157,10 @@ class Kernel(Writing, Pinning):
         h = _crc32(kb, self.sid)
         b = h & self._bmask
         stripe = b & self._smask
-        if pin and _fast is not None:  # C: lock, walk, pin, unlock; the pin keeps the entry still after
-            r = _fast.lookup_pin(self._meta_addr, self._lay.buckets, self._lay.entries, b, h, self.sid, kb,
-                                 self._stripe_addrs[stripe], self._pin_addr, self._pins, True)
+        if pin and _fast is not None:  # C: lock, walk, pin, touch, unlock; the pin keeps the entry still after
+            r = _fast.get_entry(self._ctx, key)
             if type(r) is tuple:
-                return self._pinned(r[0], r[1], L.entry_raw(buf, r[1]))
+                return self._pinned(r[0], r[6], L.entry_raw(buf, r[6]))
             if r == -1:
                 raise self._not_found(key)
             if r == -3:  # its holder died: we hold it now and must repair it first
