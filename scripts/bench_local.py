@@ -195,6 +195,23 @@ def bench_small_baseline(n: int, arrays) -> tuple[float, float]:
 
 # ---- 1 GiB array -------------------------------------------------------------
 
+def alternate(store, key: str, value, baseline, repeats: int, check) -> tuple[list, list, list]:
+    """Per repeat: time ``baseline()``, then ``store.put(key, value)``, then 5 gets (each
+    checked); the three lists of seconds. Alternating keeps the VM's drift out of the ratios."""
+    copies, puts, gets = [], [], []
+    for _ in range(repeats):
+        copies.append(timed(baseline))
+        puts.append(timed(lambda: store.put(key, value)))
+        for _ in range(5):
+            t = time.perf_counter()
+            got = store.get(key)
+            gets.append(time.perf_counter() - t)
+            assert check(got)
+            del got
+        store.delete(key)
+    return copies, puts, gets
+
+
 def bench_big(nbytes: int, repeats: int, name: str) -> dict:
     """1 GiB put against ``np.copyto`` of the same bytes, interleaved per repeat (the VM's speed drifts)."""
     src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
@@ -207,17 +224,8 @@ def bench_big(nbytes: int, repeats: int, name: str) -> dict:
     with shmstore.connect(name + "warm", capacity=cap, prefault=cap) as store:
         if not store._node.wait_populated(cap, timeout=120):
             print("warning: arena not fully prefaulted", file=sys.stderr)
-        copies, warm, gets = [], [], []
-        for _ in range(repeats):
-            copies.append(timed(lambda: np.copyto(dst, src)))
-            warm.append(timed(lambda: store.put("big", src)))
-            for _ in range(5):
-                t = time.perf_counter()
-                view = store.get("big")
-                gets.append(time.perf_counter() - t)
-                assert view.nbytes == nbytes and view[12345] == src[12345]
-                del view
-            store.delete("big")
+        copies, warm, gets = alternate(store, "big", src, lambda: np.copyto(dst, src), repeats,
+                                       lambda view: view.nbytes == nbytes and view[12345] == src[12345])
     copy = median(copies)
     return {"bytes": nbytes, "copyto_s": copy, "copyto_gbps": nbytes / copy / 1e9,
             "put_cold_s": cold, "put_warm_s": median(warm), "put_warm_gbps": nbytes / median(warm) / 1e9,
@@ -257,17 +265,8 @@ def bench_state_dict(total: int, count: int, repeats: int, name: str) -> dict:
     cap = total + 64 * MiB
     with shmstore.connect(name, capacity=cap, prefault=cap) as store:
         store._node.wait_populated(cap, timeout=120)
-        copies, puts, gets = [], [], []
-        for _ in range(repeats):
-            copies.append(timed(lambda: np.copyto(dst, flat)))
-            puts.append(timed(lambda: store.put("sd", sd)))
-            for _ in range(5):
-                t = time.perf_counter()
-                got = store.get("sd")
-                gets.append(time.perf_counter() - t)
-                assert len(got) == count and got["layer7.weight"][3] == 7
-                del got
-            store.delete("sd")
+        copies, puts, gets = alternate(store, "sd", sd, lambda: np.copyto(dst, flat), repeats,
+                                       lambda got: len(got) == count and got["layer7.weight"][3] == 7)
     return {"bytes": total, "arrays": count, "copyto_s": median(copies), "put_s": median(puts),
             "put_vs_copyto": median([p / c for p, c in zip(puts, copies)]), "get_ms": median(gets) * 1e3}
 
