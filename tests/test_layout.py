@@ -80,3 +80,17 @@ def test_sessions_and_clients():
     assert pins.shape == (2, 8) and pins.dtype == np.uint8
     buf[lay.pinbyte(1, 5)] = 1
     assert pins[1, 5] == 1 and pins.sum() == 1
+
+
+def test_stripe_stats_of_one_level_leave_the_other_levels_alone():
+    """Regression: a struct with pad bytes zeroed the other levels' counters on every update."""
+    lay = L.Layout(max_objects=8, max_clients=2, nstripes=2)
+    buf = bytearray(lay.size)
+    soff = lay.stripe_stats(1)
+    L.add_stripe_stats(buf, soff, L.LEVEL_MEMORY, 5000, 1)
+    L.add_stripe_stats(buf, soff, L.LEVEL_DISK, 300, 1)
+    L.add_stripe_stats(buf, soff, L.LEVEL_GPU, 7, 1)
+    L.add_stripe_stats(buf, soff, L.LEVEL_MEMORY, -1000, -1)
+    st = L.stats_table(buf, lay)
+    assert list(st["used"][1]) == [7, 4000, 300] and st["objects"][1] == 2
+    assert list(st["used"][0]) == [0, 0, 0] and st["objects"][0] == 0

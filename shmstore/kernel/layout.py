@@ -545,14 +545,18 @@ def set_extent_cursor(buf, next_unused: int, free_head: int) -> None:
     _CURSOR.pack_into(buf, ALLOC_OFFSET + 48, next_unused, free_head)
 
 
-_LEVEL_STATS = [struct.Struct(f"<{8 * lv}xq{16 - 8 * lv}xq") for lv in range(3)]  # (used[lv], objects)
+_STATS_OBJECTS = 24  # offset of the object count in a STRIPE_STATS record
 
 
 def add_stripe_stats(buf, soff: int, level: int, nbytes: int, objects: int) -> None:
-    """Add to one stripe's used bytes on ``level`` and object count (stripe lock held)."""
-    st = _LEVEL_STATS[level]
-    used, count = st.unpack_from(buf, soff)
-    st.pack_into(buf, soff, used + nbytes, count + objects)
+    """Add to one stripe's used bytes on ``level`` and object count (stripe lock held).
+
+    Two single-field stores: a struct with pad bytes would write zeros over
+    the other levels' counters (``pack_into`` writes pads too).
+    """
+    uoff, coff = soff + 8 * level, soff + _STATS_OBJECTS
+    _I64.pack_into(buf, uoff, _I64.unpack_from(buf, uoff)[0] + nbytes)
+    _I64.pack_into(buf, coff, _I64.unpack_from(buf, coff)[0] + objects)
 
 
 def add_stripe_deleted(buf, soff: int, n: int) -> None:
@@ -631,7 +635,7 @@ def fast_path_layout() -> tuple[int, ...]:
     offset; the object count's offset in a STRIPE_STATS record; the offset, nbytes,
     atime, generation, kind and level offsets; MAX_KEY; DELETED."""
     return (ENTRY_SIZE, _E_HASH, _E_NEXT, 68, 70, _E_STATE, ENTRY_KEY_OFFSET, SEALED, WRITING,
-            ENTRY_ARRAY_OFFSET, 24, 0, 16, _E_ATIME, _E_GEN, 73, 74, MAX_KEY, DELETED)
+            ENTRY_ARRAY_OFFSET, _STATS_OBJECTS, 0, 16, _E_ATIME, _E_GEN, 73, 74, MAX_KEY, DELETED)
 
 
 def entry_state_offset(eoff: int) -> int:
