@@ -6,7 +6,7 @@ memory in check and cleans up after crashes; ``shmstore.mpi`` moves objects
 between nodes over MPI.
 """
 from .errors import (ConfigError, InvalidArgumentError, InvalidKeyError, LayoutError, LockTimeoutError,
-                     ObjectExistsError, ObjectLockedError, ObjectNotFoundError, SerializationError,
+                     ObjectExistsError, ObjectLockedError, ObjectNotFoundError, PermissionDeniedError, SerializationError,
                      ShmStoreError, SpillError, StorageFullError, StoreClosedError, StoreInUseError,
                      TransferError)
 from .levels import Capacity, Level, ObjectInfo
@@ -20,5 +20,6 @@ __all__ = [
     "connect", "destroy", "collect_stale", "Store", "SharedArray", "Level", "ObjectInfo", "Capacity", "Reader", "Writer",
     "ShmStoreError", "ObjectNotFoundError", "ObjectExistsError", "ObjectLockedError", "StorageFullError",
     "LockTimeoutError", "LayoutError", "StoreClosedError", "StoreInUseError", "SpillError", "TransferError",
-    "InvalidArgumentError", "InvalidKeyError", "SerializationError", "ConfigError", "__version__",
+    "InvalidArgumentError", "InvalidKeyError", "SerializationError", "ConfigError", "PermissionDeniedError",
+    "__version__",
 ]

@@ -4,55 +4,106 @@ Files are scratch, not persistence: no fsync. A file is written under a
 ``.tmp`` name and renamed when complete, so a reader or a restarted spill
 process never mistakes a half-written file for an object. Reads map the file
 read-only, so a slice of a spilled array reads only the pages it touches.
+
+Safety: the directory's name is predictable (``<spill_dir>/shmstore-<uid>-<name>-<node>``)
+and spill directories are often shared (``/tmp``), so another user may have
+put something there first. The directory is opened once per process with
+``O_NOFOLLOW | O_DIRECTORY`` and checked through that descriptor (a
+directory, ours, owner-only); every file operation then goes relative to the
+descriptor, files are created with ``O_EXCL | O_NOFOLLOW``, and a symlink, a
+directory of another user or anything else is refused with
+:class:`~shmstore.errors.PermissionDeniedError` naming the path and what to do.
 """
 from __future__ import annotations
 
 import errno
 import mmap
 import os
-import shutil
 import stat
+import threading
 from typing import Callable, Iterable
 
 import numpy as np
 
-from .errors import LayoutError
+from .errors import LayoutError, PermissionDeniedError
 
 __all__ = ["SpillDir", "CHUNK"]
 
 CHUNK = 64 << 20  # bytes per write/read call: progress granularity, bounded memory
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class SpillDir:
     """The directory holding a store's DISK objects.
 
     Owned by the node store: the spill process (or ``destroy``) removes it
-    with the store. Process-safe by naming: each object has its own file.
+    with the store. Holds one descriptor of the directory per process,
+    released by ``close``. Process-safe by naming (each object has its own
+    file); thread-safe.
     """
+
+    _fd = -1
 
     def __init__(self, root: str, name: str) -> None:
         self.root = root
         self.path = os.path.join(root, name)
+        self._lock = threading.Lock()
 
-    def ensure(self) -> None:
-        """Create the directory (0700) if needed and check that it is ours.
+    # ---- the directory ----------------------------------------------------
+    def ensure(self) -> int:
+        """Create the directory (0700) if needed, check it is ours, and return its descriptor.
 
         Raises:
-            PermissionError: it belongs to another user or others may read it.
+            PermissionDeniedError: a symlink, not a directory, another user's, or open to others
+                and not ours to fix.
             OSError: it cannot be created.
         """
-        try:
-            os.makedirs(self.path, mode=0o700, exist_ok=True)
-        except FileExistsError:
-            pass
-        st = os.stat(self.path)
-        if st.st_uid != os.getuid():
-            raise PermissionError(errno.EACCES, f"spill directory {self.path!r} belongs to uid {st.st_uid}")
-        if stat.S_IMODE(st.st_mode) & 0o077:
-            os.chmod(self.path, 0o700)
+        fd = self._fd
+        if fd >= 0:
+            return fd
+        with self._lock:
+            if self._fd < 0:
+                try:
+                    os.mkdir(self.path, 0o700)
+                except FileExistsError:
+                    pass
+                self._fd = self._open_checked()
+            return self._fd
 
-    def file(self, idx: int, gen: int) -> str:
-        return os.path.join(self.path, f"{idx}.{gen}")
+    def _open_checked(self) -> int:
+        try:
+            fd = os.open(self.path, _DIR_FLAGS)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                what = "a symbolic link" if os.path.islink(self.path) else "not a directory"
+                raise PermissionDeniedError(
+                    f"spill directory {self.path!r} is {what}, not a directory of this user: refusing to use it "
+                    f"(someone else may have planted it; remove it, or set spill_dir= / SHMSTORE_SPILL_DIR to a "
+                    f"directory of your own)") from None
+            raise
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.getuid():
+                raise PermissionDeniedError(
+                    f"spill directory {self.path!r} belongs to uid {st.st_uid}, not {os.getuid()}: refusing to use "
+                    f"it (remove it, or set spill_dir= / SHMSTORE_SPILL_DIR to a directory of your own)")
+            if stat.S_IMODE(st.st_mode) & 0o077:
+                os.fchmod(fd, 0o700)  # ours: through the descriptor, so no symlink can redirect it
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _existing(self) -> int:
+        """The directory's descriptor, or -1 if there is none of ours (never created, or refused)."""
+        if self._fd < 0 and not os.path.lexists(self.path):
+            return -1
+        try:
+            return self.ensure()
+        except OSError:  # refused (PermissionDeniedError) or unusable: nothing of ours is in it
+            return -1
 
     def free_bytes(self) -> int:
         """Free space of the file system holding the directory."""
@@ -62,6 +113,36 @@ class SpillDir:
         st = os.statvfs(probe)
         return st.f_bavail * st.f_frsize
 
+    # ---- files ------------------------------------------------------------
+    def file(self, idx: int, gen: int) -> str:
+        return os.path.join(self.path, f"{idx}.{gen}")
+
+    @staticmethod
+    def name(idx: int, gen: int) -> str:
+        return f"{idx}.{gen}"
+
+    def create_tmp(self, idx: int, gen: int) -> int:
+        """Open a new, empty ``<idx>.<gen>.tmp`` for writing; returns its descriptor.
+
+        A stale one (of a writer that died) is replaced.
+
+        Raises:
+            OSError: it cannot be created. PermissionDeniedError: see :meth:`ensure`.
+        """
+        dfd = self.ensure()
+        tmp = self.name(idx, gen) + ".tmp"
+        try:
+            return os.open(tmp, _NEW_FILE, 0o600, dir_fd=dfd)
+        except FileExistsError:
+            self.unlink(tmp)
+            return os.open(tmp, _NEW_FILE, 0o600, dir_fd=dfd)
+
+    def publish(self, idx: int, gen: int) -> None:
+        """Rename a complete ``<idx>.<gen>.tmp`` to its final name."""
+        dfd = self.ensure()
+        name = self.name(idx, gen)
+        os.rename(name + ".tmp", name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
     def write(self, idx: int, gen: int, parts: Iterable[tuple[int, memoryview]], size: int,
               progress: Callable[[int], None] | None = None) -> None:
         """Write an object's file from ``(offset, bytes)`` parts, all or nothing.
@@ -69,10 +150,7 @@ class SpillDir:
         Raises:
             OSError: the write failed (no space, I/O error, permission); nothing is left behind.
         """
-        self.ensure()
-        final = self.file(idx, gen)
-        tmp = final + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = self.create_tmp(idx, gen)
         try:
             os.ftruncate(fd, size)
             done = 0
@@ -87,12 +165,15 @@ class SpillDir:
                         progress(done)
             os.close(fd)
             fd = -1
-            os.rename(tmp, final)
+            self.publish(idx, gen)
         except BaseException:
             if fd >= 0:
                 os.close(fd)
-            _remove(tmp)
+            self.unlink(self.name(idx, gen) + ".tmp")
             raise
+
+    def _open_read(self, idx: int, gen: int) -> int:
+        return os.open(self.name(idx, gen), _READ_FILE, dir_fd=self.ensure())
 
     def read_into(self, idx: int, gen: int, dst: np.ndarray, progress: Callable[[int], None] | None = None) -> None:
         """Read an object's file into the writable uint8 array ``dst``.
@@ -100,7 +181,7 @@ class SpillDir:
         Raises:
             OSError: the file is missing or unreadable. LayoutError: it is shorter than expected.
         """
-        with open(self.file(idx, gen), "rb", buffering=0) as f:
+        with os.fdopen(self._open_read(idx, gen), "rb", buffering=0) as f:
             mv = memoryview(dst)
             done = 0
             while done < len(mv):
@@ -119,30 +200,62 @@ class SpillDir:
         """
         if size == 0:
             return None
-        with open(self.file(idx, gen), "rb") as f:
-            return mmap.mmap(f.fileno(), size, mmap.MAP_SHARED, mmap.PROT_READ)
+        fd = self._open_read(idx, gen)
+        try:
+            return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        finally:
+            os.close(fd)
 
     def remove(self, idx: int, gen: int) -> None:
         """Remove an object's file and any half-written one; never raises on a missing file."""
-        final = self.file(idx, gen)
-        _remove(final)
-        _remove(final + ".tmp")
+        name = self.name(idx, gen)
+        self.unlink(name)
+        self.unlink(name + ".tmp")
+
+    def unlink(self, name: str) -> None:
+        """Remove one file of the directory by name; a missing one (or directory) is no error."""
+        dfd = self._existing()
+        if dfd < 0:
+            return
+        try:
+            os.unlink(name, dir_fd=dfd)
+        except FileNotFoundError:
+            pass
 
     def names(self) -> list[str]:
-        try:
-            return os.listdir(self.path)
-        except OSError:  # not made yet, or not a directory
-            return []
+        """Names of the files in the directory ([] if it was never created)."""
+        dfd = self._existing()
+        return [] if dfd < 0 else os.listdir(dfd)
 
     def remove_all(self) -> int:
-        """Remove the directory and every file in it; returns how many files there were."""
-        n = len(self.names())
-        shutil.rmtree(self.path, ignore_errors=True)
-        return n
+        """Remove every file and then the directory itself; returns how many files there were.
 
+        Leaves alone what is not ours (a planted symlink stays, untouched).
+        """
+        dfd = self._existing()
+        if dfd < 0:
+            return 0
+        names = os.listdir(dfd)
+        for name in names:
+            try:
+                os.unlink(name, dir_fd=dfd)
+            except OSError:
+                pass
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            pass
+        return len(names)
 
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    def close(self) -> None:
+        """Release this process's descriptor of the directory; idempotent."""
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except (OSError, AttributeError):
+            pass

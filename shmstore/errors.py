@@ -24,6 +24,7 @@ __all__ = [
     "InvalidKeyError",
     "SerializationError",
     "ConfigError",
+    "PermissionDeniedError",
 ]
 
 
@@ -123,3 +124,11 @@ class SerializationError(ShmStoreError, TypeError):
 
 class ConfigError(ShmStoreError, ValueError):
     """A configuration value (keyword or ``SHMSTORE_*`` variable) is invalid."""
+
+
+class PermissionDeniedError(ShmStoreError, PermissionError):
+    """A segment, semaphore or spill directory of the store's name is not this user's to use.
+
+    Another user created it first (by accident, or to squat on the name),
+    or it is a symbolic link. The message names the object and what to do.
+    """

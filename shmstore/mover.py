@@ -3,18 +3,26 @@
 A move, step by step:
 
 1. under the entry's stripe lock: check it is sealed, unpinned and not
-   moving, charge the target level, set ``FLAG_MOVING``;
+   moving; set ``FLAG_MOVING`` (a spill charges the DISK quota in the same
+   ALLOC section);
 2. with no lock held: copy the bytes (arena -> ``<idx>.<gen>.tmp`` -> rename,
-   or file -> freshly allocated arena extent, recorded in the entry);
+   or file -> freshly allocated arena extent, which the entry names at once);
 3. under the stripe lock again: if nobody pinned or deleted it meanwhile,
    switch the entry to the new level and free the old copy; otherwise drop
    the new copy and leave the object where it was.
 
 Readers never wait for a move (they read the old copy, and their pin makes
 the move give up); deleters mark a moving entry ``deleted`` and step 3 frees
-it. A move that fails leaves the object where it was, readable. If the spill
-process is killed mid-move, its replacement's :meth:`Mover.recover` rolls
-every half-done move back before serving anything.
+it. A move that fails leaves the object where it was, readable.
+
+Crash safety: every change of the DISK quota happens in one ALLOC section
+with the entry change it pays for, so the counter always equals
+``repair.disk_charged`` of the table; the entry is switched before the old
+copy is freed, and files are removed before the entries that name them are
+freed. If the spill process is killed mid-move, its replacement's
+:meth:`Mover.recover` rolls every half-done move back before serving
+anything; a killed client's half-done sections are repaired by whoever next
+takes the lock it held (``kernel/repair.py``).
 """
 from __future__ import annotations
 
@@ -24,8 +32,10 @@ import time
 import numpy as np
 
 from .disk import SpillDir
+from .errors import LayoutError
 from .kernel import layout as L
 from .kernel.node import NodeStore
+from .kernel.repair import disk_charged
 from .policy import spill_candidates, watermark_excess
 from .units import format_size
 
@@ -83,19 +93,22 @@ class Mover:
         L.set_disk_reserved(self.buf, used + nbytes)
 
     def _disk_refund(self, nbytes: int) -> None:
-        with self.node.alloc_lock:
-            L.set_disk_reserved(self.buf, max(0, L.disk_reserved(self.buf) - nbytes))
+        """Give ``nbytes`` back to the DISK quota (ALLOC lock held)."""
+        L.set_disk_reserved(self.buf, max(0, L.disk_reserved(self.buf) - nbytes))
+
+    def _clear_moving(self, idx: int) -> None:
+        self._set_flags(idx, L.entry_flags(self.buf, self.lay.entry(idx)) & ~L.FLAG_MOVING)
 
     # ---- MEMORY -> DISK -------------------------------------------------------
     def spill(self, idx: int, gen: int) -> int:
         """Move entry ``idx`` from MEMORY to DISK; returns the bytes moved (0 if it gave up)."""
-        node, buf, lay = self.node, self.buf, self.lay
+        node = self.node
         lock = node.stripe_of(idx)
         with lock:
             e = self._check_movable(idx, gen, L.LEVEL_MEMORY)
             with node.alloc_lock:
                 self._disk_charge(e[L.E_SIZE])
-            self._set_flags(idx, e[L.E_FLAGS] | L.FLAG_MOVING)
+                self._set_flags(idx, e[L.E_FLAGS] | L.FLAG_MOVING)
         size, off = e[L.E_SIZE], e[L.E_OFFSET]
         self._state(moving=idx + 1, moving_to=L.LEVEL_DISK, progress=0, total=size)
         try:
@@ -106,14 +119,20 @@ class Mover:
                 arena.release()
         except OSError as exc:
             with lock:
-                self._set_flags(idx, L.entry_flags(buf, lay.entry(idx)) & ~L.FLAG_MOVING)
-                node.free_if_unpinned(idx)
-            self._disk_refund(size)
-            self._state(moving=0, failures=L.unpack_spill_state(buf).failures + 1)
+                self._give_up_spill(idx, gen, size)
+            self._state(moving=0, failures=L.unpack_spill_state(self.buf).failures + 1)
             raise MoveError(L.ERR_IO, f"cannot spill {self.key_of(idx)!r} ({format_size(size)}) to "
                                       f"{self.disk.path}: {exc.strerror or exc}") from exc
         with lock:
             return self._finish_spill(idx, e)
+
+    def _give_up_spill(self, idx: int, gen: int, size: int) -> None:
+        """Drop the disk copy of a spill and leave the object in memory (stripe lock held)."""
+        self.disk.remove(idx, gen)  # first: a crash leaves a moving entry, which recover() rolls back
+        with self.node.alloc_lock:
+            self._disk_refund(size)
+            self._clear_moving(idx)
+        self.node.free_if_unpinned(idx)  # deleted meanwhile: free it now
 
     def _finish_spill(self, idx: int, e: tuple) -> int:
         node, buf, lay = self.node, self.buf, self.lay
@@ -122,18 +141,15 @@ class Mover:
         self._state(moving=0)
         size = e[L.E_SIZE]
         if now[L.E_STATE] != L.SEALED or node.table.pin_count(idx):  # deleted or read meanwhile: give up
-            self.disk.remove(idx, e[L.E_GEN])
-            self._disk_refund(size)
-            self._set_flags(idx, now[L.E_FLAGS] & ~L.FLAG_MOVING)
-            node.free_if_unpinned(idx)
+            self._give_up_spill(idx, e[L.E_GEN], size)
             return 0
+        with node.alloc_lock:  # the entry names its new copy before the old one is freed
+            L.ENTRY_HEAD.pack_into(buf, eoff, *self._moved(now, 0, 0, L.LEVEL_DISK))
+            if not now[L.E_FLAGS] & L.FLAG_IN_CHUNK:
+                node.alloc.free_owned(now[L.E_EXTENT], idx + 1)
         soff = lay.stripe_stats(node.table.stripe_of(idx))
         L.add_stripe_stats(buf, soff, L.LEVEL_MEMORY, -size, -1)
         L.add_stripe_stats(buf, soff, L.LEVEL_DISK, size, 1)
-        with node.alloc_lock:
-            if not e[L.E_FLAGS] & L.FLAG_IN_CHUNK:
-                node.alloc.free(e[L.E_EXTENT])
-        L.ENTRY_HEAD.pack_into(buf, eoff, *self._moved(now, 0, 0, L.LEVEL_DISK))
         self._state(spilled=L.unpack_spill_state(buf).spilled + size)
         return size
 
@@ -159,60 +175,58 @@ class Mover:
             rec, off = self._allocate(idx, size)
         except MoveError:
             with lock:
-                self._set_flags(idx, L.entry_flags(buf, lay.entry(idx)) & ~L.FLAG_MOVING)
+                self._clear_moving(idx)
                 node.free_if_unpinned(idx)
             raise
-        with lock:
-            L.set_entry_extent(buf, lay.entry(idx), rec)  # so a rollback can free it
         self._state(moving=idx + 1, moving_to=L.LEVEL_MEMORY, progress=0, total=size)
         try:
             node.arena.populate(off, size)
             dst = np.ndarray((size,), np.uint8, node.arena.mm, off)
             self.disk.read_into(idx, gen, dst, progress=lambda n: self._state(progress=n))
-        except OSError as exc:
-            self._abort_restore(idx, rec)
+        except (OSError, LayoutError) as exc:
+            with lock:
+                self._abort_restore(idx, rec)
             raise MoveError(L.ERR_IO, f"cannot restore {self.key_of(idx)!r} ({format_size(size)}) from "
-                                      f"{self.disk.path}: {exc.strerror or exc}") from exc
+                                      f"{self.disk.path}: {exc}") from exc
         with lock:
             now = L.entry_raw(buf, lay.entry(idx))
             self._state(moving=0)
             if now[L.E_STATE] != L.SEALED or node.table.pin_count(idx):
-                self._abort_restore(idx, rec, locked=True)
+                self._abort_restore(idx, rec)
                 return 0
+            with node.alloc_lock:
+                L.ENTRY_HEAD.pack_into(buf, lay.entry(idx), *self._moved(now, off, rec, L.LEVEL_MEMORY))
+                self._disk_refund(size)
             soff = lay.stripe_stats(node.table.stripe_of(idx))
             L.add_stripe_stats(buf, soff, L.LEVEL_DISK, -size, -1)
             L.add_stripe_stats(buf, soff, L.LEVEL_MEMORY, size, 1)
-            L.ENTRY_HEAD.pack_into(buf, lay.entry(idx), *self._moved(now, off, rec, L.LEVEL_MEMORY))
-        self._disk_refund(size)
-        self.disk.remove(idx, gen)
+            self.disk.remove(idx, gen)  # a crash before this leaves a stray file: recover() removes it
         self._state(restored=L.unpack_spill_state(buf).restored + size)
         return size
 
     def _allocate(self, idx: int, size: int) -> tuple[int, int]:
-        node = self.node
+        """An arena extent for restoring entry ``idx``, which names it at once (see alloc.py)."""
+        node, eoff = self.node, self.lay.entry(idx)
         for attempt in range(2):
             with node.alloc_lock:
                 rec, off = node.alloc.alloc(size, idx + 1)
                 if not rec and node.reclaim_retired_locked():
                     rec, off = node.alloc.alloc(size, idx + 1)
-            if rec:
-                return rec, off
+                if rec:
+                    L.set_entry_extent(self.buf, eoff, rec)
+                    return rec, off
             if attempt == 0:
                 self.make_room(size, exclude=idx)
         raise MoveError(L.ERR_FULL, f"no room in memory for {self.key_of(idx)!r} ({format_size(size)})")
 
-    def _abort_restore(self, idx: int, rec: int, locked: bool = False) -> None:
-        node, buf, lay = self.node, self.buf, self.lay
+    def _abort_restore(self, idx: int, rec: int) -> None:
+        """Drop the memory copy of a restore and leave the object on disk (stripe lock held)."""
         self._state(moving=0)
-        if not locked:
-            with node.stripe_of(idx):
-                return self._abort_restore(idx, rec, locked=True)
-        with node.alloc_lock:
-            node.alloc.free(rec)
-        eoff = lay.entry(idx)
-        L.set_entry_extent(buf, eoff, 0)
-        self._set_flags(idx, L.entry_flags(buf, eoff) & ~L.FLAG_MOVING)
-        node.free_if_unpinned(idx)
+        with self.node.alloc_lock:
+            L.set_entry_extent(self.buf, self.lay.entry(idx), 0)
+            self.node.alloc.free_owned(rec, idx + 1)
+            self._clear_moving(idx)
+        self.node.free_if_unpinned(idx)
 
     # ---- policy-driven moves ---------------------------------------------------
     def largest_free(self) -> int:
@@ -276,42 +290,41 @@ class Mover:
         """
         node, buf, lay = self.node, self.buf, self.lay
         t = L.entry_table(buf, lay)
-        moving = np.flatnonzero((t["state"] != L.FREE) & ((t["flags"] & L.FLAG_MOVING) != 0))
+        moving = np.flatnonzero((t["state"] != L.FREE) & (t["state"] != L.RESERVED)
+                                & ((t["flags"] & L.FLAG_MOVING) != 0))
         for idx in moving:
             idx = int(idx)
             with node.stripe_of(idx):
                 e = L.entry_raw(buf, lay.entry(idx))
-                if e[L.E_LEVEL] == L.LEVEL_MEMORY:
-                    self.disk.remove(idx, e[L.E_GEN])
-                elif e[L.E_EXTENT]:
-                    with node.alloc_lock:
-                        node.alloc.free(e[L.E_EXTENT])
-                    L.set_entry_extent(buf, lay.entry(idx), 0)
-                self._set_flags(idx, e[L.E_FLAGS] & ~L.FLAG_MOVING)
-                node.free_if_unpinned(idx)
+                if not e[L.E_FLAGS] & L.FLAG_MOVING:
+                    continue
+                if e[L.E_LEVEL] == L.LEVEL_MEMORY:  # a spill: its disk copy goes, its charge too
+                    self._give_up_spill(idx, e[L.E_GEN], e[L.E_SIZE])
+                else:  # a restore: its memory copy goes
+                    self._abort_restore(idx, e[L.E_EXTENT])
         self._state(moving=0)
-        with node.alloc_lock:  # recount the disk quota from what is on disk now
-            disk = (t["state"] != L.FREE) & (t["state"] != L.RESERVED) & (t["level"] == L.LEVEL_DISK)
-            L.set_disk_reserved(buf, int(t["size"][disk].sum()))
-            known = {f"{i}.{t['gen'][i]}" for i in np.flatnonzero(disk)}
+        with node.alloc_lock:  # the counter is derived state: make sure it is exact
+            L.set_disk_reserved(buf, disk_charged(buf, lay))
         for name in self.disk.names():
-            if name not in known and not name.endswith(".tmp"):
-                self._remove_stray(name)
+            self._remove_stray(name)
         return len(moving)
 
     def _remove_stray(self, name: str) -> None:
-        """Remove a file no DISK entry names, re-checking under the entry's lock (a put may be racing)."""
+        """Remove a file no entry explains, re-checking under the entry's lock (a put may be racing).
+
+        ``<idx>.<gen>`` belongs to a DISK entry; ``<idx>.<gen>.tmp`` to one
+        being written to disk by a client (a writer, a put on DISK).
+        """
+        parts = name.split(".")
         try:
-            idx, gen = (int(x) for x in name.split("."))
-        except ValueError:
-            return
-        if not 0 <= idx < self.lay.max_objects:
+            idx, gen = int(parts[0]), int(parts[1])
+        except (ValueError, IndexError):
+            return  # not ours: leave it
+        if len(parts) > 3 or (len(parts) == 3 and parts[2] != "tmp") or not 0 <= idx < self.lay.max_objects:
             return
         with self.node.stripe_of(idx):
             e = L.entry_raw(self.buf, self.lay.entry(idx))
             if e[L.E_STATE] not in (L.FREE, L.RESERVED) and e[L.E_GEN] == gen and e[L.E_LEVEL] == L.LEVEL_DISK:
-                return
-            try:
-                os.unlink(os.path.join(self.disk.path, name))
-            except OSError:
-                pass
+                if len(parts) == 2 or e[L.E_STATE] == L.WRITING:
+                    return
+            self.disk.unlink(name)

@@ -65,11 +65,9 @@ class Writer:
 
     def _open_file(self) -> None:
         disk = self._kernel.node.disk
-        gen = L.entry_gen(self._kernel._buf, self._kernel._lay.entry(self._idx))
-        self._final = disk.file(self._idx, gen)
+        self._gen = L.entry_gen(self._kernel._buf, self._kernel._lay.entry(self._idx))
         try:
-            disk.ensure()
-            self._fd = os.open(self._final + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            self._fd = disk.create_tmp(self._idx, self._gen)
         except OSError as exc:
             raise disk_error(self.key, self.size, disk.path, exc) from exc
 
@@ -84,7 +82,11 @@ class Writer:
             InvalidArgumentError: it would pass the declared size (nothing written).
         """
         self._check_open()
-        src = as_u8(data)
+        try:
+            src = as_u8(data)
+        except TypeError:
+            raise InvalidArgumentError(f"write to {self.key!r} takes bytes-like data (bytes, bytearray, memoryview, "
+                                       f"a numpy array), got {type(data).__name__}") from None
         n = src.nbytes
         if self._pos + n > self.size:
             raise InvalidArgumentError(
@@ -143,7 +145,7 @@ class Writer:
                 os.ftruncate(self._fd, L.align(max(self.size, 1)))
                 os.close(self._fd)
                 self._fd = -1
-                os.rename(self._final + ".tmp", self._final)
+                self._kernel.node.disk.publish(self._idx, self._gen)
             except OSError as exc:
                 self.abort()
                 raise disk_error(self.key, self.size, self._kernel.node.disk.path, exc) from exc
@@ -202,9 +204,16 @@ class Reader:
         if self.closed:
             raise StoreClosedError(f"reader of {self.key!r} is closed")
 
-    def read(self, n: int = -1) -> bytes:
-        """Up to ``n`` bytes (all that is left if ``n`` < 0); ``b""`` at the end."""
+    def read(self, n: int | None = -1) -> bytes:
+        """Up to ``n`` bytes (all that is left if ``n`` is -1 or None); ``b""`` at the end.
+
+        Raises:
+            InvalidArgumentError: ``n`` is not an int, or negative other than -1.
+        """
         self._check_open()
+        if n is not None and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < -1):
+            raise InvalidArgumentError(f"read of {self.key!r} takes a byte count >= 0, or -1 / None for all "
+                                       f"that is left; got {n!r}")
         end = self.size if n is None or n < 0 else min(self.size, self._pos + n)
         out = self._data[self._pos: end].tobytes()
         self._pos = max(self._pos, end)

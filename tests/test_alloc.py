@@ -5,6 +5,8 @@ import random
 
 import pytest
 
+import shmstore
+
 from shmstore.kernel import layout as L
 from shmstore.kernel.alloc import Allocator
 
@@ -69,23 +71,37 @@ def test_full_arena_returns_nothing(alloc):
     assert alloc.alloc(CAP + 64, 3) == (0, 0)
 
 
-def test_rebuild_from_live_extents(alloc):
-    live = []
+def test_rebuild_keeps_the_record_numbers_of_kept_extents(alloc):
+    """Other processes hold the record numbers of extents they own: a rebuild must not renumber them."""
+    recs = []
     for i in range(20):
         rec, off = alloc.alloc(1000 * (i + 1), i + 1)
-        live.append((off, alloc.size_of(rec), i + 1, L.EXT_USED))
-    keep = live[::2]
-    owners = alloc.rebuild(keep)
-    assert set(owners) == {o for _, _, o, _ in keep}
-    used = {owners[o]: (off, size) for off, size, o, _ in keep}
+        recs.append((rec, off, alloc.size_of(rec)))
+    alloc.free(recs[5][0])
+    keep = recs[::2]
+    alloc.rebuild([r for r, _, _ in keep])
+    used = {r: (off, size) for r, off, size in keep}
     check_tiling(alloc, used)
-    for rec in owners.values():
-        alloc.free(rec)
+    for r, off, size in keep:  # the same record, the same extent
+        x = L.extent_raw(alloc._buf, alloc._layout.extent(r))
+        assert (x[0], x[1], x[6]) == (off, size, L.EXT_USED)
+    for r, _, _ in keep:
+        alloc.free(r)
+    assert alloc.free_extents() == [(0, CAP)]
+    again = [alloc.alloc(4096, 100 + i)[0] for i in range(50)]  # the records freed by the rebuild are reusable
+    assert len(set(again)) == 50 and 0 not in again
+
+
+def test_free_owned_frees_only_what_its_owner_holds(alloc):
+    rec, _ = alloc.alloc(4096, 7)
+    assert alloc.free_owned(rec, 8) == 0 and alloc.free_owned(0, 7) == 0
+    assert alloc.free_owned(rec, 7) == 4096
+    assert alloc.free_owned(rec, 7) == 0  # freed already: no double free
     assert alloc.free_extents() == [(0, CAP)]
 
 
 def test_double_free_is_refused(alloc):
     rec, _ = alloc.alloc(64, 1)
     alloc.free(rec)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(shmstore.LayoutError):
         alloc.free(rec)

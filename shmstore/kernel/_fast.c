@@ -21,14 +21,19 @@
 
 static Py_ssize_t ENTRY_SIZE, HASH_OFF, NEXT_OFF, KEYLEN_OFF, SESSION_OFF, STATE_OFF, KEY_OFF, ARRAY_OFF;
 static Py_ssize_t STATS_OBJECTS_OFF, OFFSET_OFF, NBYTES_OFF, ATIME_OFF, GEN_OFF, KIND_OFF, LEVEL_OFF, MAX_KEY;
-static long SEALED, WRITING, DELETED;
+static Py_ssize_t WRITER_OFF;
+static long SEALED, WRITING, DELETED, RESERVED;
+
+/* Return codes, the same as fastpath.codes on the Python side. */
+enum { RC_MISSING = -1, RC_BUSY = -2, RC_OWNER_DEAD = -3, RC_BEING_WRITTEN = -4, RC_EXISTS = -5, RC_STOLEN = -6 };
 static int configured;
 static uint32_t crc_table[256];
 
 static PyObject *configure(PyObject *self, PyObject *args) {
-    if (!PyArg_ParseTuple(args, "nnnnnnnllnnnnnnnnnl", &ENTRY_SIZE, &HASH_OFF, &NEXT_OFF, &KEYLEN_OFF, &SESSION_OFF,
+    if (!PyArg_ParseTuple(args, "nnnnnnnllnnnnnnnnnlnl", &ENTRY_SIZE, &HASH_OFF, &NEXT_OFF, &KEYLEN_OFF, &SESSION_OFF,
                           &STATE_OFF, &KEY_OFF, &SEALED, &WRITING, &ARRAY_OFF, &STATS_OBJECTS_OFF, &OFFSET_OFF,
-                          &NBYTES_OFF, &ATIME_OFF, &GEN_OFF, &KIND_OFF, &LEVEL_OFF, &MAX_KEY, &DELETED))
+                          &NBYTES_OFF, &ATIME_OFF, &GEN_OFF, &KIND_OFF, &LEVEL_OFF, &MAX_KEY, &DELETED, &WRITER_OFF,
+                          &RESERVED))
         return NULL;
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
@@ -70,15 +75,15 @@ static Py_ssize_t find(char *base, Py_ssize_t buckets, Py_ssize_t entries, Py_ss
     return -1;
 }
 
-/* Take a robust mutex without waiting: 0 taken, -2 busy, -3 taken from a dead holder
- * (made consistent: the caller repairs and releases). */
+/* Take a robust mutex without waiting: 0 taken, RC_BUSY, or RC_OWNER_DEAD when taken from a
+ * dead holder (made consistent: the caller repairs and releases). */
 static int try_take(pthread_mutex_t *m) {
     int rc = pthread_mutex_trylock(m);
     if (rc == EOWNERDEAD) {
         pthread_mutex_consistent(m);
-        return -3;
+        return RC_OWNER_DEAD;
     }
-    return rc ? -2 : 0;
+    return rc ? RC_BUSY : 0;
 }
 
 /* One more local pin on idx in ``pins``; the first sets this client's pin byte.
@@ -103,11 +108,13 @@ static int count_pin(PyObject *pins, Py_ssize_t idx, unsigned long long pins_add
  *        [, data, dst]) ->
  *   0 when entry idx (head: its packed ENTRY_HEAD, array: its ENTRY_ARRAY bytes or
  *   None) is written, keyed, counted in its stripe (stats: that stripe's record;
- *   nbytes on ``level``) and linked at the head of bucket b; -2/-3 as try_take;
- *   -4 when the key is being written, -5 when it exists. The entry keeps its
- *   generation (head's is ignored). With ``data`` (a contiguous buffer), its bytes
- *   are first copied to address ``dst`` (space this writer owns, not yet visible),
- *   so a head whose state is SEALED publishes a whole object in one call. */
+ *   nbytes on ``level``) and linked at the head of bucket b; RC_BUSY/RC_OWNER_DEAD as
+ *   try_take; RC_BEING_WRITTEN or RC_EXISTS when the key is being written or exists;
+ *   RC_STOLEN when entry idx is no longer reserved for head's writer with head's
+ *   generation (another client took it from this one's batch: see cache.py). With
+ *   ``data`` (a contiguous buffer), its bytes are first copied to address ``dst``
+ *   (space this writer owns, not yet visible), so a head whose state is SEALED
+ *   publishes a whole object in one call. */
 static PyObject *insert(PyObject *self, PyObject *args) {
     unsigned long long meta, lock, stats;
     Py_ssize_t buckets, entries, b, klen, idx, level, hlen, nbytes;
@@ -122,6 +129,10 @@ static PyObject *insert(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "Knnnkky#Kny#OKnn|OK", &meta, &buckets, &entries, &b, &h, &sid, &key, &klen, &lock,
                           &idx, &head, &hlen, &array, &stats, &level, &nbytes, &data, &dst))
         return NULL;
+    if (hlen < GEN_OFF + 4 || hlen < WRITER_OFF + 4) {
+        PyErr_SetString(PyExc_ValueError, "entry head too short");
+        return NULL;
+    }
     if (data != Py_None) {
         Py_buffer db;
         if (PyObject_GetBuffer(data, &db, PyBUF_ANY_CONTIGUOUS) < 0)
@@ -138,14 +149,19 @@ static PyObject *insert(PyObject *self, PyObject *args) {
     if (rc == 0) {
         char *base = (char *)(uintptr_t)meta;
         Py_ssize_t found_off = 0;
+        char *e = base + entries + idx * ENTRY_SIZE;
+        uint32_t gen, want_gen;
+        int32_t writer, want_writer;
+        memcpy(&gen, e + GEN_OFF, 4);
+        memcpy(&want_gen, head + GEN_OFF, 4);
+        memcpy(&writer, e + WRITER_OFF, 4);
+        memcpy(&want_writer, head + WRITER_OFF, 4);
         if (find(base, buckets, entries, b, h, sid, key, klen, &found_off) >= 0) {
-            rc = (unsigned char)base[found_off + STATE_OFF] == WRITING ? -4 : -5;
+            rc = (unsigned char)base[found_off + STATE_OFF] == WRITING ? RC_BEING_WRITTEN : RC_EXISTS;
+        } else if ((unsigned char)e[STATE_OFF] != RESERVED || gen != want_gen || writer != want_writer) {
+            rc = RC_STOLEN;
         } else {
-            char *e = base + entries + idx * ENTRY_SIZE;
-            uint32_t gen;
-            memcpy(&gen, e + GEN_OFF, 4);
             memcpy(e, head, (size_t)hlen);
-            memcpy(e + GEN_OFF, &gen, 4);
             if (ab.buf)
                 memcpy(e + ARRAY_OFF, ab.buf, (size_t)ab.len);
             memcpy(e + KEY_OFF, key, (size_t)klen);
@@ -169,7 +185,7 @@ static PyObject *insert(PyObject *self, PyObject *args) {
     return PyLong_FromLong(rc);
 }
 
-/* set_byte(lock, addr, value) -> 0 once *addr = value under the lock, else -2/-3 as try_take. */
+/* set_byte(lock, addr, value) -> 0 once *addr = value under the lock, else RC_BUSY/RC_OWNER_DEAD as try_take. */
 static PyObject *set_byte(PyObject *self, PyObject *args) {
     unsigned long long lock, addr;
     int value;
@@ -311,8 +327,9 @@ static PyObject *context(PyObject *self, PyObject *args) {
 
 /* get_entry(ctx, key) -> (idx, gen, offset, level, nbytes, kind, eoff) of the sealed entry of
  * key, pinned for this process, its access time refreshed when older than the grain;
- * -1 when there is none, -2 when its stripe lock is busy, -3 when that lock's holder
- * died (the caller then holds it, made consistent, and must repair and release it);
+ * RC_MISSING when there is none, RC_BUSY when its stripe lock is busy, RC_OWNER_DEAD when
+ * that lock's holder died (the caller then holds it, made consistent, and must repair and
+ * release it);
  * None for a key this path does not take (not UTF-8, empty or too long). */
 static PyObject *get_entry(PyObject *self, PyObject *args) {
     PyObject *cap, *key;
@@ -344,7 +361,7 @@ static PyObject *get_entry(PyObject *self, PyObject *args) {
     char *e = c->meta + eoff;
     if (idx < 0 || (unsigned char)e[STATE_OFF] != SEALED) {
         pthread_mutex_unlock(m);
-        return PyLong_FromLong(-1);
+        return PyLong_FromLong(RC_MISSING);
     }
     if (count_pin(c->pins, idx, c->pins_addr) < 0) {
         pthread_mutex_unlock(m);

@@ -11,12 +11,25 @@ reached only when no smaller freed extent fits.
 
 Not process-safe by itself: every method must be called with the store's
 ALLOC lock held. If a holder dies mid-update, :meth:`rebuild` recreates the
-whole state from the object table.
+free space around the used extents that are still valid, keeping their
+record numbers: other processes hold record numbers of extents they own (a
+put between placing and linking its entry, a restore in progress), so a
+rebuild must never renumber a valid extent.
+
+Ownership is two-way, which is what makes "valid" decidable after a crash:
+a used extent names its owner (entry ``i + 1``, or ``-(slot + 1)`` for a
+client's chunk) and the owner names the extent (the entry's ``extent``
+field, the client's chunk record), both written in one ALLOC-locked
+section. An extent whose owner does not name it back was being allocated
+or freed by the process that died, and nobody else knows its number.
 """
 from __future__ import annotations
 
 from typing import Iterable
 
+import numpy as np
+
+from ..errors import LayoutError
 from . import layout as L
 
 __all__ = ["Allocator"]
@@ -41,8 +54,8 @@ class Allocator:
         if free_head:
             L.set_extent_cursor(buf, next_unused, L.extent_raw(buf, self._layout.extent(free_head))[5])
             return free_head
-        if next_unused >= self._layout.nextents:
-            raise RuntimeError("extent records exhausted")  # cannot happen: <= 2 per object + 1
+        if next_unused >= self._layout.nextents:  # cannot happen: see Layout.nextents
+            raise LayoutError(f"all {self._layout.nextents} extent records are in use")
         L.set_extent_cursor(buf, next_unused + 1, free_head)
         return next_unused + 1
 
@@ -147,12 +160,30 @@ class Allocator:
         x[6] = flags
         L.extent_write(self._buf, self._layout.extent(rec), *x)
 
+    def free_owned(self, rec: int, owner: int) -> int:
+        """Free extent ``rec`` if it is in use by ``owner``; returns its size, 0 if it was not.
+
+        A process that died between freeing an extent and clearing its owner's
+        reference leaves that reference behind; this is the only free that
+        may meet one, so it checks instead of trusting it.
+        """
+        if not 0 < rec <= self._layout.nextents:
+            return 0
+        x = L.extent_raw(self._buf, self._layout.extent(rec))
+        if x[6] not in (L.EXT_USED, L.EXT_CHUNK, L.EXT_RETIRED) or x[7] != owner:
+            return 0
+        return self.free(rec)
+
     def free(self, rec: int) -> int:
-        """Free extent ``rec``, coalescing with free neighbours; returns its size."""
+        """Free extent ``rec``, coalescing with free neighbours; returns its size.
+
+        Raises:
+            LayoutError: ``rec`` is not in use (a bug: the allocator is left as it was).
+        """
         buf, lay = self._buf, self._layout
         offset, size, prev_phys, next_phys, _, _, flags, _ = L.extent_raw(buf, lay.extent(rec))
         if flags in (L.EXT_UNUSED, L.EXT_FREE):
-            raise RuntimeError(f"double free of extent {rec}")
+            raise LayoutError(f"free of extent {rec} that is not in use (flags {flags})")
         freed = size
         if prev_phys:
             p = L.extent_raw(buf, lay.extent(prev_phys))
@@ -171,40 +202,52 @@ class Allocator:
         self._bin_insert(rec, offset, size, prev_phys, next_phys)
         return freed
 
-    def rebuild(self, live: Iterable[tuple[int, int, int, int]]) -> dict[int, int]:
-        """Recreate all allocator state from the live ``(offset, size, owner, flags)`` extents.
+    def rebuild(self, keep: Iterable[int]) -> None:
+        """Recreate the free space around the used extents ``keep`` (record numbers), keeping them.
 
-        Used after a process died holding the ALLOC lock. Returns the new
-        extent record of each owner.
+        Every other record becomes free or unused; the gaps between kept
+        extents become free extents in their bins. Used after a process died
+        holding the ALLOC lock (see the module notes).
+
+        Raises:
+            LayoutError: two kept extents overlap (the table is corrupt).
         """
         buf, lay = self._buf, self._layout
-        old_next, _ = L.extent_cursor(buf)
-        L.set_extent_cursor(buf, 0, 0)
-        L.clear_bins(buf)
-        L.set_bin_mask(buf, 0)
-        spans: list[tuple[int, int, int, int]] = []  # (offset, size, owner, flags); flags 0 for free
+        ext = L.extent_table(buf, lay)
+        kept = sorted((int(ext["offset"][r - 1]), int(ext["size"][r - 1]), r) for r in set(keep))
+        next_unused, _ = L.extent_cursor(buf)
+        spare = np.setdiff1d(np.arange(1, next_unused + 1), [r for _, _, r in kept])
+        ext[spare - 1] = np.zeros(1, ext.dtype)  # EXT_UNUSED, every field 0
+        spans: list[tuple[int, int, int]] = []  # (offset, size, record or 0 for a free gap)
         pos = 0
-        for offset, size, owner, flags in sorted(live):
+        for offset, size, r in kept:
+            if offset < pos:
+                raise LayoutError(f"extents overlap at arena offset {offset} (record {r})")
             if offset > pos:
-                spans.append((pos, offset - pos, 0, 0))
-            spans.append((offset, size, owner, flags))
+                spans.append((pos, offset - pos, 0))
+            spans.append((offset, size, r))
             pos = offset + size
         if pos < self.capacity:
-            spans.append((pos, self.capacity - pos, 0, 0))
-        recs = [self._new_record() for _ in spans]
-        owners: dict[int, int] = {}
-        for i, (offset, size, owner, flags) in enumerate(spans):
+            spans.append((pos, self.capacity - pos, 0))
+        ngaps = sum(1 for _, _, r in spans if not r)
+        gaps = list(spare[:ngaps]) + list(range(next_unused + 1, next_unused + 1 + ngaps - len(spare[:ngaps])))
+        spare = spare[ngaps:]
+        L.set_extent_cursor(buf, max(next_unused, max(gaps, default=0)), int(spare[0]) if len(spare) else 0)
+        ext["next_free"][spare[:-1] - 1] = spare[1:]  # the unused records' free list, lowest first
+        L.clear_bins(buf)
+        L.set_bin_mask(buf, 0)
+        gaps.reverse()
+        recs = [r or int(gaps.pop()) for _, _, r in spans]
+        for i, (offset, size, r) in enumerate(spans):
             prev_phys = recs[i - 1] if i else 0
             next_phys = recs[i + 1] if i + 1 < len(recs) else 0
-            if flags:
-                L.extent_write(buf, lay.extent(recs[i]), offset, size, prev_phys, next_phys, 0, 0, flags, owner)
-                owners[owner] = recs[i]
+            if r:
+                x = list(L.extent_raw(buf, lay.extent(r)))
+                x[2], x[3], x[4], x[5] = prev_phys, next_phys, 0, 0
+                L.extent_write(buf, lay.extent(r), *x)
             else:
                 self._bin_insert(recs[i], offset, size, prev_phys, next_phys)
         L.set_frontier(buf, max(pos, L.frontier(buf)))
-        for rec in range(len(recs) + 1, old_next + 1):  # records of the old state, now unused
-            L.extent_write(buf, lay.extent(rec), 0, 0, 0, 0, 0, 0, L.EXT_UNUSED, 0)
-        return owners
 
     def free_extents(self) -> list[tuple[int, int]]:
         """(offset, size) of every free extent, for checks and status."""

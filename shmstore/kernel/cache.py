@@ -8,7 +8,19 @@ the key's stripe lock.
 
 Crash safety: batched entries are marked ``reserved`` with the client's slot
 and the current chunk is recorded in the client's record, so the janitor
-gives both back when the client dies, and an allocator rebuild keeps them.
+gives both back when the client dies.
+
+Entries are named by (index, generation): a reserved entry may be taken
+from this batch by another client whose table ran out (:meth:`ClientCache.steal`),
+which gives it a new generation. So every write this client makes to an
+entry of its batch first checks, under a lock the thief also holds, that the
+entry is still ``reserved`` for this slot with the same generation (the
+stripe lock in the insert, the ALLOC lock when placing a large object); a
+stolen entry is dropped and another one taken.
+
+A small object's bytes are cut from the current chunk and its entry written
+while this client's ``chunk_lock`` is held, so the chunk cannot be retired
+(and then freed, as no entry points at it yet) by another thread in between.
 """
 from __future__ import annotations
 
@@ -18,29 +30,36 @@ from ..errors import StorageFullError
 from . import layout as L
 from .node import NodeStore
 
-__all__ = ["ClientCache", "ENTRY_BATCH"]
+__all__ = ["ClientCache", "ENTRY_BATCH", "retire_chunk", "owns_entry"]
 
 ENTRY_BATCH = 32
+
+
+def owns_entry(buf, eoff: int, slot: int, gen: int) -> bool:
+    """True if the entry at ``eoff`` is reserved for client ``slot`` with generation ``gen``."""
+    e = L.entry_raw(buf, eoff)
+    return e[L.E_STATE] == L.RESERVED and e[L.E_WRITER] == slot and e[L.E_GEN] == gen
 
 
 class ClientCache:
     """Entries and chunk space set aside for one client slot.
 
     Owned by the client's Kernel; ``give_back`` returns everything (at close).
-    Thread-safe (its own lock; never taken by finalizers).
+    Thread-safe (its own locks; never taken by finalizers).
     """
 
     def __init__(self, node: NodeStore, slot: int) -> None:
         self.node = node
         self.slot = slot
-        self.entries: list[int] = []   # reserved entry indices (finalizers may append)
-        self._lock = threading.Lock()
+        self.entries: list[tuple[int, int]] = []   # reserved (index, generation); finalizers may append
+        self._refill_lock = threading.Lock()
+        self.chunk_lock = threading.Lock()  # held from a cut of the chunk until its entry is written
         self._coff = node.layout.client(slot)
         self._pos = self._end = 0      # bump pointer in the current chunk
         self.small_max = node.small_max
 
-    def take_entry(self, key: str) -> int:
-        """A reserved entry index for a new object.
+    def take_entry(self, key: str) -> tuple[int, int]:
+        """A reserved (index, generation) for a new object.
 
         Raises:
             StorageFullError: the object table is full (``max_objects``).
@@ -49,7 +68,7 @@ class ClientCache:
             return self.entries.pop()
         except IndexError:
             pass
-        with self._lock:
+        with self._refill_lock:
             if not self.entries:
                 self._refill(key)
             return self.entries.pop()
@@ -61,26 +80,59 @@ class ClientCache:
                 idx = node.table.new_entry()
                 if idx < 0:
                     break
-                L.reserve_entry(buf, lay.entry(idx), self.slot)
-                self.entries.append(idx)
+                eoff = lay.entry(idx)
+                L.reserve_entry(buf, eoff, self.slot)
+                self.entries.append((idx, L.entry_gen(buf, eoff)))
+        if not self.entries:
+            self.steal()
         if not self.entries:
             raise StorageFullError(f"cannot place {key!r}: the object table holds its maximum of "
                                    f"{lay.max_objects} objects (raise max_objects= / SHMSTORE_MAX_OBJECTS "
                                    f"when creating the store)", key)  # no level: spilling does not help
 
+    def steal(self) -> int:
+        """Take idle reserved entries from other clients' batches (the table is full); returns how many.
+
+        Holds every stripe lock and the ALLOC lock meanwhile: every write a
+        client makes to an entry of its batch happens under one of them after
+        checking the entry is still its own (see the module notes). Takes
+        half of what others hold, at least one, never an entry with space
+        placed for it (a large put between placing and linking it).
+        """
+        node, buf, lay = self.node, self.node.meta.mm, self.node.layout
+        for lock in node.stripes:
+            lock.acquire()
+        try:
+            with node.alloc_lock:
+                t = L.entry_table(buf, lay)
+                idle = ((t["state"] == L.RESERVED) & (t["writer"] != self.slot) & (t["extent"] == 0)
+                        & (t["flags"] == 0)).nonzero()[0]
+                taken = idle[: max(1, len(idle) // 2)]
+                for idx in taken:
+                    eoff = lay.entry(int(idx))
+                    gen = (L.entry_gen(buf, eoff) + 1) & 0xFFFFFFFF
+                    L.set_entry_gen(buf, eoff, gen)
+                    L.reserve_entry(buf, eoff, self.slot)
+                    self.entries.append((int(idx), gen))
+                return len(taken)
+        finally:
+            for lock in reversed(node.stripes):
+                lock.release()
+
     def carve(self, size: int) -> tuple[int, int]:
         """Cut ``size`` bytes (64-aligned) off the current chunk, taking a new one if needed.
+
+        The caller holds ``chunk_lock`` and writes the object's entry before
+        releasing it.
 
         Returns:
             (chunk extent record, arena offset), or (0, 0) when no chunk can be had.
         """
-        with self._lock:
-            if self._pos + size > self._end and not self._new_chunk():
-                return 0, 0
-            off = self._pos
-            self._pos = off + size
-            # the record number changes if an allocator rebuild ran meanwhile
-            return L.client_chunk(self.node.meta.mm, self._coff)[0], off
+        if self._pos + size > self._end and not self._new_chunk():
+            return 0, 0
+        off = self._pos
+        self._pos = off + size
+        return L.client_chunk(self.node.meta.mm, self._coff)[0], off
 
     def _new_chunk(self) -> bool:
         node, buf = self.node, self.node.meta.mm
@@ -103,14 +155,13 @@ class ClientCache:
 
     def give_back(self) -> None:
         """Return reserved entries and retire the chunk (at close)."""
-        with self._lock, self.node.alloc_lock:
+        buf, lay, table = self.node.meta.mm, self.node.layout, self.node.table
+        with self.chunk_lock, self.node.alloc_lock:
             self._retire_locked()
-            buf, lay = self.node.meta.mm, self.node.layout
             while self.entries:
-                idx = self.entries.pop()
-                eoff = lay.entry(idx)
-                if L.entry_state(buf, eoff) == L.RESERVED:
-                    self.node.table.push_free(idx, 0, L.entry_gen(buf, eoff))
+                idx, gen = self.entries.pop()
+                if owns_entry(buf, lay.entry(idx), self.slot, gen):
+                    table.push_free(idx, 0)
 
 
 def retire_chunk(node: NodeStore, slot: int) -> None:

@@ -10,7 +10,18 @@ from types import ModuleType
 
 from . import layout as L
 
-__all__ = ["load"]
+__all__ = ["load", "codes"]
+
+
+class codes:
+    """Return codes of the C calls, shared with ``_fast.c`` (its ``RC_*`` constants)."""
+
+    MISSING = -1        # get_entry: no sealed entry has the key
+    BUSY = -2           # the stripe lock is taken: go the Python way, which waits
+    OWNER_DEAD = -3     # the lock's holder died: the caller holds it now, repairs and releases it
+    BEING_WRITTEN = -4  # insert: the key is being written
+    EXISTS = -5         # insert: the key exists
+    STOLEN = -6         # insert: the entry is not reserved for this client any more
 
 
 def load() -> ModuleType | None:

@@ -52,12 +52,12 @@ def reclaim(node: NodeStore, slot: int) -> tuple[int, int]:
 
 
 def give_back(node: NodeStore, slot: int) -> None:
-    """Return client ``slot``'s reserved entries and retire its chunk."""
+    """Return client ``slot``'s reserved entries (with any space placed for them) and retire its chunk."""
     buf, lay = node.meta.mm, node.layout
     with node.alloc_lock:
         t = L.entry_table(buf, lay)
         for idx in np.flatnonzero((t["state"] == L.RESERVED) & (t["writer"] == slot)):
-            node.table.push_free(int(idx), 0, L.entry_gen(buf, lay.entry(int(idx))))
+            node.table.release_entry(int(idx))  # a reserved entry counts in no stripe
         retire_chunk(node, slot)
 
 

@@ -33,7 +33,7 @@ from ..levels import Capacity, Level, ObjectInfo
 from . import layout as L
 from ..views import Lease, SharedArray
 from . import fastpath
-_fast = fastpath.load()
+from .fastpath import codes as _codes
 from .cache import ClientCache
 from .keys import encode_key
 from .pins import Pinning
@@ -51,6 +51,7 @@ _ATIME_GRAIN = 0.05   # seconds
 _ARRAY_CACHE = 65536  # (dtype, shape, order) of arrays this process got recently
 _monotonic = time.monotonic
 _crc32 = zlib.crc32
+_fast = fastpath.load()
 
 
 def _dtype(raw: bytes) -> np.dtype:
@@ -161,9 +162,9 @@ class Kernel(Writing, Pinning):
             r = _fast.get_entry(self._ctx, key)
             if type(r) is tuple:
                 return self._pinned(r[0], r[6], L.entry_raw(buf, r[6]))
-            if r == -1:
+            if r == _codes.MISSING:
                 raise self._not_found(key)
-            if r == -3:  # its holder died: we hold it now and must repair it first
+            if r == _codes.OWNER_DEAD:  # its holder died: we hold it now and must repair it first
                 self._stripes[stripe].recover_held()
         with self._stripes[stripe]:
             idx, eoff, e = L.find_entry(buf, self._lay, b, h, self.sid, kb)
@@ -221,9 +222,9 @@ class Kernel(Writing, Pinning):
         then goes the general way."""
         r = _fast.get_entry(self._ctx, key)
         if type(r) is not tuple:
-            if r == -1:
+            if r == _codes.MISSING:
                 raise self._not_found(key)
-            if r == -3:  # the stripe lock's holder died: we hold it now and must repair it
+            if r == _codes.OWNER_DEAD:  # the stripe lock's holder died: we hold it now and must repair it
                 self._stripes[_crc32(key.encode(), self.sid) & self._bmask & self._smask].recover_held()
             return None
         idx, gen, off, level, nbytes, kind, eoff = r

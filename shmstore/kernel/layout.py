@@ -171,7 +171,7 @@ from typing import NamedTuple
 import numpy as np
 
 MAGIC = b"SHMSTOR\0"
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 HEADER_SIZE = 4096
 MAX_SESSIONS = 256
 MAX_KEY = 255
@@ -179,6 +179,7 @@ MAX_NDIM = 8
 ALIGN = 64
 PAGE = 4096
 NBINS = 64
+MIN_CHUNK = 64 << 10  # smallest chunk of the arena handed to a client for small objects
 
 # lock indices
 LOCK_ADMIN, LOCK_ALLOC, LOCK_SPILL, LOCK_FIRST_STRIPE = 0, 1, 2, 3
@@ -299,12 +300,14 @@ class Header(NamedTuple):
 class Layout:
     """Offsets of every section of a metadata segment, computed from its sizes."""
 
-    def __init__(self, max_objects: int, max_clients: int, nstripes: int) -> None:
+    def __init__(self, max_objects: int, max_clients: int, nstripes: int, capacity: int = 0) -> None:
         self.max_objects = max_objects
         self.max_clients = max_clients
         self.nstripes = nstripes
         self.nbuckets = 1 << max(4, (max_objects - 1).bit_length())
-        self.nextents = 2 * max_objects + 2
+        # used extents: one per object at most, a current chunk per client, retired chunks
+        # (each at least MIN_CHUNK); free extents: at most one more than used ones
+        self.nextents = 2 * (max_objects + max_clients + capacity // MIN_CHUNK) + 2
         self.nlocks = LOCK_FIRST_STRIPE + nstripes
         self.pinrow = _align(max_objects)
         self.sessions = HEADER_SIZE
@@ -320,7 +323,7 @@ class Layout:
 
     @classmethod
     def from_header(cls, h: Header) -> "Layout":
-        return cls(h.max_objects, h.max_clients, h.nstripes)
+        return cls(h.max_objects, h.max_clients, h.nstripes, h.capacity)
 
     def lock_offset(self, index: int) -> int:
         return self.locks + index * LOCK_STRIDE
@@ -633,9 +636,11 @@ def fast_path_layout() -> tuple[int, ...]:
     """What the optional C fast path (_fast.c) needs to know: ENTRY size; hash, next,
     key length, session, state and key offsets; SEALED, WRITING; the ENTRY_ARRAY
     offset; the object count's offset in a STRIPE_STATS record; the offset, nbytes,
-    atime, generation, kind and level offsets; MAX_KEY; DELETED."""
+    atime, generation, kind and level offsets; MAX_KEY; DELETED; the writer offset;
+    RESERVED."""
     return (ENTRY_SIZE, _E_HASH, _E_NEXT, 68, 70, _E_STATE, ENTRY_KEY_OFFSET, SEALED, WRITING,
-            ENTRY_ARRAY_OFFSET, _STATS_OBJECTS, 0, 16, _E_ATIME, _E_GEN, 73, 74, MAX_KEY, DELETED)
+            ENTRY_ARRAY_OFFSET, _STATS_OBJECTS, 0, 16, _E_ATIME, _E_GEN, 73, 74, MAX_KEY, DELETED, _E_WRITER,
+            RESERVED)
 
 
 def entry_state_offset(eoff: int) -> int:
@@ -705,6 +710,14 @@ def set_entry_flags(buf, eoff: int, flags: int) -> None:
 
 def entry_gen(buf, eoff: int) -> int:
     return _U32.unpack_from(buf, eoff + _E_GEN)[0]
+
+
+def set_entry_gen(buf, eoff: int, gen: int) -> None:
+    _U32.pack_into(buf, eoff + _E_GEN, gen)
+
+
+def entry_extent(buf, eoff: int) -> int:
+    return _I32.unpack_from(buf, eoff + _E_EXTENT)[0]
 
 
 def entry_hash(buf, eoff: int) -> int:

@@ -24,14 +24,14 @@ import time
 import numpy as np
 
 from ..config import SHM_DIR, Config
-from ..errors import LayoutError, LockTimeoutError, StorageFullError
+from ..errors import LayoutError, LockTimeoutError, PermissionDeniedError, StorageFullError
 from ..units import format_size
 from . import layout as L
 from .alloc import Allocator
 from .lock import ShmLock, init_lock
 from ..disk import SpillDir
 from .segment import Segment, Wakeup, unlink_segment, unlink_semaphore
-from .repair import rebuild_allocator
+from .repair import rebuild_allocator, repair_stripe
 from .prefault import Prefaulting
 from .procs import pid_alive, proc_start_time, reap_children, spawned
 from .table import Table
@@ -75,17 +75,16 @@ class NodeStore(Prefaulting):
         self.admin = lock(L.LOCK_ADMIN, "admin")
         self.alloc_lock = lock(L.LOCK_ALLOC, "alloc", lambda: rebuild_allocator(self))
         self.spill_lock = lock(L.LOCK_SPILL, "spill")
-        # chains are linked/unlinked with single stores and pins are bytes: a stripe
-        # whose holder died only needs its usage counters recomputed
+        # a stripe whose holder died may hold a live entry out of its chain and wrong counters
         self.stripes = [lock(self.layout.stripe_lock(s), f"stripe {s}", self._stripe_repair(s))
                         for s in range(self.layout.nstripes)]
         # small objects are carved from per-client chunks (see cache.py)
-        self.chunk_size = min(4 << 20, max(64 << 10, self.capacity // 64)) & ~(L.PAGE - 1)
+        self.chunk_size = min(4 << 20, max(L.MIN_CHUNK, self.capacity // 64)) & ~(L.PAGE - 1)
         self.small_max = self.chunk_size // 16
         arena.advise_hugepages()
         self.arena_ro = memoryview(arena.mm).toreadonly()
         self.disk = SpillDir(L.spill_dir(meta.mm), self.prefix.lstrip("/"))
-        self.wake = Wakeup(self.prefix + "-wake", create=created)
+        self.wake = Wakeup(self.prefix + "-wake", create=False)  # the creator made it (see _create)
         self.populated = 0
 
     # ---- open / create / attach -------------------------------------------
@@ -122,11 +121,11 @@ class NodeStore(Prefaulting):
 
     @classmethod
     def _create(cls, cfg: Config, prefix: str) -> "NodeStore":
-        lay = L.Layout(cfg.max_objects, cfg.max_clients, NSTRIPES)
         capacity = L.page_align(cfg.capacity)
+        lay = L.Layout(cfg.max_objects, cfg.max_clients, NSTRIPES, capacity)
         _check_room(capacity + lay.size)
         meta = Segment.create(prefix + "-meta", lay.size)
-        arena = None
+        arena, wake_made = None, False
         try:
             buf = meta.mm
             for i in range(lay.nlocks):
@@ -140,6 +139,7 @@ class NodeStore(Prefaulting):
             disk = cfg.disk_capacity if cfg.disk_capacity is not None else SpillDir(cfg.spill_dir, "").free_bytes()
             L.pack_spill_state(buf, L.SpillState(cfg.high_watermark, cfg.low_watermark, disk, 0, 0, 0, 0, 0, 0, 0, 0.0))
             Wakeup(prefix + "-wake", create=True).close()
+            wake_made = True
             Allocator(buf, lay, capacity).init()
             try:
                 arena = Segment.create(prefix + "-arena", capacity)
@@ -154,7 +154,8 @@ class NodeStore(Prefaulting):
                 arena.unlink()
             meta.close()
             meta.unlink()
-            unlink_semaphore(prefix + "-wake")
+            if wake_made:
+                unlink_semaphore(prefix + "-wake")
             raise
 
     @classmethod
@@ -221,26 +222,29 @@ class NodeStore(Prefaulting):
         An object carved from a chunk goes back to ``cache`` (a client's
         ClientCache) without the ALLOC lock. With ``blocking=False``
         (finalizers) it gives up instead of waiting for the ALLOC lock, and
-        returns False.
+        returns False. A spilled object's file goes first: a process killed
+        in between leaves an entry without a file (freed again by whoever
+        repairs it), never a file without an entry.
         """
-        e = L.entry_raw(self.meta.mm, self.layout.entry(idx))
+        eoff = self.layout.entry(idx)
+        e = L.entry_raw(self.meta.mm, eoff)
         if cache is not None and e[L.E_FLAGS] & L.FLAG_IN_CHUNK:
-            self.table.keep_entry(idx, cache.slot)
-            cache.entries.append(idx)
+            cache.entries.append((idx, self.table.keep_entry(idx, cache.slot)))
             return True
+        on_disk = e[L.E_LEVEL] == L.LEVEL_DISK and e[L.E_STATE] not in (L.FREE, L.RESERVED)
+        if on_disk:
+            self.disk.remove(idx, e[L.E_GEN])
         if not self.alloc_lock.acquire(blocking=blocking, timeout=self.cfg.lock_timeout if blocking else -1):
             if blocking:
                 raise LockTimeoutError(f"lock alloc not acquired within {self.cfg.lock_timeout:g} s "
                                        f"(raise lock_timeout= / SHMSTORE_LOCK_TIMEOUT)")
             return False
         try:
-            self.table.release_entry(idx)
-            if e[L.E_LEVEL] == L.LEVEL_DISK and e[L.E_STATE] != L.FREE:
+            if on_disk:
                 L.set_disk_reserved(self.meta.mm, max(0, L.disk_reserved(self.meta.mm) - e[L.E_SIZE]))
+            self.table.release_entry(idx)
         finally:
             self.alloc_lock.release()
-        if e[L.E_LEVEL] == L.LEVEL_DISK:
-            self.disk.remove(idx, e[L.E_GEN])
         return True
 
     def free_if_unpinned(self, idx: int, gen: int | None = None, blocking: bool = True,
@@ -310,7 +314,7 @@ class NodeStore(Prefaulting):
 
     # ---- recovery -----------------------------------------------------------
     def _stripe_repair(self, stripe: int):
-        return lambda: self.table.repair_stats(stripe)
+        return lambda: repair_stripe(self, stripe)
 
     # ---- teardown ------------------------------------------------------------
     def close(self) -> None:
@@ -326,6 +330,8 @@ class NodeStore(Prefaulting):
             pass  # views into it are alive
         if getattr(self, "wake", None) is not None:
             self.wake.close()
+        if getattr(self, "disk", None) is not None:
+            self.disk.close()
         for seg in (self.arena, self.meta):
             if seg is not None:
                 seg.close()
@@ -364,7 +370,7 @@ def _wait_ready(meta: Segment, prefix: str, deadline: float) -> L.Header:
         elif h.version != L.LAYOUT_VERSION:
             raise LayoutError(f"segment {meta.name!r} has layout version {h.version}, this build reads {L.LAYOUT_VERSION}")
         elif h.uid != os.getuid():
-            raise PermissionError(f"segment {meta.name!r} belongs to uid {h.uid}")
+            raise PermissionDeniedError(f"segment {meta.name!r} belongs to uid {h.uid}, not {os.getuid()}")
         elif h.state == L.STATE_READY:
             return h
         elif h.state == L.STATE_DESTROYING:

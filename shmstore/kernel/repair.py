@@ -1,57 +1,101 @@
-"""Repairing the allocator after a process died holding the ALLOC lock."""
+"""Repairing what a process killed inside a locked section left half done.
+
+Two repairs, each run by whoever next takes the lock the dead process held
+(the lock reports ``EOWNERDEAD``), with that lock held:
+
+- the ALLOC lock (:func:`rebuild_allocator`): the allocator's free space,
+  the entry free list, the retired-chunk count and the DISK quota counter
+  are all derived again from what owns space, which is the truth: entries
+  and client records (see ``alloc.py`` on two-way ownership);
+- a stripe lock (:func:`repair_stripe`): an entry left out of its chain
+  while still live (a put killed before linking it, a delete killed after
+  unlinking it) is dropped, chains lose anything that is not live, and the
+  stripe's usage counters are counted again.
+
+Both repairs only ever drop what no finished operation produced: a put that
+returned had linked its entry; a delete that returned had freed it or
+marked it ``deleted``.
+"""
 from __future__ import annotations
 
 import numpy as np
 
 from . import layout as L
 
-__all__ = ["rebuild_allocator"]
+__all__ = ["rebuild_allocator", "repair_stripe", "valid_extents", "disk_charged"]
+
+
+def valid_extents(buf, lay: L.Layout) -> tuple[np.ndarray, np.ndarray]:
+    """(records to keep, records among them that must become retired chunks).
+
+    A used extent is kept when its owner names it back: an entry (any state
+    but free: a reserved entry may hold the extent of a put in flight) whose
+    ``extent`` is this record, or a client whose chunk is this record. A
+    chunk no client names any more is kept as a retired chunk while an
+    object still lives in it, and dropped otherwise.
+    """
+    t = L.entry_table(buf, lay)
+    c = L.client_table(buf, lay)
+    n, _ = L.extent_cursor(buf)
+    ext = L.extent_table(buf, lay)[:n]
+    recs = np.arange(1, n + 1, dtype=np.int64)
+    flags, owner = ext["flags"], ext["owner"].astype(np.int64)
+    taken = t["state"] != L.FREE
+    own = np.clip(owner - 1, 0, lay.max_objects - 1)
+    used = ((flags == L.EXT_USED) & (owner > 0) & (owner <= lay.max_objects) & taken[own]
+            & (t["extent"][own] == recs) & ((t["flags"][own] & L.FLAG_IN_CHUNK) == 0))
+    slot = np.clip(-owner - 1, 0, lay.max_clients - 1)
+    chunk = (flags == L.EXT_CHUNK) & (owner < 0) & (-owner <= lay.max_clients) & (c["chunk"][slot] == recs)
+    refs = t["extent"][taken & ((t["flags"] & L.FLAG_IN_CHUNK) != 0)]
+    retired = ((flags == L.EXT_CHUNK) | (flags == L.EXT_RETIRED)) & ~chunk & np.isin(recs, refs)
+    return recs[used | chunk | retired], recs[retired]
+
+
+def disk_charged(buf, lay: L.Layout) -> int:
+    """What the DISK quota counter must hold: objects on disk plus spills in flight (charged first)."""
+    t = L.entry_table(buf, lay)
+    live = (t["state"] != L.FREE) & (t["state"] != L.RESERVED)
+    spilling = (t["level"] == L.LEVEL_MEMORY) & ((t["flags"] & L.FLAG_MOVING) != 0)
+    return int(t["size"][live & ((t["level"] == L.LEVEL_DISK) | spilling)].sum())
 
 
 def rebuild_allocator(node) -> None:
-    """Rebuild allocator and entry free list from the entry table and client records.
-
-    Kept as they are: every attached client's current chunk (the client
-    goes on carving from it), reserved entries, and every live object
-    outside those chunks, which becomes an extent of its own (objects of
-    retired chunks included, so retired chunks disappear).
-    """
+    """Derive everything the ALLOC lock guards again (ALLOC lock held, its last holder died)."""
     buf, lay = node.meta.mm, node.layout
-    t = L.entry_table(buf, lay)
+    keep, retire = valid_extents(buf, lay)
+    ext = L.extent_table(buf, lay)
+    ext["flags"][retire - 1] = L.EXT_RETIRED
+    node.alloc.rebuild(keep.tolist())
+    L.set_retired_chunks(buf, len(retire))
     c = L.client_table(buf, lay)
+    for slot in np.flatnonzero((c["chunk"] != 0) & ~np.isin(c["chunk"], keep)):
+        L.set_client_chunk(buf, lay.client(int(slot)), 0, 0, 0)  # its owner died allocating it
+    _rebuild_free_entries(buf, lay)
+    L.set_disk_reserved(buf, disk_charged(buf, lay))
+
+
+def _rebuild_free_entries(buf, lay: L.Layout) -> None:
+    t = L.entry_table(buf, lay)
     next_unused, _ = L.entry_cursor(buf)
-    spans, chunks = [], []
-    for slot in np.flatnonzero((c["state"] == 1) & (c["chunk"] != 0)):
-        off, size = int(c["chunk_offset"][slot]), int(c["chunk_size"][slot])
-        spans.append((off, size, -(int(slot) + 1), L.EXT_CHUNK))
-        chunks.append((off, off + size, int(slot)))
-    live = (t["state"] == L.WRITING) | (t["state"] == L.SEALED) | (t["state"] == L.DELETED)
-    live[next_unused:] = False
-    mem = np.flatnonzero(live & (t["level"] == 1) & (t["size"] > 0))
-    in_chunk: dict[int, int] = {}
-    for i in mem:
-        off = int(t["offset"][i])
-        slot = next((sl for lo, hi, sl in chunks if lo <= off < hi), None)
-        if slot is None:
-            spans.append((off, int(t["size"][i]), int(i) + 1, L.EXT_USED))
+    free = np.flatnonzero(t["state"][:next_unused] == L.FREE)
+    if len(free):
+        t["next"][free[:-1]] = free[1:] + 1
+        t["next"][free[-1]] = 0
+    L.set_entry_cursor(buf, next_unused, int(free[0]) + 1 if len(free) else 0)
+
+
+def repair_stripe(node, stripe: int) -> int:
+    """Repair one stripe (its lock held, its last holder died); returns how many entries were dropped."""
+    buf, lay, table = node.meta.mm, node.layout, node.table
+    linked = table.prune_chains(stripe)
+    t = L.entry_table(buf, lay)
+    mine = table.stripe_mask(stripe) & ((t["state"] == L.WRITING) | (t["state"] == L.SEALED))
+    ghosts = np.setdiff1d(np.flatnonzero(mine), linked)
+    for idx in ghosts:
+        idx = int(idx)
+        if table.pin_count(idx) or L.entry_flags(buf, lay.entry(idx)) & L.FLAG_MOVING:
+            table.mark_deleted(idx)  # its last pin, or the mover, frees it
         else:
-            in_chunk[int(i)] = slot
-    owners = node.alloc.rebuild(spans)
-    for i in mem:
-        i = int(i)
-        eoff = lay.entry(i)
-        if i in in_chunk:
-            L.set_entry_extent(buf, eoff, owners[-(in_chunk[i] + 1)])
-        else:
-            L.set_entry_extent(buf, eoff, owners[i + 1])
-            L.set_entry_flags(buf, eoff, L.entry_flags(buf, eoff) & ~L.FLAG_IN_CHUNK)
-    for _, _, slot in chunks:
-        coff = lay.client(slot)
-        _, off, size = L.client_chunk(buf, coff)
-        L.set_client_chunk(buf, coff, owners[-(slot + 1)], off, size)
-    head = 0
-    for i in reversed(np.flatnonzero(t["state"][:next_unused] == L.FREE)):
-        L.set_entry_next(buf, lay.entry(int(i)), head)
-        head = int(i) + 1
-    L.set_entry_cursor(buf, next_unused, head)
-    L.set_retired_chunks(buf, 0)
+            node.release(idx)
+    table.repair_stats(stripe)
+    return len(ghosts)

@@ -11,13 +11,44 @@ import stat
 
 import posix_ipc
 
-from ..errors import StorageFullError
+from ..errors import PermissionDeniedError, StorageFullError
 from ..units import format_size
 from . import native
 
-__all__ = ["Segment", "Wakeup", "unlink_segment", "unlink_semaphore", "list_segments"]
+__all__ = ["Segment", "Wakeup", "unlink_segment", "unlink_semaphore", "list_segments", "check_owner"]
 
 _SHM_DIR = "/dev/shm"
+_SQUAT_HINT = ("another user created it first: ask them or root to remove it, or choose another store name "
+               "(name= / SHMSTORE_NAME)")
+
+
+def _shm_path(name: str, semaphore: bool = False) -> str:
+    bare = name.lstrip("/")
+    return os.path.join(_SHM_DIR, "sem." + bare if semaphore else bare)
+
+
+def check_owner(name: str, semaphore: bool = False) -> bool:
+    """Check that the segment (or semaphore) ``name`` is this user's and owner-only.
+
+    Returns:
+        False if it does not exist.
+
+    Raises:
+        PermissionDeniedError: it belongs to another user, is open to others or is not a plain file.
+    """
+    what = "semaphore" if semaphore else "segment"
+    try:
+        st = os.lstat(_shm_path(name, semaphore))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # no /dev/shm to look at: posix_ipc's own checks apply
+    if st.st_uid != os.getuid():
+        raise PermissionDeniedError(f"{what} {name!r} belongs to uid {st.st_uid}, not {os.getuid()}: {_SQUAT_HINT}")
+    if not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) & 0o077:
+        raise PermissionDeniedError(f"{what} {name!r} is not an owner-only file (mode {st.st_mode:o}): remove it "
+                                    f"(`shmstore destroy`) or choose another store name (name= / SHMSTORE_NAME)")
+    return True
 
 
 class Segment:
@@ -57,7 +88,10 @@ class Segment:
         try:
             shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600)
         except posix_ipc.ExistentialError as exc:
+            check_owner(name)  # squatted by another user: say so instead of retrying
             raise FileExistsError(errno.EEXIST, f"segment {name!r} exists") from exc
+        except posix_ipc.PermissionsError as exc:
+            raise PermissionDeniedError(f"cannot create segment {name!r}: {exc} ({_SQUAT_HINT})") from exc
         fd = shm.fd
         try:
             os.fchmod(fd, 0o600)  # the umask may have narrowed it further, never widened
@@ -88,14 +122,17 @@ class Segment:
         except posix_ipc.ExistentialError as exc:
             raise FileNotFoundError(errno.ENOENT, f"no segment {name!r}") from exc
         except posix_ipc.PermissionsError as exc:
-            raise PermissionError(errno.EACCES, f"segment {name!r} belongs to another user") from exc
+            check_owner(name)
+            raise PermissionDeniedError(f"segment {name!r} cannot be opened: {exc} ({_SQUAT_HINT})") from exc
         fd = shm.fd
         try:
             st = os.fstat(fd)
             if st.st_uid != os.getuid():
-                raise PermissionError(errno.EACCES, f"segment {name!r} belongs to uid {st.st_uid}, not {os.getuid()}")
+                raise PermissionDeniedError(f"segment {name!r} belongs to uid {st.st_uid}, not {os.getuid()}: "
+                                            f"{_SQUAT_HINT}")
             if stat.S_IMODE(st.st_mode) & 0o077:
-                raise PermissionError(errno.EACCES, f"segment {name!r} is readable by others (mode {stat.S_IMODE(st.st_mode):o})")
+                raise PermissionDeniedError(f"segment {name!r} is readable by others (mode "
+                                            f"{stat.S_IMODE(st.st_mode):o}): {_SQUAT_HINT}")
             if st.st_size == 0:  # between the creator's shm_open and ftruncate
                 raise BlockingIOError(errno.EAGAIN, f"segment {name!r} is being created")
             return cls(name, st.st_size, fd)
@@ -159,11 +196,11 @@ class Segment:
 
 
 def unlink_segment(name: str) -> bool:
-    """Remove a segment name; False if it was already gone."""
+    """Remove a segment name of this user; False if it was already gone or is not ours."""
     try:
         posix_ipc.unlink_shared_memory(name)
         return True
-    except posix_ipc.ExistentialError:
+    except (posix_ipc.ExistentialError, posix_ipc.PermissionsError):
         return False
 
 
@@ -182,8 +219,10 @@ def list_segments(prefix: str) -> list[str]:
 class Wakeup:
     """A named POSIX semaphore that clients post to wake the spill process.
 
-    The creator of the store creates it; ``unlink`` (with the store) removes
-    the name. Process-safe and thread-safe.
+    The creator of the store creates it (exclusively: a semaphore of that
+    name left by a dead store of this user is replaced, one of another user
+    refused); ``unlink`` (with the store) removes the name. Process-safe and
+    thread-safe.
     """
 
     _sem = None
@@ -191,12 +230,25 @@ class Wakeup:
     def __init__(self, name: str, create: bool) -> None:
         self.name = name
         try:
-            flags = posix_ipc.O_CREAT if create else 0
-            self._sem = posix_ipc.Semaphore(name, flags, mode=0o600, initial_value=0)
+            if create:
+                self._sem = self._create(name)
+            else:
+                if not check_owner(name, semaphore=True):
+                    raise FileNotFoundError(errno.ENOENT, f"no semaphore {name!r}")
+                self._sem = posix_ipc.Semaphore(name, 0)
         except posix_ipc.ExistentialError as exc:
             raise FileNotFoundError(errno.ENOENT, f"no semaphore {name!r}") from exc
         except posix_ipc.PermissionsError as exc:
-            raise PermissionError(errno.EACCES, f"semaphore {name!r} belongs to another user") from exc
+            raise PermissionDeniedError(f"semaphore {name!r} cannot be opened: {exc} ({_SQUAT_HINT})") from exc
+
+    @staticmethod
+    def _create(name: str):
+        try:
+            return posix_ipc.Semaphore(name, posix_ipc.O_CREX, mode=0o600, initial_value=0)
+        except posix_ipc.ExistentialError:
+            check_owner(name, semaphore=True)  # another user's: refused
+            unlink_semaphore(name)  # ours, left by a store that died before removing it
+            return posix_ipc.Semaphore(name, posix_ipc.O_CREX, mode=0o600, initial_value=0)
 
     def post(self) -> None:
         """Wake the waiter (cheap; extra posts only cause extra rounds)."""
@@ -204,11 +256,15 @@ class Wakeup:
             self._sem.release()
 
     def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for a post; True if one came."""
+        """Wait up to ``timeout`` seconds for a post; True if one came.
+
+        A signal arriving meanwhile (SIGTERM from a batch system) ends the
+        wait early with False, after its Python handler ran.
+        """
         try:
             self._sem.acquire(timeout)
             return True
-        except posix_ipc.BusyError:
+        except (posix_ipc.BusyError, posix_ipc.SignalError):
             return False
 
     def close(self) -> None:
@@ -221,9 +277,9 @@ class Wakeup:
 
 
 def unlink_semaphore(name: str) -> bool:
-    """Remove a named semaphore; False if it was already gone."""
+    """Remove a named semaphore of this user; False if it was already gone or is not ours."""
     try:
         posix_ipc.unlink_semaphore(name)
         return True
-    except posix_ipc.ExistentialError:
+    except (posix_ipc.ExistentialError, posix_ipc.PermissionsError):
         return False

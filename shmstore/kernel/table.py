@@ -57,14 +57,53 @@ class Table:
     def stripe_of(self, idx: int) -> int:
         return L.entry_hash(self.buf, self.layout.entry(idx)) & self._bucket_mask & self._stripe_mask
 
+    def stripe_mask(self, stripe: int) -> np.ndarray:
+        """Boolean mask of the entries whose key hashes to ``stripe`` (any state)."""
+        t = L.entry_table(self.buf, self.layout)
+        return (t["hash"] & self._bucket_mask & self._stripe_mask) == stripe
+
     def repair_stats(self, stripe: int) -> None:
-        """Recompute one stripe's usage from its entries (after its lock holder died)."""
+        """Recompute one stripe's usage from its entries (stripe lock held)."""
         t = L.entry_table(self.buf, self.layout)
         live = ((t["state"] == L.WRITING) | (t["state"] == L.SEALED) | (t["state"] == L.DELETED))
-        mine = live & ((t["hash"] & self._bucket_mask & self._stripe_mask) == stripe)
+        mine = live & self.stripe_mask(stripe)
         used = [int(t["size"][mine & (t["level"] == lv)].sum()) for lv in range(3)]
         deleted = int((mine & (t["state"] == L.DELETED)).sum())
         L.STRIPE_STATS.pack_into(self.buf, self.layout.stripe_stats(stripe), *used, int(mine.sum()), deleted)
+
+    def prune_chains(self, stripe: int) -> np.ndarray:
+        """Unlink from the stripe's chains whatever is not a live entry of that bucket (stripe lock held).
+
+        Returns the indices of the entries left linked. A chain is cut where
+        it would loop.
+        """
+        buf, lay = self.buf, self.layout
+        linked: list[int] = []
+        seen: set[int] = set()
+        for b in range(stripe, lay.nbuckets, lay.nstripes):
+            prev_off, rec = lay.bucket(b), L.bucket_head(buf, lay.bucket(b))
+            while rec:
+                idx = rec - 1
+                if not 0 <= idx < lay.max_objects or idx in seen:  # garbage or a loop: cut here
+                    self._set_link(prev_off, b, 0)
+                    break
+                seen.add(idx)
+                eoff = lay.entry(idx)
+                e = L.entry_raw(buf, eoff)
+                if e[L.E_STATE] in (L.WRITING, L.SEALED) and e[L.E_HASH] & self._bucket_mask == b:
+                    linked.append(idx)
+                    prev_off = eoff
+                else:
+                    self._set_link(prev_off, b, e[L.E_NEXT])  # drop it, keep the rest
+                rec = e[L.E_NEXT]
+        return np.array(sorted(linked), dtype=np.int64)
+
+    def _set_link(self, prev_off: int, b: int, rec: int) -> None:
+        """Point a bucket head (``prev_off`` is the bucket's offset) or an entry's ``next`` at ``rec``."""
+        if prev_off == self.layout.bucket(b):
+            L.set_bucket_head(self.buf, prev_off, rec)
+        else:
+            L.set_entry_next(self.buf, prev_off, rec)
 
     # ---- chains (stripe lock held) --------------------------------------
     def link(self, idx: int, b: int) -> None:
@@ -123,17 +162,19 @@ class Table:
         """Deleted entries still waiting for their last pin, store-wide."""
         return int(L.stats_table(self.buf, self.layout)["deleted"].sum())
 
-    def keep_entry(self, idx: int, slot: int) -> None:
+    def keep_entry(self, idx: int, slot: int) -> int:
         """Free an entry carved from a chunk into client ``slot``'s batch (stripe lock held).
 
         Its bytes need no freeing: the chunk goes back whole once no entry
-        points at it. Takes no ALLOC lock.
+        points at it. Takes no ALLOC lock. Returns the entry's new generation.
         """
         self.count(idx, -1)
         eoff = self.layout.entry(idx)
         e = L.entry_raw(self.buf, eoff)
-        L.ENTRY_HEAD.pack_into(self.buf, eoff, 0, 0, 0, 0.0, 0.0, e[L.E_HASH], 0, (e[L.E_GEN] + 1) & 0xFFFFFFFF,
-                               0, slot, 0, 0, 0, 0, L.RESERVED, 0, 0, 0)
+        gen = (e[L.E_GEN] + 1) & 0xFFFFFFFF
+        L.ENTRY_HEAD.pack_into(self.buf, eoff, 0, 0, 0, 0.0, 0.0, e[L.E_HASH], 0, gen, 0, slot, 0, 0, 0, 0,
+                               L.RESERVED, 0, 0, 0)
+        return gen
 
     def release_entry(self, idx: int) -> None:
         """Free entry ``idx`` and its own extent onto the global lists (stripe + ALLOC locks held)."""
@@ -142,15 +183,21 @@ class Table:
         state = e[L.E_STATE]
         if state in (L.WRITING, L.SEALED, L.DELETED):
             self.count(idx, -1)
-            if e[L.E_EXTENT] and not e[L.E_FLAGS] & L.FLAG_IN_CHUNK:
-                self.alloc.free(e[L.E_EXTENT])
-        self.push_free(idx, e[L.E_HASH], e[L.E_GEN] + 1)
+        if e[L.E_EXTENT] and not e[L.E_FLAGS] & L.FLAG_IN_CHUNK:
+            self.alloc.free_owned(e[L.E_EXTENT], idx + 1)
+        self.push_free(idx, e[L.E_HASH])
 
-    def push_free(self, idx: int, h: int, gen: int) -> None:
-        """Put entry ``idx`` on the global free list (ALLOC lock held)."""
+    def push_free(self, idx: int, h: int) -> None:
+        """Put entry ``idx`` on the global free list, a new generation (ALLOC lock held).
+
+        The new generation makes every (index, generation) pair naming the
+        entry so far stale: a client's batch, a spill file name, a view's pin.
+        """
         next_unused, free_head = L.entry_cursor(self.buf)
-        L.ENTRY_HEAD.pack_into(self.buf, self.layout.entry(idx), 0, 0, 0, 0.0, 0.0, h, free_head, gen & 0xFFFFFFFF,
-                               0, -1, 0, 0, 0, 0, L.FREE, 0, 0, 0)
+        eoff = self.layout.entry(idx)
+        gen = (L.entry_gen(self.buf, eoff) + 1) & 0xFFFFFFFF
+        L.ENTRY_HEAD.pack_into(self.buf, eoff, 0, 0, 0, 0.0, 0.0, h, free_head, gen, 0, -1, 0, 0, 0, 0, L.FREE,
+                               0, 0, 0)
         L.set_entry_cursor(self.buf, next_unused, idx + 1)
 
     # ---- pins ----------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import time
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -21,6 +21,8 @@ from ..errors import InvalidArgumentError, ObjectExistsError, ObjectLockedError,
 from ..levels import Level, ObjectInfo
 from ..units import format_size
 from . import layout as L
+from .cache import owns_entry
+from .fastpath import codes as _fast_codes
 
 __all__ = ["Writing", "disk_error"]
 
@@ -28,6 +30,10 @@ _U8 = np.dtype(np.uint8)
 _MEMORY = int(Level.MEMORY)
 _monotonic = time.monotonic
 _crc32 = zlib.crc32
+
+
+class _Stolen(Exception):
+    """The batch entry was taken by a client whose table ran out: take another (private, never escapes)."""
 
 
 class Writing:
@@ -72,15 +78,19 @@ class Writing:
             if not (flags.c_contiguous or flags.f_contiguous):
                 return None
         stored = L.align(max(enc.size, 1))
-        idx = self._cache.take_entry(key)
         h = _crc32(kb, self.sid)
         b = h & self._bmask
-        done = self._fast_reserve(key, kb, idx, h, b, b & self._smask, enc.kind, stored, enc.nbytes, enc.nblobs,
-                                  enc.meta, enc)
-        if done is None:
-            self._cache.entries.append(idx)  # the general path takes an entry of its own
-            return None
-        return self._new_info(key, enc, Level.MEMORY, stored, done[3])
+        while True:
+            idx, gen = self._cache.take_entry(key)
+            try:
+                done = self._fast_reserve(key, kb, idx, gen, h, b, b & self._smask, enc.kind, stored, enc.nbytes,
+                                          enc.nblobs, enc.meta, enc)
+            except _Stolen:
+                continue
+            if done is None:
+                self._cache.entries.append((idx, gen))  # the general path takes an entry of its own
+                return None
+            return self._new_info(key, enc, Level.MEMORY, stored, done[3])
 
     def _put_disk(self, key: str, kb: bytes, obj: Any, level: int) -> ObjectInfo:
         if level != L.LEVEL_DISK:
@@ -117,16 +127,27 @@ class Writing:
         """
         if size < 0:
             raise InvalidArgumentError(f"size of {key!r} must not be negative, got {size}")
-        buf, lay, cache = self._buf, self._lay, self._cache
         stored = L.align(max(size, 1))  # extents are exact multiples of the alignment
-        idx = cache.take_entry(key)
         h = _crc32(kb, self.sid)
         b = h & self._bmask
-        stripe = b & self._smask
-        if self._fast is not None and level == _MEMORY:
-            done = self._fast_reserve(key, kb, idx, h, b, stripe, kind, stored, nbytes, nblobs, meta)
-            if done is not None:
-                return done
+        while True:
+            idx, gen = self._cache.take_entry(key)
+            try:
+                if self._fast is not None and level == _MEMORY:
+                    done = self._fast_reserve(key, kb, idx, gen, h, b, b & self._smask, kind, stored, nbytes,
+                                              nblobs, meta)
+                    if done is not None:
+                        return done
+                return self._reserve_locked(key, kb, idx, gen, h, b, kind, stored, nbytes, nblobs, meta, level)
+            except _Stolen:
+                continue  # another client holds that entry now
+
+    def _reserve_locked(self, key: str, kb: bytes, idx: int, gen: int, h: int, b: int, kind: int, stored: int,
+                        nbytes: int, nblobs: int, meta: bytes | None, level: int) -> tuple:
+        """``reserve`` in Python under the stripe lock (the C path's fallback, and DISK)."""
+        buf, lay, cache = self._buf, self._lay, self._cache
+        stripe, eoff = b & self._smask, lay.entry(idx)
+        rec = 0
         try:
             with self._stripes[stripe]:
                 _, _, e = L.find_entry(buf, lay, b, h, self.sid, kb)
@@ -134,27 +155,44 @@ class Writing:
                     if e[L.E_STATE] == L.WRITING:
                         raise ObjectLockedError(f"{key!r} is being written by another writer", key)
                     raise ObjectExistsError(f"{key!r} already exists (delete it first, or use another key)", key)
-                if level == _MEMORY:
-                    rec, off, flags = self._place(key, idx, stored)
-                else:
-                    rec, off, flags = self._reserve_disk(key, stored)
-                eoff = lay.entry(idx)
+                if not owns_entry(buf, eoff, self.slot, gen):
+                    raise _Stolen
                 ctime = time.time()
-                L.ENTRY_HEAD.pack_into(buf, eoff, off, stored, nbytes, _monotonic(), ctime, h, 0,
-                                       L.entry_gen(buf, eoff), 0, self.slot, rec, nblobs, len(kb), self.sid,
-                                       L.WRITING, kind, level, flags)
-                if meta is not None:
-                    L.set_entry_array(buf, eoff, meta)
-                L.set_entry_key(buf, eoff, kb)
+                head = [0, stored, nbytes, _monotonic(), ctime, h, 0, gen, 0, self.slot, 0, nblobs, len(kb),
+                        self.sid, L.WRITING, kind, level, 0]
+                if level != _MEMORY:
+                    off = 0
+                    self._reserve_disk(key, stored, lambda: self._write_entry(eoff, head, 0, 0, meta, kb))
+                else:
+                    with cache.chunk_lock:
+                        rec, off = cache.carve(stored) if stored <= cache.small_max else (0, 0)
+                        if rec:
+                            head[L.E_FLAGS] = L.FLAG_IN_CHUNK
+                            self._write_entry(eoff, head, off, rec, meta, kb)
+                    if not rec:
+                        rec, off = self._alloc_extent(key, idx, gen, stored)
+                        self._write_entry(eoff, head, off, rec, meta, kb)
                 L.add_stripe_stats(buf, lay.stripe_stats(stripe), level, stored, 1)
                 self._table.link(idx, b)
+        except _Stolen:
+            raise
         except BaseException:
-            cache.entries.append(idx)  # still reserved for us
+            if rec and not L.entry_flags(buf, eoff) & L.FLAG_IN_CHUNK:
+                self._unplace(idx, rec, 0)
+            cache.entries.append((idx, gen))  # still reserved for us
             raise
         return idx, off, stored, ctime, stripe
 
-    def _fast_reserve(self, key: str, kb: bytes, idx: int, h: int, b: int, stripe: int, kind: int, stored: int,
-                      nbytes: int, nblobs: int, meta: bytes | None,
+    def _write_entry(self, eoff: int, head: list, off: int, rec: int, meta: bytes | None, kb: bytes) -> None:
+        buf = self._buf
+        head[L.E_OFFSET], head[L.E_EXTENT] = off, rec
+        L.ENTRY_HEAD.pack_into(buf, eoff, *head)
+        if meta is not None:
+            L.set_entry_array(buf, eoff, meta)
+        L.set_entry_key(buf, eoff, kb)
+
+    def _fast_reserve(self, key: str, kb: bytes, idx: int, gen: int, h: int, b: int, stripe: int, kind: int,
+                      stored: int, nbytes: int, nblobs: int, meta: bytes | None,
                       enc: serialize.Encoded | None = None) -> tuple | None:
         """``reserve`` through the C fast path: place first, then one locked C call.
 
@@ -163,11 +201,27 @@ class Writing:
 
         Returns None (nothing changed) to leave it to the Python path: no room
         (so that path reports the right error), or the stripe lock was busy.
+
+        Raises:
+            _Stolen: the entry is not ours any more (nothing changed).
         """
+        cache = self._cache
+        if stored <= cache.small_max:
+            with cache.chunk_lock:  # until the entry names the chunk (see cache.py)
+                rec, off = cache.carve(stored)
+                if rec:
+                    return self._fast_insert(key, kb, idx, gen, h, b, stripe, kind, stored, nbytes, nblobs, meta,
+                                             enc, rec, off, L.FLAG_IN_CHUNK)
         try:
-            rec, off, flags = self._place(key, idx, stored)
+            rec, off = self._alloc_extent(key, idx, gen, stored)
         except StorageFullError:
             return None
+        return self._fast_insert(key, kb, idx, gen, h, b, stripe, kind, stored, nbytes, nblobs, meta, enc, rec,
+                                 off, 0)
+
+    def _fast_insert(self, key: str, kb: bytes, idx: int, gen: int, h: int, b: int, stripe: int, kind: int,
+                     stored: int, nbytes: int, nblobs: int, meta: bytes | None, enc: serialize.Encoded | None,
+                     rec: int, off: int, flags: int) -> tuple | None:
         lay = self._lay
         try:
             data = None
@@ -176,49 +230,48 @@ class Writing:
                     self.node.ensure_populated(off, enc.size, key)
                 data = enc.src
             ctime = time.time()
-            head = L.ENTRY_HEAD.pack(off, stored, nbytes, _monotonic(), ctime, h, 0, 0, 0,  # C keeps the generation
-                                     self.slot, rec, nblobs, len(kb), self.sid,
-                                     L.WRITING if data is None else L.SEALED, kind, _MEMORY, flags)
+            head = L.ENTRY_HEAD.pack(off, stored, nbytes, _monotonic(), ctime, h, 0, gen, 0, self.slot, rec, nblobs,
+                                     len(kb), self.sid, L.WRITING if data is None else L.SEALED, kind, _MEMORY,
+                                     flags)
             rc = self._fast.insert(self._meta_addr, lay.buckets, lay.entries, b, h, self.sid, kb,
                                    self._stripe_addrs[stripe], idx, head, meta,
                                    self._meta_addr + lay.stripe_stats(stripe), _MEMORY, stored,
                                    data, self._arena_addr + off)
         except BaseException:
-            self._unplace(rec, flags)
-            self._cache.entries.append(idx)
+            self._unplace(idx, rec, flags)
+            self._cache.entries.append((idx, gen))
             raise
         if rc == 0:
             return idx, off, stored, ctime, stripe
-        self._unplace(rec, flags)
-        if rc == -3:  # its holder died: we hold it now and must repair it first
+        self._unplace(idx, rec, flags)
+        if rc == _fast_codes.STOLEN:
+            raise _Stolen
+        if rc == _fast_codes.OWNER_DEAD:  # we hold the lock now and must repair it first
             self._stripes[stripe].recover_held()
-        if rc == -4:
-            self._cache.entries.append(idx)
+        if rc == _fast_codes.BEING_WRITTEN:
+            self._cache.entries.append((idx, gen))
             raise ObjectLockedError(f"{key!r} is being written by another writer", key)
-        if rc == -5:
-            self._cache.entries.append(idx)
+        if rc == _fast_codes.EXISTS:
+            self._cache.entries.append((idx, gen))
             raise ObjectExistsError(f"{key!r} already exists (delete it first, or use another key)", key)
         return None
 
-    def _unplace(self, rec: int, flags: int) -> None:
-        """Give back space placed for an entry that was not made (a cut of a chunk stays unused)."""
-        if not flags & L.FLAG_IN_CHUNK:
-            with self.node.alloc_lock:
-                self.node.alloc.free(rec)
+    def _alloc_extent(self, key: str, idx: int, gen: int, stored: int) -> tuple[int, int]:
+        """An extent of its own for reserved entry ``idx``, which names it at once (see alloc.py).
 
-    def _place(self, key: str, idx: int, stored: int) -> tuple[int, int, int]:
-        """(extent record, offset, entry flags) for ``stored`` bytes, or StorageFullError."""
-        if stored <= self._cache.small_max:
-            rec, off = self._cache.carve(stored)
-            if rec:
-                return rec, off, L.FLAG_IN_CHUNK
-        node = self.node
+        Raises:
+            StorageFullError: no extent fits. _Stolen: the entry is not ours any more.
+        """
+        node, buf, eoff = self.node, self._buf, self._lay.entry(idx)
         with node.alloc_lock:
+            if not owns_entry(buf, eoff, self.slot, gen):
+                raise _Stolen
             rec, off = node.alloc.alloc(stored, idx + 1)
             if not rec and node.reclaim_retired_locked():
                 rec, off = node.alloc.alloc(stored, idx + 1)
-        if rec:
-            return rec, off, 0
+            if rec:
+                L.set_entry_extent(buf, eoff, rec)
+                return rec, off
         used, cap = node.used(_MEMORY), node.capacity
         hint = "" if cap - used < stored else ", in pieces too small"
         raise StorageFullError(
@@ -226,15 +279,30 @@ class Writing:
             f"{format_size(cap)}{hint} (raise capacity= / SHMSTORE_CAPACITY, or allow Level.DISK)",
             key, Level.MEMORY, stored, cap - used)
 
-    def _reserve_disk(self, key: str, stored: int) -> tuple[int, int, int]:
-        """Charge ``stored`` bytes to the DISK quota, or StorageFullError."""
+    def _unplace(self, idx: int, rec: int, flags: int) -> None:
+        """Give back space placed for entry ``idx`` that was not made (a cut of a chunk stays unused)."""
+        if flags & L.FLAG_IN_CHUNK:
+            return
+        eoff = self._lay.entry(idx)
+        with self.node.alloc_lock:
+            if L.entry_extent(self._buf, eoff) == rec:
+                L.set_entry_extent(self._buf, eoff, 0)
+            self.node.alloc.free_owned(rec, idx + 1)
+
+    def _reserve_disk(self, key: str, stored: int, write_entry: Callable[[], None]) -> None:
+        """Charge ``stored`` bytes to the DISK quota and write the entry in one ALLOC section, or StorageFullError.
+
+        One section, so that the quota counter always equals what the table
+        says is on disk (``repair.disk_charged``).
+        """
         buf, node = self._buf, self.node
         cap = L.unpack_spill_state(buf).disk_capacity
         with node.alloc_lock:
             used = L.disk_reserved(buf)
             if used + stored <= cap:
                 L.set_disk_reserved(buf, used + stored)
-                return 0, 0, 0
+                write_entry()
+                return
         raise StorageFullError(
             f"cannot place {key!r} ({format_size(stored)}) on disk: {format_size(cap - used)} free of "
             f"{format_size(cap)} in {node.disk.root} (raise disk_capacity= / SHMSTORE_DISK_CAPACITY when creating "
@@ -253,7 +321,7 @@ class Writing:
             rc = self._fast.set_byte(self._stripe_addrs[stripe], state, L.SEALED)
             if rc == 0:
                 return
-            if rc == -3:
+            if rc == _fast_codes.OWNER_DEAD:
                 self._stripes[stripe].recover_held()
         with self._stripes[stripe]:
             L.set_entry_state(self._buf, self._lay.entry(idx), L.SEALED)  # ``writer`` matters only while writing
