@@ -14,6 +14,7 @@ from .config import Config
 from .errors import ShmStoreError, StorageFullError, StoreClosedError, StoreInUseError
 from .kernel import Kernel, NodeStore
 from .kernel import layout as L
+from .kernel.check import check as check_node
 from .kernel.node import pid_alive, reap_children, store_prefix
 from .kernel.segment import Segment, list_segments, unlink_segment, unlink_semaphore
 from .levels import Capacity, Level, ObjectInfo, parse_levels
@@ -215,6 +216,21 @@ class Store:
     def open_reader(self, key: str) -> Reader:
         """A reader streaming the stored bytes of ``key`` (pinned while open)."""
         return Reader(self._checked(), key)
+
+    def check(self) -> list[str]:
+        """Check every invariant of this node store's metadata, spill files and counters.
+
+        Holds every lock of the store meanwhile (tens of milliseconds for a
+        large table). Meant for tests, debugging and ``shmstore check``.
+
+        Returns:
+            The problems found, as sentences; empty when the store is consistent.
+
+        Raises:
+            LockTimeoutError: a lock stayed taken for ``lock_timeout``.
+        """
+        self._checked()
+        return check_node(self._node)
 
     def status(self) -> dict[str, Any]:
         """A snapshot of the whole node store: capacity per level, clients, spill process."""

@@ -190,6 +190,8 @@ FREE, WRITING, SEALED, DELETED, RESERVED = 0, 1, 2, 3, 4
 KIND_RAW, KIND_NDARRAY, KIND_PICKLE = 0, 1, 2
 FLAG_MOVING, FLAG_IN_CHUNK = 1, 2
 LEVEL_GPU, LEVEL_MEMORY, LEVEL_DISK = 0, 1, 2  # Level values, for code below the Level enum
+LEVEL_NAMES = ("gpu", "memory", "disk")
+STATE_NAMES = {FREE: "free", WRITING: "writing", SEALED: "sealed", DELETED: "deleted", RESERVED: "reserved"}
 # header states and flags
 STATE_INIT, STATE_READY, STATE_DESTROYING = 0, 1, 2
 FLAG_PERSIST = 1

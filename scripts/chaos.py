@@ -1,0 +1,514 @@
+"""Chaos run: worker processes hammer one spilling store while processes are killed at random.
+
+    python scripts/chaos.py [--seed N] [--rounds 20] [--seconds 10] [--workers 4] [--capacity 16MiB]
+    python scripts/chaos.py --hours 4          # rounds until the time is up
+
+Each worker puts, gets (whole and sliced), deletes, writes through writers,
+reads through readers, pins, holds views and moves objects between levels,
+with checksummed values: every value carries a header with its own length
+and CRC, so any reader can verify any object. Workers journal what they do
+(intent before, completion after) in append-only files that survive SIGKILL.
+
+Meanwhile the run SIGKILLs and SIGTERMs random workers (respawning them)
+and the spill process. After each round it kills every worker, lets the
+janitor reclaim them, and checks:
+
+- every object whose put returned and that was not deleted reads back
+  byte-identical; every object whose delete returned is gone; objects of
+  interrupted puts or deletes are either absent or intact; nothing else is
+  visible;
+- ``store.check()`` finds no inconsistency, and each level's ``used`` in
+  ``get_capacity()`` equals what the listed objects hold;
+
+and at the end, that nothing of the store is left in /dev/shm or the spill
+directory. The seed is printed first: a failure reproduces (up to timing)
+with ``--seed``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import zlib
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import shmstore  # noqa: E402
+from shmstore import Level  # noqa: E402
+from shmstore.kernel.layout import unpack_spill_state as spill_state  # noqa: E402
+
+MAGIC = 0x5EEDC0DE
+_HEADER = np.dtype([("magic", "<u4"), ("crc", "<u4"), ("length", "<u8")])
+EXPECTED = (shmstore.ObjectNotFoundError, shmstore.ObjectLockedError, shmstore.StorageFullError)
+
+
+# ---- self-verifying values ---------------------------------------------------
+
+def make_value(rng: random.Random, key: str) -> tuple[Any, int]:
+    """A random value (raw bytes, an array or a dict of parts) and the CRC of its payload."""
+    size = rng.choice([0, 1, 63, 100, 4000, 60_000, 300_000, 1 << 20, 3 << 20])
+    payload = np.random.default_rng(zlib.crc32(key.encode())).integers(0, 256, size, dtype=np.uint8)
+    crc = zlib.crc32(payload)
+    head = np.array([(MAGIC, crc, size)], _HEADER).view(np.uint8)
+    kind = rng.choice(["raw", "array", "dict"])
+    if kind == "raw":
+        return bytes(head) + payload.tobytes(), crc
+    if kind == "array":
+        return np.concatenate([head, payload]), crc
+    return {"head": bytes(head), "payload": payload, "n": size}, crc
+
+
+def verify(obj: Any) -> int:
+    """The payload CRC of a value made by :func:`make_value`; raises AssertionError if it is damaged."""
+    if isinstance(obj, dict):
+        head, payload = np.frombuffer(obj["head"], np.uint8), np.asarray(obj["payload"])
+        assert obj["n"] == len(payload), "dict value: length field and payload disagree"
+    else:
+        data = np.frombuffer(memoryview(obj).cast("B"), np.uint8) if not isinstance(obj, np.ndarray) else obj
+        head, payload = data[:_HEADER.itemsize], data[_HEADER.itemsize:]
+    h = head.view(_HEADER)[0]
+    assert h["magic"] == MAGIC, "bad magic: not a value of this run, or overwritten"
+    assert h["length"] == len(payload), f"length {h['length']} but {len(payload)} bytes"
+    crc = zlib.crc32(np.ascontiguousarray(payload))
+    assert crc == h["crc"], "payload does not match its CRC"
+    return crc
+
+
+def value_bytes(obj: Any) -> bytes:
+    """The bytes a writer stores for a value (raw form)."""
+    if isinstance(obj, dict):
+        return obj["head"] + obj["payload"].tobytes()
+    return bytes(memoryview(obj).cast("B")) if not isinstance(obj, np.ndarray) else obj.tobytes()
+
+
+# ---- the worker --------------------------------------------------------------
+
+class Worker:
+    """One worker process: random operations on its own keys and others', journalled."""
+
+    def __init__(self, store: shmstore.Store, journal: str, rng: random.Random, tag: str) -> None:
+        self.store, self.rng, self.tag = store, rng, tag
+        self.fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.mine: list[str] = []       # put returned, not deleted
+        self.held: list[Any] = []       # views, readers, open writers kept alive
+        self.pinned: list[str] = []
+        self.n = 0
+
+    def note(self, *fields: Any) -> None:
+        os.write(self.fd, (" ".join(map(str, fields)) + "\n").encode())
+
+    def run(self) -> None:
+        ops: list[tuple[Callable[[], None], int]] = [
+            (self.put, 6), (self.get, 6), (self.get_other, 3), (self.delete, 3), (self.write, 2),
+            (self.read, 2), (self.pin, 1), (self.hold, 2), (self.drop, 2), (self.move, 1), (self.look, 1)]
+        funcs, weights = zip(*ops)
+        while True:
+            op = self.rng.choices(funcs, weights)[0]
+            try:
+                op()
+            except EXPECTED:
+                pass
+
+    def _key(self) -> str:
+        self.n += 1
+        return f"{self.tag}-{self.n}"
+
+    def put(self) -> None:
+        key = self._key()
+        value, crc = make_value(self.rng, key)
+        levels = self.rng.choice([None, None, None, [Level.DISK], [Level.MEMORY]])
+        self.note("P", key, crc)
+        try:
+            self.store.put(key, value, levels=levels)
+        except shmstore.StorageFullError:
+            self.note("F", key)
+            return
+        self.note("p", key)
+        self.mine.append(key)
+
+    def write(self) -> None:
+        key = self._key()
+        value, crc = make_value(self.rng, key)
+        data = value_bytes(value)
+        self.note("P", key, crc)
+        try:
+            w = self.store.open_writer(key, len(data), levels=self.rng.choice([None, [Level.DISK]]))
+        except shmstore.StorageFullError:
+            self.note("F", key)
+            return
+        step = max(1, len(data) // self.rng.randint(1, 4))
+        for pos in range(0, len(data), step):
+            w.write(data[pos: pos + step])
+        if self.rng.random() < 0.1:  # keep it open a while: a kill may catch it half written
+            self.held.append(w)
+            self.note("F", key)  # never closed here: never visible
+            return
+        w.close()
+        self.note("p", key)
+        self.mine.append(key)
+
+    def _check(self, key: str, obj: Any, expect: int | None = None) -> None:
+        try:
+            crc = verify(obj)
+            if expect is not None:
+                assert crc == expect, "CRC differs from the one journalled at put"
+        except AssertionError as exc:
+            self.note("CORRUPT", key, str(exc).replace(" ", "_"))
+            raise
+
+    def get(self) -> None:
+        if not self.mine:
+            return
+        key = self.rng.choice(self.mine)
+        self._check(key, self.store.get(key))
+
+    def get_other(self) -> None:
+        keys = self.store.keys()
+        if keys:
+            key = self.rng.choice(keys)
+            self._check(key, self.store.get(key))
+
+    def delete(self) -> None:
+        if not self.mine:
+            return
+        key = self.mine.pop(self.rng.randrange(len(self.mine)))
+        while key in self.pinned:
+            self.pinned.remove(key)
+            self.store.unpin(key)
+        self.note("D", key)
+        self.store.delete(key)
+        self.note("d", key)
+
+    def read(self) -> None:
+        if not self.mine:
+            return
+        key = self.rng.choice(self.mine)
+        with self.store.open_reader(key) as r:
+            parts = []
+            while True:
+                b = r.read(self.rng.choice([1000, 100_000, 1 << 20]))
+                if not b:
+                    break
+                parts.append(b)
+        data = b"".join(parts)
+        info = self.store.get_info(key)
+        if info.kind == "bytes":
+            self._check(key, data)
+
+    def pin(self) -> None:
+        if self.pinned and self.rng.random() < 0.5:
+            self.store.unpin(self.pinned.pop())
+        elif self.mine:
+            key = self.rng.choice(self.mine)
+            self.store.pin(key)
+            self.pinned.append(key)
+
+    def hold(self) -> None:
+        if self.mine and len(self.held) < 8:
+            key = self.rng.choice(self.mine)
+            obj = self.store.get(key)
+            self._check(key, obj)
+            if isinstance(obj, np.ndarray) and len(obj) > 40:
+                obj = self.store.get(key, conditions=(slice(16, 40),))
+            self.held.append(obj)
+
+    def drop(self) -> None:
+        if self.held:
+            h = self.held.pop(self.rng.randrange(len(self.held)))
+            if isinstance(h, shmstore.Writer):
+                h.abort()
+
+    def move(self) -> None:
+        if self.mine:
+            key = self.rng.choice(self.mine)
+            if self.rng.random() < 0.5:
+                self._check(key, self.store.get(key, levels=[Level.MEMORY]))
+            else:
+                self.store.move(key, Level.DISK)
+
+    def look(self) -> None:
+        self.store.get_capacity()
+        self.store.list()
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    rng = random.Random(f"{args.seed}-{args.tag}")
+    with shmstore.connect(args.name, capacity=args.capacity, spill_dir=args.spill_dir, lock_timeout=30,
+                          spill_timeout=30, prefault=0) as store:
+        print("ready", flush=True)
+        Worker(store, args.journal, rng, args.tag).run()
+    return 0
+
+
+# ---- the run -----------------------------------------------------------------
+
+class Journal:
+    """What the workers' journals say about every key."""
+
+    def __init__(self) -> None:
+        self.crc: dict[str, int] = {}
+        self.state: dict[str, str] = {}   # P put begun, p put returned, F put failed, D delete begun, d deleted
+
+    def read(self, path: str) -> None:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 2 or not line.endswith("\n"):
+                    continue  # a line cut by the kill
+                op, key = parts[0], parts[1]
+                if op == "CORRUPT":
+                    raise AssertionError(f"worker read corrupt {key!r}: {' '.join(parts[2:])}")
+                if op == "P":
+                    self.crc[key] = int(parts[2])
+                self.state[key] = op
+
+
+class Chaos:
+    """One chaos run over one store (see the module docstring)."""
+
+    def __init__(self, seed: int, workers: int = 4, capacity: str = "16MiB", kill_spill: bool = True,
+                 log: Callable[[str], None] = print) -> None:
+        self.seed, self.nworkers, self.capacity, self.kill_spill = seed, workers, capacity, kill_spill
+        self.rng = random.Random(seed)
+        self.log = log
+        self.name = f"chaos{uuid.uuid4().hex[:8]}"
+        self.dir = tempfile.mkdtemp(prefix="shmstore-chaos-")
+        self.spill_dir = os.path.join(self.dir, "spill")
+        os.mkdir(self.spill_dir)
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.incarnation = 0
+        self.kills = {"worker SIGKILL": 0, "worker SIGTERM": 0, "spill SIGKILL": 0, "spill SIGTERM": 0}
+        self.store: shmstore.Store | None = None
+        self.journal = Journal()
+        self.checked = 0
+
+    # ---- processes ------------------------------------------------------------
+    def _spawn(self, wid: int) -> None:
+        self.incarnation += 1
+        tag = f"w{wid}i{self.incarnation}"
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--name", self.name, "--tag", tag,
+               "--seed", str(self.seed), "--capacity", self.capacity, "--spill-dir", self.spill_dir,
+               "--journal", os.path.join(self.dir, tag + ".log")]
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        # files, not pipes: a spill process the worker starts inherits its stderr and outlives it
+        with open(os.path.join(self.dir, tag + ".err"), "wb") as err:
+            self.procs[wid] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                               stderr=err, env=env)
+        self.procs[wid].tag = tag  # type: ignore[attr-defined]
+
+    def _reap(self, p: subprocess.Popen, expect_killed: bool) -> None:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        if p.returncode not in (-signal.SIGKILL, -signal.SIGTERM) or not expect_killed:
+            with open(os.path.join(self.dir, p.tag + ".err"), "rb") as f:  # type: ignore[attr-defined]
+                err = f.read().decode(errors="replace")
+            raise AssertionError(f"worker {p.tag} exited with {p.returncode} (seed {self.seed}):\n"  # type: ignore
+                                 f"{err[-4000:]}")
+
+    def _kill_worker(self, sig: int) -> None:
+        wid = self.rng.randrange(self.nworkers)
+        p = self.procs[wid]
+        if p.poll() is not None:
+            self._reap(p, expect_killed=False)
+        p.send_signal(sig)
+        self._reap(p, expect_killed=True)
+        self.kills["worker " + signal.Signals(sig).name] += 1
+        self._spawn(wid)
+
+    def _kill_spill(self, sig: int) -> None:
+        pid = self.store._node.spill_pid() if self.store is not None else 0
+        if pid > 0:
+            try:
+                os.kill(pid, sig)
+                self.kills["spill " + signal.Signals(sig).name] += 1
+            except ProcessLookupError:
+                pass
+
+    # ---- rounds ----------------------------------------------------------------
+    def round(self, seconds: float) -> None:
+        for wid in range(self.nworkers):
+            if wid not in self.procs or self.procs[wid].poll() is not None:
+                if wid in self.procs:
+                    self._reap(self.procs[wid], expect_killed=False)
+                self._spawn(wid)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(self.rng.uniform(0.05, 0.5))
+            for wid, p in self.procs.items():
+                if p.poll() is not None:
+                    self._reap(p, expect_killed=False)
+            r = self.rng.random()
+            if r < 0.55:
+                self._kill_worker(signal.SIGKILL)
+            elif r < 0.65:
+                self._kill_worker(signal.SIGTERM)
+            elif self.kill_spill and r < 0.8:
+                self._kill_spill(signal.SIGKILL)
+            elif self.kill_spill and r < 0.85:
+                self._kill_spill(signal.SIGTERM)
+        for p in self.procs.values():  # the round ends as hostile as it ran
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+        for p in self.procs.values():
+            self._reap(p, expect_killed=True)
+        self.procs.clear()
+        self.verify()
+
+    def _settle(self) -> None:
+        """Wait for a live spill process to reclaim every dead worker and finish recovery."""
+        store = self.store
+        deadline = time.monotonic() + 60
+        while True:
+            store.spill_pid  # restarts it if it was killed
+            st = store.status()
+            busy = [c for c in st["clients"] if c["pid"] != os.getpid()]
+            if not busy and st["spill"]["alive"] and store._node.spill_pid() > 0:
+                beat = spill_state(store._node.meta.mm).heartbeat
+                if time.time() - beat < 0.5:
+                    return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"dead workers not reclaimed within 60 s (seed {self.seed}): {st}")
+            time.sleep(0.05)
+
+    def verify(self) -> None:
+        store = self.store
+        self._settle()
+        journal = Journal()
+        for name in sorted(os.listdir(self.dir)):
+            if name.endswith(".log"):
+                journal.read(os.path.join(self.dir, name))
+        for key, state in self.journal.state.items():  # the run's own deletes
+            journal.state[key] = state
+        self.journal = journal
+        listed = {i.key: i for i in store.list()}
+        for key in listed:
+            if key not in journal.state:
+                raise AssertionError(f"{key!r} is visible but no worker put it (seed {self.seed})")
+        for key, state in journal.state.items():
+            present = key in listed
+            if state == "p" and not present:
+                raise AssertionError(f"{key!r} was put and never deleted, but is gone (seed {self.seed})")
+            if state in ("d", "F") and present:
+                raise AssertionError(f"{key!r} is visible after its {'delete returned' if state == 'd' else 'put failed'}"
+                                     f" (seed {self.seed})")
+            if present:
+                try:
+                    obj = store.get(key)
+                except shmstore.ObjectNotFoundError:
+                    raise AssertionError(f"{key!r} is listed but get() does not find it: a ghost "
+                                         f"(seed {self.seed})") from None
+                try:
+                    crc = verify(obj)
+                except AssertionError as exc:
+                    raise AssertionError(f"{key!r} reads back damaged: {exc} (seed {self.seed})") from None
+                if crc != journal.crc[key]:
+                    raise AssertionError(f"{key!r} reads back another value than was put (seed {self.seed})")
+                del obj
+                self.checked += 1
+        problems = store.check()
+        if problems:
+            raise AssertionError(f"store.check() after round (seed {self.seed}):\n  " + "\n  ".join(problems[:30]))
+        self._check_capacity()
+        self._trim(listed)
+
+    def _check_capacity(self) -> None:
+        """Each level's used bytes equal its objects', read while the spill process is idle."""
+        store = self.store
+        for _ in range(200):  # a background spill may run between the two looks: look again
+            cap = store.get_capacity()
+            infos = store.list()
+            want = {lv: sum(i.stored for i in infos if i.level == lv) for lv in (Level.MEMORY, Level.DISK)}
+            if all(cap[lv].used == want[lv] and cap[lv].objects == sum(i.level == lv for i in infos)
+                   for lv in want):
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"get_capacity() {cap} does not match the objects {want} (seed {self.seed})")
+
+    def _trim(self, listed: dict) -> None:
+        """Delete some objects so that the store keeps spilling rather than filling up."""
+        for key in list(listed):
+            if self.rng.random() < 0.5:
+                self.journal.state[key] = "D"
+                try:
+                    self.store.delete(key)
+                except shmstore.ObjectNotFoundError:
+                    pass
+                self.journal.state[key] = "d"
+
+    # ---- the whole run ----------------------------------------------------------
+    def run(self, rounds: int | None = None, seconds: float = 10.0, hours: float | None = None) -> dict:
+        self.log(f"chaos: seed {self.seed}, {self.nworkers} workers, capacity {self.capacity}, store {self.name}")
+        stop = time.monotonic() + hours * 3600 if hours else None
+        n = 0
+        prefix = f"shmstore-{os.getuid()}-{self.name}-"
+        try:
+            self.store = shmstore.connect(self.name, capacity=self.capacity, spill_dir=self.spill_dir,
+                                          lock_timeout=30, spill_timeout=30, prefault=0)
+            while (rounds is None or n < rounds) and (stop is None or time.monotonic() < stop):
+                self.round(seconds)
+                n += 1
+                self.log(f"chaos: round {n} ok: {self.checked} reads verified, kills {self.kills}")
+            self.store.close()
+            self.store = None
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and (_leftovers(prefix) or os.listdir(self.spill_dir)):
+                time.sleep(0.05)
+            left = _leftovers(prefix) + os.listdir(self.spill_dir)
+            if left:
+                raise AssertionError(f"left behind after every process exited (seed {self.seed}): {left}")
+        finally:
+            for p in self.procs.values():
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            if self.store is not None:
+                self.store.close()
+            shmstore.destroy(self.name, force=True)
+            shutil.rmtree(self.dir, ignore_errors=True)
+        return {"seed": self.seed, "rounds": n, "verified": self.checked, "kills": self.kills}
+
+
+def _leftovers(prefix: str) -> list[str]:
+    return [e for e in os.listdir("/dev/shm") if e.startswith(prefix) or e.startswith("sem." + prefix)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--rounds", type=int, default=None, help="default 20, or unlimited with --hours")
+    p.add_argument("--seconds", type=float, default=10.0, help="length of a round")
+    p.add_argument("--hours", type=float, default=None)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--capacity", default="16MiB")
+    p.add_argument("--no-spill-kills", action="store_true", help="never kill the spill process")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    for hidden in ("--name", "--tag", "--spill-dir", "--journal"):
+        p.add_argument(hidden, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        return worker_main(args)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    rounds = args.rounds if args.rounds is not None or args.hours else 20
+    result = Chaos(seed, args.workers, args.capacity, not args.no_spill_kills).run(rounds, args.seconds, args.hours)
+    print(json.dumps(result) if args.json else f"chaos: passed: {result}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

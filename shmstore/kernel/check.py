@@ -1,0 +1,287 @@
+"""The invariant checker: what a node store's metadata promises, checked against itself.
+
+:func:`check` freezes the store (every stripe lock in order, then the ALLOC
+lock: the lock order of every other path, so it cannot deadlock with them)
+and checks, exactly:
+
+- chains: every ``writing``/``sealed`` entry is linked once, in its own
+  bucket, with the hash of its key; chains hold nothing else, loop nowhere,
+  and no key is linked twice;
+- entries: the free list holds exactly the free entries; reserved and
+  writing entries belong to attached clients; pins are set only on live
+  entries, by attached clients;
+- usage: each stripe's counters equal what its entries hold, per level;
+- the allocator: used and free extents tile the arena exactly, linked to
+  their physical neighbours; free extents sit in the right bins, coalesced;
+  the record free list holds exactly the unused records; every used extent
+  is named back by its owner (``alloc.py``); every object in memory lies
+  inside its extent and no two objects overlap;
+- the DISK level: the quota counter equals what the table charges
+  (``repair.disk_charged``); each object on disk has its file, and no file
+  is there that no entry explains.
+
+Problems come back as sentences; an empty list means consistent. Retired
+chunks that no object uses any more are not problems: the janitor frees them
+on its next round.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import zlib
+from typing import Iterator
+
+import numpy as np
+
+from . import layout as L
+from .repair import disk_charged, valid_extents
+
+__all__ = ["check", "frozen"]
+
+_LIVE = (L.WRITING, L.SEALED, L.DELETED)
+
+
+@contextlib.contextmanager
+def frozen(node) -> Iterator[None]:
+    """Hold every stripe lock and the ALLOC lock: nothing in the store changes meanwhile.
+
+    Raises:
+        LockTimeoutError: a lock stayed taken for ``lock_timeout``.
+    """
+    with contextlib.ExitStack() as stack:
+        for lock in node.stripes:
+            stack.enter_context(lock)
+        stack.enter_context(node.alloc_lock)
+        yield
+
+
+def check(node) -> list[str]:
+    """Every inconsistency of ``node``'s metadata, spill files and counters (see the module notes)."""
+    with frozen(node):
+        buf, lay = node.meta.mm, node.layout
+        t = L.entry_table(buf, lay).copy()
+        ext = L.extent_table(buf, lay).copy()
+        clients = L.client_table(buf, lay).copy()
+        pins = L.pin_table(buf, lay).copy()
+        stats = L.stats_table(buf, lay).copy()
+        problems: list[str] = []
+        linked = _check_chains(buf, lay, t, problems)
+        _check_entries(buf, lay, t, linked, clients, pins, problems)
+        _check_stats(lay, t, stats, problems)
+        _check_allocator(node, buf, lay, t, ext, clients, problems)
+        _check_disk(node, buf, lay, t, problems)
+        return problems
+
+
+def _check_chains(buf, lay: L.Layout, t: np.ndarray, problems: list[str]) -> set[int]:
+    heads = np.frombuffer(buf, np.int32, lay.nbuckets, lay.buckets)
+    bmask = lay.nbuckets - 1
+    linked: set[int] = set()
+    keys: dict[tuple[int, bytes], int] = {}
+    for b in np.flatnonzero(heads):
+        rec, steps = int(heads[b]), 0
+        while rec:
+            idx = rec - 1
+            if not 0 <= idx < lay.max_objects or idx in linked or steps > lay.max_objects:
+                problems.append(f"bucket {b}: chain loops or points outside the table (entry {idx})")
+                break
+            linked.add(idx)
+            steps += 1
+            e = t[idx]
+            if e["state"] not in (L.WRITING, L.SEALED):
+                problems.append(f"bucket {b}: entry {idx} in state {e['state']} is linked")
+            if int(e["hash"]) & bmask != b:
+                problems.append(f"bucket {b}: entry {idx} hashes to bucket {int(e['hash']) & bmask}")
+            key = L.entry_key(buf, lay.entry(idx), int(e["keylen"]))
+            if zlib.crc32(key, int(e["session"])) != int(e["hash"]):
+                problems.append(f"entry {idx} ({key!r}): stored hash does not match its key")
+            other = keys.setdefault((int(e["session"]), key), idx)
+            if other != idx:
+                problems.append(f"key {key!r} is linked twice (entries {other} and {idx})")
+            rec = int(e["next"])
+    return linked
+
+
+def _check_entries(buf, lay: L.Layout, t: np.ndarray, linked: set[int], clients: np.ndarray, pins: np.ndarray,
+                   problems: list[str]) -> None:
+    state = t["state"]
+    for idx in np.flatnonzero((state == L.WRITING) | (state == L.SEALED)):
+        if int(idx) not in linked:
+            problems.append(f"entry {idx} ({_key(buf, lay, t, idx)!r}) is {_state(state[idx])} but in no chain")
+    next_unused, head = L.entry_cursor(buf)
+    free_list, rec = [], head
+    while rec and len(free_list) <= lay.max_objects:
+        free_list.append(rec - 1)
+        rec = int(t["next"][rec - 1]) if 0 < rec <= lay.max_objects else 0
+    free_set = set(free_list)
+    expect = set(np.flatnonzero(state[:next_unused] == L.FREE).tolist())
+    if len(free_set) != len(free_list):
+        problems.append("the entry free list loops")
+    if free_set != expect:
+        problems.append(f"entry free list: {len(expect - free_set)} free entries missing from it, "
+                        f"{len(free_set - expect)} entries on it that are not free")
+    if (state[next_unused:] != L.FREE).any():
+        problems.append("entries beyond the never-used cursor are in use")
+    attached = set(np.flatnonzero(clients["state"] == 1).tolist())
+    for idx in np.flatnonzero((state == L.RESERVED) | (state == L.WRITING)):
+        if int(t["writer"][idx]) not in attached:
+            problems.append(f"entry {idx} is {_state(state[idx])} for client slot {t['writer'][idx]}, "
+                            f"which is not attached")
+    pinned = np.flatnonzero(pins.any(axis=0))
+    for idx in pinned[~np.isin(state[pinned], (L.SEALED, L.DELETED))]:
+        problems.append(f"entry {idx} is pinned but {_state(state[idx])}")
+    for slot in np.flatnonzero(pins.any(axis=1)):
+        if int(slot) not in attached:
+            problems.append(f"client slot {slot} is not attached but holds pins")
+
+
+def _check_stats(lay: L.Layout, t: np.ndarray, stats: np.ndarray, problems: list[str]) -> None:
+    live = np.isin(t["state"], _LIVE)
+    stripe = t["hash"] & (lay.nbuckets - 1) & (lay.nstripes - 1)
+    for s in range(lay.nstripes):
+        mine = live & (stripe == s)
+        for level in range(3):
+            want = int(t["size"][mine & (t["level"] == level)].sum())
+            if int(stats["used"][s][level]) != want:
+                problems.append(f"stripe {s}: {L.LEVEL_NAMES[level]} usage counter says "
+                                f"{int(stats['used'][s][level])} B, its objects hold {want} B")
+        if int(stats["objects"][s]) != int(mine.sum()):
+            problems.append(f"stripe {s}: object counter says {int(stats['objects'][s])}, it holds {int(mine.sum())}")
+        deleted = int((mine & (t["state"] == L.DELETED)).sum())
+        if int(stats["deleted"][s]) != deleted:
+            problems.append(f"stripe {s}: deleted counter says {int(stats['deleted'][s])}, it holds {deleted}")
+
+
+def _check_allocator(node, buf, lay: L.Layout, t: np.ndarray, ext: np.ndarray, clients: np.ndarray,
+                     problems: list[str]) -> None:
+    n, head = L.extent_cursor(buf)
+    flags = ext["flags"][:n]
+    used = np.flatnonzero(np.isin(flags, (L.EXT_USED, L.EXT_CHUNK, L.EXT_RETIRED))) + 1
+    free = np.flatnonzero(flags == L.EXT_FREE) + 1
+    _check_tiling(node, ext, used, free, problems)
+    _check_bins(buf, lay, ext, free, problems)
+    unused, rec = [], head
+    while rec and len(unused) <= n:
+        unused.append(rec)
+        rec = int(ext["next_free"][rec - 1]) if 0 < rec <= n else 0
+    if set(unused) != set((np.flatnonzero(flags == L.EXT_UNUSED) + 1).tolist()):
+        problems.append("the unused extent records and the record free list disagree")
+    keep, _ = valid_extents(buf, lay)
+    retired = set((np.flatnonzero(flags == L.EXT_RETIRED) + 1).tolist())
+    for rec in sorted(set(used.tolist()) - set(keep.tolist()) - retired):
+        x = ext[rec - 1]
+        problems.append(f"extent {rec} ({x['size']} B at {x['offset']}, kind {x['flags']}, owner {x['owner']}) "
+                        f"is not named back by its owner: leaked")
+    if L.retired_chunks(buf) != len(retired):
+        problems.append(f"retired chunk counter says {L.retired_chunks(buf)}, there are {len(retired)}")
+    for slot in np.flatnonzero((clients["state"] == 1) & (clients["chunk"] != 0)):
+        rec = int(clients["chunk"][slot])
+        if not 0 < rec <= n or ext["flags"][rec - 1] != L.EXT_CHUNK or ext["owner"][rec - 1] != -(slot + 1):
+            problems.append(f"client slot {slot}'s chunk {rec} is not a chunk of it")
+    _check_objects(lay, t, ext, n, problems)
+
+
+def _check_tiling(node, ext: np.ndarray, used: np.ndarray, free: np.ndarray, problems: list[str]) -> None:
+    recs = np.concatenate([used, free])
+    order = recs[np.argsort(ext["offset"][recs - 1], kind="stable")]
+    pos, prev = 0, 0
+    for rec in order.tolist():
+        x = ext[rec - 1]
+        if int(x["offset"]) != pos:
+            problems.append(f"arena: {'gap' if x['offset'] > pos else 'overlap'} at offset {pos} "
+                            f"(extent {rec} starts at {x['offset']})")
+            return
+        if int(x["prev_phys"]) != prev:
+            problems.append(f"extent {rec}: physical predecessor says {x['prev_phys']}, it is {prev}")
+        if prev and int(ext["next_phys"][prev - 1]) != rec:
+            problems.append(f"extent {prev}: physical successor says {ext['next_phys'][prev - 1]}, it is {rec}")
+        if prev and x["flags"] == L.EXT_FREE and ext["flags"][prev - 1] == L.EXT_FREE:
+            problems.append(f"free extents {prev} and {rec} are adjacent but not coalesced")
+        pos, prev = pos + int(x["size"]), rec
+    if pos != node.alloc.capacity:
+        problems.append(f"arena: extents end at {pos}, the arena at {node.alloc.capacity}")
+    elif prev and int(ext["next_phys"][prev - 1]) != 0:
+        problems.append(f"extent {prev}: last in the arena but has a successor")
+    if len(used) and int((ext["offset"][used - 1] + ext["size"][used - 1]).max()) > L.frontier(node.meta.mm):
+        problems.append("an extent in use lies beyond the allocator's frontier")
+
+
+def _check_bins(buf, lay: L.Layout, ext: np.ndarray, free: np.ndarray, problems: list[str]) -> None:
+    seen: set[int] = set()
+    mask = L.bin_mask(buf)
+    for k in range(L.NBINS):
+        rec, prev = L.bin_head(buf, k), 0
+        if bool(rec) != bool(mask >> k & 1):
+            problems.append(f"allocator bin {k}: bitmap and list disagree")
+        while rec:
+            if rec in seen or not 0 < rec <= lay.nextents:
+                problems.append(f"allocator bin {k}: list loops or points outside (record {rec})")
+                break
+            seen.add(rec)
+            x = ext[rec - 1]
+            if x["flags"] != L.EXT_FREE or int(x["size"]).bit_length() - 1 != k or int(x["prev_free"]) != prev:
+                problems.append(f"allocator bin {k}: record {rec} (kind {x['flags']}, {x['size']} B) is misfiled")
+            prev, rec = rec, int(x["next_free"])
+    if seen != set(free.tolist()):
+        problems.append(f"allocator bins hold {len(seen)} free extents, {len(free)} extents are free")
+
+
+def _check_objects(lay: L.Layout, t: np.ndarray, ext: np.ndarray, n: int, problems: list[str]) -> None:
+    live = np.isin(t["state"], _LIVE)
+    spans = []
+    for idx in np.flatnonzero(live & (t["level"] == L.LEVEL_MEMORY)).tolist():
+        e = t[idx]
+        rec, off, size = int(e["extent"]), int(e["offset"]), int(e["size"])
+        if not 0 < rec <= n:
+            problems.append(f"entry {idx}: in memory but names no extent ({rec})")
+            continue
+        x = ext[rec - 1]
+        chunked = bool(e["flags"] & L.FLAG_IN_CHUNK)
+        kind_ok = x["flags"] in (L.EXT_CHUNK, L.EXT_RETIRED) if chunked else (
+            x["flags"] == L.EXT_USED and x["owner"] == idx + 1)
+        if not kind_ok or not (x["offset"] <= off and off + size <= x["offset"] + x["size"]):
+            problems.append(f"entry {idx}: its bytes [{off}, {off + size}) are not inside its extent {rec} "
+                            f"(kind {x['flags']}, owner {x['owner']}, [{x['offset']}, {x['offset'] + x['size']}))")
+        spans.append((off, off + size, idx))
+    spans.sort()
+    for (a0, a1, i), (b0, b1, j) in zip(spans, spans[1:]):
+        if b0 < a1:
+            problems.append(f"entries {i} and {j} overlap in the arena at [{b0}, {min(a1, b1)})")
+    for idx in np.flatnonzero(live & (t["level"] == L.LEVEL_DISK)).tolist():
+        e = t[idx]
+        restoring = e["flags"] & L.FLAG_MOVING and e["extent"]
+        if e["offset"] or (e["extent"] and not restoring):
+            problems.append(f"entry {idx}: on disk but names arena space")
+        if restoring and not (ext["flags"][e["extent"] - 1] == L.EXT_USED and ext["owner"][e["extent"] - 1] == idx + 1):
+            problems.append(f"entry {idx}: restore extent {e['extent']} is not its own")
+
+
+def _check_disk(node, buf, lay: L.Layout, t: np.ndarray, problems: list[str]) -> None:
+    charged = disk_charged(buf, lay)
+    if L.disk_reserved(buf) != charged:
+        problems.append(f"disk quota counter says {L.disk_reserved(buf)} B, the table charges {charged} B")
+    names = set(node.disk.names())
+    allowed: set[str] = set()
+    live = np.isin(t["state"], _LIVE)
+    for idx in np.flatnonzero(live).tolist():
+        e = t[idx]
+        name = f"{idx}.{e['gen']}"
+        on_disk, moving = e["level"] == L.LEVEL_DISK, bool(e["flags"] & L.FLAG_MOVING)
+        if on_disk and e["state"] != L.WRITING:
+            if name not in names:
+                problems.append(f"entry {idx} ({_key(buf, lay, t, idx)!r}) is on disk but its file {name} is missing")
+            elif os.stat(name, dir_fd=node.disk.ensure()).st_size < e["size"]:
+                problems.append(f"spill file {name} is shorter than entry {idx} ({e['size']} B)")
+            allowed.add(name)
+        elif on_disk or (moving and e["level"] == L.LEVEL_MEMORY):  # being written, or being spilled
+            allowed.update((name, name + ".tmp"))
+    for name in sorted(names - allowed):
+        problems.append(f"spill file {name} belongs to no object")
+
+
+def _key(buf, lay: L.Layout, t: np.ndarray, idx) -> str:
+    return L.entry_key(buf, lay.entry(int(idx)), int(t["keylen"][idx])).decode(errors="replace")
+
+
+def _state(s) -> str:
+    return L.STATE_NAMES.get(int(s), str(int(s)))
