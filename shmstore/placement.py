@@ -30,6 +30,7 @@ __all__ = ["Placement", "DEFAULT_PUT_LEVELS"]
 
 DEFAULT_PUT_LEVELS = (Level.MEMORY, Level.DISK)
 _WAKE_EVERY = 256  # small puts between two looks at the high watermark
+_SPILL_STALE = 5.0  # seconds without a spill process heartbeat before looking whether it is alive
 
 
 class Placement:
@@ -77,12 +78,19 @@ class Placement:
                 self.make_room(key, exc.requested, deadline)  # raises when no room can be made
 
     def hint(self, nbytes: int) -> None:
-        """Wake the spill process early when a put may have crossed the high watermark."""
+        """Wake the spill process early when a put may have crossed the high watermark.
+
+        Also restarts it if it stopped going round its loop (killed, or gone
+        after a SIGTERM while this process lived on): nobody else would, and
+        without it memory fills up and dead processes' leftovers stay.
+        """
         self._puts += 1
         if nbytes < self.node.small_max and self._puts % _WAKE_EVERY:
             return
-        high = L.unpack_spill_state(self.node.meta.mm).high
-        if self.node.used(L.LEVEL_MEMORY) > high * self.node.capacity:
+        s = L.unpack_spill_state(self.node.meta.mm)
+        if time.time() - s.heartbeat > _SPILL_STALE:
+            self.node.ensure_spill()
+        if self.node.used(L.LEVEL_MEMORY) > s.high * self.node.capacity:
             self.node.wake.post()
 
     def make_room(self, key: str, nbytes: int, deadline: float) -> None:

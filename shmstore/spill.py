@@ -15,8 +15,14 @@ store, restarted by any client that finds it dead. Its loop:
   semaphore and spill files, and exit, logging what it reclaimed.
 
 On start it first rolls back the moves a killed predecessor left half done.
-It ignores SIGINT (a Ctrl-C meant for the job); on SIGTERM it finishes the
-current step and exits without destroying a store that has clients.
+It ignores SIGINT (a Ctrl-C meant for the job). SIGTERM is how batch
+systems end a job (``scancel``, a time limit): every process of the job gets
+it at about the same moment, then SIGKILL after a grace period. So on
+SIGTERM it finishes the current step, then for up to ``TERM_GRACE`` seconds
+reclaims clients as they die; once none is left it removes the store (a
+persistent one it leaves consistent) and exits. Clients still alive after
+the grace keep the store: they restart a spill process when they need one,
+and the last of them to close removes the store if none runs.
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ from .units import format_size
 __all__ = ["main", "POLL"]
 
 POLL = 0.25  # seconds between janitor rounds; requests and departures wake it at once
+TERM_GRACE = 2.0  # seconds after SIGTERM to wait for the job's clients to die or leave
 log = logging.getLogger("shmstore.spill")
 
 
@@ -66,17 +73,35 @@ class _Spiller:
             self.node.wake.wait(POLL)
             self._heartbeat()
             for step in (self.serve, self._janitor, self._relieve):
-                try:
-                    step()
-                except Exception:  # keep serving the node: one bad round must not kill its janitor
-                    log.exception("%s: %s failed", self.label, step.__name__)
-            if self.stopping or self._destroy_if_unused():
+                self._step(step)
+            if self._destroy_if_unused():
                 return 0
+            if self.stopping:
+                return self._drain()
+        return 0
+
+    def _step(self, step) -> None:
+        try:
+            step()
+        except Exception:  # keep serving the node: one bad round must not kill its janitor
+            log.exception("%s: %s failed", self.label, step.__name__)
+
+    def _drain(self) -> int:
+        """After SIGTERM: reclaim clients as they die; remove the store once none is left."""
+        deadline = time.monotonic() + TERM_GRACE
+        while self.owns_store():
+            self._step(self._janitor)
+            if self._destroy_if_unused() or not self.node.clients() or time.monotonic() > deadline:
+                break
+            self.node.wake.wait(0.02)
+        remaining = len(self.node.clients())
+        if remaining and self.owns_store():
+            log.info("%s: SIGTERM: %d client(s) still attached; they keep the store", self.label, remaining)
         return 0
 
     def _relieve(self) -> None:
         try:
-            self.mover.relieve(interrupt=lambda: bool(requests.pending(self.node)))
+            self.mover.relieve(interrupt=lambda: self.stopping or bool(requests.pending(self.node)))
         except MoveError as exc:
             log.warning("%s: background spill failed: %s", self.label, exc)
 
@@ -117,14 +142,9 @@ class _Spiller:
                 raise MoveError(L.ERR_FULL, f"no level {req.level} in this store")
 
     def _destroy_if_unused(self) -> bool:
-        node = self.node
-        if L.header_flags(node.meta.mm) & L.FLAG_PERSIST:
+        files = self.node.remove_if_unused()
+        if files is None:
             return False
-        with node.admin:
-            if node.clients() or L.header_state(node.meta.mm) != L.STATE_READY:
-                return False
-            L.set_header_state(node.meta.mm, L.STATE_DESTROYING)
-        files = node.unlink()
         log.info("%s: last client gone; removed the store%s", self.label,
                  f" and {files} spill file(s)" if files else "")
         return True

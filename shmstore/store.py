@@ -139,7 +139,7 @@ class Store:
         if k is None:
             raise StoreClosedError("store is closed (connect() again)")
         if levels is not None:
-            self._placement.bring(key, parse_levels(levels, DEFAULT_PUT_LEVELS))
+            self._placement_checked().bring(key, parse_levels(levels, DEFAULT_PUT_LEVELS))
         return k.get(key, conditions)
 
     def move(self, key: str, level: Level, progress: Any = None) -> ObjectInfo:
@@ -154,8 +154,7 @@ class Store:
         return self._placement_checked().move(key, parse_levels(level, ())[0], progress)
 
     def _placement_checked(self) -> Placement:
-        if self._kernel is None:
-            raise StoreClosedError("store is closed (connect() again)")
+        self._checked()
         return self._placement
 
     def delete(self, key: str, missing_ok: bool = False) -> None:
@@ -262,7 +261,10 @@ class Store:
         node, self._node = self._node, None
         if node is not None:
             if remaining == 0:
-                node.wake.post()  # the janitor removes the store now rather than at its next round
+                if node.spill_alive():
+                    node.wake.post()  # the janitor removes the store now rather than at its next round
+                else:
+                    node.remove_if_unused()  # no janitor left to do it: the last client does
             node.close()
         reap_children()
 

@@ -51,6 +51,7 @@ class Writer:
         kernel._check()
         self._kernel = kernel
         self._idx, off, _, _, self._stripe = kernel.reserve(key, kb, L.KIND_RAW, self.size, self.size, level=level)
+        kernel.writers.add(self)
         try:
             if level == L.LEVEL_MEMORY:
                 kernel.node.ensure_populated(off, self.size, key)
@@ -73,7 +74,8 @@ class Writer:
 
     def _check_open(self) -> None:
         if self.closed:
-            raise StoreClosedError(f"writer of {self.key!r} is closed")
+            raise StoreClosedError(f"writer of {self.key!r} is closed (or its store was closed before it was "
+                                   f"sealed: nothing was stored)")
 
     def write(self, data: Any) -> int:
         """Append ``data`` (bytes-like); returns its length.
@@ -151,6 +153,7 @@ class Writer:
                 raise disk_error(self.key, self.size, self._kernel.node.disk.path, exc) from exc
         self._dst = None
         self.closed = True
+        self._kernel.writers.discard(self)
         self._kernel.seal(self._idx, self._stripe)
 
     def abort(self) -> None:
@@ -159,6 +162,7 @@ class Writer:
             return
         self._dst = None
         self.closed = True
+        self._kernel.writers.discard(self)
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

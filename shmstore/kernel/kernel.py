@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 import zlib
 from typing import Any
 
@@ -96,6 +97,7 @@ class Kernel(Writing, Pinning):
         self._explicit: dict[tuple[int, bytes], list[int]] = {}
         self._arrays: dict[tuple[int, int], tuple] = {}
         self._deferred: list[tuple[int, int]] = []
+        self.writers: weakref.WeakSet = weakref.WeakSet()  # open Writers, aborted by close()
         self._detach_when_unpinned = False
         self._fork = _FORKS[0]
         self._cache = ClientCache(node, slot)
@@ -347,6 +349,8 @@ class Kernel(Writing, Pinning):
         if self._fork != _FORKS[0]:
             self._detached = True  # the parent owns the slot
             return True
+        for writer in list(self.writers):  # unsealed: dropped, as after any error
+            writer.abort()
         for idx, gen, count in list(self._explicit.values()):
             for _ in range(count):
                 self._release(idx, gen)

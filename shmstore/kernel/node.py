@@ -285,6 +285,23 @@ class NodeStore(Prefaulting):
             L.set_spill_pid(self.meta.mm, proc.pid)
             return proc.pid
 
+    def spill_alive(self) -> bool:
+        return pid_alive(L.spill_pid(self.meta.mm))
+
+    def remove_if_unused(self) -> int | None:
+        """Remove the store if it is not persistent and no client is attached.
+
+        Returns:
+            How many spill files went with it, or None if the store stays.
+        """
+        if L.header_flags(self.meta.mm) & L.FLAG_PERSIST:
+            return None
+        with self.admin:
+            if self.clients() or L.header_state(self.meta.mm) != L.STATE_READY:
+                return None
+            L.set_header_state(self.meta.mm, L.STATE_DESTROYING)
+        return self.unlink()
+
     # ---- usage ----------------------------------------------------------------
     def used(self, level: int) -> int:
         """Bytes of the objects on ``level`` (sum of the stripes' counters)."""
@@ -337,11 +354,16 @@ class NodeStore(Prefaulting):
                 seg.close()
 
     def unlink(self) -> int:
-        """Remove the store's segment names, semaphore and spill files; returns how many files."""
+        """Remove the store's spill files, semaphore and segment names; returns how many files.
+
+        The metadata segment goes last: a process killed in the middle leaves
+        it, and with it a store that ``shmstore gc`` or ``destroy`` finds.
+        """
+        files = self.disk.remove_all()
+        self.wake.unlink()
         unlink_segment(self.prefix + "-arena")
         unlink_segment(self.prefix + "-meta")
-        self.wake.unlink()
-        return self.disk.remove_all()
+        return files
 
 
 def _check_room(size: int) -> None:
