@@ -1,7 +1,7 @@
 """The ``shmstore`` command: look into and manage node stores.
 
     shmstore [--name NAME] [--node NODE] [--session S] [--json]
-             status | ls | info KEY | rm KEY | move KEY memory|disk | gc | destroy [NAME]
+             status | ls | info KEY | rm KEY | move KEY memory|disk | check | gc | destroy [NAME]
 """
 from __future__ import annotations
 
@@ -20,22 +20,34 @@ from .units import format_size
 __all__ = ["main"]
 
 
+def _common(suppress: bool) -> argparse.ArgumentParser:
+    """The options every command takes, before or after its name (``shmstore gc --json``)."""
+    c = argparse.ArgumentParser(add_help=False)
+    kw = {"default": argparse.SUPPRESS} if suppress else {}
+    c.add_argument("--name", help="store name (default: $SHMSTORE_NAME, job-$SLURM_JOB_ID or 'default')", **kw)
+    c.add_argument("--node", help="node id (default: $SHMSTORE_NODE or the host name)", **kw)
+    c.add_argument("--session", help="session whose objects ls/info/rm see (default: '')", **kw)
+    c.add_argument("--json", action="store_true", help="machine-readable output", **kw)
+    return c
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="shmstore", description="Inspect and manage shmstore node stores.")
-    p.add_argument("--name", help="store name (default: $SHMSTORE_NAME, job-$SLURM_JOB_ID or 'default')")
-    p.add_argument("--node", help="node id (default: $SHMSTORE_NODE or the host name)")
-    p.add_argument("--session", help="session whose objects ls/info/rm see (default: '')")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = argparse.ArgumentParser(prog="shmstore", description="Inspect and manage shmstore node stores.",
+                                parents=[_common(False)])
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("status", help="capacity and usage per level, clients, spill process")
-    sub.add_parser("ls", help="objects of the session")
-    sub.add_parser("info", help="one object").add_argument("key")
-    sub.add_parser("rm", help="delete an object").add_argument("key")
-    m = sub.add_parser("move", help="move an object to another level (spill or restore), showing progress")
+    common = [_common(True)]
+    sub.add_parser("status", parents=common, help="capacity and usage per level, clients, spill process")
+    sub.add_parser("ls", parents=common, help="objects of the session")
+    sub.add_parser("info", parents=common, help="one object").add_argument("key")
+    sub.add_parser("rm", parents=common, help="delete an object").add_argument("key")
+    m = sub.add_parser("move", parents=common,
+                       help="move an object to another level (spill or restore), showing progress")
     m.add_argument("key")
     m.add_argument("level", choices=["memory", "disk"])
-    sub.add_parser("gc", help="remove this user's stores that no live process uses (for job epilogs)")
-    d = sub.add_parser("destroy", help="remove a store's segments and spill files")
+    sub.add_parser("check", parents=common,
+                   help="check the store's invariants (table, allocator, counters, spill files); exit 1 on a problem")
+    sub.add_parser("gc", parents=common, help="remove this user's stores that no live process uses (for job epilogs)")
+    d = sub.add_parser("destroy", parents=common, help="remove a store's segments and spill files")
     d.add_argument("store", nargs="?", help="store name (default: --name)")
     d.add_argument("--force", action="store_true", help="even while clients are attached")
     return p
@@ -96,6 +108,13 @@ def _run(args: argparse.Namespace) -> int:
         elif args.cmd == "move":
             info = store.move(args.key, Level[args.level.upper()], progress=_Progress())
             print(json.dumps(_info_dict(info)) if args.json else f"{args.key!r} is on {args.level}")
+        elif args.cmd == "check":
+            problems = store.check()
+            if args.json:
+                print(json.dumps({"ok": not problems, "problems": problems}, indent=2))
+            else:
+                print("\n".join(problems) if problems else "ok: no inconsistency found")
+            return 1 if problems else 0
         elif args.cmd == "rm":
             store.delete(args.key)
             print(json.dumps({"deleted": args.key}) if args.json else f"deleted {args.key!r}")

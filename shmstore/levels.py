@@ -61,10 +61,19 @@ def parse_levels(levels: object, default: Sequence[Level]) -> tuple[Level, ...]:
     """
     if levels is None:
         return tuple(default)
-    items = [levels] if isinstance(levels, (Level, int, str)) else list(levels)  # type: ignore[arg-type]
+    if isinstance(levels, (Level, int, str)):
+        items = [levels]
+    else:
+        try:
+            items = list(levels)  # type: ignore[call-overload]
+        except TypeError:
+            raise InvalidArgumentError(f"levels must be a Level or a list of Levels, got {type(levels).__name__}: "
+                                       f"{levels!r} (e.g. levels=[Level.MEMORY, Level.DISK])") from None
     out = []
     for item in items:
         try:
+            if isinstance(item, bool) or not isinstance(item, (int, str)):
+                raise ValueError(item)
             lv = Level[item.upper()] if isinstance(item, str) else Level(item)
         except (KeyError, ValueError):
             raise InvalidArgumentError(f"not a storage level: {item!r} (use Level.MEMORY, Level.DISK or Level.GPU)") from None

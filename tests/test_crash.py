@@ -1,0 +1,307 @@
+"""Processes killed at every step of an operation: the store stays consistent, the operation all or nothing.
+
+A forked child connects, then runs one operation under a line tracer that
+SIGKILLs it at the N-th line of shmstore code it executes; N runs over every
+line of the operation (or a stride of them). After each death the janitor
+reclaims the child, ``store.check()`` must find nothing wrong, usage must
+equal what the objects hold, and the object must be either intact or
+absent (put) / absent or intact (delete) - never a ghost, never other bytes.
+The spill process's moves are killed the same way, then rolled back by a
+new spill process.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import traceback
+import zlib
+
+import numpy as np
+import pytest
+
+import shmstore
+from shmstore import Level
+from shmstore.kernel import NodeStore
+from shmstore.kernel import layout as L
+
+from helpers import spill_running, wait_for
+
+PKG = os.path.dirname(shmstore.__file__)
+MiB = 1 << 20
+RNG = __import__("random").Random()
+
+
+def _arm(stop_at: int) -> list[int]:
+    """Trace this process: SIGKILL itself at the ``stop_at``-th line executed in shmstore."""
+    count = [0]
+
+    def local(frame, event, arg):
+        if event == "line":
+            count[0] += 1
+            if count[0] >= stop_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return local
+
+    def glob(frame, event, arg):
+        return local if frame.f_code.co_filename.startswith(PKG) else None
+
+    sys.settrace(glob)
+    return count
+
+
+def run_killed(prepare, op, stop_at: int) -> int:
+    """Fork: ``ctx = prepare()``, then ``op(ctx)`` killed at line ``stop_at``.
+
+    Returns the number of traced lines the op ran (when it finished), or -1
+    when it was killed.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            os.close(r)
+            ctx = prepare()
+            count = _arm(stop_at)
+            op(ctx)
+            sys.settrace(None)
+            os.write(w, str(count[0]).encode())
+            code = 0
+        except BaseException:
+            sys.settrace(None)
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as f:
+        out = f.read()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+        return -1
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child failed (status {status})"
+    return int(out)
+
+
+def settle(store) -> None:
+    """Wait until a spill process has gone round its loop since now: dead clients reclaimed, moves recovered."""
+    since = time.time()
+
+    def done() -> bool:
+        store.spill_pid  # restart it if it is gone (a new one recovers before its first round)
+        store._node.wake.post()
+        others = [c for c in store.status()["clients"] if c["pid"] != os.getpid()]
+        return not others and L.unpack_spill_state(store._node.meta.mm).heartbeat > since
+    assert wait_for(done, timeout=20, interval=0.002), store.status()
+
+
+def assert_consistent(store) -> None:
+    problems = store.check()
+    assert not problems, "\n".join(problems)
+    cap, infos = store.get_capacity(), store.list()
+    for lv in (Level.MEMORY, Level.DISK):
+        assert cap[lv].used == sum(i.stored for i in infos if i.level == lv), lv
+    for info in infos:  # nothing listed that get does not find
+        store.get(info.key)
+
+
+def crc_of(obj) -> int:
+    if isinstance(obj, dict):
+        return zlib.crc32(np.ascontiguousarray(obj["a"])) ^ obj["n"]
+    return zlib.crc32(np.ascontiguousarray(np.frombuffer(memoryview(obj).cast("B"), np.uint8))
+                      if not isinstance(obj, np.ndarray) else np.ascontiguousarray(obj))
+
+
+def values():
+    rng = np.random.default_rng(5)
+    return {
+        "small": rng.integers(0, 255, 3000, dtype=np.uint8).tobytes(),        # C fast path, chunk
+        "dict": {"a": rng.random(5000), "n": 7},                                # pickled: Python path
+        "large": rng.random(300_000),                                           # an extent of its own
+        "disk": rng.integers(0, 255, 200_000, dtype=np.uint8),                  # on DISK
+    }
+
+
+def kill_points(total: int, max_points: int | None = None) -> range:
+    """Lines to kill at: all of them, or a stride with a random start (printed, so a failure can be rerun).
+
+    ``SHMSTORE_CRASH_POINTS`` sets how many per operation (0: every line).
+    """
+    if max_points is None:
+        max_points = int(os.environ.get("SHMSTORE_CRASH_POINTS", "40"))
+    stride = max(1, total // max_points) if max_points else 1
+    start = 1 + RNG.randrange(stride)
+    print(f"kill points: {start}..{total} step {stride}")
+    return range(start, total + 1, stride)
+
+
+def sweep(store, prepare, op, verify, max_points: int | None = None) -> int:
+    """Kill ``op`` at every traced line (or a stride of them); verify after each. Returns kill points tried."""
+    total = run_killed(prepare, op, 1 << 60)  # how long the op is, run to its end
+    assert total > 0
+    settle(store)
+    verify(finished=True)
+    tried = 0
+    for stop in kill_points(total, max_points):
+        finished = run_killed(prepare, op, stop) >= 0
+        settle(store)
+        assert_consistent(store)
+        verify(finished=finished)
+        tried += 1
+    return tried
+
+
+@pytest.fixture
+def crash_store(name, tmp_path):
+    with shmstore.connect(name, capacity="32MiB", spill_dir=str(tmp_path), prefault=0, max_objects=1024) as s:
+        yield s
+
+
+def _child_store(store):
+    return lambda: shmstore.connect(store.name, spill_dir=store.config.spill_dir, prefault=0)
+
+
+@pytest.mark.parametrize("kind", ["small", "dict", "large", "disk"])
+def test_put_killed_at_every_step_is_all_or_nothing(crash_store, kind):
+    store, value = crash_store, values()[kind]
+    levels = [Level.DISK] if kind == "disk" else None
+    want = crc_of(value)
+
+    def op(s):
+        s.put("victim", value, levels=levels)
+
+    def verify(finished):
+        if finished:
+            assert "victim" in store
+        if "victim" in store:
+            assert crc_of(store.get("victim")) == want
+            store.delete("victim")
+        assert_consistent(store)
+
+    assert sweep(store, _child_store(store), op, verify) > 5
+
+
+@pytest.mark.parametrize("kind", ["small", "dict", "large", "disk"])
+def test_delete_killed_at_every_step_leaves_no_ghost(crash_store, kind):
+    store, value = crash_store, values()[kind]
+    levels = [Level.DISK] if kind == "disk" else None
+    want = crc_of(value)
+    store.put("victim", value, levels=levels)
+
+    def op(s):
+        s.delete("victim")
+
+    def verify(finished):
+        if finished:
+            assert "victim" not in store
+        if "victim" in store:
+            assert crc_of(store.get("victim")) == want
+        else:  # gone for good: the key can be put again, once
+            with pytest.raises(shmstore.ObjectNotFoundError):
+                store.get("victim")
+            store.put("victim", value, levels=levels)
+        assert len([i for i in store.list() if i.key == "victim"]) == 1
+        assert_consistent(store)
+
+    assert sweep(store, _child_store(store), op, verify) > 5
+
+
+@pytest.mark.parametrize("level", [Level.MEMORY, Level.DISK])
+def test_writer_killed_at_every_step_leaves_nothing_half_visible(crash_store, level):
+    store = crash_store
+    data = bytes(range(256)) * 2000
+
+    def op(s):
+        with s.open_writer("victim", len(data), levels=[level]) as w:
+            w.write(data[:100_000])
+            w.write(data[100_000:])
+
+    def verify(finished):
+        if finished:
+            assert "victim" in store
+        if "victim" in store:
+            assert bytes(store.get("victim")) == data
+            store.delete("victim")
+        assert_consistent(store)
+
+    assert sweep(store, _child_store(store), op, verify) > 5
+
+
+def test_reader_killed_holding_pins_while_another_deletes(crash_store):
+    store = crash_store
+    store.put("victim", np.arange(100_000))
+
+    def op(s):
+        view = s.get("victim")
+        s.pin("victim")
+        with s.open_reader("victim") as r:
+            r.read(1000)
+        assert view[5] == 5
+        s.unpin("victim")
+
+    def verify(finished):
+        np.testing.assert_array_equal(store.get("victim"), np.arange(100_000))
+        assert store.get_info("victim").pins == 0
+        assert_consistent(store)
+
+    sweep(store, _child_store(store), op, verify)
+    store.delete("victim")
+    assert_consistent(store)
+    assert store.get_capacity()[Level.MEMORY].used == 0
+
+
+def _mover_context(store):
+    """The child as the spill process: the real one is stopped, the child moves with its own Mover."""
+    from shmstore.mover import Mover
+
+    def prepare():
+        node = NodeStore.open(store.config, create=False)
+        return Mover(node)
+    return prepare
+
+
+@pytest.mark.parametrize("direction", ["spill", "restore"])
+@pytest.mark.parametrize("kind", ["small", "large"])
+def test_move_killed_at_every_step_is_rolled_back(crash_store, direction, kind):
+    store, value = crash_store, values()[kind]
+    want = crc_of(value)
+    store.put("victim", value, levels=[Level.DISK] if direction == "restore" else None)
+
+    def stop_spill() -> None:
+        pid = store._node.spill_pid()
+        os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: not spill_running(pid), timeout=10)
+
+    def op(mover):
+        node = mover.node
+        h, b, _ = node.table.locate(0, b"victim")
+        idx, _, e = L.find_entry(node.meta.mm, node.layout, b, h, 0, b"victim")
+        if direction == "spill":
+            mover.spill(idx, e[L.E_GEN])
+        else:
+            mover.restore(idx, e[L.E_GEN])
+
+    start = Level.DISK if direction == "restore" else Level.MEMORY
+
+    def verify(finished):
+        info = store.get_info("victim")
+        assert crc_of(store.get("victim")) == want
+        if finished:
+            assert info.level != start
+        if info.level != start:  # put it back for the next kill
+            store.move("victim", start)
+        assert_consistent(store)
+        stop_spill()  # the child is the only mover
+
+    stop_spill()
+    total = run_killed(_mover_context(store), op, 1 << 60)
+    settle(store)
+    verify(finished=True)
+    for stop in kill_points(total):
+        run_killed(_mover_context(store), op, stop)
+        settle(store)  # a new spill process rolls back what the dead one left
+        info = store.get_info("victim")
+        assert crc_of(store.get("victim")) == want, f"killed at line {stop}: {info}"
+        verify(finished=False)
+    settle(store)
