@@ -39,3 +39,19 @@ def test_destroy_and_missing_store(store):
     r = run("--name", "no-such-store-here", "status")
     assert r.returncode == 1 and "no store" in r.stderr
     assert run("destroy", "no-such-store-here").stdout.strip() == "nothing to remove"
+
+
+def test_options_go_before_or_after_the_command(store):
+    """Regression: `shmstore gc --json` was refused while `shmstore --json gc` worked."""
+    for args in (("gc", "--json"), ("--json", "gc")):
+        r = run(*args)
+        assert r.returncode == 0 and "removed" in json.loads(r.stdout)
+    st = json.loads(run("status", "--name", store.name, "--json").stdout)
+    assert st["name"] == store.name
+
+
+def test_check_command(store):
+    store.put("a", np.arange(10))
+    r = run("check", "--name", store.name)
+    assert r.returncode == 0 and "ok" in r.stdout
+    assert json.loads(run("--name", store.name, "--json", "check").stdout) == {"ok": True, "problems": []}

@@ -71,7 +71,7 @@ def run_killed(prepare, op, stop_at: int) -> int:
             code = 0
         except BaseException:
             sys.settrace(None)
-            traceback.print_exc()
+            os.write(w, traceback.format_exc().encode())  # pytest captures this process's stderr: lost
         finally:
             os._exit(code)
     os.close(w)
@@ -80,7 +80,7 @@ def run_killed(prepare, op, stop_at: int) -> int:
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
         return -1
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child failed (status {status})"
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child failed (status {status}):\n{out}"
     return int(out)
 
 
@@ -146,8 +146,11 @@ def sweep(store, prepare, op, verify, max_points: int | None = None) -> int:
     for stop in kill_points(total, max_points):
         finished = run_killed(prepare, op, stop) >= 0
         settle(store)
-        assert_consistent(store)
-        verify(finished=finished)
+        try:
+            assert_consistent(store)
+            verify(finished=finished)
+        except AssertionError as exc:
+            raise AssertionError(f"killed at line {stop} of {total}: {exc}") from None
         tried += 1
     return tried
 

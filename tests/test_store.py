@@ -10,6 +10,8 @@ import pytest
 import shmstore
 from shmstore import Level
 
+from helpers import Child
+
 
 def test_array_roundtrip_is_readonly_zero_copy_view(store):
     a = np.arange(1000, dtype=np.float64).reshape(10, 100)
@@ -211,6 +213,39 @@ def test_kernel_raises_full_at_once(store):
     assert store.get("fits").nbytes == 1 << 20
 
 
+def test_max_objects_is_reachable_with_several_clients(name):
+    """Regression: with max_objects=64 the 34th object failed: other clients held batches of 32 entries."""
+    code = """
+import shmstore, os, sys
+s = shmstore.connect(os.environ['N'], capacity='8MiB', max_objects=64)
+for i in range(5):
+    s.put(f"{os.getpid()}-{i}", i)
+print('put', flush=True)
+sys.stdin.readline()
+s.close()
+"""
+    with shmstore.connect(name, capacity="8MiB", max_objects=64) as s:
+        kids = [Child(code, env={"N": name}) for _ in range(3)]
+        try:
+            for k in kids:  # each holds a batch of entries it does not use
+                assert k.readline() == "put"
+            n = 15
+            while n < 64:
+                s.put(f"mine-{n}", n)
+                n += 1
+            with pytest.raises(shmstore.StorageFullError, match="max_objects"):
+                s.put("one-more", 0)
+            assert len(s.list()) == 64 and s.get("mine-63") == 63
+            assert s.check() == []
+        finally:
+            for k in kids:
+                k.send("bye")
+                k.wait()
+        s.delete("mine-20")
+        s.put("one-more", 0)
+        assert s.check() == []
+
+
 def test_object_table_full_is_clear(name):
     with shmstore.connect(name, capacity="8MiB", max_objects=16) as s:
         for i in range(16):
@@ -244,14 +279,44 @@ def test_unpicklable_value_changes_nothing(store):
     assert store.list() == [] and store.get_capacity()[Level.MEMORY].used == 0
 
 
-def test_closed_store_raises(name):
+VERBS_AFTER_CLOSE = {
+    "put": lambda s: s.put("b", 1), "put to disk": lambda s: s.put("b", 1, levels=[Level.DISK]),
+    "get": lambda s: s.get("a"), "get with levels": lambda s: s.get("a", levels=[Level.MEMORY]),
+    "get with conditions": lambda s: s.get("a", conditions=(slice(0, 1),)),
+    "move": lambda s: s.move("a", Level.DISK), "delete": lambda s: s.delete("a"), "contains": lambda s: "a" in s,
+    "get_info": lambda s: s.get_info("a"), "list": lambda s: s.list(), "keys": lambda s: s.keys(),
+    "get_capacity": lambda s: s.get_capacity(), "clear": lambda s: s.clear(), "pin": lambda s: s.pin("a"),
+    "unpin": lambda s: s.unpin("p"), "open_writer": lambda s: s.open_writer("w", 10),
+    "open_reader": lambda s: s.open_reader("a"), "status": lambda s: s.status(), "check": lambda s: s.check(),
+    "spill_pid": lambda s: s.spill_pid, "kernel": lambda s: s.kernel,
+}
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS_AFTER_CLOSE))
+def test_every_verb_after_close_raises_store_closed(name, verb):
+    """Regression: move and get(levels=...) after close() crashed with SIGSEGV in a lock."""
     s = shmstore.connect(name, capacity="8MiB")
-    s.put("a", 1)
+    s.put("a", np.arange(10))
+    s.put("p", 1)
+    s.pin("p")
     s.close()
     s.close()
-    for call in (lambda: s.get("a"), lambda: s.put("b", 1), lambda: "a" in s, lambda: s.list()):
-        with pytest.raises(shmstore.StoreClosedError):
-            call()
+    with pytest.raises(shmstore.StoreClosedError):
+        VERBS_AFTER_CLOSE[verb](s)
+
+
+def test_close_drops_open_writers_and_their_use_raises(name):
+    s = shmstore.connect(name, capacity="8MiB")
+    w = s.open_writer("w", 10)
+    w.write(b"01234")
+    s.close()
+    with pytest.raises(shmstore.StoreClosedError, match="nothing was stored"):
+        w.write(b"56789")
+    with pytest.raises(shmstore.StoreClosedError):
+        w.buffer
+    w.close()  # idempotent after the store dropped it
+    with shmstore.connect(name, capacity="8MiB") as again:
+        assert "w" not in again and again.check() == []
 
 
 def test_close_with_live_views_keeps_them_valid(name):
@@ -291,10 +356,20 @@ def test_destroy_refuses_while_attached(name):
         shmstore.connect(name, create=False)
 
 
+@pytest.mark.parametrize("levels", [object(), 1.5, [1.5], [True], [None], "tape", ["tape"], []])
+def test_bad_levels_are_clear_errors_and_change_nothing(store, levels):
+    with pytest.raises(shmstore.InvalidArgumentError, match="level"):
+        store.put("a", 1, levels=levels)
+    with pytest.raises(shmstore.InvalidArgumentError, match="level"):
+        store.open_writer("a", 1, levels=levels)
+    store.put("b", 2)
+    with pytest.raises(shmstore.InvalidArgumentError, match="level"):
+        store.get("b", levels=levels)
+    with pytest.raises(shmstore.InvalidArgumentError, match="level"):
+        store.move("b", levels)
+    assert store.keys() == ["b"] and store.check() == []
+
+
 def test_levels_argument_is_validated(store):
-    with pytest.raises(shmstore.InvalidArgumentError):
-        store.put("a", 1, levels=["tape"])
-    with pytest.raises(shmstore.InvalidArgumentError):
-        store.put("a", 1, levels=[])
     store.put("a", 1, levels=[Level.MEMORY])
     assert store.get("a", levels=Level.MEMORY) == 1

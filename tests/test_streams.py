@@ -94,3 +94,23 @@ def test_reader_pins_against_delete(store):
     import gc
     gc.collect()
     assert store.get_capacity()[Level.MEMORY].used == 0
+
+
+@pytest.mark.parametrize("data", ["text", 5, None, [1, 2], 3.5])
+def test_writer_refuses_what_is_not_bytes_like(store, data):
+    with store.open_writer("w", 4) as w:
+        with pytest.raises(shmstore.InvalidArgumentError, match="bytes-like"):
+            w.write(data)
+        w.write(b"abcd")
+    assert bytes(store.get("w")) == b"abcd"
+
+
+@pytest.mark.parametrize("n", [-5, -2, "3", 2.5, True])
+def test_reader_refuses_bad_counts(store, n):
+    store.put("r", b"0123456789")
+    with store.open_reader("r") as r:
+        with pytest.raises(shmstore.InvalidArgumentError, match="byte count"):
+            r.read(n)
+        assert r.read(3) == b"012" and r.read(-1) == b"3456789" and r.read() == b""
+        r.seek(0)
+        assert r.read(None) == b"0123456789"

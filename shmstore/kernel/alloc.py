@@ -103,6 +103,22 @@ class Allocator:
             return 0
         return L.bin_head(buf, k + 1 + ((mask & -mask).bit_length() - 1))
 
+    def _find_highest(self, size: int, budget: int = 256) -> int:
+        """The fitting free extent highest in the arena (looking at ``budget`` extents at most)."""
+        buf, lay = self._buf, self._layout
+        mask = L.bin_mask(buf) >> (size.bit_length() - 1)
+        k, best, best_off = size.bit_length() - 1, 0, -1
+        while mask and budget > 0:
+            if mask & 1:
+                rec = L.bin_head(buf, k)
+                while rec and budget > 0:
+                    x = L.extent_raw(buf, lay.extent(rec))
+                    if x[1] >= size and x[0] > best_off:
+                        best, best_off = rec, x[0]
+                    rec, budget = x[5], budget - 1
+            mask, k = mask >> 1, k + 1
+        return best
+
     # ---- public ----------------------------------------------------------
     def init(self) -> None:
         """Start with the whole arena as one free extent (creator only)."""
@@ -117,16 +133,20 @@ class Allocator:
         ``flags`` is EXT_USED for one object, EXT_CHUNK for a client's chunk
         (then ``owner`` is ``-(slot+1)``).
 
-        A fitting free extent is cut from its front: the allocation gets a new
-        record and the free rest keeps the old one, in the same bin unless it
-        shrank below it, so carving small objects off the big untouched tail
-        touches two records and no bin list.
+        A fitting free extent is cut: an object from its front, a chunk from
+        its end, so that long-lived chunks gather at the top of the arena and
+        do not split the space large objects need (with one chunk in the
+        middle of a 16 MiB arena, an empty store could not take 13 MiB). The
+        allocation gets a new record and the free rest keeps the old one, in
+        the same bin unless it shrank below it, so carving objects off the
+        big untouched space touches two records and no bin list. Only
+        front cuts move the frontier (which prefaulting follows).
 
         Returns:
             (extent record, arena offset), or (0, 0) when no extent fits.
         """
         size = (max(size, 1) + L.ALIGN - 1) & ~(L.ALIGN - 1)
-        rec = self._find(size)
+        rec = self._find_highest(size) if flags == L.EXT_CHUNK else self._find(size)
         if not rec:
             return 0, 0
         buf, lay = self._buf, self._layout
@@ -136,20 +156,32 @@ class Allocator:
         if rest < L.ALIGN:  # take it whole
             self._bin_remove(xsize, prev_free, next_free)
             L.extent_write(buf, xoff, offset, xsize, prev_phys, next_phys, 0, 0, flags, owner)
-            used_rec, end = rec, offset + xsize
-        else:
-            used_rec, end = self._new_record(), offset + size
+            used_rec, start = rec, offset
+        elif flags == L.EXT_CHUNK:  # from the end: the free rest keeps the front
+            used_rec, start = self._new_record(), offset + rest
+            L.extent_write(buf, lay.extent(used_rec), start, size, rec, next_phys, 0, 0, flags, owner)
+            if next_phys:
+                L.set_extent_prev_phys(buf, lay.extent(next_phys), used_rec)
+            self._shrink(rec, offset, xsize, rest, prev_phys, used_rec, prev_free, next_free)
+        else:  # from the front: the free rest keeps the end
+            used_rec, start = self._new_record(), offset
             L.extent_write(buf, lay.extent(used_rec), offset, size, prev_phys, rec, 0, 0, flags, owner)
             if prev_phys:
                 L.set_extent_next_phys(buf, lay.extent(prev_phys), used_rec)
-            if rest.bit_length() == xsize.bit_length():  # same bin: shrink in place
-                L.extent_write(buf, xoff, end, rest, used_rec, next_phys, prev_free, next_free, L.EXT_FREE, 0)
-            else:
-                self._bin_remove(xsize, prev_free, next_free)
-                self._bin_insert(rec, end, rest, used_rec, next_phys)
-        if end > L.frontier(buf):
-            L.set_frontier(buf, end)
-        return used_rec, offset
+            self._shrink(rec, offset + size, xsize, rest, used_rec, next_phys, prev_free, next_free)
+            if start + size > L.frontier(buf):
+                L.set_frontier(buf, start + size)
+        return used_rec, start
+
+    def _shrink(self, rec: int, offset: int, old_size: int, size: int, prev_phys: int, next_phys: int,
+                prev_free: int, next_free: int) -> None:
+        """Rewrite free extent ``rec`` smaller, moving it to another bin only if it must."""
+        if size.bit_length() == old_size.bit_length():  # same bin: in place
+            L.extent_write(self._buf, self._layout.extent(rec), offset, size, prev_phys, next_phys, prev_free,
+                           next_free, L.EXT_FREE, 0)
+        else:
+            self._bin_remove(old_size, prev_free, next_free)
+            self._bin_insert(rec, offset, size, prev_phys, next_phys)
 
     def size_of(self, rec: int) -> int:
         return L.extent_raw(self._buf, self._layout.extent(rec))[1]
@@ -247,7 +279,8 @@ class Allocator:
                 L.extent_write(buf, lay.extent(r), *x)
             else:
                 self._bin_insert(recs[i], offset, size, prev_phys, next_phys)
-        L.set_frontier(buf, max(pos, L.frontier(buf)))
+        ends = [off + size for off, size, r in kept if L.extent_raw(buf, lay.extent(r))[6] == L.EXT_USED]
+        L.set_frontier(buf, max(ends + [L.frontier(buf)]))  # front cuts only: see alloc()
 
     def free_extents(self) -> list[tuple[int, int]]:
         """(offset, size) of every free extent, for checks and status."""

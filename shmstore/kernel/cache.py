@@ -24,6 +24,7 @@ while this client's ``chunk_lock`` is held, so the chunk cannot be retired
 """
 from __future__ import annotations
 
+import errno
 import threading
 
 from ..errors import StorageFullError
@@ -55,7 +56,7 @@ class ClientCache:
         self._refill_lock = threading.Lock()
         self.chunk_lock = threading.Lock()  # held from a cut of the chunk until its entry is written
         self._coff = node.layout.client(slot)
-        self._pos = self._end = 0      # bump pointer in the current chunk
+        self._start = self._pos = self._end = 0  # the current chunk and its bump pointer
         self.small_max = node.small_max
 
     def take_entry(self, key: str) -> tuple[int, int]:
@@ -145,13 +146,23 @@ class ClientCache:
                 if not rec:
                     return False
             L.set_client_chunk(buf, self._coff, rec, off, node.chunk_size)
-        self._pos, self._end = off, off + node.chunk_size
+        # chunks lie at the top of the arena, past what prefaulting reached: fault the whole chunk in
+        # once here rather than on each small put (a full /dev/shm: no chunk, the caller reports it)
+        if node.arena.populate(off, node.chunk_size) not in (0, errno.EINVAL):
+            with node.alloc_lock:
+                retire_chunk(node, self.slot)
+            return False
+        self._start, self._pos, self._end = off, off, off + node.chunk_size
         return True
+
+    def covers(self, off: int, size: int) -> bool:
+        """True if ``[off, off+size)`` lies in this client's current chunk (faulted in already)."""
+        return self._start <= off and off + size <= self._end
 
     def _retire_locked(self) -> None:
         """Retire the current chunk (ALLOC lock held); the janitor frees it once unused."""
         retire_chunk(self.node, self.slot)
-        self._pos = self._end = 0
+        self._start = self._pos = self._end = 0
 
     def give_back(self) -> None:
         """Return reserved entries and retire the chunk (at close)."""

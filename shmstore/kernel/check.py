@@ -202,8 +202,9 @@ def _check_tiling(node, ext: np.ndarray, used: np.ndarray, free: np.ndarray, pro
         problems.append(f"arena: extents end at {pos}, the arena at {node.alloc.capacity}")
     elif prev and int(ext["next_phys"][prev - 1]) != 0:
         problems.append(f"extent {prev}: last in the arena but has a successor")
-    if len(used) and int((ext["offset"][used - 1] + ext["size"][used - 1]).max()) > L.frontier(node.meta.mm):
-        problems.append("an extent in use lies beyond the allocator's frontier")
+    objects = used[ext["flags"][used - 1] == L.EXT_USED]  # chunks are cut from the top, past the frontier
+    if len(objects) and int((ext["offset"][objects - 1] + ext["size"][objects - 1]).max()) > L.frontier(node.meta.mm):
+        problems.append("an object's extent lies beyond the allocator's frontier")
 
 
 def _check_bins(buf, lay: L.Layout, ext: np.ndarray, free: np.ndarray, problems: list[str]) -> None:

@@ -17,7 +17,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import serialize
-from ..errors import InvalidArgumentError, ObjectExistsError, ObjectLockedError, SpillError, StorageFullError
+from ..errors import (InvalidArgumentError, ObjectExistsError, ObjectLockedError, PermissionDeniedError,
+                      SpillError, StorageFullError)
 from ..levels import Level, ObjectInfo
 from ..units import format_size
 from . import layout as L
@@ -57,7 +58,7 @@ class Writing:
                 return info
         idx, off, stored, ctime, stripe = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta)
         try:
-            if off + enc.size > self.node.populated:
+            if off + enc.size > self.node.populated and not self._cache.covers(off, enc.size):
                 self.node.ensure_populated(off, enc.size, key)
             serialize.write(enc, self._arena, off)
         except BaseException:
@@ -226,7 +227,7 @@ class Writing:
         try:
             data = None
             if enc is not None:
-                if off + enc.size > self.node.populated:
+                if off + enc.size > self.node.populated and not flags & L.FLAG_IN_CHUNK:
                     self.node.ensure_populated(off, enc.size, key)
                 data = enc.src
             ctime = time.time()
@@ -335,6 +336,8 @@ class Writing:
 
 def disk_error(key: str, size: int, path: str, exc: OSError) -> Exception:
     """The error for a failed write of ``key`` to the spill directory."""
+    if isinstance(exc, PermissionDeniedError):  # a refused spill directory: its message says it all
+        return PermissionDeniedError(f"cannot write {key!r} ({format_size(size)}) to disk: {exc}")
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return StorageFullError(f"cannot place {key!r} ({format_size(size)}) on disk: {path} is full "
                                 f"(free space there, or point SHMSTORE_SPILL_DIR elsewhere)", key, Level.DISK, size)

@@ -1,0 +1,166 @@
+"""A job's lifecycle: SIGTERM the way batch systems send it, a dead spill process, exact usage while spilling."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import shmstore
+from shmstore import Level
+from shmstore.kernel import layout as L
+
+from helpers import Child, shm_segments, spill_running, wait_for
+
+JOB = """
+import shmstore, numpy as np, os, sys
+s = shmstore.connect(os.environ['N'], capacity='32MiB', spill_dir=os.environ['D'],
+                     persist=os.environ.get('P') == '1')
+for i in range(30):  # 30 x 0.8 MB per process through 32 MiB: the store spills
+    s.put(f"{os.getpid()}-{i}", np.full(100_000, i))
+v = s.get(f"{os.getpid()}-29")  # a view held, and a pin
+s.pin(f"{os.getpid()}-28")
+print(s.spill_pid, flush=True)
+sys.stdin.readline()
+"""
+
+
+def start_job(name: str, spill_dir: str, n: int = 3, persist: bool = False) -> tuple[list[Child], int]:
+    env = {"N": name, "D": spill_dir, "P": "1" if persist else "0"}
+    kids = [Child(JOB, env=env) for _ in range(n)]
+    spill = {int(k.readline(timeout=60)) for k in kids}
+    assert len(spill) == 1
+    return kids, spill.pop()
+
+
+def gone(name: str) -> bool:
+    return not any(f"-{name}-" in s for s in shm_segments())
+
+
+def test_sigterm_to_every_process_of_a_job_removes_the_store(name, tmp_path):
+    """Regression: scancel left every segment behind (the spill process died of SignalError)."""
+    kids, spill = start_job(name, str(tmp_path))
+    assert os.listdir(tmp_path)  # it spilled
+    for pid in [k.pid for k in kids] + [spill]:  # what Slurm does: SIGTERM to every process of the job
+        os.kill(pid, signal.SIGTERM)
+    assert wait_for(lambda: gone(name), timeout=5), shm_segments()
+    assert wait_for(lambda: not spill_running(spill), timeout=5)
+    assert not os.listdir(tmp_path)
+    for k in kids:
+        assert k.proc.wait(10) == -signal.SIGTERM
+        k.kill()
+
+
+def test_sigterm_leaves_a_persistent_store_consistent(name, tmp_path):
+    kids, spill = start_job(name, str(tmp_path), persist=True)
+    pids = [k.pid for k in kids]
+    for pid in pids + [spill]:
+        os.kill(pid, signal.SIGTERM)
+    assert wait_for(lambda: not spill_running(spill), timeout=5)
+    for k in kids:
+        k.kill()
+    try:
+        assert not gone(name)
+        with shmstore.connect(name, spill_dir=str(tmp_path)) as s:
+            assert s.check() == []
+            assert len(s.list()) == 90
+            for pid in pids:
+                assert s.get(f"{pid}-17")[5] == 17
+            assert all(c["pid"] == os.getpid() for c in s.status()["clients"])  # the dead ones reclaimed
+    finally:
+        shmstore.destroy(name, force=True)
+    assert gone(name) and not os.listdir(tmp_path)
+
+
+def test_sigterm_to_the_spill_process_alone_keeps_the_store_for_its_clients(name, tmp_path):
+    with shmstore.connect(name, capacity="16MiB", spill_dir=str(tmp_path)) as s:
+        s.put("a", np.arange(1000))
+        first = s.spill_pid
+        assert wait_for(lambda: in_its_loop(s), timeout=10)
+        os.kill(first, signal.SIGTERM)
+        assert spill_popen(first).wait(10) == 0  # it leaves cleanly, after its grace period
+        assert not gone(name)
+        np.testing.assert_array_equal(s.get("a"), np.arange(1000))
+        for i in range(40):  # needs a spill process again: the put restarts it
+            s.put(f"k{i}", np.full(100_000, i))
+        assert s.spill_pid != first and spill_running(s.spill_pid)
+        assert s.check() == []
+
+
+def test_last_client_removes_the_store_when_the_spill_process_is_dead(name, tmp_path):
+    """Regression: a dead spill process plus a normal close left the store until `shmstore gc`."""
+    s = shmstore.connect(name, capacity="16MiB", spill_dir=str(tmp_path))
+    s.put("a", np.arange(1000), levels=[Level.DISK])
+    s.put("b", np.arange(1000))
+    child = Child("""
+import shmstore, os, sys
+s = shmstore.connect(os.environ['N'])
+print(s.get('b')[7], flush=True)
+sys.stdin.readline()
+s.close()
+""", env={"N": name})
+    assert child.readline() == "7"
+    spill = s.spill_pid
+    os.kill(spill, signal.SIGKILL)
+    assert wait_for(lambda: not spill_running(spill), timeout=5)
+    s.close()
+    assert not gone(name)  # the child is still attached
+    child.send("bye")
+    child.wait()
+    assert wait_for(lambda: gone(name), timeout=5), shm_segments()
+    assert not os.listdir(tmp_path)
+
+
+def test_usage_is_exact_while_the_store_spills(name, tmp_path):
+    """Regression: usage drifted with background spilling (11.5 MB reported for 16 MB of objects,
+    negative after clear): updating one level's counter zeroed the others'."""
+    rng = np.random.default_rng(3)
+    with shmstore.connect(name, capacity="16MiB", spill_dir=str(tmp_path)) as s:
+        keys = []
+        for i in range(300):
+            s.put(f"k{i}", np.full(int(rng.choice([16, 600, 9000, 40_000, 130_000])), i))
+            keys.append(f"k{i}")
+            if i % 5 == 0:
+                s.delete(keys.pop(int(rng.integers(len(keys)))))
+        assert s.check() == []
+        assert {i.level for i in s.list()} == {Level.MEMORY, Level.DISK}
+        settle = lambda: s.get_capacity()[Level.DISK].used == sum(i.stored for i in s.list(Level.DISK))
+        assert wait_for(settle, timeout=10)
+        before = s.get_capacity()
+        victim = s.list(Level.DISK)[0]
+        s.delete(victim.key)
+        after = s.get_capacity()
+        if after[Level.MEMORY].used == before[Level.MEMORY].used:  # unless a background spill ran meanwhile
+            assert after[Level.DISK].used == before[Level.DISK].used - victim.stored
+        s.clear()
+        assert wait_for(lambda: s.get_capacity()[Level.MEMORY].used == 0, timeout=10)
+        cap = s.get_capacity()
+        assert cap[Level.MEMORY].used == 0 and cap[Level.DISK].used == 0 and s.check() == []
+        big = s.put("big", np.zeros(int(0.85 * (16 << 20)) // 8), levels=[Level.MEMORY])  # nothing leaked
+        assert big.level == Level.MEMORY
+
+
+def spill_popen(pid: int):
+    """The Popen of a spill process this test process started."""
+    from shmstore.kernel.procs import spawned
+    return next(p for p in spawned if p.pid == pid)
+
+
+def in_its_loop(store) -> bool:
+    return L.unpack_spill_state(store._node.meta.mm).heartbeat > 0
+
+
+def test_spill_process_ignores_sigint_and_ends_cleanly_on_sigterm_during_its_wait(store):
+    """Regression: SIGTERM interrupted the semaphore wait and the spill process died of posix_ipc.SignalError."""
+    pid = store.spill_pid
+    proc = spill_popen(pid)
+    assert wait_for(lambda: in_its_loop(store), timeout=10)
+    os.kill(pid, signal.SIGINT)  # ignored: a Ctrl-C meant for the job
+    time.sleep(0.3)
+    assert spill_running(pid)
+    os.kill(pid, signal.SIGTERM)  # arrives while it waits on its semaphore
+    assert proc.wait(10) == 0
+    store.put("x", 1)
+    assert store.check() == []
