@@ -279,8 +279,9 @@ class Chaos:
     """One chaos run over one store (see the module docstring)."""
 
     def __init__(self, seed: int, workers: int = 4, capacity: str = "16MiB", kill_spill: bool = True,
-                 log: Callable[[str], None] = print) -> None:
+                 max_objects: int = 65536, log: Callable[[str], None] = print) -> None:
         self.seed, self.nworkers, self.capacity, self.kill_spill = seed, workers, capacity, kill_spill
+        self.max_objects = max_objects  # small: the table runs out and clients take entries from each other
         self.rng = random.Random(seed)
         self.log = log
         self.name = f"chaos{uuid.uuid4().hex[:8]}"
@@ -452,13 +453,15 @@ class Chaos:
 
     # ---- the whole run ----------------------------------------------------------
     def run(self, rounds: int | None = None, seconds: float = 10.0, hours: float | None = None) -> dict:
-        self.log(f"chaos: seed {self.seed}, {self.nworkers} workers, capacity {self.capacity}, store {self.name}")
+        self.log(f"chaos: seed {self.seed}, {self.nworkers} workers, capacity {self.capacity}, "
+                 f"max_objects {self.max_objects}, store {self.name}")
         stop = time.monotonic() + hours * 3600 if hours else None
         n = 0
         prefix = f"shmstore-{os.getuid()}-{self.name}-"
         try:
             self.store = shmstore.connect(self.name, capacity=self.capacity, spill_dir=self.spill_dir,
-                                          lock_timeout=30, spill_timeout=30, prefault=0)
+                                          lock_timeout=30, spill_timeout=30, prefault=0,
+                                          max_objects=self.max_objects)
             while (rounds is None or n < rounds) and (stop is None or time.monotonic() < stop):
                 self.round(seconds)
                 n += 1
@@ -495,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hours", type=float, default=None)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--capacity", default="16MiB")
+    p.add_argument("--max-objects", type=int, default=65536, help="small values make clients steal table entries")
     p.add_argument("--no-spill-kills", action="store_true", help="never kill the spill process")
     p.add_argument("--json", action="store_true")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -505,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
         return worker_main(args)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     rounds = args.rounds if args.rounds is not None or args.hours else 20
-    result = Chaos(seed, args.workers, args.capacity, not args.no_spill_kills).run(rounds, args.seconds, args.hours)
+    result = Chaos(seed, args.workers, args.capacity, not args.no_spill_kills,
+                   args.max_objects).run(rounds, args.seconds, args.hours)
     print(json.dumps(result) if args.json else f"chaos: passed: {result}")
     return 0
 

@@ -27,19 +27,26 @@ def _seed() -> int:
     return int(seed) if seed else random.SystemRandom().randrange(1 << 31)
 
 
-def _run(rounds: int, seconds: float) -> dict:
+def _run(rounds: int, seconds: float, **kw) -> dict:
     seed = _seed()
     print(f"chaos seed {seed} (rerun with SHMSTORE_CHAOS_SEED={seed})")
-    result = chaos.Chaos(seed, workers=4, capacity="16MiB").run(rounds=rounds, seconds=seconds)
+    result = chaos.Chaos(seed, workers=4, capacity="16MiB", **kw).run(rounds=rounds, seconds=seconds)
     print(result)
     return result
 
 
 @pytest.mark.timeout(300)
 def test_chaos_kills_lose_and_leak_nothing():
-    result = _run(rounds=5, seconds=7)
-    assert result["rounds"] == 5 and result["verified"] > 200
+    result = _run(rounds=4, seconds=7)
+    assert result["rounds"] == 4 and result["verified"] > 200
     assert result["kills"]["worker SIGKILL"] > 10 and result["kills"]["spill SIGKILL"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_chaos_with_a_full_object_table():
+    """96 entries for 4 workers that take batches of 32: they keep taking entries from each other."""
+    result = _run(rounds=2, seconds=6, max_objects=96)
+    assert result["rounds"] == 2 and result["verified"] > 50
 
 
 @pytest.mark.stress

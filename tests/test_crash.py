@@ -308,3 +308,66 @@ def test_move_killed_at_every_step_is_rolled_back(crash_store, direction, kind):
         assert crc_of(store.get("victim")) == want, f"killed at line {stop}: {info}"
         verify(finished=False)
     settle(store)
+
+
+def _die_holding_alloc(store) -> None:
+    """Fork a process that takes the ALLOC lock, allocates without recording it anywhere, and is killed."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            node = NodeStore.open(store.config, create=False)
+            node.alloc_lock.acquire()
+            node.alloc.alloc(1 << 20, 999)  # half an update: an extent nobody will ever name
+            os.write(w, b"x")
+            time.sleep(60)
+        finally:
+            os._exit(1)
+    os.read(r, 1)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    os.close(r)
+    os.close(w)
+
+
+@pytest.mark.parametrize("direction", ["spill", "restore"])
+def test_allocator_repair_during_a_move_keeps_the_movers_extents(crash_store, direction):
+    """Regression: the ALLOC repair renumbered every extent, and a mover that had read its object's
+    extent before the repair freed a stale number after it: 'double free of extent N', or another
+    object's space handed out again (corrupt reads)."""
+    from shmstore.mover import Mover
+    store = crash_store
+    others = {f"o{i}": np.full(100_000, i) for i in range(8)}
+    for k, v in others.items():
+        store.put(k, v)
+    store.put("victim", np.arange(250_000), levels=[Level.DISK] if direction == "restore" else None)
+    pid = store._node.spill_pid()
+    os.kill(pid, signal.SIGKILL)  # this test is the mover now
+    assert wait_for(lambda: not spill_running(pid), timeout=10)
+    node = NodeStore.open(store.config, create=False)
+    try:
+        mover = Mover(node)
+        copy = mover.disk.write if direction == "spill" else mover.disk.read_into
+
+        def copy_then_repair(*args, **kw):
+            copy(*args, **kw)
+            _die_holding_alloc(store)  # between the mover's first and last step
+
+        if direction == "spill":
+            mover.disk.write = copy_then_repair
+        else:
+            mover.disk.read_into = copy_then_repair
+        idx, e, _ = store._kernel.lookup("victim", b"victim", False)
+        moved = mover.spill(idx, e[L.E_GEN]) if direction == "spill" else mover.restore(idx, e[L.E_GEN])
+        assert moved > 0
+        for i in range(20):  # reuse whatever the repair freed
+            store.put(f"n{i}", np.full(50_000, 100 + i))
+    finally:
+        node.close()
+    settle(store)
+    assert_consistent(store)
+    np.testing.assert_array_equal(store.get("victim"), np.arange(250_000))
+    for k, v in others.items():
+        np.testing.assert_array_equal(store.get(k), v)
+    for i in range(20):
+        assert store.get(f"n{i}")[7] == 100 + i
