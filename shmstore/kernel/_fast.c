@@ -162,6 +162,9 @@ static PyObject *insert(PyObject *self, PyObject *args) {
             rc = RC_STOLEN;
         } else {
             memcpy(e, head, (size_t)hlen);
+            /* writing until linked: sealed and not in a chain is what a delete killed half way
+             * leaves, so nothing else may ever look like that (list() shows sealed entries) */
+            ((volatile char *)e)[STATE_OFF] = (char)WRITING;
             if (ab.buf)
                 memcpy(e + ARRAY_OFF, ab.buf, (size_t)ab.len);
             memcpy(e + KEY_OFF, key, (size_t)klen);
@@ -177,6 +180,7 @@ static PyObject *insert(PyObject *self, PyObject *args) {
             memcpy(&first, base + buckets + 4 * b, 4);
             memcpy(e + NEXT_OFF, &first, 4);
             memcpy(base + buckets + 4 * b, &rec, 4); /* the publishing store, after the entry is whole */
+            ((volatile char *)e)[STATE_OFF] = head[STATE_OFF]; /* sealed now, if the head says so */
         }
         pthread_mutex_unlock(m);
     }

@@ -12,7 +12,7 @@ from . import layout as L
 from .cache import retire_chunk
 from .node import NodeStore, pid_alive
 
-__all__ = ["reclaim", "dead_clients", "janitor_pass", "sweep_deleted", "give_back"]
+__all__ = ["reclaim", "dead_clients", "janitor_pass", "sweep_deleted", "give_back", "probe_locks"]
 
 
 def dead_clients(node: NodeStore) -> list[tuple[int, int]]:
@@ -86,4 +86,17 @@ def janitor_pass(node: NodeStore) -> list[tuple[int, int, int, int]]:
     for slot, pid in dead_clients(node):
         dropped, freed = reclaim(node, slot)
         out.append((slot, pid, dropped, freed))
+    if out:
+        probe_locks(node)
     return out
+
+
+def probe_locks(node: NodeStore) -> None:
+    """Take and release each free lock once, so that one a dead process held is repaired now.
+
+    Otherwise its repair waits for the next process that needs that lock,
+    and until then its stripe's usage counters may be off.
+    """
+    for lock in (*node.stripes, node.alloc_lock, node.admin):
+        if lock.acquire(blocking=False):
+            lock.release()

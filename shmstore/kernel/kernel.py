@@ -278,10 +278,11 @@ class Kernel(Writing, Pinning):
                 if missing_ok:
                     return
                 raise ObjectNotFoundError(f"no object {key!r} to delete", key)
+            # hidden first, then out of its chain: killed in between, it is a deleted entry in a
+            # chain, which the stripe's repair unlinks; never a sealed entry out of every chain
+            self._table.mark_deleted(idx)
             self._table.unlink(idx, b)
-            if self._table.pin_count(idx) or e[L.E_FLAGS] & L.FLAG_MOVING:  # the mover frees a moving one
-                self._table.mark_deleted(idx)
-            else:
+            if not self._table.pin_count(idx) and not e[L.E_FLAGS] & L.FLAG_MOVING:  # else: last pin / mover
                 self.node.release(idx, cache=self._cache)
 
     def contains(self, key: str) -> bool:

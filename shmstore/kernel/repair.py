@@ -7,14 +7,17 @@ Two repairs, each run by whoever next takes the lock the dead process held
   the entry free list, the retired-chunk count and the DISK quota counter
   are all derived again from what owns space, which is the truth: entries
   and client records (see ``alloc.py`` on two-way ownership);
-- a stripe lock (:func:`repair_stripe`): an entry left out of its chain
-  while still live (a put killed before linking it, a delete killed after
-  unlinking it) is dropped, chains lose anything that is not live, and the
-  stripe's usage counters are counted again.
+- a stripe lock (:func:`repair_stripe`): chains lose anything that is not
+  ``writing`` or ``sealed`` (a delete killed between hiding an entry and
+  unlinking it), an entry left out of its chain while still ``writing`` (a
+  put killed before linking it) is dropped, the stripe's usage counters are
+  counted again, and deleted entries nobody pins are freed.
 
 Both repairs only ever drop what no finished operation produced: a put that
-returned had linked its entry; a delete that returned had freed it or
-marked it ``deleted``.
+returned had linked its entry; a delete that returned had hidden and
+unlinked it. An entry is ``sealed`` only once linked, and hidden before it
+is unlinked, so ``list()`` (which reads states without locks) never shows
+an object that ``get()`` cannot find.
 """
 from __future__ import annotations
 
@@ -92,10 +95,9 @@ def repair_stripe(node, stripe: int) -> int:
     mine = table.stripe_mask(stripe) & ((t["state"] == L.WRITING) | (t["state"] == L.SEALED))
     ghosts = np.setdiff1d(np.flatnonzero(mine), linked)
     for idx in ghosts:
-        idx = int(idx)
-        if table.pin_count(idx) or L.entry_flags(buf, lay.entry(idx)) & L.FLAG_MOVING:
-            table.mark_deleted(idx)  # its last pin, or the mover, frees it
-        else:
-            node.release(idx)
+        table.mark_deleted(int(idx))
     table.repair_stats(stripe)
+    deleted = table.stripe_mask(stripe) & (t["state"] == L.DELETED) & ((t["flags"] & L.FLAG_MOVING) == 0)
+    for idx in np.flatnonzero(deleted):  # ghosts, and a delete killed between hiding and freeing
+        node.free_if_unpinned(int(idx))  # the last pin frees a pinned one; the mover a moving one
     return len(ghosts)
