@@ -99,12 +99,15 @@ ENTRY (object table record, ENTRY_SIZE bytes)::
     56   4    i32     client slot of the writer while WRITING (of the batch while RESERVED;
                       left stale once sealed)
     60   4    i32     extent record of the data (1-based, 0 none); on DISK, the
-                      arena extent of a restore in progress
+                      arena extent of a restore in progress; while RESERVED, the
+                      extent placed for a put in flight (written under the ALLOC
+                      lock, so that the extent and its owner name each other)
     64   4    u32     number of blobs
     68   2    u16     key length in bytes
     70   2    u16     session id
-    72   1    u8      state: 0 free, 1 writing, 2 sealed, 3 deleted (hidden, pinned),
-                      4 reserved (in client ``writer``'s batch of free entries)
+    72   1    u8      state: 0 free, 1 writing, 2 sealed (only ever while linked),
+                      3 deleted (hidden; freed by its last pin), 4 reserved (in client
+                      ``writer``'s batch of free entries)
     73   1    u8      kind: 0 raw bytes, 1 ndarray, 2 pickle5
     74   1    u8      level (Level value)
     75   1    u8      flags: 1 being moved, 2 carved from a chunk (``extent`` is the chunk)
@@ -126,7 +129,7 @@ EXTENT (allocator record, 40 bytes)::
                       current chunk, 4 a retired chunk
     36   4    i32     owning entry (1-based) while used; -(slot+1) for a chunk
 
-CLIENT (64 bytes)::
+CLIENT (CLIENT_SIZE = 256 bytes)::
 
     0    4    i32     pid
     4    4    i32     state: 0 free, 1 attached
