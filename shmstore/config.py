@@ -17,7 +17,7 @@ from typing import Any, Callable
 from .errors import ConfigError
 from .units import parse_size
 
-__all__ = ["Config", "SHM_DIR"]
+__all__ = ["Config", "SHM_DIR", "env", "pure_python", "stream_count", "node_label"]
 
 SHM_DIR = "/dev/shm"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -160,6 +160,48 @@ class Config:
         if values["capacity"] < 1 << 20:
             raise ConfigError(f"capacity must be at least 1 MiB, got {values['capacity']} B (capacity= / SHMSTORE_CAPACITY)")
         return cls(**values)
+
+
+def env(name: str, parser: Callable[[str], Any], default: Any = None) -> Any:
+    """``SHMSTORE_<NAME>`` parsed, or ``default`` when unset (or empty).
+
+    The one reader of shmstore's environment variables: settings of a store
+    go through :class:`Config`, process-wide switches through the helpers
+    below; all of them through here.
+
+    Raises:
+        ConfigError: the value does not parse, naming the variable.
+    """
+    var = "SHMSTORE_" + name.upper()
+    raw = os.environ.get(var, "")
+    if not raw.strip():
+        return default
+    try:
+        return parser(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"bad value for {var}: {exc}") from None
+
+
+def pure_python() -> bool:
+    """``SHMSTORE_PURE_PYTHON``: run without the optional C helpers (the kernel's fast path, the copier)."""
+    return bool(env("PURE_PYTHON", _parse_bool, False))
+
+
+def _parse_streams(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 2:
+        raise ValueError(f"must be 1 or 2, got {text!r}")
+    return value
+
+
+def stream_count() -> int | None:
+    """``SHMSTORE_STREAMS``: bulk streams per cluster transfer (1 or 2), None when unset."""
+    return env("STREAMS", _parse_streams)
+
+
+def node_label() -> str | None:
+    """``SHMSTORE_NODE``: the node id this process claims, None when unset."""
+    return env("NODE", _parse_ident)
 
 
 def _resolve(name: str, value: Any) -> Any:

@@ -20,6 +20,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .config import pure_python
+
 __all__ = ["copy_into", "copy_blobs", "PARALLEL_MIN", "STREAM_MIN"]
 
 PARALLEL_MIN = 16 << 20
@@ -31,7 +33,7 @@ _pool_pid = 0
 
 
 def _load_helper() -> Any:
-    if os.environ.get("SHMSTORE_PURE_PYTHON", "").strip().lower() in ("1", "true", "yes", "on"):
+    if pure_python():
         return None
     try:
         from . import _copy

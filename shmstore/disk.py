@@ -25,7 +25,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .errors import LayoutError, PermissionDeniedError
+from .errors import PermissionDeniedError, ShmStoreError, SpillError
 
 __all__ = ["SpillDir", "CHUNK"]
 
@@ -179,7 +179,7 @@ class SpillDir:
         """Read an object's file into the writable uint8 array ``dst``.
 
         Raises:
-            OSError: the file is missing or unreadable. LayoutError: it is shorter than expected.
+            OSError: the file is missing or unreadable. SpillError: it is shorter than expected.
         """
         with os.fdopen(self._open_read(idx, gen), "rb", buffering=0) as f:
             mv = memoryview(dst)
@@ -187,7 +187,8 @@ class SpillDir:
             while done < len(mv):
                 n = f.readinto(mv[done: done + CHUNK])
                 if not n:
-                    raise LayoutError(f"spill file {self.file(idx, gen)!r} is {done} bytes, expected {len(mv)}")
+                    raise SpillError(f"spill file {self.file(idx, gen)!r} is {done} bytes, expected {len(mv)} "
+                                     f"(something else truncated it)")
                 done += n
                 if progress is not None:
                     progress(done)
@@ -257,5 +258,5 @@ class SpillDir:
     def __del__(self) -> None:
         try:
             self.close()
-        except (OSError, AttributeError):
+        except (OSError, ShmStoreError):  # a finalizer never raises; the descriptor closes at exit anyway
             pass

@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from .disk import SpillDir
-from .errors import LayoutError
+from .errors import SpillError
 from .kernel import layout as L
 from .kernel.node import NodeStore
 from .kernel.repair import disk_charged
@@ -183,7 +183,7 @@ class Mover:
             node.arena.populate(off, size)
             dst = np.ndarray((size,), np.uint8, node.arena.mm, off)
             self.disk.read_into(idx, gen, dst, progress=lambda n: self._state(progress=n))
-        except (OSError, LayoutError) as exc:
+        except (OSError, SpillError) as exc:
             with lock:
                 self._abort_restore(idx, rec)
             raise MoveError(L.ERR_IO, f"cannot restore {self.key_of(idx)!r} ({format_size(size)}) from "

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidArgumentError, StoreClosedError
+from .errors import InvalidArgumentError, ShmStoreError, StoreClosedError
 from .kernel import layout as L
 from .kernel.kernel import Kernel, encode_key
 from .kernel.writing import disk_error
@@ -180,7 +180,7 @@ class Writer:
     def __del__(self) -> None:
         try:
             self.abort()
-        except Exception:
+        except (OSError, ShmStoreError):  # a finalizer never raises; the janitor drops what it could not
             pass
 
 

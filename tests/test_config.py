@@ -1,7 +1,11 @@
 """Config precedence and validation."""
 from __future__ import annotations
 
+import os
+
 import pytest
+
+import shmstore
 
 from shmstore.config import Config
 from shmstore.errors import ConfigError
@@ -53,3 +57,28 @@ def test_sizes():
         with pytest.raises(ValueError):
             parse_size(bad)
     assert format_size(1536) == "1.5 KiB" and format_size(64) == "64 B" and format_size(3 << 30) == "3.0 GiB"
+
+
+def test_every_variable_goes_through_one_reader_with_the_same_errors(monkeypatch):
+    from shmstore import config  # (shmstore.mpi.tags.default_streams reads SHMSTORE_STREAMS through it)
+    monkeypatch.setenv("SHMSTORE_STREAMS", "3")
+    with pytest.raises(shmstore.ConfigError, match="SHMSTORE_STREAMS"):
+        config.stream_count()
+    monkeypatch.setenv("SHMSTORE_STREAMS", "1")
+    assert config.stream_count() == 1
+    monkeypatch.setenv("SHMSTORE_PURE_PYTHON", "maybe")
+    with pytest.raises(shmstore.ConfigError, match="SHMSTORE_PURE_PYTHON.*boolean"):
+        config.pure_python()
+    monkeypatch.setenv("SHMSTORE_NODE", "no spaces")
+    with pytest.raises(shmstore.ConfigError, match="SHMSTORE_NODE"):
+        config.node_label()
+    monkeypatch.setenv("SHMSTORE_NODE", "n7")
+    assert config.node_label() == "n7"
+
+
+def test_bad_switch_fails_at_import_naming_it():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import shmstore"], capture_output=True, text=True,
+                       env=dict(os.environ, SHMSTORE_PURE_PYTHON="perhaps"))
+    assert r.returncode != 0 and "SHMSTORE_PURE_PYTHON" in r.stderr

@@ -18,7 +18,8 @@ from helpers import ROOT, shm_segments, wait_for
 pytest.importorskip("mpi4py")
 BIN = os.path.dirname(sys.executable)
 MPIEXEC = shutil.which("mpiexec", path=BIN + os.pathsep + os.environ.get("PATH", ""))
-pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install 'shmstore[mpich]')")
+pytestmark = [pytest.mark.mpi,
+              pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install 'shmstore[mpich]')")]
 
 
 def _env() -> dict[str, str]:

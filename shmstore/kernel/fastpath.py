@@ -5,9 +5,9 @@ extension was built (the test suite runs both).
 """
 from __future__ import annotations
 
-import os
 from types import ModuleType
 
+from ..config import pure_python
 from . import layout as L
 
 __all__ = ["load", "codes"]
@@ -26,7 +26,7 @@ class codes:
 
 def load() -> ModuleType | None:
     """The configured ``_fast`` module, or None (not built, or disabled)."""
-    if os.environ.get("SHMSTORE_PURE_PYTHON", "").strip().lower() in ("1", "true", "yes", "on"):
+    if pure_python():
         return None
     try:
         from . import _fast

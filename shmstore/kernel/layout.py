@@ -269,10 +269,6 @@ EXTENT_DTYPE = np.dtype({"names": ["offset", "size", "prev_phys", "next_phys", "
                          "offsets": [0, 8, 16, 20, 24, 28, 32, 36], "itemsize": 40})
 
 
-def _align(n: int, to: int = ALIGN) -> int:
-    return (n + to - 1) // to * to
-
-
 def align(n: int) -> int:
     """Round ``n`` up to the arena alignment (64 bytes)."""
     return (n + ALIGN - 1) & ~(ALIGN - 1)
@@ -314,16 +310,16 @@ class Layout:
         # (each at least MIN_CHUNK); free extents: at most one more than used ones
         self.nextents = 2 * (max_objects + max_clients + capacity // MIN_CHUNK) + 2
         self.nlocks = LOCK_FIRST_STRIPE + nstripes
-        self.pinrow = _align(max_objects)
+        self.pinrow = align(max_objects)
         self.sessions = HEADER_SIZE
-        self.locks = _align(self.sessions + MAX_SESSIONS * SESSION_SIZE)
-        self.clients = _align(self.locks + self.nlocks * LOCK_STRIDE)
-        self.stats = _align(self.clients + max_clients * CLIENT_SIZE)
-        self.buckets = _align(self.stats + nstripes * STRIPE_STATS_SIZE)
-        self.entries = _align(self.buckets + self.nbuckets * 4)
-        self.extents = _align(self.entries + max_objects * ENTRY_SIZE)
-        self.pinmaps = _align(self.extents + self.nextents * EXTENT.size)
-        self.migrations = _align(self.pinmaps + max_clients * self.pinrow)
+        self.locks = align(self.sessions + MAX_SESSIONS * SESSION_SIZE)
+        self.clients = align(self.locks + self.nlocks * LOCK_STRIDE)
+        self.stats = align(self.clients + max_clients * CLIENT_SIZE)
+        self.buckets = align(self.stats + nstripes * STRIPE_STATS_SIZE)
+        self.entries = align(self.buckets + self.nbuckets * 4)
+        self.extents = align(self.entries + max_objects * ENTRY_SIZE)
+        self.pinmaps = align(self.extents + self.nextents * EXTENT.size)
+        self.migrations = align(self.pinmaps + max_clients * self.pinrow)
         self.size = page_align(self.migrations + NMIGRATIONS * MIGRATION_SIZE)
 
     @classmethod
@@ -473,18 +469,10 @@ def pack_migration(buf, layout: "Layout", slot: int, m: Migration) -> None:
                         m.start, m.time, m.error.encode()[:128], m.key)
 
 
-_MIGRATION_KEY_OFFSET = MIGRATION.size - 256
-
-
 def migration_states(buf, layout: "Layout") -> bytes:
     """The state of every migration slot, one byte each (the low byte of its ``state``)."""
     start = layout.migrations
     return bytes(buf[start: start + NMIGRATIONS * MIGRATION_SIZE: MIGRATION_SIZE])
-
-
-def migration_key(buf, layout: "Layout", slot: int, keylen: int) -> bytes:
-    off = layout.migrations + slot * MIGRATION_SIZE + _MIGRATION_KEY_OFFSET
-    return bytes(buf[off: off + keylen])
 
 
 def entry_array_bytes(buf, eoff: int) -> bytes:
@@ -502,8 +490,6 @@ def set_header_state(buf, state: int) -> None:
 
 def header_flags(buf) -> int:
     return _U32.unpack_from(buf, _H_FLAGS)[0]
-
-
 
 
 def spill_pid(buf) -> int:
@@ -667,8 +653,6 @@ def find_entry(buf, layout: Layout, b: int, h: int, session: int, key: bytes) ->
     return -1, 0, None
 
 
-
-
 def entry_key(buf, eoff: int, keylen: int) -> bytes:
     return bytes(buf[eoff + ENTRY_KEY_OFFSET: eoff + ENTRY_KEY_OFFSET + keylen])
 
@@ -701,10 +685,6 @@ def set_entry_state(buf, eoff: int, state: int) -> None:
     buf[eoff + _E_STATE] = state
 
 
-
-
-
-
 def entry_flags(buf, eoff: int) -> int:
     return buf[eoff + _E_FLAGS]
 
@@ -729,8 +709,6 @@ def entry_hash(buf, eoff: int) -> int:
     return _U32.unpack_from(buf, eoff + _E_HASH)[0]
 
 
-
-
 def set_entry_extent(buf, eoff: int, rec: int) -> None:
     _I32.pack_into(buf, eoff + _E_EXTENT, rec)
 
@@ -739,16 +717,10 @@ def set_entry_atime(buf, eoff: int, atime: float) -> None:
     _F64.pack_into(buf, eoff + _E_ATIME, atime)
 
 
-def set_entry_writer(buf, eoff: int, slot: int) -> None:
-    _I32.pack_into(buf, eoff + _E_WRITER, slot)
-
-
 def reserve_entry(buf, eoff: int, slot: int) -> None:
     """Mark a free entry as held in client ``slot``'s batch."""
     _I32.pack_into(buf, eoff + _E_WRITER, slot)
     buf[eoff + _E_STATE] = RESERVED
-
-
 
 
 _ARRAY_META: dict[tuple, bytes] = {}
@@ -775,8 +747,6 @@ def entry_array_raw(buf, eoff: int) -> tuple:
     return ENTRY_ARRAY.unpack_from(buf, eoff + ENTRY_ARRAY_OFFSET)
 
 
-
-
 def entry_table(buf, layout: Layout) -> np.ndarray:
     """Structured numpy view of the whole entry table (no copy)."""
     return np.ndarray((layout.max_objects,), ENTRY_DTYPE, buffer=buf, offset=layout.entries)
@@ -784,26 +754,9 @@ def entry_table(buf, layout: Layout) -> np.ndarray:
 
 # ---- extents ----------------------------------------------------------------
 
-class Extent(NamedTuple):
-    offset: int
-    size: int
-    prev_phys: int
-    next_phys: int
-    prev_free: int
-    next_free: int
-    flags: int
-    owner: int
-
-
-
-
-
-
-# hot-path accessors: plain tuples in Extent field order, single-field stores
+# hot-path accessors: plain tuples in EXTENT field order, single-field stores
 extent_raw = EXTENT.unpack_from
 extent_write = EXTENT.pack_into
-
-
 
 
 def set_extent_prev_phys(buf, xoff: int, rec: int) -> None:

@@ -12,8 +12,8 @@ import mmap
 import time
 
 __all__ = [
-    "MUTEX_SIZE", "EOWNERDEAD", "ENOTRECOVERABLE", "address_of",
-    "mutex_init", "mutex_trylock", "mutex_lock", "mutex_timedlock", "mutex_unlock",
+    "EOWNERDEAD", "ENOTRECOVERABLE", "address_of",
+    "mutex_init", "mutex_trylock", "mutex_timedlock", "mutex_unlock",
     "mutex_consistent", "populate_write", "set_timer_slack",
 ]
 
@@ -22,7 +22,6 @@ _libc = ctypes.CDLL(_LIBC_NAME, use_errno=True)
 # trylock/unlock never block: call them without dropping the GIL (saves ~0.3 us a pair)
 _pylibc = ctypes.PyDLL(_LIBC_NAME)
 
-MUTEX_SIZE = 40  # sizeof(pthread_mutex_t) on Linux x86-64 and aarch64 (glibc)
 EOWNERDEAD = errno.EOWNERDEAD
 ENOTRECOVERABLE = errno.ENOTRECOVERABLE
 _PTHREAD_PROCESS_SHARED = 1
@@ -49,7 +48,6 @@ _attr_setrobust = _fn("pthread_mutexattr_setrobust", _vp, ctypes.c_int)
 _attr_destroy = _fn("pthread_mutexattr_destroy", _vp)
 _init = _fn("pthread_mutex_init", _vp, _vp)
 mutex_trylock = _fn("pthread_mutex_trylock", _vp, lib=_pylibc)
-mutex_lock = _fn("pthread_mutex_lock", _vp)
 mutex_unlock = _fn("pthread_mutex_unlock", _vp, lib=_pylibc)
 mutex_consistent = _fn("pthread_mutex_consistent", _vp)
 try:  # glibc >= 2.30: waits on CLOCK_MONOTONIC, immune to clock steps

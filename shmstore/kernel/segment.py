@@ -11,7 +11,7 @@ import stat
 
 import posix_ipc
 
-from ..errors import PermissionDeniedError, StorageFullError
+from ..errors import PermissionDeniedError, ShmStoreError, StorageFullError
 from ..units import format_size
 from . import native
 
@@ -188,7 +188,7 @@ class Segment:
     def __del__(self) -> None:
         try:
             self.close()
-        except OSError:
+        except (OSError, ShmStoreError):  # a finalizer never raises; unmapping happens at exit anyway
             pass
 
     def __reduce__(self):
@@ -202,8 +202,6 @@ def unlink_segment(name: str) -> bool:
         return True
     except (posix_ipc.ExistentialError, posix_ipc.PermissionsError):
         return False
-
-
 
 
 def list_segments(prefix: str) -> list[str]:

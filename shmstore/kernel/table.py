@@ -201,10 +201,6 @@ class Table:
         L.set_entry_cursor(self.buf, next_unused, idx + 1)
 
     # ---- pins ----------------------------------------------------------------
-    def pin(self, slot: int, idx: int) -> None:
-        """Set ``slot``'s pin byte on ``idx`` (stripe lock of ``idx`` held)."""
-        self.buf[self.layout.pinbyte(slot, idx)] = 1
-
     def unpin(self, slot: int, idx: int) -> None:
         """Clear ``slot``'s pin byte on ``idx`` (no lock needed: see the module notes)."""
         self.buf[self.layout.pinbyte(slot, idx)] = 0

@@ -33,6 +33,7 @@ from mpi4py import MPI
 import shmstore
 
 from .. import errors
+from ..config import node_label
 from ..kernel import encode_key
 from ..kernel import layout as L
 from ..kernel import migrations
@@ -47,7 +48,7 @@ __all__ = ["Cluster"]
 
 
 def _label(kwargs: dict) -> str:
-    raw = kwargs.get("node") or os.environ.get("SHMSTORE_NODE") or os.environ.get("PMI_HOSTNAME") \
+    raw = kwargs.get("node") or node_label() or os.environ.get("PMI_HOSTNAME") \
         or socket.gethostname().split(".")[0]
     return "".join(c if c.isalnum() or c in "_.-" else "-" for c in str(raw))[:48] or "node"
 

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import os
 
+from ..config import stream_count
+
 TAG_REQUEST = 1
 TAG_REPLY_MIN = 1000
 TAG_REPLY_MAX = 30000
 
 # request kinds
-LOOKUP = "lookup"      # (key, inline_max) -> (found, meta, inline bytes | None, handle)
+LOOKUP = "lookup"      # (key, inline_max) -> ("ok", meta, inline bytes | None, handle) or ("missing",)
 DATA = "data"          # (handle, block_size, streams) -> raw frames on the reply tag
 RELEASE = "release"    # (handle,) -> True
 HAS = "has"            # (key,) -> bool
@@ -41,13 +43,14 @@ SPLIT_MIN = 8 << 20        # objects of at least this many bytes are spread over
 
 
 def default_streams() -> int:
-    """Streams per transfer: ``SHMSTORE_STREAMS``, else 2 where MPICH runs several VCIs, else 1."""
-    raw = os.environ.get("SHMSTORE_STREAMS", "").strip()
-    if raw:
-        try:
-            return max(1, min(STREAMS, int(raw)))
-        except ValueError:
-            pass
+    """Streams per transfer: ``SHMSTORE_STREAMS``, else 2 where MPICH runs several VCIs, else 1.
+
+    Raises:
+        ConfigError: a bad ``SHMSTORE_STREAMS``.
+    """
+    chosen = stream_count()
+    if chosen is not None:
+        return chosen
     try:
         vcis = int(os.environ.get("MPIR_CVAR_CH4_NUM_VCIS", "1"))
     except ValueError:

@@ -47,7 +47,21 @@ def comm(cluster):
     return cluster._comm
 
 
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.add_marker(pytest.mark.mpi)
+
+
 @pytest.fixture
-def key(comm):
-    """A fresh key, the same on every rank."""
-    return comm.bcast("k" + uuid.uuid4().hex[:10] if comm.rank == 0 else None)
+def key(cluster, comm):
+    """A fresh key, the same on every rank; every copy of it is deleted after the test.
+
+    The teardown every test would otherwise repeat: all ranks done with it,
+    rank 0 deletes it everywhere, all ranks see it gone.
+    """
+    k = comm.bcast("k" + uuid.uuid4().hex[:10] if comm.rank == 0 else None)
+    yield k
+    comm.Barrier()
+    if comm.rank == 0:
+        cluster.delete(k)
+    comm.Barrier()

@@ -46,7 +46,7 @@ def test_put_is_locatable_everywhere_and_fetch_keeps_the_key(cluster, comm, key)
     comm.Barrier()
     assert cluster.stats()["transfers"] == again
     assert sorted(cluster.locate(key)) == sorted(cluster.nodes)
-    comm.Barrier()
+    comm.Barrier()  # everyone looked before rank 0 deletes it
     cluster.delete(key) if comm.rank == 0 else None
     comm.Barrier()
     assert cluster.locate(key) == []
@@ -71,10 +71,6 @@ def test_state_dict_of_many_blobs_moves_as_one_object(cluster, comm, key):
         size = cluster.store.get_info(key).size
         assert after["transfers"] - before["transfers"] == 1
         assert after["bytes_received"] - before["bytes_received"] == size
-    comm.Barrier()
-    if comm.rank == 0:
-        cluster.delete(key)
-    comm.Barrier()
 
 
 def test_concurrent_fetches_of_one_key_transfer_once_per_node(cluster, comm, key):
@@ -95,10 +91,6 @@ def test_concurrent_fetches_of_one_key_transfer_once_per_node(cluster, comm, key
     after = cluster.stats()
     received = after["bytes_received"] - before["bytes_received"]
     assert received == (0 if cluster.node_index == 0 else data.nbytes)  # one copy per node, however many asked
-    comm.Barrier()
-    if comm.rank == 0:
-        cluster.delete(key)
-    comm.Barrier()
 
 
 def test_migrate_moves_or_copies_with_its_key(cluster, comm, key):
@@ -134,10 +126,6 @@ def test_failed_fetch_clears_its_migration_entry_and_a_retry_succeeds(cluster, c
         cluster.put(key, np.ones(10))
     comm.Barrier()
     assert cluster.get(key).sum() == 10
-    comm.Barrier()
-    if comm.rank == 0:
-        cluster.delete(key)
-    comm.Barrier()
 
 
 def test_zero_length_and_disk_placed_fetches(cluster, comm, key):
@@ -171,10 +159,6 @@ def test_remote_reader_and_writer(cluster, comm, key):
         assert r.read(5) == b"\0" * 5
         r.seek(20_000)
         assert r.read() == b"\2" * 10_000
-    comm.Barrier()
-    if comm.rank == 0:
-        cluster.delete(key)
-    comm.Barrier()
 
 
 def test_nodes_fetching_from_each_other_while_full_do_not_deadlock(cluster, comm, key):
@@ -213,10 +197,6 @@ def test_source_is_unpinned_after_sends(cluster, comm, key):
             gc.collect()
             time.sleep(0.01)
         assert not cluster.store.get_info(key).pinned
-    comm.Barrier()
-    if comm.rank == 0:
-        cluster.delete(key)
-    comm.Barrier()
 
 
 def test_fetch_of_an_object_spilled_at_its_source(cluster, comm, key):
@@ -228,10 +208,6 @@ def test_fetch_of_an_object_spilled_at_its_source(cluster, comm, key):
     got = cluster.get(key)
     assert got[-1] == 199_999 and got.sum() == data.sum()
     del got
-    comm.Barrier()
-    if comm.rank == 0:
-        cluster.delete(key)
-    comm.Barrier()
 
 
 def test_frame_plan_covers_the_object_once():
@@ -264,7 +240,3 @@ def test_fetch_over_one_or_several_streams(cluster, comm, key, streams):
         got = cluster.store.get(key)
         assert np.array_equal(got, np.random.default_rng(7).integers(0, 255, n, dtype=np.uint8))
         del got
-    comm.Barrier()
-    if comm.rank == 0:
-        cluster.delete(key)
-    comm.Barrier()
