@@ -1,0 +1,49 @@
+"""requests: a client's request record to the spill process (the spill process stopped: this test serves)."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from shmstore.kernel import layout as L
+from shmstore.kernel import requests
+
+
+@pytest.fixture
+def stopped(store):
+    """The store with its spill process stopped (SIGSTOP), so that this test plays it."""
+    pid = store.spill_pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield store._node, store._kernel.slot
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_submit_pending_complete_wait(stopped):
+    node, slot = stopped
+    seq = requests.submit(node, slot, L.REQ_SPACE, nbytes=123)
+    [(s, r)] = requests.pending(node)
+    assert s == slot and (r.kind, r.seq, r.nbytes, r.status) == (L.REQ_SPACE, seq, 123, L.RS_PENDING)
+    threading.Timer(0.05, requests.complete, (node, slot, r, L.ERR_FULL, "no room here")).start()
+    done = requests.wait(node, slot, seq, timeout=5)
+    assert (done.status, done.error, done.message) == (L.RS_FAILED, L.ERR_FULL, "no room here")
+    assert requests.pending(node) == []
+    seq = requests.submit(node, slot, L.REQ_MOVE, idx=4, gen=2, level=L.LEVEL_DISK)
+    [(_, r)] = requests.pending(node)
+    requests.complete(node, slot, r)
+    done = requests.wait(node, slot, seq, timeout=5)
+    assert done.status == L.RS_DONE and (done.idx, done.gen, done.level) == (4, 2, L.LEVEL_DISK)
+
+
+def test_a_request_not_served_in_time_is_withdrawn_and_a_late_answer_ignored(stopped):
+    node, slot = stopped
+    seq = requests.submit(node, slot, L.REQ_SPACE, nbytes=1)
+    [(_, late)] = requests.pending(node)
+    assert requests.wait(node, slot, seq, timeout=0.05) is None
+    assert requests.pending(node) == []
+    requests.complete(node, slot, late)  # the spill process answers after all: nothing changes
+    r = L.unpack_request(node.meta.mm, node.layout.client(slot))
+    assert r.status == L.RS_IDLE and r.kind == L.REQ_NONE

@@ -1,0 +1,102 @@
+"""table: chains, free entries, generations and the stripe repair's chain pruning, on a bytearray."""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from shmstore.kernel import layout as L
+from shmstore.kernel.alloc import Allocator
+from shmstore.kernel.table import Table
+
+
+def make(max_objects=64, nstripes=4):
+    lay = L.Layout(max_objects=max_objects, max_clients=2, nstripes=nstripes)
+    buf = bytearray(lay.size)
+    return buf, lay, Table(buf, lay, Allocator(buf, lay, 1 << 20))
+
+
+def put(buf, lay, table, idx, key: bytes, state=L.SEALED, size=128, level=L.LEVEL_MEMORY):
+    h, b, _ = table.locate(0, key)
+    L.pack_entry(buf, lay.entry(idx), L.EntryHead(0, size, size, 0.0, 0.0, h, 0, 0, 0, 0, 0, 0, len(key), 0, state,
+                                                  L.KIND_RAW, level, 0))
+    L.set_entry_key(buf, lay.entry(idx), key)
+    table.link(idx, b)
+    L.add_stripe_stats(buf, lay.stripe_stats(table.stripe_of(idx)), level, size, 1)
+    return b
+
+
+def test_link_find_unlink():
+    buf, lay, table = make()
+    keys = [f"k{i}".encode() for i in range(40)]
+    for i, k in enumerate(keys):
+        put(buf, lay, table, i, k)
+    for i, k in enumerate(keys):
+        h, b, _ = table.locate(0, k)
+        assert h == zlib.crc32(k, 0)
+        assert L.find_entry(buf, lay, b, h, 0, k)[0] == i
+    for i in range(0, 40, 3):
+        table.unlink(i, table.bucket_of(i))
+    for i, k in enumerate(keys):
+        h, b, _ = table.locate(0, k)
+        assert (L.find_entry(buf, lay, b, h, 0, k)[0] == -1) == (i % 3 == 0)
+
+
+def test_free_list_hands_out_unused_then_freed_entries_with_new_generations():
+    buf, lay, table = make(max_objects=4)
+    got = [table.new_entry() for _ in range(4)]
+    assert got == [0, 1, 2, 3] and table.new_entry() == -1
+    gen = L.entry_gen(buf, lay.entry(2))
+    table.push_free(2, 0)
+    assert L.entry_state(buf, lay.entry(2)) == L.FREE and L.entry_gen(buf, lay.entry(2)) == gen + 1
+    assert table.new_entry() == 2 and table.new_entry() == -1
+
+
+def test_keep_entry_uncounts_and_reserves_for_a_client():
+    buf, lay, table = make()
+    put(buf, lay, table, 5, b"x")
+    table.unlink(5, table.bucket_of(5))
+    gen = table.keep_entry(5, slot=1)
+    e = L.entry_raw(buf, lay.entry(5))
+    assert e[L.E_STATE] == L.RESERVED and e[L.E_WRITER] == 1 and e[L.E_GEN] == gen == 1
+    assert L.stats_table(buf, lay)["objects"].sum() == 0 and L.stats_table(buf, lay)["used"].sum() == 0
+
+
+def test_prune_chains_drops_what_is_not_live_and_cuts_loops():
+    buf, lay, table = make(nstripes=1)
+    for i in range(6):
+        put(buf, lay, table, i, f"k{i}".encode())
+    L.set_entry_state(buf, lay.entry(2), L.DELETED)  # hidden but still linked: a delete killed half way
+    L.set_entry_state(buf, lay.entry(4), L.FREE)
+    linked = table.prune_chains(0)
+    assert sorted(linked) == [0, 1, 3, 5]
+    b = table.bucket_of(3)  # a chain that loops back on itself
+    L.set_entry_next(buf, lay.entry(3), 4)  # 3 -> 3 (1-based)
+    L.set_bucket_head(buf, lay.bucket(b), 4)
+    assert 3 in table.prune_chains(0)
+
+
+def test_repair_stats_counts_again_from_the_entries():
+    buf, lay, table = make(nstripes=2)
+    for i in range(10):
+        put(buf, lay, table, i, f"k{i}".encode(), level=L.LEVEL_DISK if i % 2 else L.LEVEL_MEMORY)
+    L.set_entry_state(buf, lay.entry(3), L.DELETED)
+    want = L.stats_table(buf, lay).copy()
+    L.stats_table(buf, lay)[:] = np.zeros(1, L.STATS_DTYPE)  # lost: a holder died mid-update
+    for s in range(lay.nstripes):
+        table.repair_stats(s)
+    got = L.stats_table(buf, lay)
+    assert (got["used"] == want["used"]).all() and (got["objects"] == want["objects"]).all()
+    assert got["deleted"].sum() == 1
+
+
+def test_pin_counts_per_entry_and_client():
+    buf, lay, table = make()
+    pins = L.pin_table(buf, lay)
+    pins[0, 7] = pins[1, 7] = pins[1, 9] = 1
+    assert table.pin_count(7) == 2 and table.pin_count(9) == 1 and table.pin_count(8) == 0
+    assert list(table.pinned_by(1)) == [7, 9]
+    table.unpin(1, 7)
+    assert table.pin_count(7) == 1
+    table.clear_pins(0)
+    assert table.pin_counts().sum() == 1
