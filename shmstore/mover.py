@@ -144,7 +144,7 @@ class Mover:
             self._give_up_spill(idx, e[L.E_GEN], size)
             return 0
         with node.alloc_lock:  # the entry names its new copy before the old one is freed
-            L.ENTRY_HEAD.pack_into(buf, eoff, *self._moved(now, 0, 0, L.LEVEL_DISK))
+            L.pack_entry(buf, eoff, self._moved(now, 0, 0, L.LEVEL_DISK))
             if not now[L.E_FLAGS] & L.FLAG_IN_CHUNK:
                 node.alloc.free_owned(now[L.E_EXTENT], idx + 1)
         soff = lay.stripe_stats(node.table.stripe_of(idx))
@@ -195,7 +195,7 @@ class Mover:
                 self._abort_restore(idx, rec)
                 return 0
             with node.alloc_lock:
-                L.ENTRY_HEAD.pack_into(buf, lay.entry(idx), *self._moved(now, off, rec, L.LEVEL_MEMORY))
+                L.pack_entry(buf, lay.entry(idx), self._moved(now, off, rec, L.LEVEL_MEMORY))
                 self._disk_refund(size)
             soff = lay.stripe_stats(node.table.stripe_of(idx))
             L.add_stripe_stats(buf, soff, L.LEVEL_DISK, -size, -1)

@@ -29,18 +29,35 @@ def test_pure_python_kernel_passes_the_store_tests():
     assert " passed" in r.stdout and " failed" not in r.stdout
 
 
-def test_fast_path_offsets_match_the_entry_layout():
+def test_fast_path_is_configured_from_the_entry_declaration():
     from shmstore.kernel import layout as L
-    codes = L.ENTRY_HEAD.format.lstrip("<").rstrip("4x")  # one letter per field, then padding
-    assert len(codes) == 18
-    field = {i: L.struct.calcsize("<" + codes[:i]) for i in range(18)}  # offset of field i
     lay = L.fast_path_layout()
-    assert lay[0] == L.ENTRY_SIZE
-    assert (lay[1], lay[2], lay[3], lay[4], lay[5]) == (field[L.E_HASH], field[L.E_NEXT], field[L.E_KEYLEN],
-                                                        field[L.E_SESSION], field[L.E_STATE])
-    assert (lay[11], lay[12], lay[13], lay[14], lay[15], lay[16]) == (
-        field[L.E_OFFSET], field[L.E_NBYTES], field[L.E_ATIME], field[L.E_GEN], field[L.E_KIND], field[L.E_LEVEL])
-    assert (lay[7], lay[8], lay[17], lay[18]) == (L.SEALED, L.WRITING, L.MAX_KEY, L.DELETED)
+    for f in L.ENTRY_HEAD.fields:
+        if f.name != "pins":  # reserved: C never touches it
+            assert lay[f"{f.name}_off"] == f.offset, f.name
+    assert (lay["entry_size"], lay["array_off"], lay["key_off"]) == (L.ENTRY_SIZE, L.ENTRY_ARRAY_OFFSET,
+                                                                     L.ENTRY_KEY_OFFSET)
+    assert lay["stats_objects_off"] == L.STRIPE_STATS.offset["objects"]
+
+
+def test_c_insert_writes_every_field_where_python_reads_it(store):
+    """The C fast path writes an entry field by field; Python reads it through the declaration."""
+    import numpy as np
+
+    from shmstore.kernel import layout as L
+    k = store._kernel
+    if k._fast is None:
+        pytest.skip("the C fast path is not built here (pure-Python kernel)")
+    a = np.arange(12, dtype=np.int16).reshape(3, 4)
+    store.put("arr", a)
+    idx, e, array = k.lookup("arr", b"arr", False)
+    head = L.unpack_entry(k._buf, k._lay.entry(idx))
+    assert (head.size, head.nbytes, head.state, head.kind, head.level) == (64, 24, L.SEALED, L.KIND_NDARRAY,
+                                                                          L.LEVEL_MEMORY)
+    assert (head.keylen, head.session, head.writer, head.flags) == (3, k.sid, k.slot, L.FLAG_IN_CHUNK)
+    assert head.hash == __import__("zlib").crc32(b"arr", k.sid) and head.extent > 0 and head.pins == 0
+    assert array == (np.dtype(np.int16), (3, 4), "C")
+    assert L.entry_key(k._buf, k._lay.entry(idx), 3) == b"arr"
 
 
 def test_fast_get_refreshes_the_access_time_and_releases_its_pin(store):

@@ -30,7 +30,7 @@ def test_bytes_like_values_are_raw(value):
 def test_plain_arrays_take_the_ndarray_path_with_their_meta(a):
     enc = serialize.encode(a)
     assert enc.kind == L.KIND_NDARRAY and enc.nbytes == a.nbytes and enc.size == a.nbytes
-    dtype, ndim, order, *dims = L.ENTRY_ARRAY.unpack(enc.meta)
+    dtype, ndim, order, *dims = L.ENTRY_ARRAY.struct.unpack(enc.meta)
     assert dtype.rstrip(b"\0").decode() == a.dtype.str and ndim == a.ndim and tuple(dims[:ndim]) == a.shape
     assert order == (1 if a.flags.f_contiguous and not a.flags.c_contiguous else 0)
 

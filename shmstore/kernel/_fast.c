@@ -21,7 +21,7 @@
 
 static Py_ssize_t ENTRY_SIZE, HASH_OFF, NEXT_OFF, KEYLEN_OFF, SESSION_OFF, STATE_OFF, KEY_OFF, ARRAY_OFF;
 static Py_ssize_t STATS_OBJECTS_OFF, OFFSET_OFF, NBYTES_OFF, ATIME_OFF, GEN_OFF, KIND_OFF, LEVEL_OFF, MAX_KEY;
-static Py_ssize_t WRITER_OFF;
+static Py_ssize_t WRITER_OFF, SIZE_OFF, CTIME_OFF, EXTENT_OFF, NBLOBS_OFF, FLAGS_OFF;
 static long SEALED, WRITING, DELETED, RESERVED;
 
 /* Return codes, the same as fastpath.codes on the Python side. */
@@ -29,12 +29,36 @@ enum { RC_MISSING = -1, RC_BUSY = -2, RC_OWNER_DEAD = -3, RC_BEING_WRITTEN = -4,
 static int configured;
 static uint32_t crc_table[256];
 
+/* One value of layout.fast_path_layout()'s dict; -1 with an exception set when missing. */
+static Py_ssize_t setting(PyObject *d, const char *name) {
+    PyObject *v = PyDict_GetItemString(d, name);
+    if (v == NULL) {
+        PyErr_Format(PyExc_KeyError, "fast path layout lacks %s", name);
+        return -1;
+    }
+    return PyLong_AsSsize_t(v);
+}
+
+/* configure(layout): offsets and constants by name, from layout.fast_path_layout(). */
 static PyObject *configure(PyObject *self, PyObject *args) {
-    if (!PyArg_ParseTuple(args, "nnnnnnnllnnnnnnnnnlnl", &ENTRY_SIZE, &HASH_OFF, &NEXT_OFF, &KEYLEN_OFF, &SESSION_OFF,
-                          &STATE_OFF, &KEY_OFF, &SEALED, &WRITING, &ARRAY_OFF, &STATS_OBJECTS_OFF, &OFFSET_OFF,
-                          &NBYTES_OFF, &ATIME_OFF, &GEN_OFF, &KIND_OFF, &LEVEL_OFF, &MAX_KEY, &DELETED, &WRITER_OFF,
-                          &RESERVED))
+    PyObject *d;
+    if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d))
         return NULL;
+    struct { const char *name; Py_ssize_t *dst; } offs[] = {
+        {"entry_size", &ENTRY_SIZE}, {"hash_off", &HASH_OFF}, {"next_off", &NEXT_OFF}, {"keylen_off", &KEYLEN_OFF},
+        {"session_off", &SESSION_OFF}, {"state_off", &STATE_OFF}, {"key_off", &KEY_OFF}, {"array_off", &ARRAY_OFF},
+        {"stats_objects_off", &STATS_OBJECTS_OFF}, {"offset_off", &OFFSET_OFF}, {"nbytes_off", &NBYTES_OFF},
+        {"atime_off", &ATIME_OFF}, {"gen_off", &GEN_OFF}, {"kind_off", &KIND_OFF}, {"level_off", &LEVEL_OFF},
+        {"max_key", &MAX_KEY}, {"writer_off", &WRITER_OFF}, {"size_off", &SIZE_OFF}, {"ctime_off", &CTIME_OFF},
+        {"extent_off", &EXTENT_OFF}, {"nblobs_off", &NBLOBS_OFF}, {"flags_off", &FLAGS_OFF}};
+    for (size_t i = 0; i < sizeof offs / sizeof offs[0]; i++)
+        if ((*offs[i].dst = setting(d, offs[i].name)) < 0)
+            return NULL;
+    struct { const char *name; long *dst; } consts[] = {
+        {"sealed", &SEALED}, {"writing", &WRITING}, {"deleted", &DELETED}, {"reserved", &RESERVED}};
+    for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
+        if ((*consts[i].dst = (long)setting(d, consts[i].name)) < 0)
+            return NULL;
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
         for (int k = 0; k < 8; k++)
@@ -104,35 +128,35 @@ static int count_pin(PyObject *pins, Py_ssize_t idx, unsigned long long pins_add
     return rc;
 }
 
-/* insert(meta, buckets, entries, b, h, sid, key, lock, idx, head, array, stats, level, nbytes
- *        [, data, dst]) ->
- *   0 when entry idx (head: its packed ENTRY_HEAD, array: its ENTRY_ARRAY bytes or
- *   None) is written, keyed, counted in its stripe (stats: that stripe's record;
- *   nbytes on ``level``) and linked at the head of bucket b; RC_BUSY/RC_OWNER_DEAD as
- *   try_take; RC_BEING_WRITTEN or RC_EXISTS when the key is being written or exists;
- *   RC_STOLEN when entry idx is no longer reserved for head's writer with head's
- *   generation (another client took it from this one's batch: see cache.py). With
- *   ``data`` (a contiguous buffer), its bytes are first copied to address ``dst``
- *   (space this writer owns, not yet visible), so a head whose state is SEALED
- *   publishes a whole object in one call. */
+/* Store a value of type T at byte offset off of entry e. */
+#define PUT(e, off, T, v) do { T v_ = (T)(v); memcpy((e) + (off), &v_, sizeof v_); } while (0)
+
+/* insert(meta, buckets, entries, b, h, sid, key, lock, idx, gen, writer, offset, size, nbytes, ctime, extent,
+ *        nblobs, kind, flags, state, array, stats, level[, data, dst]) ->
+ *   0 when entry idx is written field by field (at the offsets configure() was given; every other field of
+ *   the head 0), its ENTRY_ARRAY bytes copied from ``array`` (or None), keyed, counted in its stripe (stats:
+ *   that stripe's record; ``size`` bytes on ``level``) and linked at the head of bucket b, then given
+ *   ``state``; RC_BUSY/RC_OWNER_DEAD as try_take; RC_BEING_WRITTEN or RC_EXISTS when the key is being
+ *   written or exists; RC_STOLEN when entry idx is no longer reserved for ``writer`` with generation
+ *   ``gen`` (another client took it from this one's batch: see cache.py). With ``data`` (a contiguous
+ *   buffer), its bytes are first copied to address ``dst`` (space this writer owns, not yet visible), so
+ *   a ``state`` of SEALED publishes a whole object in one call. */
 static PyObject *insert(PyObject *self, PyObject *args) {
-    unsigned long long meta, lock, stats;
-    Py_ssize_t buckets, entries, b, klen, idx, level, hlen, nbytes;
-    unsigned long h, sid;
-    const char *key, *head;
+    unsigned long long meta, lock, stats, offset, size, nbytes, dst = 0;
+    Py_ssize_t buckets, entries, b, klen, idx, level;
+    unsigned long h, sid, gen, nblobs;
+    long writer, extent, kind, flags, state;
+    double ctime;
+    const char *key;
     PyObject *array, *data = Py_None;
-    unsigned long long dst = 0;
     if (!configured) {
         PyErr_SetString(PyExc_RuntimeError, "_fast.configure() was not called");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "Knnnkky#Kny#OKnn|OK", &meta, &buckets, &entries, &b, &h, &sid, &key, &klen, &lock,
-                          &idx, &head, &hlen, &array, &stats, &level, &nbytes, &data, &dst))
+    if (!PyArg_ParseTuple(args, "Knnnkky#KnklKKKdlklllOKn|OK", &meta, &buckets, &entries, &b, &h, &sid, &key,
+                          &klen, &lock, &idx, &gen, &writer, &offset, &size, &nbytes, &ctime, &extent, &nblobs,
+                          &kind, &flags, &state, &array, &stats, &level, &data, &dst))
         return NULL;
-    if (hlen < GEN_OFF + 4 || hlen < WRITER_OFF + 4) {
-        PyErr_SetString(PyExc_ValueError, "entry head too short");
-        return NULL;
-    }
     if (data != Py_None) {
         Py_buffer db;
         if (PyObject_GetBuffer(data, &db, PyBUF_ANY_CONTIGUOUS) < 0)
@@ -144,27 +168,43 @@ static PyObject *insert(PyObject *self, PyObject *args) {
     Py_buffer ab = {0};
     if (array != Py_None && PyObject_GetBuffer(array, &ab, PyBUF_SIMPLE) < 0)
         return NULL;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock */
+    double atime = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
     pthread_mutex_t *m = (pthread_mutex_t *)(uintptr_t)lock;
     int rc = try_take(m);
     if (rc == 0) {
         char *base = (char *)(uintptr_t)meta;
         Py_ssize_t found_off = 0;
         char *e = base + entries + idx * ENTRY_SIZE;
-        uint32_t gen, want_gen;
-        int32_t writer, want_writer;
-        memcpy(&gen, e + GEN_OFF, 4);
-        memcpy(&want_gen, head + GEN_OFF, 4);
-        memcpy(&writer, e + WRITER_OFF, 4);
-        memcpy(&want_writer, head + WRITER_OFF, 4);
+        uint32_t have_gen;
+        int32_t have_writer;
+        memcpy(&have_gen, e + GEN_OFF, 4);
+        memcpy(&have_writer, e + WRITER_OFF, 4);
         if (find(base, buckets, entries, b, h, sid, key, klen, &found_off) >= 0) {
             rc = (unsigned char)base[found_off + STATE_OFF] == WRITING ? RC_BEING_WRITTEN : RC_EXISTS;
-        } else if ((unsigned char)e[STATE_OFF] != RESERVED || gen != want_gen || writer != want_writer) {
+        } else if ((unsigned char)e[STATE_OFF] != RESERVED || have_gen != gen || have_writer != writer) {
             rc = RC_STOLEN;
         } else {
-            memcpy(e, head, (size_t)hlen);
+            memset(e, 0, (size_t)ARRAY_OFF); /* the head: fields not written below are 0 */
+            PUT(e, OFFSET_OFF, uint64_t, offset);
+            PUT(e, SIZE_OFF, uint64_t, size);
+            PUT(e, NBYTES_OFF, uint64_t, nbytes);
+            PUT(e, ATIME_OFF, double, atime);
+            PUT(e, CTIME_OFF, double, ctime);
+            PUT(e, HASH_OFF, uint32_t, h);
+            PUT(e, GEN_OFF, uint32_t, gen);
+            PUT(e, WRITER_OFF, int32_t, writer);
+            PUT(e, EXTENT_OFF, int32_t, extent);
+            PUT(e, NBLOBS_OFF, uint32_t, nblobs);
+            PUT(e, KEYLEN_OFF, uint16_t, klen);
+            PUT(e, SESSION_OFF, uint16_t, sid);
+            PUT(e, KIND_OFF, uint8_t, kind);
+            PUT(e, LEVEL_OFF, uint8_t, level);
+            PUT(e, FLAGS_OFF, uint8_t, flags);
             /* writing until linked: sealed and not in a chain is what a delete killed half way
              * leaves, so nothing else may ever look like that (list() shows sealed entries) */
-            ((volatile char *)e)[STATE_OFF] = (char)WRITING;
+            PUT(e, STATE_OFF, uint8_t, WRITING);
             if (ab.buf)
                 memcpy(e + ARRAY_OFF, ab.buf, (size_t)ab.len);
             memcpy(e + KEY_OFF, key, (size_t)klen);
@@ -172,7 +212,7 @@ static PyObject *insert(PyObject *self, PyObject *args) {
             int64_t used, objects;
             memcpy(&used, st + 8 * level, 8);
             memcpy(&objects, st + STATS_OBJECTS_OFF, 8);
-            used += nbytes;
+            used += (int64_t)size;
             objects += 1;
             memcpy(st + 8 * level, &used, 8);
             memcpy(st + STATS_OBJECTS_OFF, &objects, 8);
@@ -180,7 +220,7 @@ static PyObject *insert(PyObject *self, PyObject *args) {
             memcpy(&first, base + buckets + 4 * b, 4);
             memcpy(e + NEXT_OFF, &first, 4);
             memcpy(base + buckets + 4 * b, &rec, 4); /* the publishing store, after the entry is whole */
-            ((volatile char *)e)[STATE_OFF] = head[STATE_OFF]; /* sealed now, if the head says so */
+            ((volatile char *)e)[STATE_OFF] = (char)state; /* sealed now, if asked */
         }
         pthread_mutex_unlock(m);
     }

@@ -32,5 +32,5 @@ def load() -> ModuleType | None:
         from . import _fast
     except ImportError:
         return None
-    _fast.configure(*L.fast_path_layout())
+    _fast.configure(L.fast_path_layout())
     return _fast

@@ -69,7 +69,8 @@ class Table:
         mine = live & self.stripe_mask(stripe)
         used = [int(t["size"][mine & (t["level"] == lv)].sum()) for lv in range(3)]
         deleted = int((mine & (t["state"] == L.DELETED)).sum())
-        L.STRIPE_STATS.pack_into(self.buf, self.layout.stripe_stats(stripe), *used, int(mine.sum()), deleted)
+        L.STRIPE_STATS.pack(self.buf, self.layout.stripe_stats(stripe), used=used, objects=int(mine.sum()),
+                            deleted=deleted)
 
     def prune_chains(self, stripe: int) -> np.ndarray:
         """Unlink from the stripe's chains whatever is not a live entry of that bucket (stripe lock held).
@@ -172,8 +173,7 @@ class Table:
         eoff = self.layout.entry(idx)
         e = L.entry_raw(self.buf, eoff)
         gen = (e[L.E_GEN] + 1) & 0xFFFFFFFF
-        L.ENTRY_HEAD.pack_into(self.buf, eoff, 0, 0, 0, 0.0, 0.0, e[L.E_HASH], 0, gen, 0, slot, 0, 0, 0, 0,
-                               L.RESERVED, 0, 0, 0)
+        L.ENTRY_HEAD.pack(self.buf, eoff, hash=e[L.E_HASH], gen=gen, writer=slot, state=L.RESERVED)
         return gen
 
     def release_entry(self, idx: int) -> None:
@@ -196,8 +196,7 @@ class Table:
         next_unused, free_head = L.entry_cursor(self.buf)
         eoff = self.layout.entry(idx)
         gen = (L.entry_gen(self.buf, eoff) + 1) & 0xFFFFFFFF
-        L.ENTRY_HEAD.pack_into(self.buf, eoff, 0, 0, 0, 0.0, 0.0, h, free_head, gen, 0, -1, 0, 0, 0, 0, L.FREE,
-                               0, 0, 0)
+        L.ENTRY_HEAD.pack(self.buf, eoff, hash=h, next=free_head, gen=gen, writer=-1, state=L.FREE)
         L.set_entry_cursor(self.buf, next_unused, idx + 1)
 
     # ---- pins ----------------------------------------------------------------

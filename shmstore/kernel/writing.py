@@ -159,20 +159,21 @@ class Writing:
                 if not owns_entry(buf, eoff, self.slot, gen):
                     raise _Stolen
                 ctime = time.time()
-                head = [0, stored, nbytes, _monotonic(), ctime, h, 0, gen, 0, self.slot, 0, nblobs, len(kb),
-                        self.sid, L.WRITING, kind, level, 0]
+                head = {"size": stored, "nbytes": nbytes, "atime": _monotonic(), "ctime": ctime, "hash": h,
+                        "gen": gen, "writer": self.slot, "nblobs": nblobs, "keylen": len(kb), "session": self.sid,
+                        "state": L.WRITING, "kind": kind, "level": level}
                 if level != _MEMORY:
                     off = 0
-                    self._reserve_disk(key, stored, lambda: self._write_entry(eoff, head, 0, 0, meta, kb))
+                    self._reserve_disk(key, stored, lambda: self._write_entry(eoff, head, meta, kb))
                 else:
                     with cache.chunk_lock:
                         rec, off = cache.carve(stored) if stored <= cache.small_max else (0, 0)
                         if rec:
-                            head[L.E_FLAGS] = L.FLAG_IN_CHUNK
-                            self._write_entry(eoff, head, off, rec, meta, kb)
+                            self._write_entry(eoff, dict(head, offset=off, extent=rec, flags=L.FLAG_IN_CHUNK),
+                                              meta, kb)
                     if not rec:
                         rec, off = self._alloc_extent(key, idx, gen, stored)
-                        self._write_entry(eoff, head, off, rec, meta, kb)
+                        self._write_entry(eoff, dict(head, offset=off, extent=rec), meta, kb)
                 L.add_stripe_stats(buf, lay.stripe_stats(stripe), level, stored, 1)
                 self._table.link(idx, b)
         except _Stolen:
@@ -184,10 +185,9 @@ class Writing:
             raise
         return idx, off, stored, ctime, stripe
 
-    def _write_entry(self, eoff: int, head: list, off: int, rec: int, meta: bytes | None, kb: bytes) -> None:
+    def _write_entry(self, eoff: int, head: dict[str, Any], meta: bytes | None, kb: bytes) -> None:
         buf = self._buf
-        head[L.E_OFFSET], head[L.E_EXTENT] = off, rec
-        L.ENTRY_HEAD.pack_into(buf, eoff, *head)
+        L.ENTRY_HEAD.pack(buf, eoff, **head)
         if meta is not None:
             L.set_entry_array(buf, eoff, meta)
         L.set_entry_key(buf, eoff, kb)
@@ -231,13 +231,11 @@ class Writing:
                     self.node.ensure_populated(off, enc.size, key)
                 data = enc.src
             ctime = time.time()
-            head = L.ENTRY_HEAD.pack(off, stored, nbytes, _monotonic(), ctime, h, 0, gen, 0, self.slot, rec, nblobs,
-                                     len(kb), self.sid, L.WRITING if data is None else L.SEALED, kind, _MEMORY,
-                                     flags)
             rc = self._fast.insert(self._meta_addr, lay.buckets, lay.entries, b, h, self.sid, kb,
-                                   self._stripe_addrs[stripe], idx, head, meta,
-                                   self._meta_addr + lay.stripe_stats(stripe), _MEMORY, stored,
-                                   data, self._arena_addr + off)
+                                   self._stripe_addrs[stripe], idx, gen, self.slot, off, stored, nbytes, ctime,
+                                   rec, nblobs, kind, flags, L.WRITING if data is None else L.SEALED, meta,
+                                   self._meta_addr + lay.stripe_stats(stripe), _MEMORY, data,
+                                   self._arena_addr + off)
         except BaseException:
             self._unplace(idx, rec, flags)
             self._cache.entries.append((idx, gen))

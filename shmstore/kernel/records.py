@@ -1,0 +1,188 @@
+"""Binary records declared once: a table of fields gives the struct, numpy dtype, indices and docs.
+
+A record is declared as a small table, one field per line::
+
+    EXTENT = Record("EXTENT", 40, '''
+        0   offset     u64  arena offset
+        8   size       u64  bytes
+        ...
+    ''')
+
+(byte offset, name, type, meaning). Types: ``u8 u16 u32 u64 i32 i64 f64``,
+``bytes<N>``, and arrays such as ``i64[8]``. Everything else derives from the
+table: :attr:`Record.struct` (the fields in offset order, gaps as pad bytes,
+up to the end of the last field), :attr:`Record.dtype` (for vectorised scans),
+the position of each field in an unpacked tuple (:meth:`Record.indices`), its
+byte offset (:attr:`Record.offset`), keyword packing (:meth:`Record.pack`) and
+the documentation table (:meth:`Record.doc`). Adding a field is one line.
+
+Writes of single fields go through :meth:`Record.field` (a struct of that
+field alone): a struct that spans other fields would write its pad bytes as
+zeros over them.
+"""
+from __future__ import annotations
+
+import collections
+import re
+import struct
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = ["Record", "Field"]
+
+_CODES = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "i32": "i", "i64": "q", "f64": "d"}
+_DTYPES = {"u8": "u1", "u16": "<u2", "u32": "<u4", "u64": "<u8", "i32": "<i4", "i64": "<i8", "f64": "<f8"}
+_ARRAY = re.compile(r"^([a-z0-9]+)\[(\d+)\]$")
+_BYTES = re.compile(r"^bytes(\d+)$")
+
+
+class Field(NamedTuple):
+    offset: int
+    name: str
+    type: str
+    doc: str
+    code: str      # struct code of the field alone ("Q", "16s", "8q")
+    size: int      # bytes
+    count: int     # values it unpacks to (8 for i64[8], 1 otherwise)
+
+
+def _field(offset: int, name: str, type_: str, doc: str) -> Field:
+    if type_ in _CODES:
+        code, count = _CODES[type_], 1
+    elif _BYTES.match(type_):
+        code, count = _BYTES.match(type_).group(1) + "s", 1  # type: ignore[union-attr]
+    elif _ARRAY.match(type_):
+        base, n = _ARRAY.match(type_).groups()  # type: ignore[union-attr]
+        code, count = n + _CODES[base], int(n)
+    else:
+        raise ValueError(f"field {name!r}: unknown type {type_!r}")
+    return Field(offset, name, type_, doc, code, struct.calcsize("<" + code), count)
+
+
+class Record:
+    """One binary record type: its fields, and what derives from them.
+
+    Immutable after construction; owns no memory (its methods take a buffer
+    and an offset). Thread-safe.
+    """
+
+    def __init__(self, name: str, size: int, table: str) -> None:
+        self.name, self.size = name, size
+        fields = []
+        for line in table.strip().splitlines():
+            off, fname, ftype, *doc = line.split(None, 3)
+            fields.append(_field(int(off), fname, ftype, doc[0] if doc else ""))
+        self.fields = sorted(fields)
+        pos, code = 0, "<"
+        for f in self.fields:
+            if f.offset < pos:
+                raise ValueError(f"{name}: field {f.name!r} at {f.offset} overlaps the one before")
+            code += (f"{f.offset - pos}x" if f.offset > pos else "") + f.code
+            pos = f.offset + f.size
+        if pos > size:
+            raise ValueError(f"{name}: fields end at {pos}, past its size {size}")
+        self.struct = struct.Struct(code)
+        self.offset = {f.name: f.offset for f in self.fields}
+        self._index, i = {}, 0
+        for f in self.fields:
+            self._index[f.name] = i
+            i += f.count
+        self.tuple = collections.namedtuple(name.title().replace("_", ""), [f.name for f in self.fields])
+        self.dtype = np.dtype({"names": [f.name for f in self.fields],
+                               "formats": [self._dtype_of(f) for f in self.fields],
+                               "offsets": [f.offset for f in self.fields], "itemsize": size})
+        self._fields = {f.name: struct.Struct("<" + f.code) for f in self.fields}
+
+    @staticmethod
+    def _dtype_of(f: Field) -> Any:
+        if f.type in _DTYPES:
+            return _DTYPES[f.type]
+        if f.code.endswith("s"):
+            return f"S{f.size}"
+        base, n = _ARRAY.match(f.type).groups()  # type: ignore[union-attr]
+        return (_DTYPES[base], (int(n),))
+
+    # ---- access -----------------------------------------------------------------
+    def indices(self, *names: str) -> tuple[int, ...]:
+        """Positions of ``names`` in a tuple from ``struct.unpack_from`` (for hot paths).
+
+        Raises:
+            KeyError: a name the record does not have.
+        """
+        return tuple(self._index[n] for n in names)
+
+    def field(self, name: str) -> struct.Struct:
+        """A struct of field ``name`` alone, to read or write it at ``offset + self.offset[name]``."""
+        return self._fields[name]
+
+    def get(self, buf: Any, off: int, name: str) -> Any:
+        return self._fields[name].unpack_from(buf, off + self.offset[name])[0]
+
+    def set(self, buf: Any, off: int, name: str, value: Any) -> None:
+        self._fields[name].pack_into(buf, off + self.offset[name], value)
+
+    def unpack(self, buf: Any, off: int = 0) -> Any:
+        """The record at ``off`` as a named tuple (arrays as tuples)."""
+        flat = self.struct.unpack_from(buf, off)
+        values, i = [], 0
+        for f in self.fields:
+            values.append(flat[i] if f.count == 1 else flat[i: i + f.count])
+            i += f.count
+        return self.tuple._make(values)
+
+    def pack(self, buf: Any, off: int, **values: Any) -> None:
+        """Write the whole record at ``off``: named fields, every other field 0 (pads too).
+
+        Raises:
+            TypeError: a name the record does not have.
+        """
+        unknown = set(values) - self.offset.keys()
+        if unknown:
+            raise TypeError(f"{self.name} has no field(s) {', '.join(sorted(unknown))}")
+        self.struct.pack_into(buf, off, *self.flat(values))
+
+    def flat(self, values: dict[str, Any]) -> list[Any]:
+        """The values of a whole record in struct order, 0 (or b"") for those not given."""
+        out: list[Any] = []
+        for f in self.fields:
+            v = values.get(f.name)
+            if f.count > 1:
+                out.extend(v if v is not None else [0] * f.count)
+            else:
+                out.append(v if v is not None else (b"" if f.code.endswith("s") else 0))
+        return out
+
+    def span(self, first: str, last: str) -> struct.Struct:
+        """A struct of the fields from ``first`` to ``last`` (in offset order), at ``offset[first]``.
+
+        Pads between them are written as zeros: only for runs whose gaps are unused.
+        """
+        names = [f.name for f in self.fields]
+        run = self.fields[names.index(first): names.index(last) + 1]
+        pos, code = run[0].offset, "<"
+        for f in run:
+            code += (f"{f.offset - pos}x" if f.offset > pos else "") + f.code
+            pos = f.offset + f.size
+        return struct.Struct(code)
+
+    def table_dtype(self, itemsize: int, *parts: tuple[int, "Record", str, tuple[str, ...]]) -> np.dtype:
+        """A dtype for arrays of slots of ``itemsize`` bytes holding this record at 0 and, for each
+        ``(offset, record, prefix, names)`` in ``parts``, those fields of another record, prefixed."""
+        names = [f.name for f in self.fields]
+        formats = [self._dtype_of(f) for f in self.fields]
+        offsets = [f.offset for f in self.fields]
+        for base, rec, prefix, wanted in parts:
+            for f in rec.fields:
+                if f.name in wanted:
+                    names.append(prefix + f.name)
+                    formats.append(rec._dtype_of(f))
+                    offsets.append(base + f.offset)
+        return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": itemsize})
+
+    # ---- documentation -----------------------------------------------------------
+    def doc(self) -> str:
+        """The record's table for the module documentation."""
+        head = f"{self.name} ({self.size} bytes)::\n\n    off  size type      field"
+        rows = [f"    {f.offset:<4} {f.size:<4} {f.type:<9} {f.name}: {f.doc}" for f in self.fields]
+        return "\n".join([head] + rows)
