@@ -21,9 +21,9 @@ from .errors import (InvalidArgumentError, ObjectLockedError, ObjectNotFoundErro
                      StorageFullError)
 from .kernel import Kernel, NodeStore, encode_key
 from .kernel import layout as L
-from .kernel import requests
 from .levels import Capacity, Level, ObjectInfo
-from .policy import spill_candidates
+from .spill import requests
+from .spill.policy import spill_candidates
 from .units import format_size
 
 __all__ = ["Placement", "DEFAULT_PUT_LEVELS"]

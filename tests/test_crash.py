@@ -256,7 +256,7 @@ def test_reader_killed_holding_pins_while_another_deletes(crash_store):
 
 def _mover_context(store):
     """The child as the spill process: the real one is stopped, the child moves with its own Mover."""
-    from shmstore.mover import Mover
+    from shmstore.spill.mover import Mover
 
     def prepare():
         node = NodeStore.open(store.config, create=False)
@@ -335,7 +335,7 @@ def test_allocator_repair_during_a_move_keeps_the_movers_extents(crash_store, di
     """Regression: the ALLOC repair renumbered every extent, and a mover that had read its object's
     extent before the repair freed a stale number after it: 'double free of extent N', or another
     object's space handed out again (corrupt reads)."""
-    from shmstore.mover import Mover
+    from shmstore.spill.mover import Mover
     store = crash_store
     others = {f"o{i}": np.full(100_000, i) for i in range(8)}
     for k, v in others.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from shmstore.kernel import layout as L
-from shmstore.policy import spill_candidates, watermark_excess
+from shmstore.spill.policy import spill_candidates, watermark_excess
 
 
 def table(rows):

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from shmstore.kernel import layout as L
-from shmstore.kernel import requests
+from shmstore.spill import requests
 
 
 @pytest.fixture

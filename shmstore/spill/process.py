@@ -33,14 +33,15 @@ import signal
 import sys
 import time
 
-from .config import Config
-from .errors import ShmStoreError
-from .kernel import NodeStore
-from .kernel import layout as L
-from .kernel import migrations, requests
-from .kernel.janitor import janitor_pass, sweep_deleted
+from ..config import Config
+from ..errors import ShmStoreError
+from ..kernel import NodeStore
+from ..kernel import layout as L
+from ..kernel import migrations
+from ..kernel.janitor import janitor_pass, sweep_deleted
+from ..units import format_size
+from . import requests
 from .mover import MoveError, Mover
-from .units import format_size
 
 __all__ = ["main", "POLL"]
 
@@ -175,7 +176,3 @@ def main(argv: list[str] | None = None) -> int:
         return spiller.run()
     finally:
         node.close()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -31,13 +31,13 @@ import time
 
 import numpy as np
 
-from .disk import SpillDir
-from .errors import SpillError
-from .kernel import layout as L
-from .kernel.node import NodeStore
-from .kernel.repair import disk_charged
+from ..disk import SpillDir
+from ..errors import SpillError
+from ..kernel import layout as L
+from ..kernel.node import NodeStore
+from ..kernel.repair import disk_charged
+from ..units import format_size
 from .policy import spill_candidates, watermark_excess
-from .units import format_size
 
 __all__ = ["Mover", "MoveError"]
 

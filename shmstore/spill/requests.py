@@ -15,8 +15,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from . import layout as L
-from .node import NodeStore
+from ..kernel import layout as L
+from ..kernel.node import NodeStore
 
 __all__ = ["submit", "wait", "pending", "complete"]
 
