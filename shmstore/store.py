@@ -54,7 +54,7 @@ class Store:
             self._kernel.on_detach = self._on_detach
             self._placement = Placement(self._kernel, node, config)
             node.ensure_spill()
-            node.start_populating(config.prefault)
+            node.prefault.start(config.prefault)
         except BaseException:
             node.deregister(slot)
             node.close()

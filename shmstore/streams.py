@@ -54,7 +54,7 @@ class Writer:
         kernel.writers.add(self)
         try:
             if level == L.LEVEL_MEMORY:
-                kernel.node.ensure_populated(off, self.size, key)
+                kernel.node.prefault.ensure(off, self.size, key)
                 self._dst = kernel.writable(off, self.size)
             else:
                 self._open_file()

@@ -35,11 +35,12 @@ from . import layout as L
 from ..views import Lease, SharedArray
 from . import fastpath
 from .fastpath import codes as _codes
+from .attach import Attachment
 from .cache import ClientCache
 from .keys import encode_key
-from .pins import Pinning
-from .writing import Writing
 from .node import NodeStore
+from .pins import ATIME_GRAIN, Pins
+from .writing import Puts
 
 __all__ = ["Kernel", "encode_key"]
 
@@ -48,7 +49,6 @@ _DTYPES: dict[bytes, np.dtype] = {}
 _FORKS = [0]
 os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
 _MEMORY = int(Level.MEMORY)
-_ATIME_GRAIN = 0.05   # seconds
 _ARRAY_CACHE = 65536  # (dtype, shape, order) of arrays this process got recently
 _monotonic = time.monotonic
 _crc32 = zlib.crc32
@@ -62,12 +62,13 @@ def _dtype(raw: bytes) -> np.dtype:
     return dt
 
 
-class Kernel(Writing, Pinning):
+class Kernel:
     """One client's verbs on one node store and session; never waits.
 
-    Owns its client slot (given back by ``close``) but not the node store's
-    segments. Process-safe through the store's locks; thread-safe. Not usable
-    in a child after ``fork``: connect again there.
+    Owns its client slot (given back by ``close``), its pins (:class:`Pins`)
+    and its put side (:class:`Puts`), but not the node store's segments.
+    Process-safe through the store's locks; thread-safe. Not usable in a
+    child after ``fork``: connect again there.
     """
 
     _closed = True
@@ -77,51 +78,51 @@ class Kernel(Writing, Pinning):
         self.node = node
         self.slot = slot
         self.session = session
-        lay = node.layout
-        self._buf = node.meta.mm
-        self._arena = node.arena.mm
-        self._arena_addr = node.arena.address
-        self._ro = node.arena_ro
-        self._lay = lay
-        self._table = node.table
-        self._stripes = node.stripes
-        self._bmask = lay.nbuckets - 1
-        self._smask = lay.nstripes - 1
-        self._pinrow = L.pin_row(self._buf, lay, slot)
-        self._meta_addr = node.meta.address
-        self._pin_addr = node.meta.address + lay.pinbyte(slot, 0)
-        self._stripe_addrs = [lock.address for lock in node.stripes]
-        self._fast = _fast
-        self._plock = threading.Lock()  # guards _pins and our pin bytes between threads
-        self._pins: dict[int, int] = {}  # entry index -> local pins (views, readers, explicit)
-        self._explicit: dict[tuple[int, bytes], list[int]] = {}
-        self._arrays: dict[tuple[int, int], tuple] = {}
-        self._deferred: list[tuple[int, int]] = []
-        self.writers: weakref.WeakSet = weakref.WeakSet()  # open Writers, aborted by close()
-        self._detach_when_unpinned = False
-        self._fork = _FORKS[0]
         self._cache = ClientCache(node, slot)
-        self.sid = self._session_id(session)
-        self._ctx = None if _fast is None else _fast.context(
-            self._meta_addr, lay.buckets, lay.entries, self._bmask, self._smask, self.sid,
-            tuple(self._stripe_addrs), self._pin_addr, self._pins, _ATIME_GRAIN)
+        self.sid = _session_id(node, session)
+        self._at = at = Attachment(node, slot, self.sid, session, self._cache, _fast)
+        self.pins = Pins(at, self._detach)
+        self.puts = Puts(at)
+        self._pins = self.pins.counts  # the hot paths read these directly
+        self._deferred = self.pins.deferred
+        self._release = self.pins.release
+        self._ctx = self.pins.ctx
+        self._buf, self._lay, self._table, self._stripes = at.buf, at.lay, at.table, at.stripes
+        self._bmask, self._smask, self._ro, self._fast = at.bmask, at.smask, at.ro, _fast
+        self._arrays: dict[tuple[int, int], tuple] = {}
+        self.writers: weakref.WeakSet = weakref.WeakSet()  # open Writers, aborted by close()
+        self._fork = _FORKS[0]
         self._closed = self._detached = False
 
-    # ---- sessions and checks ----------------------------------------------
-    def _session_id(self, name: str) -> int:
-        with self.node.admin:
-            free = -1
-            for sid in range(L.MAX_SESSIONS):
-                have = L.unpack_session(self._buf, self._lay.session(sid))
-                if have == name:
-                    return sid
-                if have is None and free < 0:
-                    free = sid
-            if free < 0:
-                raise StorageFullError(f"store has all {L.MAX_SESSIONS} sessions in use (reuse session names)")
-            L.pack_session(self._buf, self._lay.session(free), name)
-            return free
+    # ---- the put side: Puts does the work --------------------------------------
+    def put(self, key: str, obj: Any, level: Level = Level.MEMORY) -> ObjectInfo:
+        """Store ``obj`` under ``key`` on ``level``, at once or not at all.
 
+        Raises:
+            ObjectExistsError: the key is present. ObjectLockedError: it is being written.
+            StorageFullError: no room on the level, at once.
+            SerializationError, InvalidKeyError: bad input; nothing changes.
+        """
+        return self.puts.put(key, self._begin(key), obj, level)
+
+    def reserve(self, key: str, kb: bytes, kind: int, size: int, nbytes: int, nblobs: int = 0,
+                meta: bytes | None = None, level: int = _MEMORY) -> tuple[int, int, int, float, int]:
+        """An invisible ``writing`` entry with ``size`` bytes on ``level`` (see :meth:`Puts.reserve`)."""
+        return self.puts.reserve(key, kb, kind, size, nbytes, nblobs, meta, level)
+
+    def seal(self, idx: int, stripe: int | None = None) -> None:
+        """Make a reserved entry visible."""
+        self.puts.seal(idx, stripe)
+
+    def abort(self, idx: int) -> None:
+        """Drop a reserved entry and give its space back."""
+        self.puts.abort(idx)
+
+    def writable(self, off: int, size: int) -> np.ndarray:
+        """Writable uint8 view of ``size`` arena bytes at ``off`` (for the writer only)."""
+        return self.puts.writable(off, size)
+
+    # ---- sessions and checks ----------------------------------------------
     def session_name(self, sid: int) -> str:
         return self.session if sid == self.sid else (L.unpack_session(self._buf, self._lay.session(sid)) or "")
 
@@ -130,10 +131,7 @@ class Kernel(Writing, Pinning):
             raise StoreClosedError("store is closed (connect() again)")
         if self._fork != _FORKS[0]:
             raise StoreClosedError("store was opened before fork(); connect() again in the child")
-        while self._deferred:
-            idx, gen = self._deferred.pop()
-            with self.node.stripe_of(idx):
-                self.node.free_if_unpinned(idx, gen, cache=self._cache)
+        self.pins.free_deferred()
 
     def _begin(self, key: str) -> bytes:
         """The key's bytes, after the checks every verb makes (cheap when all is well)."""
@@ -174,13 +172,13 @@ class Kernel(Writing, Pinning):
                 raise self._not_found(key)
             if not pin:
                 return idx, e, self._array(idx, eoff, e[L.E_KIND], e[L.E_GEN])
-            self._pin_up(idx)
+            self.pins.up(idx)
         return self._pinned(idx, eoff, e)
 
     def _pinned(self, idx: int, eoff: int, e: tuple) -> tuple[int, tuple, tuple | None]:
         """The rest of a pinning lookup, without the lock: the pin keeps the entry as it is."""
         now = _monotonic()
-        if now - e[L.E_ATIME] > _ATIME_GRAIN:  # LRU needs no finer clock than this
+        if now - e[L.E_ATIME] > ATIME_GRAIN:  # LRU needs no finer clock than this
             L.set_entry_atime(self._buf, eoff, now)
         return idx, e, self._array(idx, eoff, e[L.E_KIND], e[L.E_GEN])
 
@@ -336,6 +334,28 @@ class Kernel(Writing, Pinning):
         used, total = self.node.used(_MEMORY), self.node.capacity
         return {Level.MEMORY: Capacity(total, used, pinned, total - used, int(mem.sum()))}
 
+    # ---- pins ------------------------------------------------------------------
+    def pin(self, key: str) -> None:
+        """Pin ``key`` (counted): spill never moves it until as many ``unpin``.
+
+        Raises:
+            ObjectNotFoundError: no such object.
+        """
+        kb = self._begin(key)
+        idx, e, _ = self.lookup(key, kb, True)
+        self.pins.add_explicit(kb, idx, e[L.E_GEN])
+
+    def unpin(self, key: str) -> None:
+        """Undo one ``pin`` of ``key`` by this process.
+
+        Raises:
+            InvalidArgumentError: this process holds no pin on ``key``.
+        """
+        held = self.pins.drop_explicit(self._begin(key))
+        if held is None:
+            raise InvalidArgumentError(f"{key!r} is not pinned by this process")
+        self.pins.release(*held)
+
     # ---- lifecycle --------------------------------------------------------
     def close(self) -> bool:
         """Release explicit pins and detach; idempotent.
@@ -352,26 +372,39 @@ class Kernel(Writing, Pinning):
             return True
         for writer in list(self.writers):  # unsealed: dropped, as after any error
             writer.abort()
-        for idx, gen, count in list(self._explicit.values()):
-            for _ in range(count):
-                self._release(idx, gen)
-        self._explicit.clear()
-        if self._pins:
-            self._detach_when_unpinned = True
+        self.pins.release_explicit()
+        if self.pins.counts:
+            self.pins.detach_when_idle = True
             return False
         self._detach()
         return True
 
     def _detach(self) -> None:
-        self._detach_when_unpinned = False
         self._detached = True
         self._cache.give_back()
-        self._pinrow.release()
+        self.pins.close()
         remaining = self.node.deregister(self.slot)
         self.on_detach(remaining)
 
     def on_detach(self, remaining: int) -> None:
         """Hook run after the slot is given back (the Store closes its mappings)."""
+
+
+def _session_id(node: NodeStore, name: str) -> int:
+    """The id of session ``name`` in ``node`` (registered if new)."""
+    buf, lay = node.meta.mm, node.layout
+    with node.admin:
+        free = -1
+        for sid in range(L.MAX_SESSIONS):
+            have = L.unpack_session(buf, lay.session(sid))
+            if have == name:
+                return sid
+            if have is None and free < 0:
+                free = sid
+        if free < 0:
+            raise StorageFullError(f"store has all {L.MAX_SESSIONS} sessions in use (reuse session names)")
+        L.pack_session(buf, lay.session(free), name)
+        return free
 
 
 def apply_conditions(key: str, obj: Any, conditions: Any) -> Any:

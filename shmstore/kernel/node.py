@@ -32,7 +32,7 @@ from .lock import ShmLock, init_lock
 from ..disk import SpillDir
 from .segment import Segment, Wakeup, unlink_segment, unlink_semaphore
 from .repair import rebuild_allocator, repair_stripe
-from .prefault import Prefaulting
+from .prefault import Prefaulter
 from .procs import pid_alive, proc_start_time, reap_children, spawned
 from .table import Table
 
@@ -47,7 +47,7 @@ def store_prefix(name: str, node: str, uid: int | None = None) -> str:
     return f"/shmstore-{os.getuid() if uid is None else uid}-{name}-{node}"
 
 
-class NodeStore(Prefaulting):
+class NodeStore:
     """The segments, locks and tables of one node store, mapped in this process.
 
     Owns its mappings; ``close`` unmaps them. Only the janitor (spill
@@ -57,8 +57,7 @@ class NodeStore(Prefaulting):
 
     meta: Segment | None = None
     arena: Segment | None = None
-    _stop: threading.Event | None = None
-    _populator: threading.Thread | None = None
+    prefault: Prefaulter | None = None
 
     def __init__(self, cfg: Config, meta: Segment, arena: Segment, created: bool) -> None:
         self.cfg = cfg
@@ -85,7 +84,7 @@ class NodeStore(Prefaulting):
         self.arena_ro = memoryview(arena.mm).toreadonly()
         self.disk = SpillDir(L.spill_dir(meta.mm), self.prefix.lstrip("/"))
         self.wake = Wakeup(self.prefix + "-wake", create=False)  # the creator made it (see _create)
-        self.populated = 0
+        self.prefault = Prefaulter(meta, arena, self.capacity)
 
     # ---- open / create / attach -------------------------------------------
     @classmethod
@@ -336,11 +335,8 @@ class NodeStore(Prefaulting):
     # ---- teardown ------------------------------------------------------------
     def close(self) -> None:
         """Stop the prefault thread and unmap; idempotent."""
-        if self._stop is not None:
-            self._stop.set()
-            if self._populator is not None and self._populator is not threading.current_thread():
-                self._populator.join(10)
-            self._stop = None
+        if self.prefault is not None:
+            self.prefault.stop()
         try:
             self.arena_ro.release()
         except (BufferError, AttributeError):

@@ -1,98 +1,141 @@
 """Pins: what keeps a stored object still while this process uses it.
 
-A process's pins on an entry are counted locally (``Kernel._pins``: entry
+A process's pins on an entry are counted locally (:attr:`Pins.counts`: entry
 index -> count) and published as one byte per entry in this client's row of
 the pin table, which is what the spill process and other clients look at.
 Views, readers and explicit ``pin`` calls each hold one local pin; the last
 one to go clears the byte, and frees the entry if it was deleted meanwhile
-(never blocking: it may run as a finalizer inside a locked section).
+(never blocking: it may run as a finalizer inside a locked section; a free
+that would have to wait is deferred to this process's next verb).
 """
 from __future__ import annotations
 
-from ..errors import InvalidArgumentError
+import threading
+from typing import Callable
+
 from . import layout as L
+from .attach import Attachment
 
-__all__ = ["Pinning"]
+__all__ = ["Pins"]
 
 
-class Pinning:
-    """The pin side of :class:`~shmstore.kernel.Kernel` (a mixin: it uses the kernel's state)."""
+class Pins:
+    """This process's pins on the objects of one node store.
 
-    def _release(self, idx: int, gen: int) -> None:
+    Owned by the :class:`~shmstore.kernel.Kernel`; its row of pin bytes is
+    given up by ``close``. Thread-safe: a lock guards the counts between
+    threads (the C helper's calls hold the GIL instead, and take the same
+    role: both are used for pinning and unpinning, or neither).
+
+    Args:
+        at: the kernel's attachment.
+        on_idle: called when the last pin goes after ``detach_when_idle`` was set.
+    """
+
+    def __init__(self, at: Attachment, on_idle: Callable[[], None]) -> None:
+        self._at, self._on_idle = at, on_idle
+        self._fast = at.fast
+        self.counts: dict[int, int] = {}   # entry index -> local pins (views, readers, explicit)
+        self.explicit: dict[tuple[int, bytes], list[int]] = {}  # (sid, key) -> [index, generation, count]
+        self.deferred: list[tuple[int, int]] = []  # (index, generation) to free at the next verb
+        self.closed = False  # detached: releases are no-ops (the slot and its pins are gone)
+        self.detach_when_idle = False
+        self._lock = threading.Lock()
+        self._row = L.pin_row(at.buf, at.lay, at.slot)
+        self._addr = at.meta_addr + at.lay.pinbyte(at.slot, 0)
+        self.ctx = None if self._fast is None else self._fast.context(
+            at.meta_addr, at.lay.buckets, at.lay.entries, at.bmask, at.smask, at.sid, tuple(at.stripe_addrs),
+            self._addr, self.counts, ATIME_GRAIN)
+
+    def up(self, idx: int) -> None:
+        """One more local pin on ``idx`` (its stripe lock held); the first sets our pin byte."""
+        if self._fast is not None:  # one C call holding the GIL: atomic for the threads of this process
+            self._fast.pin(self.counts, idx, self._addr)
+            return
+        with self._lock:
+            n = self.counts.get(idx, 0)
+            if not n:
+                self._row[idx] = 1
+            self.counts[idx] = n + 1
+
+    def _down(self, idx: int) -> bool:
+        """One local pin less on ``idx`` (no lock); True when it was the last one."""
+        if self._fast is not None:
+            return self._fast.unpin(self.counts, idx, self._addr)
+        with self._lock:  # no allocation of GC-tracked objects inside: no finalizer can run here
+            n = self.counts.get(idx, 0) - 1
+            if n > 0:
+                self.counts[idx] = n
+                return False
+            if n < 0:
+                return False
+            del self.counts[idx]
+            self._row[idx] = 0
+            return True
+
+    def release(self, idx: int, gen: int) -> None:
         """Drop one local pin (from a finalizer, a reader or ``unpin``); takes no store lock
         unless the object was deleted meanwhile."""
-        if self._detached:
+        if self.closed:
             return
+        at = self._at
         if self._fast is not None:
-            last = self._fast.release(self._ctx, idx)  # 0: still pinned here, 1: last pin, 2: last and deleted
+            last = self._fast.release(self.ctx, idx)  # 0: still pinned here, 1: last pin, 2: last and deleted
             if not last:
                 return
             deleted = last == 2
         else:
-            if not self._pin_down(idx):
+            if not self._down(idx):
                 return
-            deleted = L.entry_state(self._buf, self._lay.entry(idx)) == L.DELETED
+            deleted = L.entry_state(at.buf, at.lay.entry(idx)) == L.DELETED
         if deleted:
-            lock = self.node.stripe_of(idx)
+            lock = at.node.stripe_of(idx)
             # never block here: this may be a finalizer inside a locked section of this thread
             done = None
             if lock.acquire(blocking=False):
                 try:
-                    done = self.node.free_if_unpinned(idx, gen, blocking=False, cache=self._cache)
+                    done = at.node.free_if_unpinned(idx, gen, blocking=False, cache=at.cache)
                 finally:
                     lock.release()
             if done is None:
-                self._deferred.append((idx, gen))
-        if self._detach_when_unpinned and not self._pins:
-            self._detach()
+                self.deferred.append((idx, gen))
+        if self.detach_when_idle and not self.counts:
+            self._on_idle()
 
-    def _pin_up(self, idx: int) -> None:
-        """One more local pin on ``idx`` (its stripe lock held); the first sets our pin byte."""
-        if self._fast is not None:  # one C call holding the GIL: atomic for the threads of this process
-            self._fast.pin(self._pins, idx, self._pin_addr)
-            return
-        with self._plock:
-            n = self._pins.get(idx, 0)
-            if not n:
-                self._pinrow[idx] = 1
-            self._pins[idx] = n + 1
+    def free_deferred(self) -> None:
+        """Free the deleted entries a finalizer could not (called at the start of a verb)."""
+        node, cache = self._at.node, self._at.cache
+        while self.deferred:
+            idx, gen = self.deferred.pop()
+            with node.stripe_of(idx):
+                node.free_if_unpinned(idx, gen, cache=cache)
 
-    def _pin_down(self, idx: int) -> bool:
-        """One local pin less on ``idx`` (no lock); True when it was the last one."""
-        if self._fast is not None:
-            return self._fast.unpin(self._pins, idx, self._pin_addr)
-        with self._plock:  # no allocation of GC-tracked objects inside: no finalizer can run here
-            n = self._pins.get(idx, 0) - 1
-            if n > 0:
-                self._pins[idx] = n
-                return False
-            if n < 0:
-                return False
-            del self._pins[idx]
-            self._pinrow[idx] = 0
-            return True
+    def add_explicit(self, kb: bytes, idx: int, gen: int) -> None:
+        """Count an explicit ``pin`` of key ``kb`` (already pinned by ``up``)."""
+        self.explicit.setdefault((self._at.sid, kb), [idx, gen, 0])[2] += 1
 
-    def pin(self, key: str) -> None:
-        """Pin ``key`` (counted): spill never moves it until as many ``unpin``.
-
-        Raises:
-            ObjectNotFoundError: no such object.
-        """
-        kb = self._begin(key)
-        idx, e, _ = self.lookup(key, kb, True)
-        self._explicit.setdefault((self.sid, kb), [idx, e[L.E_GEN], 0])[2] += 1
-
-    def unpin(self, key: str) -> None:
-        """Undo one ``pin`` of ``key`` by this process.
-
-        Raises:
-            InvalidArgumentError: this process holds no pin on ``key``.
-        """
-        kb = self._begin(key)
-        rec = self._explicit.get((self.sid, kb))
+    def drop_explicit(self, kb: bytes) -> tuple[int, int] | None:
+        """Undo one explicit ``pin`` of ``kb``: its (index, generation) to release, or None if none."""
+        rec = self.explicit.get((self._at.sid, kb))
         if rec is None:
-            raise InvalidArgumentError(f"{key!r} is not pinned by this process")
+            return None
         rec[2] -= 1
         if rec[2] == 0:
-            del self._explicit[(self.sid, kb)]
-        self._release(rec[0], rec[1])
+            del self.explicit[(self._at.sid, kb)]
+        return rec[0], rec[1]
+
+    def release_explicit(self) -> None:
+        """Release every explicit pin (at close)."""
+        for idx, gen, count in list(self.explicit.values()):
+            for _ in range(count):
+                self.release(idx, gen)
+        self.explicit.clear()
+
+    def close(self) -> None:
+        """Stop: releases from now on are no-ops; the row of pin bytes goes with the slot."""
+        self.closed = True
+        self.detach_when_idle = False
+        self._row.release()
+
+
+ATIME_GRAIN = 0.05  # seconds: how stale an access time may be (LRU needs no finer clock)

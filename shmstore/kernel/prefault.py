@@ -17,22 +17,44 @@ from ..errors import StorageFullError
 from ..units import format_size
 from . import layout as L
 
-__all__ = ["Prefaulting"]
+__all__ = ["Prefaulter"]
 
 _POPULATE_CHUNK = 32 << 20
 
 
-class Prefaulting:
-    """The prefaulting side of :class:`~shmstore.kernel.node.NodeStore` (a mixin)."""
+class Prefaulter:
+    """Faults an arena in ahead of use, from a background thread of this process.
 
-    def start_populating(self, prefault: int) -> None:
-        """Fault the arena in ahead of use, in a background thread of this process."""
+    Owned by the :class:`~shmstore.kernel.NodeStore` of this process (one per
+    mapping); ``stop`` ends its thread. Thread-safe: ``populated`` only grows.
+
+    Args:
+        meta, arena: the store's segments (the metadata is faulted in first).
+        capacity: bytes of the arena.
+    """
+
+    def __init__(self, meta, arena, capacity: int) -> None:
+        self.meta, self.arena, self.capacity = meta, arena, capacity
+        self.populated = 0  # the first ``populated`` bytes of the arena are faulted in, here
+        self._stop: threading.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, prefault: int) -> None:
+        """Keep ``prefault`` bytes ahead of the allocator's frontier faulted in."""
         self._stop = threading.Event()
-        self._populator = threading.Thread(target=self._populate_loop, args=(prefault, self._stop),
-                                           name="shmstore-prefault", daemon=True)
-        self._populator.start()
+        self._thread = threading.Thread(target=self._loop, args=(prefault, self._stop), name="shmstore-prefault",
+                                        daemon=True)
+        self._thread.start()
 
-    def _populate_loop(self, prefault: int, stop: threading.Event) -> None:
+    def stop(self) -> None:
+        """End the thread (waits for its current step); idempotent."""
+        if self._stop is not None:
+            self._stop.set()
+            if self._thread is not None and self._thread is not threading.current_thread():
+                self._thread.join(10)
+            self._stop = None
+
+    def _loop(self, prefault: int, stop: threading.Event) -> None:
         # the metadata first: first touches of its pages cost ~10 us each in a put
         for off in range(0, self.meta.size, _POPULATE_CHUNK):
             if stop.is_set() or self.meta.populate(off, min(_POPULATE_CHUNK, self.meta.size - off)):
@@ -47,16 +69,16 @@ class Prefaulting:
                 return  # tmpfs full or kernel too old: writers populate what they use
             self.populated += n
 
-    def wait_populated(self, nbytes: int, timeout: float = 60.0) -> bool:
+    def wait(self, nbytes: int, timeout: float = 60.0) -> bool:
         """Wait until the first ``nbytes`` of the arena are faulted in here."""
         deadline = time.monotonic() + timeout
         while self.populated < min(nbytes, self.capacity):
-            if time.monotonic() > deadline or self._populator is None or not self._populator.is_alive():
+            if time.monotonic() > deadline or self._thread is None or not self._thread.is_alive():
                 return False
             time.sleep(0.005)
         return True
 
-    def ensure_populated(self, offset: int, length: int, key: str) -> None:
+    def ensure(self, offset: int, length: int, key: str) -> None:
         """Fault a range in before writing it, so a full /dev/shm is an error, not SIGBUS.
 
         Raises:

@@ -22,10 +22,11 @@ from ..errors import (InvalidArgumentError, ObjectExistsError, ObjectLockedError
 from ..levels import Level, ObjectInfo
 from ..units import format_size
 from . import layout as L
+from .attach import Attachment
 from .cache import owns_entry
 from .fastpath import codes as _fast_codes
 
-__all__ = ["Writing", "disk_error"]
+__all__ = ["Puts", "disk_error"]
 
 _U8 = np.dtype(np.uint8)
 _MEMORY = int(Level.MEMORY)
@@ -37,18 +38,29 @@ class _Stolen(Exception):
     """The batch entry was taken by a client whose table ran out: take another (private, never escapes)."""
 
 
-class Writing:
-    """The put side of :class:`~shmstore.kernel.Kernel` (a mixin: it uses the kernel's state)."""
+class Puts:
+    """The put side of a :class:`~shmstore.kernel.Kernel`: reserve an entry, copy, seal.
 
-    def put(self, key: str, obj: Any, level: Level = Level.MEMORY) -> ObjectInfo:
-        """Store ``obj`` under ``key`` on ``level`` (MEMORY here).
+    Owned by the kernel; shares its :class:`~shmstore.kernel.attach.Attachment`.
+    Process-safe through the store's locks; thread-safe.
+    """
+
+    def __init__(self, at: Attachment) -> None:
+        self.node, self.slot, self.sid, self.session = at.node, at.slot, at.sid, at.session
+        self._cache, self._fast, self._prefault = at.cache, at.fast, at.prefault
+        self._buf, self._lay, self._table, self._stripes = at.buf, at.lay, at.table, at.stripes
+        self._bmask, self._smask = at.bmask, at.smask
+        self._meta_addr, self._stripe_addrs = at.meta_addr, at.stripe_addrs
+        self._arena, self._arena_addr = at.arena, at.arena_addr
+
+    def put(self, key: str, kb: bytes, obj: Any, level: int = _MEMORY) -> ObjectInfo:
+        """Store ``obj`` under ``key`` (its checked bytes ``kb``) on ``level``.
 
         Raises:
             ObjectExistsError: the key is present. ObjectLockedError: it is being written.
             StorageFullError: no room on the level, at once.
-            SerializationError, InvalidKeyError: bad input; nothing changes.
+            SerializationError: bad input; nothing changes.
         """
-        kb = self._begin(key)  # type: ignore[attr-defined]
         if level != _MEMORY:
             return self._put_disk(key, kb, obj, level)
         enc = serialize.encode(obj)
@@ -58,8 +70,8 @@ class Writing:
                 return info
         idx, off, stored, ctime, stripe = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta)
         try:
-            if off + enc.size > self.node.populated and not self._cache.covers(off, enc.size):
-                self.node.ensure_populated(off, enc.size, key)
+            if off + enc.size > self._prefault.populated and not self._cache.covers(off, enc.size):
+                self._prefault.ensure(off, enc.size, key)
             serialize.write(enc, self._arena, off)
         except BaseException:
             self.abort(idx)
@@ -114,7 +126,7 @@ class Writing:
     def _new_info(self, key: str, enc: serialize.Encoded, level: Level, stored: int, ctime: float) -> ObjectInfo:
         """ObjectInfo of an object this process just sealed (nobody pins it yet)."""
         return ObjectInfo(key, enc.nbytes, level, False, True, enc.nblobs, serialize.KIND_NAMES[enc.kind],
-                          stored, 0, self.session, ctime)  # type: ignore[attr-defined]
+                          stored, 0, self.session, ctime)
 
     def reserve(self, key: str, kb: bytes, kind: int, size: int, nbytes: int, nblobs: int = 0,
                 meta: bytes | None = None, level: int = _MEMORY) -> tuple[int, int, int, float, int]:
@@ -227,8 +239,8 @@ class Writing:
         try:
             data = None
             if enc is not None:
-                if off + enc.size > self.node.populated and not flags & L.FLAG_IN_CHUNK:
-                    self.node.ensure_populated(off, enc.size, key)
+                if off + enc.size > self._prefault.populated and not flags & L.FLAG_IN_CHUNK:
+                    self._prefault.ensure(off, enc.size, key)
                 data = enc.src
             ctime = time.time()
             rc = self._fast.insert(self._meta_addr, lay.buckets, lay.entries, b, h, self.sid, kb,

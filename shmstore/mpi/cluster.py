@@ -242,7 +242,7 @@ class Cluster:
                  inline: bytes | None, handle: int, block: int) -> None:
         kernel = self.store._kernel
         if level == L.LEVEL_MEMORY:
-            kernel.node.ensure_populated(off, nbytes, "incoming transfer")
+            kernel.node.prefault.ensure(off, nbytes, "incoming transfer")
             dst = kernel.writable(off, nbytes)
         else:
             dst = np.empty(nbytes, np.uint8)  # staged: MPI receives into memory
