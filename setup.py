@@ -6,4 +6,4 @@ shmstore runs on its pure-Python kernel, with the same behaviour.
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("shmstore.kernel._fast", ["shmstore/kernel/_fast.c"], optional=True),
-                   Extension("shmstore._copy", ["shmstore/_copy.c"], optional=True)])
+                   Extension("shmstore.kernel._copy", ["shmstore/kernel/_copy.c"], optional=True)])

@@ -12,7 +12,7 @@ from .errors import (ConfigError, InvalidArgumentError, InvalidKeyError, LayoutE
 from .levels import Capacity, Level, ObjectInfo
 from .store import Store, collect_stale, connect, destroy
 from .streams import Reader, Writer
-from .views import SharedArray
+from .kernel.views import SharedArray
 
 __version__ = "0.1.0"
 

@@ -17,7 +17,7 @@ from .errors import InvalidArgumentError, ShmStoreError, StoreClosedError
 from .kernel import layout as L
 from .kernel.kernel import Kernel, encode_key
 from .kernel.writing import disk_error
-from .serialize import as_u8
+from .kernel.serialize import as_u8
 from .units import format_size
 
 __all__ = ["Writer", "Reader"]

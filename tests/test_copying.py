@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from shmstore import copying
+from shmstore.kernel import copying
 
 from helpers import ROOT
 
@@ -15,7 +15,7 @@ MiB = 1 << 20
 
 
 def test_the_helper_is_used_where_it_was_built():
-    built = bool(glob.glob(os.path.join(ROOT, "shmstore", "_copy*.so")))
+    built = bool(glob.glob(os.path.join(ROOT, "shmstore", "kernel", "_copy*.so")))
     pure = os.environ.get("SHMSTORE_PURE_PYTHON") == "1"
     assert (copying._helper is not None) == (built and not pure)
 
@@ -24,7 +24,7 @@ def test_the_helper_is_used_where_it_was_built():
 def mode(request, monkeypatch):
     if request.param == "helper":
         if copying._helper is None:
-            pytest.skip("the C helper shmstore._copy was not built here")
+            pytest.skip("the C helper shmstore.kernel._copy was not built here")
     else:
         monkeypatch.setattr(copying, "_helper", None)
     return request.param
@@ -62,7 +62,7 @@ def test_copy_into_large_arrays(mode, order):
 
 def test_helper_rejects_pieces_that_do_not_fit_and_copies_nothing():
     if copying._helper is None:
-        pytest.skip("the C helper shmstore._copy was not built here")
+        pytest.skip("the C helper shmstore.kernel._copy was not built here")
     dst = np.zeros(100, np.uint8)
     for bad in ([(0, b"x" * 50), (60, b"y" * 41)], [(-1, b"z")], [(0, b"w" * 101)]):
         with pytest.raises(ValueError, match="does not fit"):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import shmstore
-from shmstore.disk import SpillDir
+from shmstore.levels.disk import SpillDir
 
 
 @pytest.fixture

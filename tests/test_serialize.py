@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import shmstore
-from shmstore import serialize
+from shmstore.kernel import serialize
 from shmstore.kernel import layout as L
 
 

@@ -13,7 +13,7 @@ one that fails drops it itself.
 
 Views: ``get`` pins the object (this process's pin byte, set under the
 stripe lock) and returns a read-only :class:`~shmstore.SharedArray` for an
-array, or values hanging off a :class:`~shmstore.views.Lease` over the
+array, or values hanging off a :class:`~shmstore.kernel.views.Lease` over the
 object's bytes; their finalizer unpins. A delete only hides a pinned object;
 its space is reused once the last view is gone.
 """
@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import serialize
 from ..errors import InvalidArgumentError, ObjectNotFoundError, SpillError, StorageFullError, StoreClosedError
 from ..levels import Capacity, Level, ObjectInfo
 from . import layout as L
-from ..views import Lease, SharedArray
+from . import serialize
+from .views import Lease, SharedArray
 from . import fastpath
 from .fastpath import codes as _codes
 from .attach import Attachment

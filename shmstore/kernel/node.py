@@ -29,7 +29,7 @@ from ..units import format_size
 from . import layout as L
 from .alloc import Allocator
 from .lock import ShmLock, init_lock
-from ..disk import SpillDir
+from ..levels.disk import SpillDir
 from .segment import Segment, Wakeup, unlink_segment, unlink_semaphore
 from .repair import rebuild_allocator, repair_stripe
 from .prefault import Prefaulter

@@ -16,12 +16,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import serialize
 from ..errors import (InvalidArgumentError, ObjectExistsError, ObjectLockedError, PermissionDeniedError,
                       SpillError, StorageFullError)
 from ..levels import Level, ObjectInfo
 from ..units import format_size
 from . import layout as L
+from . import serialize
 from .attach import Attachment
 from .cache import owns_entry
 from .fastpath import codes as _fast_codes

@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from ..disk import SpillDir
+from ..levels.disk import SpillDir
 from ..errors import SpillError
 from ..kernel import layout as L
 from ..kernel.node import NodeStore

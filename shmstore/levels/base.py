@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple, Sequence
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 __all__ = ["Level", "ObjectInfo", "Capacity", "parse_levels"]
 

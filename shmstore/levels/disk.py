@@ -25,7 +25,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .errors import PermissionDeniedError, ShmStoreError, SpillError
+from ..errors import PermissionDeniedError, ShmStoreError, SpillError
 
 __all__ = ["SpillDir", "CHUNK"]
 

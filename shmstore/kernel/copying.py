@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .config import pure_python
+from ..config import pure_python
 
 __all__ = ["copy_into", "copy_blobs", "PARALLEL_MIN", "STREAM_MIN"]
 

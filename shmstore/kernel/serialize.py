@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import SerializationError
+from . import layout as L
 from .copying import copy_blobs, copy_into
-from .errors import SerializationError
-from .kernel import layout as L
 from .views import ARRAY_TYPES
 
 __all__ = ["Encoded", "encode", "write", "parts", "decode", "as_u8", "KIND_NAMES"]
