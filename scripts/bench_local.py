@@ -247,7 +247,6 @@ def bench_lock(repeats: int) -> dict:
                 with lock:
                     pass
         per = median([timed(loop) for _ in range(repeats)]) / n
-        del lock
     finally:
         seg.close()
         seg.unlink()

@@ -203,7 +203,8 @@ def main() -> None:
               f"({r['fetch_big_vs_raw']:.2f}x raw private, {r['fetch_big_vs_raw_arena']:.2f}x raw in-store)")
         print(f"state dict 1000 arrays / 256 MiB: fetch {r['fetch_state_dict_ms']:.1f} ms vs raw 256 MiB "
               f"{r['raw_256mib_ms']:.1f} ms ({r['fetch_state_dict_vs_raw']:.2f}x)")
-        print(f"64-byte object: fetch round trip {r['fetch_64b_us']:.0f} us (raw 8-byte ping-pong {r['raw_rtt_us']:.1f} us)")
+        print(f"64-byte object: fetch round trip {r['fetch_64b_us']:.0f} us "
+              f"(raw 8-byte ping-pong {r['raw_rtt_us']:.1f} us)")
         print(f"{r['same_key_ranks']} ranks of one node fetching the same key: node received "
               f"{r['same_key_bytes_received']} bytes for an object of {r['same_key_object_bytes']} bytes "
               f"({r['same_key_deduplicated']} request(s) deduplicated)")

@@ -350,7 +350,7 @@ class Chaos:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             time.sleep(self.rng.uniform(0.05, 0.5))
-            for wid, p in self.procs.items():
+            for p in self.procs.values():
                 if p.poll() is not None:
                     self._reap(p, expect_killed=False)
             r = self.rng.random()
@@ -375,7 +375,7 @@ class Chaos:
         store = self.store
         deadline = time.monotonic() + 60
         while True:
-            store.spill_pid  # restarts it if it was killed
+            _ = store.spill_pid  # restarts it if it was killed
             st = store.status()
             busy = [c for c in st["clients"] if c["pid"] != os.getpid()]
             if not busy and st["spill"]["alive"] and store._node.spill_pid() > 0:
@@ -405,7 +405,8 @@ class Chaos:
             if state == "p" and not present:
                 raise AssertionError(f"{key!r} was put and never deleted, but is gone (seed {self.seed})")
             if state in ("d", "F") and present:
-                raise AssertionError(f"{key!r} is visible after its {'delete returned' if state == 'd' else 'put failed'}"
+                after = "delete returned" if state == "d" else "put failed"
+                raise AssertionError(f"{key!r} is visible after its {after}"
                                      f" (seed {self.seed})")
             if present:
                 try:

@@ -6,7 +6,8 @@ memory in check and cleans up after crashes; ``shmstore.mpi`` moves objects
 between nodes over MPI.
 """
 from .errors import (ConfigError, InvalidArgumentError, InvalidKeyError, LayoutError, LockTimeoutError,
-                     ObjectExistsError, ObjectLockedError, ObjectNotFoundError, PermissionDeniedError, SerializationError,
+                     ObjectExistsError, ObjectLockedError, ObjectNotFoundError, PermissionDeniedError,
+                     SerializationError,
                      ShmStoreError, SpillError, StorageFullError, StoreClosedError, StoreInUseError,
                      TransferError)
 from .levels import Capacity, Level, ObjectInfo
@@ -17,7 +18,8 @@ from .kernel.views import SharedArray
 __version__ = "0.1.0"
 
 __all__ = [
-    "connect", "destroy", "collect_stale", "Store", "SharedArray", "Level", "ObjectInfo", "Capacity", "Reader", "Writer",
+    "connect", "destroy", "collect_stale", "Store", "SharedArray", "Level", "ObjectInfo", "Capacity", "Reader",
+    "Writer",
     "ShmStoreError", "ObjectNotFoundError", "ObjectExistsError", "ObjectLockedError", "StorageFullError",
     "LockTimeoutError", "LayoutError", "StoreClosedError", "StoreInUseError", "SpillError", "TransferError",
     "InvalidArgumentError", "InvalidKeyError", "SerializationError", "ConfigError", "PermissionDeniedError",

@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 from .errors import ShmStoreError
-from .levels import Level
+from .levels import Level, ObjectInfo
 from .placement import spill_progress_line
-from .store import collect_stale, connect, destroy
+from .store import Store, collect_stale, connect, destroy
 from .units import format_size
 
 __all__ = ["main"]
@@ -23,7 +23,7 @@ __all__ = ["main"]
 def _common(suppress: bool) -> argparse.ArgumentParser:
     """The options every command takes, before or after its name (``shmstore gc --json``)."""
     c = argparse.ArgumentParser(add_help=False)
-    kw = {"default": argparse.SUPPRESS} if suppress else {}
+    kw: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
     c.add_argument("--name", help="store name (default: $SHMSTORE_NAME, job-$SLURM_JOB_ID or 'default')", **kw)
     c.add_argument("--node", help="node id (default: $SHMSTORE_NODE or the host name)", **kw)
     c.add_argument("--session", help="session whose objects ls/info/rm see (default: '')", **kw)
@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _open(args: argparse.Namespace):
+def _open(args: argparse.Namespace) -> Store:
     kw = {k: v for k, v in (("node", args.node), ("session", args.session)) if v is not None}
     return connect(args.name, create=False, prefault=0, **kw)
 
@@ -74,8 +74,8 @@ def _print_status(st: dict[str, Any]) -> None:
     print(f"  spill process {st['spill']['pid']} ({'running' if st['spill']['alive'] else 'not running'})")
 
 
-def _info_dict(info) -> dict[str, Any]:
-    d = info._asdict()
+def _info_dict(info: ObjectInfo) -> dict[str, Any]:
+    d: dict[str, Any] = info._asdict()
     d["level"] = info.level.name.lower()
     return d
 
@@ -87,8 +87,8 @@ def _run(args: argparse.Namespace) -> int:
               ("removed " + ", ".join(removed) if removed else "no stale stores"))
         return 0
     if args.cmd == "destroy":
-        removed = destroy(args.store or args.name, force=args.force, node=args.node)
-        print(json.dumps({"removed": removed}) if args.json else ("removed" if removed else "nothing to remove"))
+        gone = destroy(args.store or args.name, force=args.force, node=args.node)
+        print(json.dumps({"removed": gone}) if args.json else ("removed" if gone else "nothing to remove"))
         return 0
     with _open(args) as store:
         if args.cmd == "status":
@@ -100,7 +100,8 @@ def _run(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps([_info_dict(i) for i in infos], indent=2))
             for i in [] if args.json else infos:
-                print(f"{i.key}\t{format_size(i.size)}\t{i.level.name.lower()}\t{i.kind}{'  pinned' if i.pinned else ''}")
+                pinned = "  pinned" if i.pinned else ""
+                print(f"{i.key}\t{format_size(i.size)}\t{i.level.name.lower()}\t{i.kind}{pinned}")
         elif args.cmd == "info":
             info = store.get_info(args.key)
             print(json.dumps(_info_dict(info), indent=2)) if args.json else print(
@@ -128,7 +129,7 @@ class _Progress:
         self._last = 0.0
         self._shown = False
 
-    def __call__(self, state) -> None:
+    def __call__(self, state: Any) -> None:
         now = time.monotonic()
         line = spill_progress_line(state)
         if line and now - self._last > 0.25:

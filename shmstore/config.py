@@ -158,7 +158,8 @@ class Config:
                 f"({values['high_watermark']}) (set SHMSTORE_LOW_WATERMARK / SHMSTORE_HIGH_WATERMARK)"
             )
         if values["capacity"] < 1 << 20:
-            raise ConfigError(f"capacity must be at least 1 MiB, got {values['capacity']} B (capacity= / SHMSTORE_CAPACITY)")
+            raise ConfigError(f"capacity must be at least 1 MiB, got {values['capacity']} B "
+                              f"(capacity= / SHMSTORE_CAPACITY)")
         return cls(**values)
 
 
@@ -196,12 +197,14 @@ def _parse_streams(text: str) -> int:
 
 def stream_count() -> int | None:
     """``SHMSTORE_STREAMS``: bulk streams per cluster transfer (1 or 2), None when unset."""
-    return env("STREAMS", _parse_streams)
+    value: int | None = env("STREAMS", _parse_streams)
+    return value
 
 
 def node_label() -> str | None:
     """``SHMSTORE_NODE``: the node id this process claims, None when unset."""
-    return env("NODE", _parse_ident)
+    value: str | None = env("NODE", _parse_ident)
+    return value
 
 
 def _resolve(name: str, value: Any) -> Any:

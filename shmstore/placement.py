@@ -51,13 +51,13 @@ class Placement:
             SpillError: making room failed (disk full, I/O error).
         """
         last: StorageFullError | None = None
-        for i, level in enumerate(order):
+        for level in order:
             try:
                 if level == Level.MEMORY:
                     info = self._put_memory(key, obj, waits=True)
                     self.hint(info.stored)
                     return info
-                return self.kernel.put(key, obj, _check_level(level))
+                return self.kernel.put(key, obj, Level(_check_level(level)))
             except StorageFullError as exc:
                 if exc.level is None:  # the object table is full: no level helps
                     raise
@@ -87,7 +87,7 @@ class Placement:
         self._puts += 1
         if nbytes < self.node.small_max and self._puts % _WAKE_EVERY:
             return
-        s = L.unpack_spill_state(self.node.meta.mm)
+        s = L.unpack_spill_state(self.node.buf)
         if time.time() - s.heartbeat > _SPILL_STALE:
             self.node.ensure_spill()
         if self.node.used(L.LEVEL_MEMORY) > s.high * self.node.capacity:
@@ -103,7 +103,8 @@ class Placement:
         want = min(int(nbytes * 1.1), self.node.capacity)
         self._request(key, L.REQ_SPACE, deadline, nbytes=want)
 
-    def _request(self, key: str, kind: int, deadline: float, progress: Callable | None = None, **args: int) -> None:
+    def _request(self, key: str, kind: int, deadline: float, progress: Callable[[Any], None] | None = None,
+                 **args: int) -> None:
         seq = requests.submit(self.node, self.kernel.slot, kind, **args)
         r = requests.wait(self.node, self.kernel.slot, seq, max(0.0, deadline - time.monotonic()), progress)
         if r is None:
@@ -131,7 +132,7 @@ class Placement:
                     if exc.level != Level.MEMORY or level != Level.MEMORY or (exc.requested or 0) > self.node.capacity:
                         break
                     try:
-                        self.make_room(key, exc.requested, deadline)
+                        self.make_room(key, exc.requested or 0, deadline)
                     except StorageFullError as full:
                         last = full
                         break
@@ -164,7 +165,7 @@ class Placement:
         """Total, used, pinned, free, objects, spillable, spilled and restored bytes per level."""
         k, node = self.kernel, self.node
         k._check()
-        buf = node.meta.mm
+        buf = node.buf
         t = L.entry_table(buf, node.layout)
         pins = node.table.pin_counts()
         s = L.unpack_spill_state(buf)
@@ -202,5 +203,6 @@ def spill_progress_line(s: L.SpillState) -> str:
     if not s.moving or not s.total:
         return ""
     pct = 100.0 * s.progress / s.total
-    return f"moving to {Level(s.moving_to).name.lower()}: {format_size(s.progress)} of {format_size(s.total)} ({pct:.0f}%)"
+    return (f"moving to {Level(s.moving_to).name.lower()}: {format_size(s.progress)} of {format_size(s.total)} "
+            f"({pct:.0f}%)")
 

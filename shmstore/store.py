@@ -6,6 +6,7 @@ kernel leaves out (priority lists of levels, waiting for the spill process).
 """
 from __future__ import annotations
 
+import builtins
 import os
 import time
 from typing import Any, Iterable
@@ -50,8 +51,7 @@ class Store:
                 time.sleep(0.01)
         self._node = node
         try:
-            self._kernel = Kernel(node, slot, config.session)
-            self._kernel.on_detach = self._on_detach
+            self._kernel = Kernel(node, slot, config.session, on_detach=self._on_detach)
             self._placement = Placement(self._kernel, node, config)
             node.ensure_spill()
             node.prefault.start(config.prefault)
@@ -81,8 +81,7 @@ class Store:
     @property
     def spill_pid(self) -> int:
         """Pid of this node store's spill process (restarted here if it died)."""
-        self._checked()
-        return self._node.ensure_spill()
+        return self._node_checked().ensure_spill()
 
     @property
     def closed(self) -> bool:
@@ -94,6 +93,18 @@ class Store:
             raise StoreClosedError("store is closed (connect() again)")
         k._check()
         return k
+
+    def _node_checked(self) -> NodeStore:
+        """The node store, unless this connection is closed.
+
+        Raises:
+            StoreClosedError: it is.
+        """
+        self._checked()
+        node = self._node
+        if node is None:
+            raise StoreClosedError("store is closed (connect() again)")
+        return node
 
     # ---- objects --------------------------------------------------------
     def put(self, key: str, obj: Any, levels: Iterable[Level] | Level | None = None) -> ObjectInfo:
@@ -116,7 +127,7 @@ class Store:
         if levels is not None:
             return p.put(key, obj, parse_levels(levels, DEFAULT_PUT_LEVELS))
         try:  # the common case first: room in memory, nothing to wait for
-            info = self._kernel.put(key, obj)
+            info = p.kernel.put(key, obj)
         except StorageFullError:
             return p.put(key, obj, DEFAULT_PUT_LEVELS)
         p.hint(info.stored)
@@ -176,11 +187,11 @@ class Store:
         """
         return self._checked().info(key)
 
-    def list(self, level: Level | None = None) -> list[ObjectInfo]:
+    def list(self, level: Level | None = None) -> builtins.list[ObjectInfo]:
         """Objects of this session, optionally only those on ``level``."""
         return self._checked().list(None if level is None else parse_levels(level, ())[0])
 
-    def keys(self) -> list[str]:
+    def keys(self) -> builtins.list[str]:
         return [i.key for i in self.list()]
 
     def get_capacity(self) -> dict[Level, Capacity]:
@@ -210,13 +221,14 @@ class Store:
         """
         p = self._placement_checked()
         order = parse_levels(levels, DEFAULT_PUT_LEVELS)
-        return p.place(key, order, lambda level: Writer(self._checked(), key, size, level))
+        writer: Writer = p.place(key, order, lambda level: Writer(self._checked(), key, size, level))
+        return writer
 
     def open_reader(self, key: str) -> Reader:
         """A reader streaming the stored bytes of ``key`` (pinned while open)."""
         return Reader(self._checked(), key)
 
-    def check(self) -> list[str]:
+    def check(self) -> builtins.list[str]:
         """Check every invariant of this node store's metadata, spill files and counters.
 
         Holds every lock of the store meanwhile (tens of milliseconds for a
@@ -228,22 +240,21 @@ class Store:
         Raises:
             LockTimeoutError: a lock stayed taken for ``lock_timeout``.
         """
-        self._checked()
-        return check_node(self._node)
+        return check_node(self._node_checked())
 
     def status(self) -> dict[str, Any]:
         """A snapshot of the whole node store: capacity per level, clients, spill process."""
-        self._checked()
-        node = self._node
+        node = self._node_checked()
         spill = node.spill_pid()
         return {
             "name": self.config.name, "node": self.config.node, "segments": node.prefix + "-*",
-            "persistent": bool(L.header_flags(node.meta.mm) & L.FLAG_PERSIST),
+            "persistent": bool(L.header_flags(node.buf) & L.FLAG_PERSIST),
             "objects": node.nobjects(),
             "levels": {lv.name.lower(): c._asdict() for lv, c in self._placement.capacity().items()},
             "spill_dir": node.disk.path,
             "moving": _moving(node),
-            "clients": [{"pid": pid, "alive": pid_alive(pid, start), "slot": slot} for slot, pid, start in node.clients()],
+            "clients": [{"pid": pid, "alive": pid_alive(pid, start), "slot": slot}
+                        for slot, pid, start in node.clients()],
             "spill": {"pid": spill, "alive": pid_alive(spill)},
         }
 
@@ -271,7 +282,7 @@ class Store:
     def __enter__(self) -> "Store":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:
@@ -280,16 +291,17 @@ class Store:
         except (OSError, ShmStoreError):  # a finalizer never raises; the janitor reclaims the slot
             pass
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Config]]:
         return (_reconnect, (self.config,))
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
-        return f"<shmstore.Store {self.config.name!r} node={self.config.node!r} session={self.config.session!r} {state}>"
+        c = self.config
+        return f"<shmstore.Store {c.name!r} node={c.node!r} session={c.session!r} {state}>"
 
 
 def _moving(node: NodeStore) -> dict[str, Any] | None:
-    s = L.unpack_spill_state(node.meta.mm)
+    s = L.unpack_spill_state(node.buf)
     if not s.moving:
         return None
     return {"entry": s.moving - 1, "to": Level(s.moving_to).name.lower(), "done": s.progress, "total": s.total}
@@ -342,7 +354,7 @@ def destroy(name: str | None = None, force: bool = False, node: str | None = Non
             if live and not force:
                 raise StoreInUseError(f"store {cfg.name!r} has {len(live)} attached client(s) (pids "
                                       f"{', '.join(map(str, live[:8]))}); close them or pass force=True")
-            L.set_header_state(ns.meta.mm, L.STATE_DESTROYING)
+            L.set_header_state(ns.buf, L.STATE_DESTROYING)
         ns.unlink()
     finally:
         ns.close()
@@ -374,7 +386,8 @@ def collect_stale() -> list[str]:
                 continue
             lay = L.Layout.from_header(h)
             clients = L.client_table(seg.mm, lay)
-            if any(pid_alive(int(p), int(st)) for p, st, state in zip(clients["pid"], clients["start"], clients["state"])
+            if any(pid_alive(int(p), int(st))
+                   for p, st, state in zip(clients["pid"], clients["start"], clients["state"])
                    if state == 1):
                 continue
             name, node = h.name, h.node

@@ -97,7 +97,7 @@ class Writer:
         if n and self._dst is not None:
             self._dst[self._pos: self._pos + n] = src
         elif n:
-            self._write_file(memoryview(src))
+            self._write_file(src.data)
         self._pos += n
         return n
 
@@ -117,7 +117,7 @@ class Writer:
         self._check_open()
         if self._dst is None:
             raise InvalidArgumentError(f"{self.key!r} is written to disk: use write(), not buffer")
-        return memoryview(self._dst[self._pos:])
+        return self._dst[self._pos:].data
 
     def advance(self, n: int) -> None:
         """Count ``n`` bytes filled through :attr:`buffer` as written."""
@@ -171,7 +171,7 @@ class Writer:
     def __enter__(self) -> "Writer":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None:
             self.close()
         else:
@@ -204,9 +204,11 @@ class Reader:
         self._pos = 0
         self.closed = False
 
-    def _check_open(self) -> None:
-        if self.closed:
+    def _check_open(self) -> np.ndarray:
+        """The stored bytes, unless the reader is closed."""
+        if self.closed or self._data is None:
             raise StoreClosedError(f"reader of {self.key!r} is closed")
+        return self._data
 
     def read(self, n: int | None = -1) -> bytes:
         """Up to ``n`` bytes (all that is left if ``n`` is -1 or None); ``b""`` at the end.
@@ -214,21 +216,21 @@ class Reader:
         Raises:
             InvalidArgumentError: ``n`` is not an int, or negative other than -1.
         """
-        self._check_open()
+        data = self._check_open()
         if n is not None and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < -1):
             raise InvalidArgumentError(f"read of {self.key!r} takes a byte count >= 0, or -1 / None for all "
                                        f"that is left; got {n!r}")
         end = self.size if n is None or n < 0 else min(self.size, self._pos + n)
-        out = self._data[self._pos: end].tobytes()
+        out = data[self._pos: end].tobytes()
         self._pos = max(self._pos, end)
         return out
 
     def readinto(self, buf: Any) -> int:
         """Fill ``buf`` from the current position; returns the bytes read."""
-        self._check_open()
+        data = self._check_open()
         dst = np.frombuffer(memoryview(buf).cast("B"), np.uint8)
-        n = max(0, min(dst.nbytes, self.size - self._pos))
-        dst[:n] = self._data[self._pos: self._pos + n]
+        n: int = max(0, min(dst.nbytes, self.size - self._pos))
+        dst[:n] = data[self._pos: self._pos + n]
         self._pos += n
         return n
 
@@ -258,5 +260,5 @@ class Reader:
     def __enter__(self) -> "Reader":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

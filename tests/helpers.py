@@ -126,7 +126,7 @@ def check_arena(node) -> None:
     """Assert the arena's extents tile it exactly and every live object lies in its extent."""
     import numpy as np
     from shmstore.kernel import layout as L
-    buf, lay = node.meta.mm, node.layout
+    buf, lay = node.buf, node.layout
     with node.alloc_lock:
         ext = L.extent_table(buf, lay).copy()
         t = L.entry_table(buf, lay).copy()

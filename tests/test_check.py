@@ -41,13 +41,13 @@ def broken(store, match: str, edit, undo) -> None:
     """Apply ``edit`` with the store frozen, expect a problem matching ``match``, then ``undo`` it."""
     node = store._node
     with frozen(node):
-        saved = edit(node.meta.mm, node.layout)
+        saved = edit(node.buf, node.layout)
     try:
         problems = store.check()
         assert any(match in p for p in problems), problems
     finally:
         with frozen(node):
-            undo(node.meta.mm, node.layout, saved)
+            undo(node.buf, node.layout, saved)
     assert store.check() == []
 
 

@@ -89,7 +89,7 @@ def settle(store) -> None:
     since = time.time()
 
     def done() -> bool:
-        store.spill_pid  # restart it if it is gone (a new one recovers before its first round)
+        _ = store.spill_pid  # restart it if it is gone (a new one recovers before its first round)
         store._node.wake.post()
         others = [c for c in store.status()["clients"] if c["pid"] != os.getpid()]
         return not others and L.unpack_spill_state(store._node.meta.mm).heartbeat > since
@@ -279,7 +279,7 @@ def test_move_killed_at_every_step_is_rolled_back(crash_store, direction, kind):
     def op(mover):
         node = mover.node
         h, b, _ = node.table.locate(0, b"victim")
-        idx, _, e = L.find_entry(node.meta.mm, node.layout, b, h, 0, b"victim")
+        idx, _, e = L.find_entry(node.buf, node.layout, b, h, 0, b"victim")
         if direction == "spill":
             mover.spill(idx, e[L.E_GEN])
         else:

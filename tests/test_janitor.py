@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from shmstore import Level
-from shmstore.kernel import layout as L
 from shmstore.kernel.janitor import dead_clients, janitor_pass, probe_locks, sweep_deleted
 
 from helpers import Child
@@ -56,7 +55,7 @@ node = store._node
 node.stripes[node.table.locate(store._kernel.sid, b'k')[2]].acquire()
 soff = node.layout.stripe_stats(node.table.locate(store._kernel.sid, b'k')[2])
 from shmstore.kernel import layout as L
-L.add_stripe_stats(node.meta.mm, soff, L.LEVEL_MEMORY, 4096, 1)  # half an update, then killed
+L.add_stripe_stats(node.buf, soff, L.LEVEL_MEMORY, 4096, 1)  # half an update, then killed
 print('held', flush=True)
 sys.stdin.readline()
 """, env={"N": store.name})

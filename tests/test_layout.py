@@ -105,8 +105,8 @@ def test_each_record_is_declared_once_and_its_views_agree(rec):
     for i, f in enumerate(rec.fields):  # a distinct value per field
         if f.code.endswith("s"):
             values[f.name] = bytes([65 + i]) * min(f.size, 3)
-        elif f.count > 1:
-            values[f.name] = [i * 10 + j for j in range(f.count)]
+        elif f.n > 1:
+            values[f.name] = [i * 10 + j for j in range(f.n)]
         else:
             values[f.name] = float(i) + 0.5 if f.type == "f64" else i + 1
     buf = bytearray(rec.size + 16)
@@ -118,7 +118,7 @@ def test_each_record_is_declared_once_and_its_views_agree(rec):
         got = back[f.name]
         if f.code.endswith("s"):
             assert got.rstrip(b"\0") == want and bytes(view[f.name]).rstrip(b"\0") == want
-        elif f.count > 1:
+        elif f.n > 1:
             assert list(got) == want and list(view[f.name]) == want
         else:
             assert got == want == view[f.name] == rec.get(buf, 8, f.name), f.name

@@ -6,7 +6,6 @@ import signal
 import time
 
 import numpy as np
-import pytest
 
 import shmstore
 from shmstore import Level
@@ -126,8 +125,9 @@ def test_usage_is_exact_while_the_store_spills(name, tmp_path):
                 s.delete(keys.pop(int(rng.integers(len(keys)))))
         assert s.check() == []
         assert {i.level for i in s.list()} == {Level.MEMORY, Level.DISK}
-        settle = lambda: s.get_capacity()[Level.DISK].used == sum(i.stored for i in s.list(Level.DISK))
-        assert wait_for(settle, timeout=10)
+        def settled():
+            return s.get_capacity()[Level.DISK].used == sum(i.stored for i in s.list(Level.DISK))
+        assert wait_for(settled, timeout=10)
         before = s.get_capacity()
         victim = s.list(Level.DISK)[0]
         s.delete(victim.key)

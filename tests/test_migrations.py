@@ -11,9 +11,9 @@ def test_one_transfer_per_key_and_deduplicated_waiters(store):
     node, sid = store._node, store._kernel.sid
     mine, slot = migrations.begin(node, sid, b"k")
     assert mine and slot >= 0
-    dedup = L.unpack_transfer_stats(node.meta.mm)[3]
+    dedup = L.unpack_transfer_stats(node.buf)[3]
     assert migrations.begin(node, sid, b"k") == (False, slot)
-    assert L.unpack_transfer_stats(node.meta.mm)[3] == dedup + 1
+    assert L.unpack_transfer_stats(node.buf)[3] == dedup + 1
     other, slot2 = migrations.begin(node, sid, b"other")
     assert other and slot2 != slot
     migrations.finish(node, slot)
@@ -46,4 +46,4 @@ def test_a_transfer_of_a_dead_process_is_taken_over_and_cleared(store):
     os.waitpid(pid, 0)
     assert migrations.wait(node, slot, sid, b"k", timeout=1) == "retry"
     assert migrations.clear_dead(node) == 1
-    assert L.unpack_migration(node.meta.mm, node.layout, slot).state == L.MIG_FREE
+    assert L.unpack_migration(node.buf, node.layout, slot).state == L.MIG_FREE

@@ -159,8 +159,8 @@ sys.stdin.readline()
             child.wait()
         else:
             child.kill()
-        assert wait_for(lambda: not any(name + how in s for s in shm_segments()), timeout=10)
-        assert wait_for(lambda: not spill_running(spill), timeout=10)
+        assert wait_for(lambda how=how: not any(name + how in s for s in shm_segments()), timeout=10)
+        assert wait_for(lambda spill=spill: not spill_running(spill), timeout=10)
 
 
 def test_spill_process_is_restarted_when_killed(store):
@@ -170,7 +170,8 @@ def test_spill_process_is_restarted_when_killed(store):
     second = store.spill_pid
     assert second != first and spill_running(second)
     # the new janitor still reclaims dead clients
-    child = Child(CONNECT + "store.put('c', 1)\nv = store.open_writer('w', 1000)\nprint('ok', flush=True)\nsys.stdin.readline()\n",
+    child = Child(CONNECT + "store.put('c', 1)\nv = store.open_writer('w', 1000)\nprint('ok', flush=True)\n"
+                            "sys.stdin.readline()\n",
                   env={"N": store.name})
     assert child.readline() == "ok"
     child.kill()
@@ -229,7 +230,8 @@ def test_segments_are_owner_only_and_named_for_user_store_node(store):
 
 
 def test_emulated_nodes_never_share_memory(name):
-    with shmstore.connect(name, capacity="8MiB", node="n0") as a, shmstore.connect(name, capacity="8MiB", node="n1") as b:
+    with shmstore.connect(name, capacity="8MiB", node="n0") as a, \
+            shmstore.connect(name, capacity="8MiB", node="n1") as b:
         a.put("k", 0)
         b.put("k", 1)
         assert a.get("k") == 0 and b.get("k") == 1

@@ -313,7 +313,7 @@ def test_close_drops_open_writers_and_their_use_raises(name):
     with pytest.raises(shmstore.StoreClosedError, match="nothing was stored"):
         w.write(b"56789")
     with pytest.raises(shmstore.StoreClosedError):
-        w.buffer
+        _ = w.buffer
     w.close()  # idempotent after the store dropped it
     with shmstore.connect(name, capacity="8MiB") as again:
         assert "w" not in again and again.check() == []

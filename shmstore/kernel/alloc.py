@@ -25,7 +25,7 @@ or freed by the process that died, and nobody else knows its number.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -42,7 +42,7 @@ class Allocator:
     the ALLOC lock (process-safe and thread-safe only through it).
     """
 
-    def __init__(self, buf, layout: L.Layout, capacity: int) -> None:
+    def __init__(self, buf: Any, layout: L.Layout, capacity: int) -> None:
         self._buf = buf
         self._layout = layout
         self.capacity = capacity & ~(L.ALIGN - 1)
@@ -184,7 +184,8 @@ class Allocator:
             self._bin_insert(rec, offset, size, prev_phys, next_phys)
 
     def size_of(self, rec: int) -> int:
-        return L.extent_raw(self._buf, self._layout.extent(rec))[1]
+        size: int = L.extent_raw(self._buf, self._layout.extent(rec))[1]
+        return size
 
     def set_flags(self, rec: int, flags: int) -> None:
         """Change a used extent's kind (chunk -> retired chunk)."""
@@ -216,7 +217,7 @@ class Allocator:
         offset, size, prev_phys, next_phys, _, _, flags, _ = L.extent_raw(buf, lay.extent(rec))
         if flags in (L.EXT_UNUSED, L.EXT_FREE):
             raise LayoutError(f"free of extent {rec} that is not in use (flags {flags})")
-        freed = size
+        freed: int = size
         if prev_phys:
             p = L.extent_raw(buf, lay.extent(prev_phys))
             if p[6] == L.EXT_FREE:

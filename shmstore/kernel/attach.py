@@ -1,7 +1,7 @@
 """One process's attachment to a node store, in one session: what a kernel's parts share."""
 from __future__ import annotations
 
-from types import ModuleType
+from typing import Any
 
 from .cache import ClientCache
 from .node import NodeStore
@@ -21,12 +21,12 @@ class Attachment:
                  "smask", "meta_addr", "stripe_addrs", "arena", "arena_addr", "ro", "prefault")
 
     def __init__(self, node: NodeStore, slot: int, sid: int, session: str, cache: ClientCache,
-                 fast: ModuleType | None) -> None:
+                 fast: Any) -> None:
         self.node, self.slot, self.sid, self.session, self.cache, self.fast = node, slot, sid, session, cache, fast
         lay = node.layout
-        self.buf, self.lay, self.table, self.stripes = node.meta.mm, lay, node.table, node.stripes
+        self.buf, self.lay, self.table, self.stripes = node.buf, lay, node.table, node.stripes
         self.bmask, self.smask = lay.nbuckets - 1, lay.nstripes - 1
         self.meta_addr = node.meta.address
         self.stripe_addrs = [lock.address for lock in node.stripes]
-        self.arena, self.arena_addr, self.ro = node.arena.mm, node.arena.address, node.arena_ro
+        self.arena, self.arena_addr, self.ro = node.arena_mm, node.arena.address, node.arena_ro
         self.prefault = node.prefault

@@ -24,6 +24,8 @@ while this client's ``chunk_lock`` is held, so the chunk cannot be retired
 """
 from __future__ import annotations
 
+from typing import Any
+
 import errno
 import threading
 
@@ -36,10 +38,10 @@ __all__ = ["ClientCache", "ENTRY_BATCH", "retire_chunk", "owns_entry"]
 ENTRY_BATCH = 32
 
 
-def owns_entry(buf, eoff: int, slot: int, gen: int) -> bool:
+def owns_entry(buf: Any, eoff: int, slot: int, gen: int) -> bool:
     """True if the entry at ``eoff`` is reserved for client ``slot`` with generation ``gen``."""
     e = L.entry_raw(buf, eoff)
-    return e[L.E_STATE] == L.RESERVED and e[L.E_WRITER] == slot and e[L.E_GEN] == gen
+    return bool(e[L.E_STATE] == L.RESERVED and e[L.E_WRITER] == slot and e[L.E_GEN] == gen)
 
 
 class ClientCache:
@@ -75,7 +77,7 @@ class ClientCache:
             return self.entries.pop()
 
     def _refill(self, key: str) -> None:
-        node, buf, lay = self.node, self.node.meta.mm, self.node.layout
+        node, buf, lay = self.node, self.node.buf, self.node.layout
         with node.alloc_lock:
             for _ in range(ENTRY_BATCH):
                 idx = node.table.new_entry()
@@ -100,7 +102,7 @@ class ClientCache:
         half of what others hold, at least one, never an entry with space
         placed for it (a large put between placing and linking it).
         """
-        node, buf, lay = self.node, self.node.meta.mm, self.node.layout
+        node, buf, lay = self.node, self.node.buf, self.node.layout
         for lock in node.stripes:
             lock.acquire()
         try:
@@ -133,10 +135,10 @@ class ClientCache:
             return 0, 0
         off = self._pos
         self._pos = off + size
-        return L.client_chunk(self.node.meta.mm, self._coff)[0], off
+        return L.client_chunk(self.node.buf, self._coff)[0], off
 
     def _new_chunk(self) -> bool:
-        node, buf = self.node, self.node.meta.mm
+        node, buf = self.node, self.node.buf
         with node.alloc_lock:
             self._retire_locked()
             rec, off = node.alloc.alloc(node.chunk_size, -(self.slot + 1), L.EXT_CHUNK)
@@ -166,7 +168,7 @@ class ClientCache:
 
     def give_back(self) -> None:
         """Return reserved entries and retire the chunk (at close)."""
-        buf, lay, table = self.node.meta.mm, self.node.layout, self.node.table
+        buf, lay, table = self.node.buf, self.node.layout, self.node.table
         with self.chunk_lock, self.node.alloc_lock:
             self._retire_locked()
             while self.entries:
@@ -177,7 +179,7 @@ class ClientCache:
 
 def retire_chunk(node: NodeStore, slot: int) -> None:
     """Retire client ``slot``'s current chunk, if any (ALLOC lock held)."""
-    buf = node.meta.mm
+    buf = node.buf
     coff = node.layout.client(slot)
     rec = L.client_chunk(buf, coff)[0]
     if rec:

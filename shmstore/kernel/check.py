@@ -26,6 +26,8 @@ on its next round.
 """
 from __future__ import annotations
 
+from typing import Any, TYPE_CHECKING
+
 import contextlib
 import os
 import zlib
@@ -36,13 +38,16 @@ import numpy as np
 from . import layout as L
 from .repair import disk_charged, valid_extents
 
+if TYPE_CHECKING:
+    from .node import NodeStore
+
 __all__ = ["check", "frozen"]
 
 _LIVE = (L.WRITING, L.SEALED, L.DELETED)
 
 
 @contextlib.contextmanager
-def frozen(node) -> Iterator[None]:
+def frozen(node: "NodeStore") -> Iterator[None]:
     """Hold every stripe lock and the ALLOC lock: nothing in the store changes meanwhile.
 
     Raises:
@@ -55,10 +60,10 @@ def frozen(node) -> Iterator[None]:
         yield
 
 
-def check(node) -> list[str]:
+def check(node: "NodeStore") -> list[str]:
     """Every inconsistency of ``node``'s metadata, spill files and counters (see the module notes)."""
     with frozen(node):
-        buf, lay = node.meta.mm, node.layout
+        buf, lay = node.buf, node.layout
         t = L.entry_table(buf, lay).copy()
         ext = L.extent_table(buf, lay).copy()
         clients = L.client_table(buf, lay).copy()
@@ -73,7 +78,7 @@ def check(node) -> list[str]:
         return problems
 
 
-def _check_chains(buf, lay: L.Layout, t: np.ndarray, problems: list[str]) -> set[int]:
+def _check_chains(buf: Any, lay: L.Layout, t: np.ndarray, problems: list[str]) -> set[int]:
     heads = np.frombuffer(buf, np.int32, lay.nbuckets, lay.buckets)
     bmask = lay.nbuckets - 1
     linked: set[int] = set()
@@ -102,14 +107,15 @@ def _check_chains(buf, lay: L.Layout, t: np.ndarray, problems: list[str]) -> set
     return linked
 
 
-def _check_entries(buf, lay: L.Layout, t: np.ndarray, linked: set[int], clients: np.ndarray, pins: np.ndarray,
+def _check_entries(buf: Any, lay: L.Layout, t: np.ndarray, linked: set[int], clients: np.ndarray, pins: np.ndarray,
                    problems: list[str]) -> None:
     state = t["state"]
     for idx in np.flatnonzero((state == L.WRITING) | (state == L.SEALED)):
         if int(idx) not in linked:
             problems.append(f"entry {idx} ({_key(buf, lay, t, idx)!r}) is {_state(state[idx])} but in no chain")
     next_unused, head = L.entry_cursor(buf)
-    free_list, rec = [], head
+    free_list: list[int] = []
+    rec = head
     while rec and len(free_list) <= lay.max_objects:
         free_list.append(rec - 1)
         rec = int(t["next"][rec - 1]) if 0 < rec <= lay.max_objects else 0
@@ -152,7 +158,7 @@ def _check_stats(lay: L.Layout, t: np.ndarray, stats: np.ndarray, problems: list
             problems.append(f"stripe {s}: deleted counter says {int(stats['deleted'][s])}, it holds {deleted}")
 
 
-def _check_allocator(node, buf, lay: L.Layout, t: np.ndarray, ext: np.ndarray, clients: np.ndarray,
+def _check_allocator(node: "NodeStore", buf: Any, lay: L.Layout, t: np.ndarray, ext: np.ndarray, clients: np.ndarray,
                      problems: list[str]) -> None:
     n, head = L.extent_cursor(buf)
     flags = ext["flags"][:n]
@@ -160,7 +166,8 @@ def _check_allocator(node, buf, lay: L.Layout, t: np.ndarray, ext: np.ndarray, c
     free = np.flatnonzero(flags == L.EXT_FREE) + 1
     _check_tiling(node, ext, used, free, problems)
     _check_bins(buf, lay, ext, free, problems)
-    unused, rec = [], head
+    unused: list[int] = []
+    rec = head
     while rec and len(unused) <= n:
         unused.append(rec)
         rec = int(ext["next_free"][rec - 1]) if 0 < rec <= n else 0
@@ -181,7 +188,7 @@ def _check_allocator(node, buf, lay: L.Layout, t: np.ndarray, ext: np.ndarray, c
     _check_objects(lay, t, ext, n, problems)
 
 
-def _check_tiling(node, ext: np.ndarray, used: np.ndarray, free: np.ndarray, problems: list[str]) -> None:
+def _check_tiling(node: "NodeStore", ext: np.ndarray, used: np.ndarray, free: np.ndarray, problems: list[str]) -> None:
     recs = np.concatenate([used, free])
     order = recs[np.argsort(ext["offset"][recs - 1], kind="stable")]
     pos, prev = 0, 0
@@ -203,11 +210,11 @@ def _check_tiling(node, ext: np.ndarray, used: np.ndarray, free: np.ndarray, pro
     elif prev and int(ext["next_phys"][prev - 1]) != 0:
         problems.append(f"extent {prev}: last in the arena but has a successor")
     objects = used[ext["flags"][used - 1] == L.EXT_USED]  # chunks are cut from the top, past the frontier
-    if len(objects) and int((ext["offset"][objects - 1] + ext["size"][objects - 1]).max()) > L.frontier(node.meta.mm):
+    if len(objects) and int((ext["offset"][objects - 1] + ext["size"][objects - 1]).max()) > L.frontier(node.buf):
         problems.append("an object's extent lies beyond the allocator's frontier")
 
 
-def _check_bins(buf, lay: L.Layout, ext: np.ndarray, free: np.ndarray, problems: list[str]) -> None:
+def _check_bins(buf: Any, lay: L.Layout, ext: np.ndarray, free: np.ndarray, problems: list[str]) -> None:
     seen: set[int] = set()
     mask = L.bin_mask(buf)
     for k in range(L.NBINS):
@@ -245,7 +252,7 @@ def _check_objects(lay: L.Layout, t: np.ndarray, ext: np.ndarray, n: int, proble
                             f"(kind {x['flags']}, owner {x['owner']}, [{x['offset']}, {x['offset'] + x['size']}))")
         spans.append((off, off + size, idx))
     spans.sort()
-    for (a0, a1, i), (b0, b1, j) in zip(spans, spans[1:]):
+    for (_, a1, i), (b0, b1, j) in zip(spans, spans[1:]):
         if b0 < a1:
             problems.append(f"entries {i} and {j} overlap in the arena at [{b0}, {min(a1, b1)})")
     for idx in np.flatnonzero(live & (t["level"] == L.LEVEL_DISK)).tolist():
@@ -257,7 +264,7 @@ def _check_objects(lay: L.Layout, t: np.ndarray, ext: np.ndarray, n: int, proble
             problems.append(f"entry {idx}: restore extent {e['extent']} is not its own")
 
 
-def _check_disk(node, buf, lay: L.Layout, t: np.ndarray, problems: list[str]) -> None:
+def _check_disk(node: "NodeStore", buf: Any, lay: L.Layout, t: np.ndarray, problems: list[str]) -> None:
     charged = disk_charged(buf, lay)
     if L.disk_reserved(buf) != charged:
         problems.append(f"disk quota counter says {L.disk_reserved(buf)} B, the table charges {charged} B")
@@ -280,9 +287,9 @@ def _check_disk(node, buf, lay: L.Layout, t: np.ndarray, problems: list[str]) ->
         problems.append(f"spill file {name} belongs to no object")
 
 
-def _key(buf, lay: L.Layout, t: np.ndarray, idx) -> str:
+def _key(buf: Any, lay: L.Layout, t: np.ndarray, idx: Any) -> str:
     return L.entry_key(buf, lay.entry(int(idx)), int(t["keylen"][idx])).decode(errors="replace")
 
 
-def _state(s) -> str:
+def _state(s: Any) -> str:
     return L.STATE_NAMES.get(int(s), str(int(s)))

@@ -36,7 +36,7 @@ def _load_helper() -> Any:
     if pure_python():
         return None
     try:
-        from . import _copy
+        from . import _copy  # type: ignore[attr-defined]  # built by setup.py where a compiler is
     except ImportError:
         return None
     return _copy

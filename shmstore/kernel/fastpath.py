@@ -29,8 +29,9 @@ def load() -> ModuleType | None:
     if pure_python():
         return None
     try:
-        from . import _fast
+        from . import _fast  # type: ignore[attr-defined]  # built by setup.py where a compiler is
     except ImportError:
         return None
     _fast.configure(L.fast_path_layout())
-    return _fast
+    module: ModuleType = _fast
+    return module

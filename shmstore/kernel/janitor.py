@@ -27,11 +27,10 @@ def reclaim(node: NodeStore, slot: int) -> tuple[int, int]:
         (objects dropped, bytes freed) - unsealed writes and deleted objects
         whose last pin it was.
     """
-    buf, lay, table = node.meta.mm, node.layout, node.table
+    buf, lay, table = node.buf, node.layout, node.table
     dropped = freed = 0
     entries = L.entry_table(buf, lay)
-    for idx in np.flatnonzero((entries["state"] == L.WRITING) & (entries["writer"] == slot)):
-        idx = int(idx)
+    for idx in np.flatnonzero((entries["state"] == L.WRITING) & (entries["writer"] == slot)).tolist():
         with node.stripe_of(idx):
             eoff = lay.entry(idx)
             e = L.unpack_entry(buf, eoff)
@@ -39,8 +38,7 @@ def reclaim(node: NodeStore, slot: int) -> tuple[int, int]:
                 table.unlink(idx, table.bucket_of(idx))
                 node.release(idx)
                 dropped, freed = dropped + 1, freed + e.size
-    for idx in table.pinned_by(slot):
-        idx = int(idx)
+    for idx in table.pinned_by(slot).tolist():
         with node.stripe_of(idx):
             size = L.unpack_entry(buf, lay.entry(idx)).size
             node.table.unpin(slot, idx)
@@ -53,7 +51,7 @@ def reclaim(node: NodeStore, slot: int) -> tuple[int, int]:
 
 def give_back(node: NodeStore, slot: int) -> None:
     """Return client ``slot``'s reserved entries (with any space placed for them) and retire its chunk."""
-    buf, lay = node.meta.mm, node.layout
+    buf, lay = node.buf, node.layout
     with node.alloc_lock:
         t = L.entry_table(buf, lay)
         for idx in np.flatnonzero((t["state"] == L.RESERVED) & (t["writer"] == slot)):
@@ -68,15 +66,14 @@ def sweep_deleted(node: NodeStore) -> int:
     """
     if not node.table.deleted_pending():
         return 0
-    entries = L.entry_table(node.meta.mm, node.layout)
+    entries = L.entry_table(node.buf, node.layout)
     candidates = np.flatnonzero(entries["state"] == L.DELETED)
     freed = 0
-    for idx in candidates:
-        idx = int(idx)
+    for idx in candidates.tolist():
         if node.table.pin_count(idx):
             continue
         with node.stripe_of(idx):
-            freed += node.free_if_unpinned(idx)
+            freed += bool(node.free_if_unpinned(idx))
     return freed
 
 

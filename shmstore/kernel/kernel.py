@@ -20,11 +20,10 @@ its space is reused once the last view is gone.
 from __future__ import annotations
 
 import os
-import threading
 import time
 import weakref
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -52,7 +51,7 @@ _MEMORY = int(Level.MEMORY)
 _ARRAY_CACHE = 65536  # (dtype, shape, order) of arrays this process got recently
 _monotonic = time.monotonic
 _crc32 = zlib.crc32
-_fast = fastpath.load()
+_fast: Any = fastpath.load()  # the C helper (no stubs), or None
 
 
 def _dtype(raw: bytes) -> np.dtype:
@@ -74,8 +73,10 @@ class Kernel:
     _closed = True
     _detached = True
 
-    def __init__(self, node: NodeStore, slot: int, session: str) -> None:
+    def __init__(self, node: NodeStore, slot: int, session: str,
+                 on_detach: Callable[[int], None] | None = None) -> None:
         self.node = node
+        self._on_detach = on_detach
         self.slot = slot
         self.session = session
         self._cache = ClientCache(node, slot)
@@ -89,8 +90,8 @@ class Kernel:
         self._ctx = self.pins.ctx
         self._buf, self._lay, self._table, self._stripes = at.buf, at.lay, at.table, at.stripes
         self._bmask, self._smask, self._ro, self._fast = at.bmask, at.smask, at.ro, _fast
-        self._arrays: dict[tuple[int, int], tuple] = {}
-        self.writers: weakref.WeakSet = weakref.WeakSet()  # open Writers, aborted by close()
+        self._arrays: dict[tuple[int, int], tuple[Any, ...]] = {}
+        self.writers: weakref.WeakSet[Any] = weakref.WeakSet()  # open Writers, aborted by close()
         self._fork = _FORKS[0]
         self._closed = self._detached = False
 
@@ -145,7 +146,7 @@ class Kernel:
         return ObjectNotFoundError(f"no object {key!r}{where}", key)
 
     # ---- get --------------------------------------------------------------
-    def lookup(self, key: str, kb: bytes, pin: bool) -> tuple[int, tuple, tuple | None]:
+    def lookup(self, key: str, kb: bytes, pin: bool) -> tuple[int, tuple[Any, ...], tuple[Any, ...] | None]:
         """Find the sealed entry of ``key``; pin it for this process if ``pin``.
 
         Returns:
@@ -175,14 +176,14 @@ class Kernel:
             self.pins.up(idx)
         return self._pinned(idx, eoff, e)
 
-    def _pinned(self, idx: int, eoff: int, e: tuple) -> tuple[int, tuple, tuple | None]:
+    def _pinned(self, idx: int, eoff: int, e: tuple[Any, ...]) -> tuple[int, tuple[Any, ...], tuple[Any, ...] | None]:
         """The rest of a pinning lookup, without the lock: the pin keeps the entry as it is."""
         now = _monotonic()
         if now - e[L.E_ATIME] > ATIME_GRAIN:  # LRU needs no finer clock than this
             L.set_entry_atime(self._buf, eoff, now)
         return idx, e, self._array(idx, eoff, e[L.E_KIND], e[L.E_GEN])
 
-    def _array(self, idx: int, eoff: int, kind: int, gen: int) -> tuple | None:
+    def _array(self, idx: int, eoff: int, kind: int, gen: int) -> tuple[Any, ...] | None:
         """(dtype, shape, order) of an ndarray entry, else None."""
         if kind != L.KIND_NDARRAY:
             return None
@@ -236,7 +237,7 @@ class Kernel:
         obj._release = (self._release, idx, gen)
         return obj
 
-    def lease(self, idx: int, e: tuple, array: tuple | None = None) -> np.ndarray:
+    def lease(self, idx: int, e: tuple[Any, ...], array: tuple[Any, ...] | None = None) -> np.ndarray:
         """Read-only view of entry ``idx`` (pinned by the caller) that unpins with its last view.
 
         Its bytes as a :class:`Lease`, or with ``array = (dtype, shape,
@@ -244,6 +245,7 @@ class Kernel:
         mapped from its file: a slice reads only the pages it touches.
         """
         n = e[L.E_NBYTES]
+        buf: Any
         if e[L.E_LEVEL] == _MEMORY or n == 0:
             buf, off = self._ro, e[L.E_OFFSET] if n else 0
         else:
@@ -252,6 +254,7 @@ class Kernel:
             except OSError as exc:
                 self._release(idx, e[L.E_GEN])
                 raise SpillError(f"cannot read spilled object (entry {idx}) from {self.node.disk.path}: {exc}") from exc
+        view: Lease | SharedArray
         if array is None:
             view = np.ndarray.__new__(Lease, (n,), _U8, buf, off)
         else:
@@ -301,7 +304,7 @@ class Kernel:
         idx, e, _ = self.lookup(key, kb, False)
         return self._info(key, e, self._table.pin_count(idx))
 
-    def _info(self, key: str, e: tuple, pins: int) -> ObjectInfo:
+    def _info(self, key: str, e: tuple[Any, ...], pins: int) -> ObjectInfo:
         return ObjectInfo(key, e[L.E_NBYTES], Level(e[L.E_LEVEL]), pins > 0, e[L.E_STATE] == L.SEALED,
                           e[L.E_NBLOBS], serialize.KIND_NAMES[e[L.E_KIND]], e[L.E_SIZE], pins,
                           self.session_name(e[L.E_SESSION]), e[L.E_CTIME])
@@ -384,15 +387,13 @@ class Kernel:
         self._cache.give_back()
         self.pins.close()
         remaining = self.node.deregister(self.slot)
-        self.on_detach(remaining)
-
-    def on_detach(self, remaining: int) -> None:
-        """Hook run after the slot is given back (the Store closes its mappings)."""
+        if self._on_detach is not None:  # the Store closes its mappings
+            self._on_detach(remaining)
 
 
 def _session_id(node: NodeStore, name: str) -> int:
     """The id of session ``name`` in ``node`` (registered if new)."""
-    buf, lay = node.meta.mm, node.layout
+    buf, lay = node.buf, node.layout
     with node.admin:
         free = -1
         for sid in range(L.MAX_SESSIONS):

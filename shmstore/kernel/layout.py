@@ -187,11 +187,14 @@ ENTRY_HEAD = Record("ENTRY_HEAD", 80, """
     48   gen      u32  generation (bumped whenever the entry is freed or changes hands)
     52   pins     u32  reserved (pins live in the pin bytes)
     56   writer   i32  client slot of the writer while writing (of the batch while reserved)
-    60   extent   i32  extent record of the data (1-based, 0 none); on DISK, that of a restore in progress; while reserved, that placed for a put in flight (written under the ALLOC lock: extent and owner name each other)
+    60   extent   i32  extent record of the data (1-based, 0 none); on DISK, that of a restore in
+                       progress; while reserved, that placed for a put in flight (written under the
+                       ALLOC lock: extent and owner name each other)
     64   nblobs   u32  number of blobs
     68   keylen   u16  key length in bytes
     70   session  u16  session id
-    72   state    u8   0 free, 1 writing, 2 sealed (only while linked), 3 deleted (hidden; freed by its last pin), 4 reserved (in client writer's batch)
+    72   state    u8   0 free, 1 writing, 2 sealed (only while linked), 3 deleted (hidden; freed by
+                       its last pin), 4 reserved (in client writer's batch)
     73   kind     u8   0 raw bytes, 1 ndarray, 2 pickle5
     74   level    u8   level (Level value)
     75   flags    u8   1 being moved, 2 carved from a chunk (extent is the chunk)
@@ -563,7 +566,8 @@ def entry_state_offset(eoff: int) -> int:
     return eoff + _E_STATE
 
 
-def find_entry(buf: Any, layout: Layout, b: int, h: int, session: int, key: bytes) -> tuple[int, int, tuple | None]:
+def find_entry(buf: Any, layout: Layout, b: int, h: int, session: int,
+               key: bytes) -> tuple[int, int, tuple[Any, ...] | None]:
     """Walk bucket ``b``'s chain for ``key``: (index, entry offset, raw ENTRY_HEAD tuple) or (-1, 0, None)."""
     rec = _I32.unpack_from(buf, layout.buckets + 4 * b)[0]
     base, klen = layout.entries, len(key)
@@ -648,7 +652,7 @@ def reserve_entry(buf: Any, eoff: int, slot: int) -> None:
     buf[eoff + _E_STATE] = RESERVED
 
 
-_ARRAY_META: dict[tuple, bytes] = {}
+_ARRAY_META: dict[tuple[Any, ...], bytes] = {}
 
 
 def array_meta(dtype: str, shape: tuple[int, ...], order: str) -> bytes:
@@ -668,7 +672,7 @@ def set_entry_array(buf: Any, eoff: int, meta: bytes) -> None:
     buf[eoff + ENTRY_ARRAY_OFFSET: eoff + ENTRY_ARRAY_OFFSET + len(meta)] = meta
 
 
-def entry_array_raw(buf: Any, eoff: int) -> tuple:
+def entry_array_raw(buf: Any, eoff: int) -> tuple[Any, ...]:
     """ENTRY_ARRAY fields as stored: (dtype bytes, ndim, order flag, 8 dims)."""
     return ENTRY_ARRAY.struct.unpack_from(buf, eoff + ENTRY_ARRAY_OFFSET)
 

@@ -119,7 +119,7 @@ class ShmLock:
             )
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if _unlock(self._addr):
             raise RuntimeError(f"release of lock {self.name} not held by this thread")
 

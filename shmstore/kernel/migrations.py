@@ -25,7 +25,7 @@ _MY_START = proc_start_time(_ME) or 0
 
 def _find(node: NodeStore, sid: int, key: bytes) -> tuple[int, int]:
     """(slot holding ``key``, first free slot), -1 where none (ADMIN lock held)."""
-    buf, lay = node.meta.mm, node.layout
+    buf, lay = node.buf, node.layout
     states = L.migration_states(buf, lay)
     free = states.find(L.MIG_FREE)
     if states.count(L.MIG_FREE) == len(states):
@@ -57,14 +57,14 @@ def begin(node: NodeStore, sid: int, key: bytes) -> tuple[bool, int]:
     with node.admin:
         found, free = _find(node, sid, key)
         if found >= 0:
-            m = L.unpack_migration(node.meta.mm, node.layout, found)
+            m = L.unpack_migration(node.buf, node.layout, found)
             if m.state == L.MIG_FLIGHT and pid_alive(m.pid, m.start):
-                L.add_transfer_stats(node.meta.mm, dedup=1)
+                L.add_transfer_stats(node.buf, dedup=1)
                 return False, found
             free = found  # failed, or its process died: take it over
         if free < 0:
             return True, -1
-        L.pack_migration(node.meta.mm, node.layout, free, L.Migration(
+        L.pack_migration(node.buf, node.layout, free, L.Migration(
             L.MIG_FLIGHT, sid, len(key), me, start, time.time(), "", key))
         return True, free
 
@@ -74,11 +74,11 @@ def finish(node: NodeStore, slot: int, error: str | None = None) -> None:
     if slot < 0:
         return
     with node.admin:
-        m = L.unpack_migration(node.meta.mm, node.layout, slot)
+        m = L.unpack_migration(node.buf, node.layout, slot)
         if m.pid != os.getpid():
             return
         state = L.MIG_FAILED if error else L.MIG_FREE
-        L.pack_migration(node.meta.mm, node.layout, slot, m._replace(state=state, error=error or "", time=time.time()))
+        L.pack_migration(node.buf, node.layout, slot, m._replace(state=state, error=error or "", time=time.time()))
 
 
 def wait(node: NodeStore, slot: int, sid: int, key: bytes, timeout: float) -> str | None:
@@ -88,7 +88,7 @@ def wait(node: NodeStore, slot: int, sid: int, key: bytes, timeout: float) -> st
     pause = 0.0005
     while time.monotonic() < deadline:
         with node.admin:
-            m = L.unpack_migration(node.meta.mm, node.layout, slot)
+            m = L.unpack_migration(node.buf, node.layout, slot)
             if m.state == L.MIG_FREE or m.session != sid or m.key != key:
                 return None
             if m.state == L.MIG_FAILED:
@@ -105,9 +105,9 @@ def clear_dead(node: NodeStore) -> int:
     n = 0
     with node.admin:
         for slot in range(L.NMIGRATIONS):
-            m = L.unpack_migration(node.meta.mm, node.layout, slot)
+            m = L.unpack_migration(node.buf, node.layout, slot)
             stale_fail = m.state == L.MIG_FAILED and time.time() - m.time > 60
             if (m.state == L.MIG_FLIGHT and not pid_alive(m.pid, m.start)) or stale_fail:
-                L.pack_migration(node.meta.mm, node.layout, slot, m._replace(state=L.MIG_FREE))
+                L.pack_migration(node.buf, node.layout, slot, m._replace(state=L.MIG_FREE))
                 n += 1
     return n

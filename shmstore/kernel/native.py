@@ -10,6 +10,7 @@ import ctypes.util
 import errno
 import mmap
 import time
+from typing import Any
 
 __all__ = [
     "EOWNERDEAD", "ENOTRECOVERABLE", "address_of",
@@ -34,7 +35,7 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-def _fn(name: str, *argtypes, lib=_libc):
+def _fn(name: str, *argtypes: Any, lib: ctypes.CDLL = _libc) -> Any:
     f = getattr(lib, name)
     f.argtypes = list(argtypes)
     f.restype = ctypes.c_int
@@ -89,10 +90,10 @@ def mutex_timedlock(addr: int, timeout: float) -> int:
     if _clocklock is not None:
         deadline = time.monotonic() + timeout
         ts = _Timespec(int(deadline), int((deadline % 1) * 1e9))
-        return _clocklock(addr, _CLOCK_MONOTONIC, ctypes.byref(ts))
+        return int(_clocklock(addr, _CLOCK_MONOTONIC, ctypes.byref(ts)))
     deadline = time.time() + timeout  # pragma: no cover - old glibc
     ts = _Timespec(int(deadline), int((deadline % 1) * 1e9))
-    return _timedlock(addr, ctypes.byref(ts))
+    return int(_timedlock(addr, ctypes.byref(ts)))
 
 
 def populate_write(addr: int, length: int) -> int:
@@ -115,4 +116,4 @@ def set_timer_slack(ns: int) -> bool:
     A thread that polls with short sleeps (an MPI service) then wakes about
     when asked instead of ~50 us late. Per thread; True where it took effect.
     """
-    return _prctl(_PR_SET_TIMERSLACK, max(1, int(ns)), 0, 0, 0) == 0
+    return bool(_prctl(_PR_SET_TIMERSLACK, max(1, int(ns)), 0, 0, 0) == 0)

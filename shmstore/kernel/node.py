@@ -15,11 +15,12 @@ both happen under the ADMIN lock, so exactly one of them wins.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
-import threading
 import time
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -35,6 +36,9 @@ from .repair import rebuild_allocator, repair_stripe
 from .prefault import Prefaulter
 from .procs import pid_alive, proc_start_time, reap_children, spawned
 from .table import Table
+
+if TYPE_CHECKING:
+    from .cache import ClientCache
 
 __all__ = ["NodeStore", "store_prefix", "proc_start_time", "pid_alive", "reap_children"]
 
@@ -55,22 +59,26 @@ class NodeStore:
     Process-safe through its locks; thread-safe.
     """
 
-    meta: Segment | None = None
-    arena: Segment | None = None
-    prefault: Prefaulter | None = None
+    meta: Segment
+    arena: Segment
+    prefault: Prefaulter
 
     def __init__(self, cfg: Config, meta: Segment, arena: Segment, created: bool) -> None:
         self.cfg = cfg
         self.meta, self.arena = meta, arena
+        self.buf: mmap.mmap = meta.mapping()  # the metadata, as every function of layout.py takes it
+        self.arena_mm: mmap.mmap = arena.mapping()
         self.created = created
         self.prefix = store_prefix(cfg.name, cfg.node)
-        self.header = L.unpack_header(meta.mm)
+        self.header = L.unpack_header(self.buf)
         self.layout = L.Layout.from_header(self.header)
         self.capacity = self.header.capacity
-        self.alloc = Allocator(meta.mm, self.layout, self.capacity)
-        self.table = Table(meta.mm, self.layout, self.alloc)
+        self.alloc = Allocator(self.buf, self.layout, self.capacity)
+        self.table = Table(self.buf, self.layout, self.alloc)
         base, timeout = meta.address, cfg.lock_timeout
-        lock = lambda i, name, rec=None: ShmLock(base + self.layout.lock_offset(i), name, timeout, rec)
+
+        def lock(i: int, name: str, rec: Callable[[], None] | None = None) -> ShmLock:
+            return ShmLock(base + self.layout.lock_offset(i), name, timeout, rec)
         self.admin = lock(L.LOCK_ADMIN, "admin")
         self.alloc_lock = lock(L.LOCK_ALLOC, "alloc", lambda: rebuild_allocator(self))
         self.spill_lock = lock(L.LOCK_SPILL, "spill")
@@ -81,8 +89,8 @@ class NodeStore:
         self.chunk_size = min(4 << 20, max(L.MIN_CHUNK, self.capacity // 64)) & ~(L.PAGE - 1)
         self.small_max = self.chunk_size // 16
         arena.advise_hugepages()
-        self.arena_ro = memoryview(arena.mm).toreadonly()
-        self.disk = SpillDir(L.spill_dir(meta.mm), self.prefix.lstrip("/"))
+        self.arena_ro = memoryview(self.arena_mm).toreadonly()
+        self.disk = SpillDir(L.spill_dir(self.buf), self.prefix.lstrip("/"))
         self.wake = Wakeup(self.prefix + "-wake", create=False)  # the creator made it (see _create)
         self.prefault = Prefaulter(meta, arena, self.capacity)
 
@@ -184,30 +192,30 @@ class NodeStore:
         """
         pid, start = os.getpid(), proc_start_time(os.getpid()) or 0
         with self.admin:
-            if L.header_state(self.meta.mm) != L.STATE_READY:
+            if L.header_state(self.buf) != L.STATE_READY:
                 raise FileNotFoundError(f"store {self.cfg.name!r} is being destroyed")
-            clients = L.client_table(self.meta.mm, self.layout)
+            clients = L.client_table(self.buf, self.layout)
             free = [int(s) for s in (clients["state"] == 0).nonzero()[0]]
             if not free:
                 raise StorageFullError(
                     f"store {self.cfg.name!r} has all {self.layout.max_clients} client slots taken "
                     f"(raise max_clients= / SHMSTORE_MAX_CLIENTS when creating the store)")
             slot = free[0]
-            L.pack_client(self.meta.mm, self.layout.client(slot), pid, 1, start, time.time())
-            L.pack_request(self.meta.mm, self.layout.client(slot), L.Request(0, 0, 0, 0, 0, 0, 0, 0, ""))
+            L.pack_client(self.buf, self.layout.client(slot), pid, 1, start, time.time())
+            L.pack_request(self.buf, self.layout.client(slot), L.Request(0, 0, 0, 0, 0, 0, 0, 0, ""))
             return slot
 
     def deregister(self, slot: int) -> int:
         """Give slot ``slot`` back; returns how many clients remain."""
         with self.admin:
             self.table.clear_pins(slot)
-            L.pack_client(self.meta.mm, self.layout.client(slot), 0, 0, 0, 0.0)
-            L.pack_request(self.meta.mm, self.layout.client(slot), L.Request(0, 0, 0, 0, 0, 0, 0, 0, ""))
-            return int((L.client_table(self.meta.mm, self.layout)["state"] == 1).sum())
+            L.pack_client(self.buf, self.layout.client(slot), 0, 0, 0, 0.0)
+            L.pack_request(self.buf, self.layout.client(slot), L.Request(0, 0, 0, 0, 0, 0, 0, 0, ""))
+            return int((L.client_table(self.buf, self.layout)["state"] == 1).sum())
 
     def clients(self) -> list[tuple[int, int, int]]:
         """(slot, pid, start time) of every registered client."""
-        t = L.client_table(self.meta.mm, self.layout)
+        t = L.client_table(self.buf, self.layout)
         return [(int(s), int(t["pid"][s]), int(t["start"][s])) for s in (t["state"] == 1).nonzero()[0]]
 
     # ---- entries shared by every client (caller holds the entry's stripe lock) ---
@@ -215,7 +223,7 @@ class NodeStore:
         """The lock guarding entry ``idx`` (valid while the entry is pinned or locked)."""
         return self.stripes[self.table.stripe_of(idx)]
 
-    def release(self, idx: int, blocking: bool = True, cache=None) -> bool:
+    def release(self, idx: int, blocking: bool = True, cache: ClientCache | None = None) -> bool:
         """Free entry ``idx`` and its space (already unlinked from its chain; stripe lock held).
 
         An object carved from a chunk goes back to ``cache`` (a client's
@@ -226,7 +234,7 @@ class NodeStore:
         repairs it), never a file without an entry.
         """
         eoff = self.layout.entry(idx)
-        e = L.entry_raw(self.meta.mm, eoff)
+        e = L.entry_raw(self.buf, eoff)
         if cache is not None and e[L.E_FLAGS] & L.FLAG_IN_CHUNK:
             cache.entries.append((idx, self.table.keep_entry(idx, cache.slot)))
             return True
@@ -240,23 +248,24 @@ class NodeStore:
             return False
         try:
             if on_disk:
-                L.set_disk_reserved(self.meta.mm, max(0, L.disk_reserved(self.meta.mm) - e[L.E_SIZE]))
+                L.set_disk_reserved(self.buf, max(0, L.disk_reserved(self.buf) - e[L.E_SIZE]))
             self.table.release_entry(idx)
         finally:
             self.alloc_lock.release()
         return True
 
     def free_if_unpinned(self, idx: int, gen: int | None = None, blocking: bool = True,
-                         cache=None) -> bool | None:
+                         cache: ClientCache | None = None) -> bool | None:
         """Free ``idx`` if it is deleted (of generation ``gen``) and nobody pins it.
 
         Returns True if freed, False if there was nothing to free, None if
         ``blocking`` is False and the ALLOC lock was busy (try again later).
         """
         eoff = self.layout.entry(idx)
-        if L.entry_state(self.meta.mm, eoff) != L.DELETED or (gen is not None and L.entry_gen(self.meta.mm, eoff) != gen):
+        buf = self.buf
+        if L.entry_state(buf, eoff) != L.DELETED or (gen is not None and L.entry_gen(buf, eoff) != gen):
             return False
-        if L.entry_flags(self.meta.mm, eoff) & L.FLAG_MOVING:
+        if L.entry_flags(self.buf, eoff) & L.FLAG_MOVING:
             return False  # the mover frees it when it finishes
         if self.table.pin_count(idx):
             return False
@@ -264,16 +273,16 @@ class NodeStore:
 
     # ---- spill process -----------------------------------------------------
     def spill_pid(self) -> int:
-        return L.spill_pid(self.meta.mm)
+        return L.spill_pid(self.buf)
 
     def ensure_spill(self) -> int:
         """Start the spill process if none runs; returns its pid."""
         reap_children()
         with self.admin:
-            pid = L.spill_pid(self.meta.mm)
+            pid = L.spill_pid(self.buf)
             if pid_alive(pid):
                 return pid
-            persistent = bool(L.header_flags(self.meta.mm) & L.FLAG_PERSIST)
+            persistent = bool(L.header_flags(self.buf) & L.FLAG_PERSIST)
             proc = subprocess.Popen(
                 [sys.executable, "-m", "shmstore.spill", "--name", self.cfg.name, "--node", self.cfg.node,
                  "--spill-dir", self.cfg.spill_dir],
@@ -281,11 +290,11 @@ class NodeStore:
                 stderr=subprocess.DEVNULL if persistent else None,
                 start_new_session=True, close_fds=True)
             spawned.append(proc)
-            L.set_spill_pid(self.meta.mm, proc.pid)
+            L.set_spill_pid(self.buf, proc.pid)
             return proc.pid
 
     def spill_alive(self) -> bool:
-        return pid_alive(L.spill_pid(self.meta.mm))
+        return pid_alive(L.spill_pid(self.buf))
 
     def remove_if_unused(self) -> int | None:
         """Remove the store if it is not persistent and no client is attached.
@@ -293,25 +302,25 @@ class NodeStore:
         Returns:
             How many spill files went with it, or None if the store stays.
         """
-        if L.header_flags(self.meta.mm) & L.FLAG_PERSIST:
+        if L.header_flags(self.buf) & L.FLAG_PERSIST:
             return None
         with self.admin:
-            if self.clients() or L.header_state(self.meta.mm) != L.STATE_READY:
+            if self.clients() or L.header_state(self.buf) != L.STATE_READY:
                 return None
-            L.set_header_state(self.meta.mm, L.STATE_DESTROYING)
+            L.set_header_state(self.buf, L.STATE_DESTROYING)
         return self.unlink()
 
     # ---- usage ----------------------------------------------------------------
     def used(self, level: int) -> int:
         """Bytes of the objects on ``level`` (sum of the stripes' counters)."""
-        return int(L.stats_table(self.meta.mm, self.layout)["used"][:, level].sum())
+        return int(L.stats_table(self.buf, self.layout)["used"][:, level].sum())
 
     def nobjects(self) -> int:
-        return int(L.stats_table(self.meta.mm, self.layout)["objects"].sum())
+        return int(L.stats_table(self.buf, self.layout)["objects"].sum())
 
     def reclaim_retired_locked(self) -> int:
         """Free retired chunks that no entry points at (ALLOC lock held); returns how many."""
-        buf = self.meta.mm
+        buf = self.buf
         if not L.retired_chunks(buf):
             return 0
         ext = L.extent_table(buf, self.layout)
@@ -329,25 +338,26 @@ class NodeStore:
             return self.reclaim_retired_locked()
 
     # ---- recovery -----------------------------------------------------------
-    def _stripe_repair(self, stripe: int):
-        return lambda: repair_stripe(self, stripe)
+    def _stripe_repair(self, stripe: int) -> Callable[[], None]:
+        def repair() -> None:
+            repair_stripe(self, stripe)
+        return repair
 
     # ---- teardown ------------------------------------------------------------
     def close(self) -> None:
-        """Stop the prefault thread and unmap; idempotent."""
-        if self.prefault is not None:
-            self.prefault.stop()
+        """Stop the prefault thread and unmap; idempotent (and safe on a half-built store)."""
+        prefault, arena_ro = getattr(self, "prefault", None), getattr(self, "arena_ro", None)
+        if prefault is not None:
+            prefault.stop()
         try:
-            self.arena_ro.release()
-        except (BufferError, AttributeError):
+            if arena_ro is not None:
+                arena_ro.release()
+        except BufferError:
             pass  # views into it are alive
-        if getattr(self, "wake", None) is not None:
-            self.wake.close()
-        if getattr(self, "disk", None) is not None:
-            self.disk.close()
-        for seg in (self.arena, self.meta):
-            if seg is not None:
-                seg.close()
+        for part in (getattr(self, "wake", None), getattr(self, "disk", None), getattr(self, "arena", None),
+                     getattr(self, "meta", None)):
+            if part is not None:
+                part.close()
 
     def unlink(self) -> int:
         """Remove the store's spill files, semaphore and segment names; returns how many files.
@@ -386,7 +396,8 @@ def _wait_ready(meta: Segment, prefix: str, deadline: float) -> L.Header:
                 unlink_segment(prefix + "-meta")
                 raise FileNotFoundError(f"store {prefix} was left half-created")
         elif h.version != L.LAYOUT_VERSION:
-            raise LayoutError(f"segment {meta.name!r} has layout version {h.version}, this build reads {L.LAYOUT_VERSION}")
+            raise LayoutError(f"segment {meta.name!r} has layout version {h.version}, "
+                              f"this build reads {L.LAYOUT_VERSION}")
         elif h.uid != os.getuid():
             raise PermissionDeniedError(f"segment {meta.name!r} belongs to uid {h.uid}, not {os.getuid()}")
         elif h.state == L.STATE_READY:

@@ -61,7 +61,8 @@ class Pins:
     def _down(self, idx: int) -> bool:
         """One local pin less on ``idx`` (no lock); True when it was the last one."""
         if self._fast is not None:
-            return self._fast.unpin(self.counts, idx, self._addr)
+            last: bool = self._fast.unpin(self.counts, idx, self._addr)
+            return last
         with self._lock:  # no allocation of GC-tracked objects inside: no finalizer can run here
             n = self.counts.get(idx, 0) - 1
             if n > 0:

@@ -16,6 +16,7 @@ import time
 from ..errors import StorageFullError
 from ..units import format_size
 from . import layout as L
+from .segment import Segment
 
 __all__ = ["Prefaulter"]
 
@@ -33,7 +34,7 @@ class Prefaulter:
         capacity: bytes of the arena.
     """
 
-    def __init__(self, meta, arena, capacity: int) -> None:
+    def __init__(self, meta: Segment, arena: Segment, capacity: int) -> None:
         self.meta, self.arena, self.capacity = meta, arena, capacity
         self.populated = 0  # the first ``populated`` bytes of the arena are faulted in, here
         self._stop: threading.Event | None = None

@@ -5,7 +5,7 @@ import subprocess
 
 __all__ = ["proc_start_time", "pid_alive", "reap_children", "spawned"]
 
-spawned: list[subprocess.Popen] = []  # spill processes started by this process, until reaped
+spawned: list[subprocess.Popen[bytes]] = []  # spill processes started by this process, until reaped
 
 
 def proc_start_time(pid: int) -> int | None:

@@ -8,7 +8,8 @@ A record is declared as a small table, one field per line::
         ...
     ''')
 
-(byte offset, name, type, meaning). Types: ``u8 u16 u32 u64 i32 i64 f64``,
+(byte offset, name, type, meaning; a line that does not start with a
+number goes on with the meaning of the field before). Types: ``u8 u16 u32 u64 i32 i64 f64``,
 ``bytes<N>``, and arrays such as ``i64[8]``. Everything else derives from the
 table: :attr:`Record.struct` (the fields in offset order, gaps as pad bytes,
 up to the end of the last field), :attr:`Record.dtype` (for vectorised scans),
@@ -44,20 +45,20 @@ class Field(NamedTuple):
     doc: str
     code: str      # struct code of the field alone ("Q", "16s", "8q")
     size: int      # bytes
-    count: int     # values it unpacks to (8 for i64[8], 1 otherwise)
+    n: int         # values it unpacks to (8 for i64[8], 1 otherwise)
 
 
 def _field(offset: int, name: str, type_: str, doc: str) -> Field:
-    if type_ in _CODES:
-        code, count = _CODES[type_], 1
-    elif _BYTES.match(type_):
-        code, count = _BYTES.match(type_).group(1) + "s", 1  # type: ignore[union-attr]
-    elif _ARRAY.match(type_):
-        base, n = _ARRAY.match(type_).groups()  # type: ignore[union-attr]
-        code, count = n + _CODES[base], int(n)
-    else:
+    code, n = _CODES.get(type_, ""), 1
+    bytes_, array = _BYTES.match(type_), _ARRAY.match(type_)
+    if bytes_:
+        code = bytes_.group(1) + "s"
+    elif array and array.group(1) in _CODES:
+        n = int(array.group(2))
+        code = f"{n}{_CODES[array.group(1)]}"
+    if not code:
         raise ValueError(f"field {name!r}: unknown type {type_!r}")
-    return Field(offset, name, type_, doc, code, struct.calcsize("<" + code), count)
+    return Field(offset, name, type_, doc, code, struct.calcsize("<" + code), n)
 
 
 class Record:
@@ -69,8 +70,12 @@ class Record:
 
     def __init__(self, name: str, size: int, table: str) -> None:
         self.name, self.size = name, size
-        fields = []
+        fields: list[Field] = []
         for line in table.strip().splitlines():
+            first = line.split(None, 1)[0]
+            if not first.isdigit():  # the meaning goes on from the line before
+                fields[-1] = fields[-1]._replace(doc=fields[-1].doc + " " + line.strip())
+                continue
             off, fname, ftype, *doc = line.split(None, 3)
             fields.append(_field(int(off), fname, ftype, doc[0] if doc else ""))
         self.fields = sorted(fields)
@@ -87,8 +92,9 @@ class Record:
         self._index, i = {}, 0
         for f in self.fields:
             self._index[f.name] = i
-            i += f.count
-        self.tuple = collections.namedtuple(name.title().replace("_", ""), [f.name for f in self.fields])
+            i += f.n
+        make_tuple: Any = collections.namedtuple  # a class made at run time: mypy cannot follow it
+        self.tuple: Any = make_tuple(name.title().replace("_", ""), [f.name for f in self.fields])
         self.dtype = np.dtype({"names": [f.name for f in self.fields],
                                "formats": [self._dtype_of(f) for f in self.fields],
                                "offsets": [f.offset for f in self.fields], "itemsize": size})
@@ -100,8 +106,7 @@ class Record:
             return _DTYPES[f.type]
         if f.code.endswith("s"):
             return f"S{f.size}"
-        base, n = _ARRAY.match(f.type).groups()  # type: ignore[union-attr]
-        return (_DTYPES[base], (int(n),))
+        return (_DTYPES[f.type.split("[")[0]], (f.n,))
 
     # ---- access -----------------------------------------------------------------
     def indices(self, *names: str) -> tuple[int, ...]:
@@ -127,8 +132,8 @@ class Record:
         flat = self.struct.unpack_from(buf, off)
         values, i = [], 0
         for f in self.fields:
-            values.append(flat[i] if f.count == 1 else flat[i: i + f.count])
-            i += f.count
+            values.append(flat[i] if f.n == 1 else flat[i: i + f.n])
+            i += f.n
         return self.tuple._make(values)
 
     def pack(self, buf: Any, off: int, **values: Any) -> None:
@@ -147,8 +152,8 @@ class Record:
         out: list[Any] = []
         for f in self.fields:
             v = values.get(f.name)
-            if f.count > 1:
-                out.extend(v if v is not None else [0] * f.count)
+            if f.n > 1:
+                out.extend(v if v is not None else [0] * f.n)
             else:
                 out.append(v if v is not None else (b"" if f.code.endswith("s") else 0))
         return out

@@ -21,14 +21,19 @@ an object that ``get()`` cannot find.
 """
 from __future__ import annotations
 
+from typing import Any, TYPE_CHECKING
+
 import numpy as np
 
 from . import layout as L
 
+if TYPE_CHECKING:
+    from .node import NodeStore
+
 __all__ = ["rebuild_allocator", "repair_stripe", "valid_extents", "disk_charged"]
 
 
-def valid_extents(buf, lay: L.Layout) -> tuple[np.ndarray, np.ndarray]:
+def valid_extents(buf: Any, lay: L.Layout) -> tuple[np.ndarray, np.ndarray]:
     """(records to keep, records among them that must become retired chunks).
 
     A used extent is kept when its owner names it back: an entry (any state
@@ -54,7 +59,7 @@ def valid_extents(buf, lay: L.Layout) -> tuple[np.ndarray, np.ndarray]:
     return recs[used | chunk | retired], recs[retired]
 
 
-def disk_charged(buf, lay: L.Layout) -> int:
+def disk_charged(buf: Any, lay: L.Layout) -> int:
     """What the DISK quota counter must hold: objects on disk plus spills in flight (charged first)."""
     t = L.entry_table(buf, lay)
     live = (t["state"] != L.FREE) & (t["state"] != L.RESERVED)
@@ -62,9 +67,9 @@ def disk_charged(buf, lay: L.Layout) -> int:
     return int(t["size"][live & ((t["level"] == L.LEVEL_DISK) | spilling)].sum())
 
 
-def rebuild_allocator(node) -> None:
+def rebuild_allocator(node: "NodeStore") -> None:
     """Derive everything the ALLOC lock guards again (ALLOC lock held, its last holder died)."""
-    buf, lay = node.meta.mm, node.layout
+    buf, lay = node.buf, node.layout
     keep, retire = valid_extents(buf, lay)
     ext = L.extent_table(buf, lay)
     ext["flags"][retire - 1] = L.EXT_RETIRED
@@ -77,7 +82,7 @@ def rebuild_allocator(node) -> None:
     L.set_disk_reserved(buf, disk_charged(buf, lay))
 
 
-def _rebuild_free_entries(buf, lay: L.Layout) -> None:
+def _rebuild_free_entries(buf: Any, lay: L.Layout) -> None:
     t = L.entry_table(buf, lay)
     next_unused, _ = L.entry_cursor(buf)
     free = np.flatnonzero(t["state"][:next_unused] == L.FREE)
@@ -87,9 +92,9 @@ def _rebuild_free_entries(buf, lay: L.Layout) -> None:
     L.set_entry_cursor(buf, next_unused, int(free[0]) + 1 if len(free) else 0)
 
 
-def repair_stripe(node, stripe: int) -> int:
+def repair_stripe(node: "NodeStore", stripe: int) -> int:
     """Repair one stripe (its lock held, its last holder died); returns how many entries were dropped."""
-    buf, lay, table = node.meta.mm, node.layout, node.table
+    buf, lay, table = node.buf, node.layout, node.table
     linked = table.prune_chains(stripe)
     t = L.entry_table(buf, lay)
     mine = table.stripe_mask(stripe) & ((t["state"] == L.WRITING) | (t["state"] == L.SEALED))

@@ -8,6 +8,7 @@ import errno
 import mmap
 import os
 import stat
+from typing import Any
 
 import posix_ipc
 
@@ -101,7 +102,8 @@ class Segment:
             os.close(fd)
             posix_ipc.unlink_shared_memory(name)
             if exc.errno in (errno.ENOSPC, errno.ENOMEM):
-                raise StorageFullError(f"cannot create segment {name!r} of {format_size(size)}: {exc.strerror}") from exc
+                raise StorageFullError(f"cannot create segment {name!r} of {format_size(size)}: "
+                                       f"{exc.strerror}") from exc
             raise
         except BaseException:
             os.close(fd)
@@ -140,6 +142,16 @@ class Segment:
             os.close(fd)
             raise
 
+    def mapping(self) -> mmap.mmap:
+        """The mapping of the open segment.
+
+        Raises:
+            ValueError: the segment is closed.
+        """
+        if self.mm is None:
+            raise ValueError(f"segment {self.name!r} is closed")
+        return self.mm
+
     def advise_hugepages(self) -> None:
         """Ask for transparent huge pages (honoured where shmem THP is ``advise``; a no-op elsewhere).
 
@@ -148,7 +160,8 @@ class Segment:
         of a (huge-page backed) private numpy array.
         """
         try:
-            self.mm.madvise(mmap.MADV_HUGEPAGE)
+            if self.mm is not None:
+                self.mm.madvise(mmap.MADV_HUGEPAGE)
         except (AttributeError, OSError):
             pass
 
@@ -182,7 +195,7 @@ class Segment:
     def __enter__(self) -> "Segment":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:
@@ -191,7 +204,7 @@ class Segment:
         except (OSError, ShmStoreError):  # a finalizer never raises; unmapping happens at exit anyway
             pass
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
         return (Segment.attach, (self.name,))
 
 
@@ -240,7 +253,7 @@ class Wakeup:
             raise PermissionDeniedError(f"semaphore {name!r} cannot be opened: {exc} ({_SQUAT_HINT})") from exc
 
     @staticmethod
-    def _create(name: str):
+    def _create(name: str) -> Any:
         try:
             return posix_ipc.Semaphore(name, posix_ipc.O_CREX, mode=0o600, initial_value=0)
         except posix_ipc.ExistentialError:
@@ -259,6 +272,8 @@ class Wakeup:
         A signal arriving meanwhile (SIGTERM from a batch system) ends the
         wait early with False, after its Python handler ran.
         """
+        if self._sem is None:
+            raise ValueError(f"semaphore {self.name!r} is closed")
         try:
             self._sem.acquire(timeout)
             return True

@@ -36,7 +36,7 @@ class Encoded:
     __slots__ = ("kind", "size", "nbytes", "nblobs", "meta", "src", "array", "pickle", "blobs", "offsets")
 
     def __init__(self, kind: int, size: int, nbytes: int, nblobs: int = 0, meta: bytes | None = None,
-                 src: Any = None, array: tuple | None = None) -> None:
+                 src: Any = None, array: tuple[Any, ...] | None = None) -> None:
         self.kind = kind
         self.size = size          # bytes it occupies
         self.nbytes = nbytes      # what ObjectInfo.size reports
@@ -44,8 +44,8 @@ class Encoded:
         self.meta = meta          # ENTRY_ARRAY bytes of an ndarray
         self.src = src
         self.array = array        # (dtype, shape, order) of an ndarray
-        self.pickle = b""
-        self.blobs: list[np.ndarray] = []
+        self.pickle: Any = b""  # bytes, or the pickler's buffer
+        self.blobs: list[Any] = []  # arrays or memoryviews: anything exporting a buffer
         self.offsets: list[int] = []
 
 
@@ -151,7 +151,7 @@ def write(enc: Encoded, buf: Any, off: int) -> None:
         _write_pickle(enc, np.ndarray((enc.size,), np.uint8, buf, off))
 
 
-def parts(enc: Encoded) -> list[tuple[int, memoryview]]:
+def parts(enc: Encoded) -> list[tuple[int, Any]]:
     """The stored bytes of ``enc`` as ``(offset, bytes)`` pieces, for writing a file."""
     if not enc.size:
         return []
@@ -187,9 +187,9 @@ def decode(kind: int, base: np.ndarray, nbytes: int) -> Any:
         SerializationError: the stored pickle does not load here.
     """
     if kind == L.KIND_RAW:
-        return memoryview(base[:nbytes])
+        return base[:nbytes].data
     start, plen, blobs = L.unpack_object_header(base)
-    mv = memoryview(base)  # arrays built on slices of it keep ``base`` (the lease) as their base
+    mv = base.data  # arrays built on slices of it keep ``base`` (the lease) as their base
     try:
         return pickle.loads(mv[start: start + plen], buffers=[mv[o: o + n] for o, n in blobs])
     except Exception as exc:

@@ -22,6 +22,8 @@ Lock order: stripe lock, then ALLOC lock. Never the other way round.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import zlib
 
 import numpy as np
@@ -39,7 +41,7 @@ class Table:
     which lock the caller must hold; the table itself takes none.
     """
 
-    def __init__(self, buf, layout: L.Layout, alloc: Allocator) -> None:
+    def __init__(self, buf: Any, layout: L.Layout, alloc: Allocator) -> None:
         self.buf = buf
         self.layout = layout
         self.alloc = alloc
@@ -60,7 +62,8 @@ class Table:
     def stripe_mask(self, stripe: int) -> np.ndarray:
         """Boolean mask of the entries whose key hashes to ``stripe`` (any state)."""
         t = L.entry_table(self.buf, self.layout)
-        return (t["hash"] & self._bucket_mask & self._stripe_mask) == stripe
+        mask: np.ndarray = (t["hash"] & self._bucket_mask & self._stripe_mask) == stripe
+        return mask
 
     def repair_stats(self, stripe: int) -> None:
         """Recompute one stripe's usage from its entries (stripe lock held)."""
@@ -172,7 +175,7 @@ class Table:
         self.count(idx, -1)
         eoff = self.layout.entry(idx)
         e = L.entry_raw(self.buf, eoff)
-        gen = (e[L.E_GEN] + 1) & 0xFFFFFFFF
+        gen: int = (e[L.E_GEN] + 1) & 0xFFFFFFFF
         L.ENTRY_HEAD.pack(self.buf, eoff, hash=e[L.E_HASH], gen=gen, writer=slot, state=L.RESERVED)
         return gen
 
@@ -210,7 +213,8 @@ class Table:
 
     def pin_counts(self) -> np.ndarray:
         """Pinning processes per entry (uint8 per client summed over clients)."""
-        return np.count_nonzero(self._pins, axis=0)
+        counts: np.ndarray = np.count_nonzero(self._pins, axis=0)
+        return counts
 
     def pinned_by(self, slot: int) -> np.ndarray:
         """Entry indices that client ``slot`` pins."""

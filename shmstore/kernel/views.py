@@ -27,6 +27,8 @@ def _release(self: np.ndarray) -> None:
 class Lease(np.ndarray):
     """Read-only bytes of one stored object (raw bytes and pickled values hang off it)."""
 
+    _release: tuple[Any, ...] | None  # (function, index, generation): what unpins it, set by the kernel
+
     __del__ = _release
 
 
@@ -38,6 +40,8 @@ class SharedArray(np.ndarray):
     Results of arithmetic on it are plain ndarrays; pickling it pickles a
     plain array.
     """
+
+    _release: tuple[Any, ...] | None  # as Lease._release
 
     __del__ = _release
 

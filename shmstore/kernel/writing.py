@@ -156,7 +156,7 @@ class Puts:
                 continue  # another client holds that entry now
 
     def _reserve_locked(self, key: str, kb: bytes, idx: int, gen: int, h: int, b: int, kind: int, stored: int,
-                        nbytes: int, nblobs: int, meta: bytes | None, level: int) -> tuple:
+                        nbytes: int, nblobs: int, meta: bytes | None, level: int) -> tuple[Any, ...]:
         """``reserve`` in Python under the stripe lock (the C path's fallback, and DISK)."""
         buf, lay, cache = self._buf, self._lay, self._cache
         stripe, eoff = b & self._smask, lay.entry(idx)
@@ -206,7 +206,7 @@ class Puts:
 
     def _fast_reserve(self, key: str, kb: bytes, idx: int, gen: int, h: int, b: int, stripe: int, kind: int,
                       stored: int, nbytes: int, nblobs: int, meta: bytes | None,
-                      enc: serialize.Encoded | None = None) -> tuple | None:
+                      enc: serialize.Encoded | None = None) -> tuple[Any, ...] | None:
         """``reserve`` through the C fast path: place first, then one locked C call.
 
         With ``enc`` (a contiguous array or bytes value) its bytes are copied
@@ -234,7 +234,7 @@ class Puts:
 
     def _fast_insert(self, key: str, kb: bytes, idx: int, gen: int, h: int, b: int, stripe: int, kind: int,
                      stored: int, nbytes: int, nblobs: int, meta: bytes | None, enc: serialize.Encoded | None,
-                     rec: int, off: int, flags: int) -> tuple | None:
+                     rec: int, off: int, flags: int) -> tuple[Any, ...] | None:
         lay = self._lay
         try:
             data = None

@@ -76,7 +76,8 @@ def parse_levels(levels: object, default: Sequence[Level]) -> tuple[Level, ...]:
                 raise ValueError(item)
             lv = Level[item.upper()] if isinstance(item, str) else Level(item)
         except (KeyError, ValueError):
-            raise InvalidArgumentError(f"not a storage level: {item!r} (use Level.MEMORY, Level.DISK or Level.GPU)") from None
+            raise InvalidArgumentError(f"not a storage level: {item!r} "
+                                       f"(use Level.MEMORY, Level.DISK or Level.GPU)") from None
         if lv not in out:
             out.append(lv)
     if not out:

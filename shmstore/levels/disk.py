@@ -182,7 +182,7 @@ class SpillDir:
             OSError: the file is missing or unreadable. SpillError: it is shorter than expected.
         """
         with os.fdopen(self._open_read(idx, gen), "rb", buffering=0) as f:
-            mv = memoryview(dst)
+            mv = memoryview(dst.data)
             done = 0
             while done < len(mv):
                 n = f.readinto(mv[done: done + CHUNK])

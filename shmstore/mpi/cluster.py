@@ -47,7 +47,7 @@ from .streams import RemoteReader, RemoteWriter
 __all__ = ["Cluster"]
 
 
-def _label(kwargs: dict) -> str:
+def _label(kwargs: dict[str, Any]) -> str:
     raw = kwargs.get("node") or node_label() or os.environ.get("PMI_HOSTNAME") \
         or socket.gethostname().split(".")[0]
     return "".join(c if c.isalnum() or c in "_.-" else "-" for c in str(raw))[:48] or "node"
@@ -92,7 +92,7 @@ class Cluster:
         self._comm.Barrier()
         self._closed = False
 
-    def _identify(self, kwargs: dict) -> None:
+    def _identify(self, kwargs: dict[str, Any]) -> None:
         """Group ranks into nodes: same host (Split_type) and same label; name each node."""
         mine = _label(kwargs)
         shared = self._comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
@@ -115,7 +115,7 @@ class Cluster:
         with self._tag_lock:
             return T.TAG_REPLY_MIN + next(self._tags) % (T.TAG_REPLY_MAX - T.TAG_REPLY_MIN)
 
-    def _rpc(self, node: int, kind: str, *args: Any) -> tuple[int, tuple]:
+    def _rpc(self, node: int, kind: str, *args: Any) -> tuple[int, tuple[Any, ...]]:
         """Send a request to ``node``'s leader and wait for its reply; (reply tag, reply)."""
         dest, tag = self._leaders[node], self._next_tag()
         self._comm.send((kind, tag) + args, dest=dest, tag=T.TAG_REQUEST)
@@ -185,7 +185,8 @@ class Cluster:
     def _fetch_one(self, key: str, source: int | None, levels: Any, block: int) -> None:
         """One deduplicated transfer of ``key`` into this node (see the migration map)."""
         kb = encode_key(key)
-        node, sid = self.store._node, self.store._kernel.sid
+        kernel = self.store.kernel
+        node, sid = kernel.node, kernel.sid
         for _ in range(4):
             if key in self.store:
                 return
@@ -215,10 +216,10 @@ class Cluster:
                 return self._transfer(key, src, reply, levels, block)
         raise errors.ObjectNotFoundError(f"no node has {key!r} (nodes: {self.nodes})", key)
 
-    def _transfer(self, key: str, src: int, reply: tuple, levels: Any, block: int) -> None:
+    def _transfer(self, key: str, src: int, reply: tuple[Any, ...], levels: Any, block: int) -> None:
         (kind, nbytes, nblobs, meta), inline, handle = reply[1], reply[2], reply[3]
         order = parse_levels(levels, DEFAULT_PUT_LEVELS)
-        kernel = self.store._kernel
+        kernel = self.store.kernel
         kb = encode_key(key)
         try:
             res = self.store._placement.place(
@@ -235,12 +236,12 @@ class Cluster:
             kernel.abort(idx)
             raise
         kernel.seal(idx, stripe)
-        with self.store._node.admin:
-            L.add_transfer_stats(self.store._node.meta.mm, transfers=1, received=nbytes)
+        with kernel.node.admin:
+            L.add_transfer_stats(kernel.node.buf, transfers=1, received=nbytes)
 
     def _receive(self, src: int, level: int, idx: int, off: int, stored: int, nbytes: int,
                  inline: bytes | None, handle: int, block: int) -> None:
-        kernel = self.store._kernel
+        kernel = self.store.kernel
         if level == L.LEVEL_MEMORY:
             kernel.node.prefault.ensure(off, nbytes, "incoming transfer")
             dst = kernel.writable(off, nbytes)
@@ -252,7 +253,7 @@ class Cluster:
             self._receive_frames(src, dst, nbytes, handle, block)
         if level != L.LEVEL_MEMORY:
             gen = L.entry_gen(kernel._buf, kernel._lay.entry(idx))
-            kernel.node.disk.write(idx, gen, [(0, memoryview(dst))], stored)
+            kernel.node.disk.write(idx, gen, [(0, dst.data)], stored)
 
     def _receive_frames(self, src: int, dst: np.ndarray, nbytes: int, handle: int, block: int) -> None:
         """Receive an object's frames into ``dst``, one thread per stream (this one runs the first)."""
@@ -346,7 +347,7 @@ class Cluster:
 
     def stats(self) -> dict[str, int]:
         """Node-wide counters: transfers into this node, bytes received and sent, deduplicated requests."""
-        t = L.unpack_transfer_stats(self.store._node.meta.mm)
+        t = L.unpack_transfer_stats(self.store.kernel.node.buf)
         return {"transfers": t[0], "bytes_received": t[1], "bytes_sent": t[2], "migrations_deduplicated": t[3]}
 
     # ---- lifecycle -------------------------------------------------------------
@@ -374,11 +375,14 @@ class Cluster:
         return f"<shmstore.mpi.Cluster rank {self.rank}/{self.size} node {self.node!r} of {self.nodes}>"
 
 
-def _remote_error(cls: type, message: str, key: Any, peer: int) -> Exception:
+def _remote_error(cls: Any, message: str, key: Any, peer: int) -> Exception:
+    exc: Exception
     if issubclass(cls, errors.TransferError):
-        return cls(message, key if isinstance(key, str) else None, peer)
+        exc = cls(message, key if isinstance(key, str) else None, peer)
+        return exc
     try:
-        return cls(message, key) if isinstance(key, str) and cls in _KEYED else cls(message)
+        exc = cls(message, key) if isinstance(key, str) and cls in _KEYED else cls(message)
+        return exc
     except TypeError:
         return errors.TransferError(message, None, peer)
 

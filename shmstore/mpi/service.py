@@ -103,7 +103,7 @@ class Service:
         self._pulls = [t for t in self._pulls if t.is_alive()]
 
     # ---- handlers --------------------------------------------------------------
-    def _on_lookup(self, src: int, tag: int, key: str, inline_max: int) -> tuple:
+    def _on_lookup(self, src: int, tag: int, key: str, inline_max: int) -> tuple[Any, ...]:
         k = self.kernel
         try:
             idx, e, _ = k.lookup(key, encode_key(key), True)
@@ -134,14 +134,14 @@ class Service:
         self._count_sent(lease.nbytes)
         return _NO_REPLY
 
-    def _on_release(self, src: int, tag: int, handle: int) -> tuple:
+    def _on_release(self, src: int, tag: int, handle: int) -> tuple[Any, ...]:
         self._leases.pop(handle, None)
         return ("ok",)
 
-    def _on_has(self, src: int, tag: int, key: str) -> tuple:
+    def _on_has(self, src: int, tag: int, key: str) -> tuple[Any, ...]:
         return ("ok", key in self.store)
 
-    def _on_delete(self, src: int, tag: int, key: str) -> tuple:
+    def _on_delete(self, src: int, tag: int, key: str) -> tuple[Any, ...]:
         try:
             self.store.delete(key)
             return ("ok", True)
@@ -152,7 +152,7 @@ class Service:
         def run() -> None:
             try:
                 self.cluster._fetch_one(key, from_node, None, block)
-                reply: tuple = ("ok",)
+                reply: tuple[Any, ...] = ("ok",)
             except errors.ShmStoreError as exc:
                 reply = ("error", type(exc).__name__, str(exc))
             except Exception as exc:
@@ -163,7 +163,7 @@ class Service:
         t.start()
         return _NO_REPLY
 
-    def _on_read(self, src: int, tag: int, key: str, offset: int, n: int) -> tuple:
+    def _on_read(self, src: int, tag: int, key: str, offset: int, n: int) -> tuple[Any, ...]:
         with self.store.open_reader(key) as r:
             r.seek(offset)
             data = r.read(n)
@@ -171,12 +171,12 @@ class Service:
         self._count_sent(len(data))
         return ("ok", size, data)
 
-    def _on_wopen(self, src: int, tag: int, key: str, size: int) -> tuple:
+    def _on_wopen(self, src: int, tag: int, key: str, size: int) -> tuple[Any, ...]:
         h = next(self._ids)
         self._writers[h] = self.store.open_writer(key, size)
         return ("ok", h)
 
-    def _on_write(self, src: int, tag: int, handle: int, data: bytes) -> tuple:
+    def _on_write(self, src: int, tag: int, handle: int, data: bytes) -> tuple[Any, ...]:
         w = self._writers.get(handle)
         if w is None:
             return ("error", "StoreClosedError", f"remote writer {handle} is closed")
@@ -187,7 +187,7 @@ class Service:
             raise
         return ("ok",)
 
-    def _on_wclose(self, src: int, tag: int, handle: int, abort: bool) -> tuple:
+    def _on_wclose(self, src: int, tag: int, handle: int, abort: bool) -> tuple[Any, ...]:
         w = self._writers.pop(handle, None)
         if w is None:
             return ("ok",)
@@ -200,10 +200,10 @@ class Service:
     def _count_sent(self, nbytes: int) -> None:
         node = self.store._node
         with node.admin:
-            L.add_transfer_stats(node.meta.mm, sent=nbytes)
+            L.add_transfer_stats(node.buf, sent=nbytes)
 
 
-def wait_quietly(reqs: list) -> None:
+def wait_quietly(reqs: list[Any]) -> None:
     """Wait for ``reqs`` without spinning: the receiving ranks copy the frames (MPICH's blocking
     calls busy-poll, which would take a core from them), this end only sees them finish."""
     while not MPI.Request.Testall(reqs):

@@ -28,7 +28,7 @@ class RemoteReader:
         n = self.size - self._pos if n is None or n < 0 else min(n, self.size - self._pos)
         if n <= 0:
             return b""
-        data = self._cluster._rpc(self._node, T.READ, self.key, self._pos, n)[1][2]
+        data: bytes = self._cluster._rpc(self._node, T.READ, self.key, self._pos, n)[1][2]
         self._pos += len(data)
         return data
 

@@ -26,7 +26,8 @@ takes the lock it held (``kernel/repair.py``).
 """
 from __future__ import annotations
 
-import os
+from typing import Any, Callable
+
 import time
 
 import numpy as np
@@ -55,7 +56,7 @@ class Mover:
 
     def __init__(self, node: NodeStore) -> None:
         self.node = node
-        self.buf = node.meta.mm
+        self.buf = node.buf
         self.lay = node.layout
         self.disk: SpillDir = node.disk
 
@@ -64,11 +65,11 @@ class Mover:
         e = L.entry_raw(self.buf, self.lay.entry(idx))
         return L.entry_key(self.buf, self.lay.entry(idx), e[L.E_KEYLEN]).decode(errors="replace")
 
-    def _state(self, **changes) -> None:
+    def _state(self, **changes: Any) -> None:
         s = L.unpack_spill_state(self.buf)
         L.pack_spill_state(self.buf, s._replace(**changes))
 
-    def _check_movable(self, idx: int, gen: int, level: int) -> tuple:
+    def _check_movable(self, idx: int, gen: int, level: int) -> tuple[Any, ...]:
         e = L.entry_raw(self.buf, self.lay.entry(idx))
         if e[L.E_STATE] != L.SEALED or e[L.E_GEN] != gen:
             raise MoveError(L.ERR_MISSING, f"object (entry {idx}) is gone")
@@ -112,7 +113,7 @@ class Mover:
         size, off = e[L.E_SIZE], e[L.E_OFFSET]
         self._state(moving=idx + 1, moving_to=L.LEVEL_DISK, progress=0, total=size)
         try:
-            arena = memoryview(node.arena.mm)[off: off + size]
+            arena = memoryview(node.arena_mm)[off: off + size]
             try:
                 self.disk.write(idx, gen, [(0, arena)], size, progress=lambda n: self._state(progress=n))
             finally:
@@ -134,7 +135,7 @@ class Mover:
             self._clear_moving(idx)
         self.node.free_if_unpinned(idx)  # deleted meanwhile: free it now
 
-    def _finish_spill(self, idx: int, e: tuple) -> int:
+    def _finish_spill(self, idx: int, e: tuple[Any, ...]) -> int:
         node, buf, lay = self.node, self.buf, self.lay
         eoff = lay.entry(idx)
         now = L.entry_raw(buf, eoff)
@@ -151,10 +152,10 @@ class Mover:
         L.add_stripe_stats(buf, soff, L.LEVEL_MEMORY, -size, -1)
         L.add_stripe_stats(buf, soff, L.LEVEL_DISK, size, 1)
         self._state(spilled=L.unpack_spill_state(buf).spilled + size)
-        return size
+        return int(size)
 
     @staticmethod
-    def _moved(e: tuple, offset: int, extent: int, level: int) -> tuple:
+    def _moved(e: tuple[Any, ...], offset: int, extent: int, level: int) -> tuple[Any, ...]:
         f = list(e)
         f[L.E_OFFSET], f[L.E_EXTENT], f[L.E_LEVEL] = offset, extent, level
         if level == L.LEVEL_MEMORY:
@@ -181,7 +182,7 @@ class Mover:
         self._state(moving=idx + 1, moving_to=L.LEVEL_MEMORY, progress=0, total=size)
         try:
             node.arena.populate(off, size)
-            dst = np.ndarray((size,), np.uint8, node.arena.mm, off)
+            dst = np.ndarray((size,), np.uint8, node.arena_mm, off)
             self.disk.read_into(idx, gen, dst, progress=lambda n: self._state(progress=n))
         except (OSError, SpillError) as exc:
             with lock:
@@ -202,7 +203,7 @@ class Mover:
             L.add_stripe_stats(buf, soff, L.LEVEL_MEMORY, size, 1)
             self.disk.remove(idx, gen)  # a crash before this leaves a stray file: recover() removes it
         self._state(restored=L.unpack_spill_state(buf).restored + size)
-        return size
+        return int(size)
 
     def _allocate(self, idx: int, size: int) -> tuple[int, int]:
         """An arena extent for restoring entry ``idx``, which names it at once (see alloc.py)."""
@@ -265,7 +266,7 @@ class Mover:
                 return 0  # read, pinned or deleted since the snapshot: take the next one
             raise
 
-    def relieve(self, budget: float = 0.2, interrupt=lambda: False) -> int:
+    def relieve(self, budget: float = 0.2, interrupt: Callable[[], bool] = lambda: False) -> int:
         """Spill LRU objects while MEMORY is above the high watermark, down to the low one.
 
         Stops after ``budget`` seconds or when ``interrupt()`` says requests wait.
@@ -292,8 +293,7 @@ class Mover:
         t = L.entry_table(buf, lay)
         moving = np.flatnonzero((t["state"] != L.FREE) & (t["state"] != L.RESERVED)
                                 & ((t["flags"] & L.FLAG_MOVING) != 0))
-        for idx in moving:
-            idx = int(idx)
+        for idx in moving.tolist():
             with node.stripe_of(idx):
                 e = L.entry_raw(buf, lay.entry(idx))
                 if not e[L.E_FLAGS] & L.FLAG_MOVING:

@@ -32,6 +32,7 @@ import os
 import signal
 import sys
 import time
+from typing import Callable
 
 from ..config import Config
 from ..errors import ShmStoreError
@@ -60,7 +61,7 @@ class _Spiller:
         self.label = f"{node.cfg.name}@{node.cfg.node}"
 
     def owns_store(self) -> bool:
-        return L.spill_pid(self.node.meta.mm) == os.getpid() and L.header_state(self.node.meta.mm) == L.STATE_READY
+        return L.spill_pid(self.node.buf) == os.getpid() and L.header_state(self.node.buf) == L.STATE_READY
 
     def run(self) -> int:
         try:
@@ -81,7 +82,7 @@ class _Spiller:
                 return self._drain()
         return 0
 
-    def _step(self, step) -> None:
+    def _step(self, step: Callable[[], object]) -> None:
         try:
             step()
         except Exception:  # keep serving the node: one bad round must not kill its janitor
@@ -107,8 +108,8 @@ class _Spiller:
             log.warning("%s: background spill failed: %s", self.label, exc)
 
     def _heartbeat(self) -> None:
-        s = L.unpack_spill_state(self.node.meta.mm)
-        L.pack_spill_state(self.node.meta.mm, s._replace(heartbeat=time.time()))
+        s = L.unpack_spill_state(self.node.buf)
+        L.pack_spill_state(self.node.buf, s._replace(heartbeat=time.time()))
 
     def _janitor(self) -> None:
         for slot, pid, dropped, freed in janitor_pass(self.node):
@@ -116,7 +117,7 @@ class _Spiller:
                         self.label, pid, slot, dropped, format_size(freed))
         sweep_deleted(self.node)
         migrations.clear_dead(self.node)
-        if L.retired_chunks(self.node.meta.mm):
+        if L.retired_chunks(self.node.buf):
             self.node.reclaim_retired()
 
     def serve(self) -> None:
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # the store is gone already
     spiller = _Spiller(node)
 
-    def _term(signum, frame):
+    def _term(signum: int, frame: object) -> None:
         spiller.stopping = True
 
     signal.signal(signal.SIGTERM, _term)

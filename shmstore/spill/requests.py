@@ -24,8 +24,8 @@ __all__ = ["submit", "wait", "pending", "complete"]
 def submit(node: NodeStore, slot: int, kind: int, nbytes: int = 0, idx: int = 0, gen: int = 0,
            level: int = 0) -> int:
     """Post a request for client ``slot``; returns its sequence number."""
-    buf, coff = node.meta.mm, node.layout.client(slot)
-    seq = (L.unpack_request(buf, coff).seq + 1) & 0xFFFFFFFF
+    buf, coff = node.buf, node.layout.client(slot)
+    seq: int = (L.unpack_request(buf, coff).seq + 1) & 0xFFFFFFFF
     L.pack_request(buf, coff, L.Request(kind, seq, idx, gen, level, L.RS_PENDING, 0, nbytes, ""))
     node.wake.post()
     return seq
@@ -34,7 +34,7 @@ def submit(node: NodeStore, slot: int, kind: int, nbytes: int = 0, idx: int = 0,
 def wait(node: NodeStore, slot: int, seq: int, timeout: float,
          progress: Callable[[L.SpillState], None] | None = None) -> L.Request | None:
     """Wait for request ``seq`` of client ``slot`` to finish; None on timeout (then it is withdrawn)."""
-    buf, coff = node.meta.mm, node.layout.client(slot)
+    buf, coff = node.buf, node.layout.client(slot)
     deadline = time.monotonic() + timeout
     pause, next_check = 0.0002, time.monotonic() + 0.5
     while True:
@@ -59,7 +59,7 @@ def wait(node: NodeStore, slot: int, seq: int, timeout: float,
 
 def pending(node: NodeStore) -> list[tuple[int, L.Request]]:
     """(slot, request) of every attached client with a pending request (spill process side)."""
-    buf, lay = node.meta.mm, node.layout
+    buf, lay = node.buf, node.layout
     t = L.client_table(buf, lay)
     slots = ((t["state"] == 1) & (t["req_status"] == L.RS_PENDING)).nonzero()[0]
     return [(int(s), L.unpack_request(buf, lay.client(int(s)))) for s in slots]
@@ -67,7 +67,7 @@ def pending(node: NodeStore) -> list[tuple[int, L.Request]]:
 
 def complete(node: NodeStore, slot: int, req: L.Request, error: int = 0, message: str = "") -> None:
     """Finish ``req`` of client ``slot`` (unless the client withdrew it meanwhile)."""
-    buf, coff = node.meta.mm, node.layout.client(slot)
+    buf, coff = node.buf, node.layout.client(slot)
     now = L.unpack_request(buf, coff)
     if now.seq == req.seq and now.status == L.RS_PENDING:
         L.pack_request(buf, coff, now._replace(status=L.RS_FAILED if error else L.RS_DONE, error=error,

@@ -119,7 +119,7 @@ def test_failed_fetch_clears_its_migration_entry_and_a_retry_succeeds(cluster, c
     with pytest.raises(shmstore.ObjectNotFoundError):
         cluster.get(key)
     node = cluster.store._node
-    flight = [L.unpack_migration(node.meta.mm, node.layout, s).state for s in range(L.NMIGRATIONS)]
+    flight = [L.unpack_migration(node.buf, node.layout, s).state for s in range(L.NMIGRATIONS)]
     assert L.MIG_FLIGHT not in flight
     comm.Barrier()
     if comm.rank == leader_of(cluster, last_node(cluster)):

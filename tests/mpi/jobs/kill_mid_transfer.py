@@ -22,7 +22,7 @@ with Cluster(name=sys.argv[1], capacity="1GiB", persist=True, prefault=0) as c:
         node = c.store._node
 
         def kill_when_under_way() -> None:
-            while not any(L.unpack_migration(node.meta.mm, node.layout, s).state == L.MIG_FLIGHT
+            while not any(L.unpack_migration(node.buf, node.layout, s).state == L.MIG_FLIGHT
                           for s in range(L.NMIGRATIONS)):
                 time.sleep(0.001)
             time.sleep(0.05)
