@@ -134,3 +134,36 @@ def test_a_record_rejects_overlapping_fields():
             0   a   u64  first
             4   b   u32  inside the first
         """)
+
+
+def test_stores_never_show_other_processes_a_zero():
+    """Regression: struct.pack_into zero-fills before it writes, so a process reading without a lock saw a
+    DISK capacity of 0 while the spill process rewrote the spill state (its heartbeat): a bogus 'disk full'.
+    Stores copy packed bytes in instead; a field rewritten with its own value never reads as anything else."""
+    import mmap
+    import os
+    import time
+    buf = mmap.mmap(-1, 8192)  # shared with the child
+    L.SPILL_STATE.pack(buf, L.SPILL_OFFSET, high=0.9, low=0.75, disk_capacity=12345)
+    soff = 4096
+    L.add_stripe_stats(buf, soff, L.LEVEL_DISK, 777, 1)
+    pid = os.fork()
+    if pid == 0:  # the writer: whole-record and single-field stores, as fast as it can
+        try:
+            end = time.monotonic() + 1.5
+            while time.monotonic() < end:
+                L.SPILL_STATE.pack(buf, L.SPILL_OFFSET, high=0.9, low=0.75, disk_capacity=12345,
+                                   heartbeat=time.time())
+                L.SPILL_STATE.set(buf, L.SPILL_OFFSET, "heartbeat", time.time())
+                L.add_stripe_stats(buf, soff, L.LEVEL_MEMORY, 64, 1)
+                L.add_stripe_stats(buf, soff, L.LEVEL_MEMORY, -64, -1)
+        finally:
+            os._exit(0)
+    zeros = reads = 0
+    end = time.monotonic() + 1.2
+    while time.monotonic() < end:
+        s = L.unpack_spill_state(buf)
+        zeros += (s.disk_capacity != 12345) + (s.high != 0.9) + (L.STRIPE_STATS.unpack(buf, soff).used[2] != 777)
+        reads += 1
+    os.waitpid(pid, 0)
+    assert reads > 1000 and zeros == 0, f"{zeros} torn reads in {reads}"

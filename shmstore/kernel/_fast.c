@@ -186,7 +186,8 @@ static PyObject *insert(PyObject *self, PyObject *args) {
         } else if ((unsigned char)e[STATE_OFF] != RESERVED || have_gen != gen || have_writer != writer) {
             rc = RC_STOLEN;
         } else {
-            memset(e, 0, (size_t)ARRAY_OFF); /* the head: fields not written below are 0 */
+            /* each field on its own: no zeroing first, which another process's unlocked read (an
+             * allocator repair reading this entry's extent) could see as a 0 */
             PUT(e, OFFSET_OFF, uint64_t, offset);
             PUT(e, SIZE_OFF, uint64_t, size);
             PUT(e, NBYTES_OFF, uint64_t, nbytes);

@@ -266,6 +266,12 @@ _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")
 _CURSOR = struct.Struct("<Ii")
+
+
+def _put(buf: Any, off: int, st: struct.Struct, *values: Any) -> None:
+    """Store ``values`` packed by ``st`` at ``off``: a memcpy of packed bytes, never ``pack_into``,
+    whose zero fill shows readers in other processes zeros (see records.py)."""
+    buf[off: off + st.size] = st.pack(*values)
 _BINS_OFFSET = ALLOC_OFFSET + ALLOC_STATE.offset["bins"]
 
 
@@ -479,7 +485,7 @@ def entry_cursor(buf: Any) -> tuple[int, int]:
 
 
 def set_entry_cursor(buf: Any, next_unused: int, free_head: int) -> None:
-    _CURSOR.pack_into(buf, _ENTRY_CURSOR, next_unused, free_head)
+    _put(buf, _ENTRY_CURSOR, _CURSOR, next_unused, free_head)
 
 
 def extent_cursor(buf: Any) -> tuple[int, int]:
@@ -488,7 +494,7 @@ def extent_cursor(buf: Any) -> tuple[int, int]:
 
 
 def set_extent_cursor(buf: Any, next_unused: int, free_head: int) -> None:
-    _CURSOR.pack_into(buf, _EXTENT_CURSOR, next_unused, free_head)
+    _put(buf, _EXTENT_CURSOR, _CURSOR, next_unused, free_head)
 
 
 def bin_mask(buf: Any) -> int:
@@ -504,7 +510,7 @@ def bin_head(buf: Any, k: int) -> int:
 
 
 def set_bin_head(buf: Any, k: int, rec: int) -> None:
-    _I32.pack_into(buf, _BINS_OFFSET + 4 * k, rec)
+    _put(buf, _BINS_OFFSET + 4 * k, _I32, rec)
 
 
 def clear_bins(buf: Any) -> None:
@@ -520,16 +526,16 @@ def add_stripe_stats(buf: Any, soff: int, level: int, nbytes: int, objects: int)
     """Add to one stripe's used bytes on ``level`` and object count (stripe lock held).
 
     Two single-field stores: a struct with pad bytes would write zeros over
-    the other levels' counters (``pack_into`` writes pads too).
+    the other levels' counters (packing writes pads too).
     """
     uoff, coff = soff + 8 * level, soff + _STATS_OBJECTS
-    _I64.pack_into(buf, uoff, _I64.unpack_from(buf, uoff)[0] + nbytes)
-    _I64.pack_into(buf, coff, _I64.unpack_from(buf, coff)[0] + objects)
+    _put(buf, uoff, _I64, _I64.unpack_from(buf, uoff)[0] + nbytes)
+    _put(buf, coff, _I64, _I64.unpack_from(buf, coff)[0] + objects)
 
 
 def add_stripe_deleted(buf: Any, soff: int, n: int) -> None:
     """Count entries of a stripe that are deleted but still pinned."""
-    _I64.pack_into(buf, soff + _STATS_DELETED, _I64.unpack_from(buf, soff + _STATS_DELETED)[0] + n)
+    _put(buf, soff + _STATS_DELETED, _I64, _I64.unpack_from(buf, soff + _STATS_DELETED)[0] + n)
 
 
 def stats_table(buf: Any, layout: Layout) -> np.ndarray:
@@ -547,7 +553,7 @@ def unpack_entry(buf: Any, eoff: int) -> Any:
 
 def pack_entry(buf: Any, eoff: int, e: Any) -> None:
     """Write a whole entry head from an ``EntryHead`` (or any tuple in its field order)."""
-    ENTRY_HEAD.struct.pack_into(buf, eoff, *e)
+    _put(buf, eoff, ENTRY_HEAD.struct, *e)
 
 
 def fast_path_layout() -> dict[str, int]:
@@ -595,7 +601,7 @@ def bucket_head(buf: Any, boff: int) -> int:
 
 
 def set_bucket_head(buf: Any, boff: int, rec: int) -> None:
-    _I32.pack_into(buf, boff, rec)
+    _put(buf, boff, _I32, rec)
 
 
 def entry_next(buf: Any, eoff: int) -> int:
@@ -603,7 +609,7 @@ def entry_next(buf: Any, eoff: int) -> int:
 
 
 def set_entry_next(buf: Any, eoff: int, nxt: int) -> None:
-    _I32.pack_into(buf, eoff + _E_NEXT, nxt)
+    _put(buf, eoff + _E_NEXT, _I32, nxt)
 
 
 def entry_state(buf: Any, eoff: int) -> int:
@@ -627,7 +633,7 @@ def entry_gen(buf: Any, eoff: int) -> int:
 
 
 def set_entry_gen(buf: Any, eoff: int, gen: int) -> None:
-    _U32.pack_into(buf, eoff + _E_GEN, gen)
+    _put(buf, eoff + _E_GEN, _U32, gen)
 
 
 def entry_extent(buf: Any, eoff: int) -> int:
@@ -639,16 +645,16 @@ def entry_hash(buf: Any, eoff: int) -> int:
 
 
 def set_entry_extent(buf: Any, eoff: int, rec: int) -> None:
-    _I32.pack_into(buf, eoff + _E_EXTENT, rec)
+    _put(buf, eoff + _E_EXTENT, _I32, rec)
 
 
 def set_entry_atime(buf: Any, eoff: int, atime: float) -> None:
-    _F64.pack_into(buf, eoff + _E_ATIME, atime)
+    _put(buf, eoff + _E_ATIME, _F64, atime)
 
 
 def reserve_entry(buf: Any, eoff: int, slot: int) -> None:
     """Mark a free entry as held in client ``slot``'s batch."""
-    _I32.pack_into(buf, eoff + _E_WRITER, slot)
+    _put(buf, eoff + _E_WRITER, _I32, slot)
     buf[eoff + _E_STATE] = RESERVED
 
 
@@ -691,7 +697,11 @@ def entry_table(buf: Any, layout: Layout) -> np.ndarray:
 
 # hot-path accessors: plain tuples in EXTENT field order, single-field stores
 extent_raw = EXTENT.struct.unpack_from
-extent_write = EXTENT.struct.pack_into
+
+
+def extent_write(buf: Any, xoff: int, *values: Any) -> None:
+    """Write a whole EXTENT record from its values in field order."""
+    _put(buf, xoff, EXTENT.struct, *values)
 _X = EXTENT.offset
 _X_PREV_PHYS, _X_NEXT_PHYS, _X_PREV_FREE, _X_NEXT_FREE = _X["prev_phys"], _X["next_phys"], _X["prev_free"], \
     _X["next_free"]
@@ -702,19 +712,19 @@ def extent_table(buf: Any, layout: Layout) -> np.ndarray:
 
 
 def set_extent_prev_phys(buf: Any, xoff: int, rec: int) -> None:
-    _I32.pack_into(buf, xoff + _X_PREV_PHYS, rec)
+    _put(buf, xoff + _X_PREV_PHYS, _I32, rec)
 
 
 def set_extent_next_phys(buf: Any, xoff: int, rec: int) -> None:
-    _I32.pack_into(buf, xoff + _X_NEXT_PHYS, rec)
+    _put(buf, xoff + _X_NEXT_PHYS, _I32, rec)
 
 
 def set_extent_prev_free(buf: Any, xoff: int, rec: int) -> None:
-    _I32.pack_into(buf, xoff + _X_PREV_FREE, rec)
+    _put(buf, xoff + _X_PREV_FREE, _I32, rec)
 
 
 def set_extent_next_free(buf: Any, xoff: int, rec: int) -> None:
-    _I32.pack_into(buf, xoff + _X_NEXT_FREE, rec)
+    _put(buf, xoff + _X_NEXT_FREE, _I32, rec)
 
 
 # ---- clients and sessions ---------------------------------------------------
@@ -738,7 +748,7 @@ def client_chunk(buf: Any, coff: int) -> tuple[int, int, int]:
 
 
 def set_client_chunk(buf: Any, coff: int, rec: int, offset: int, size: int) -> None:
-    _CLIENT_CHUNK.pack_into(buf, coff + CLIENT.offset["chunk"], rec, offset, size)
+    _put(buf, coff + CLIENT.offset["chunk"], _CLIENT_CHUNK, rec, offset, size)
 
 
 def client_table(buf: Any, layout: Layout) -> np.ndarray:
@@ -790,7 +800,7 @@ def pack_object_header(buf: Any, off: int, pickle_len: int, blobs: list[tuple[in
     OBJECT_HEADER.pack(buf, off, nblobs=len(blobs), pickle_len=pickle_len)
     if blobs:
         flat = [v for b in blobs for v in b]
-        struct.pack_into(f"<{len(flat)}Q", buf, off + OBJECT_HEADER.size, *flat)
+        _put(buf, off + OBJECT_HEADER.size, struct.Struct(f"<{len(flat)}Q"), *flat)
 
 
 def unpack_object_header(buf: Any, off: int = 0) -> tuple[int, int, list[tuple[int, int]]]:

@@ -171,7 +171,7 @@ def parts(enc: Encoded) -> list[tuple[int, Any]]:
 
 def _write_pickle(enc: Encoded, dst: np.ndarray) -> None:
     blobs = enc.blobs
-    L.pack_object_header(dst, 0, len(enc.pickle), [(o, b.nbytes) for o, b in zip(enc.offsets, blobs)])
+    L.pack_object_header(dst.data, 0, len(enc.pickle), [(o, b.nbytes) for o, b in zip(enc.offsets, blobs)])
     items = [(L.object_header_size(len(blobs)), enc.pickle)]
     items += [(o, b) for o, b in zip(enc.offsets, blobs) if b.nbytes]
     copy_blobs(dst, items)

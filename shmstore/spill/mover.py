@@ -66,8 +66,9 @@ class Mover:
         return L.entry_key(self.buf, self.lay.entry(idx), e[L.E_KEYLEN]).decode(errors="replace")
 
     def _state(self, **changes: Any) -> None:
-        s = L.unpack_spill_state(self.buf)
-        L.pack_spill_state(self.buf, s._replace(**changes))
+        """Update fields of the spill state, one store each (clients read it without a lock)."""
+        for name, value in changes.items():
+            L.SPILL_STATE.set(self.buf, L.SPILL_OFFSET, name, value)
 
     def _check_movable(self, idx: int, gen: int, level: int) -> tuple[Any, ...]:
         e = L.entry_raw(self.buf, self.lay.entry(idx))

@@ -108,8 +108,7 @@ class _Spiller:
             log.warning("%s: background spill failed: %s", self.label, exc)
 
     def _heartbeat(self) -> None:
-        s = L.unpack_spill_state(self.node.buf)
-        L.pack_spill_state(self.node.buf, s._replace(heartbeat=time.time()))
+        L.SPILL_STATE.set(self.node.buf, L.SPILL_OFFSET, "heartbeat", time.time())
 
     def _janitor(self) -> None:
         for slot, pid, dropped, freed in janitor_pass(self.node):

@@ -9,6 +9,11 @@ spill process can always take every lock a move needs.
 
 If the spill process dies, the waiting client restarts it (``ensure_spill``)
 and the new one serves the still-pending record.
+
+The status is each side's publishing store, written last and alone: the
+client fills in a request while its status says idle, then makes it
+pending; the spill process writes the error and message, then done or
+failed. So neither side ever reads a request or an answer half written.
 """
 from __future__ import annotations
 
@@ -24,9 +29,11 @@ __all__ = ["submit", "wait", "pending", "complete"]
 def submit(node: NodeStore, slot: int, kind: int, nbytes: int = 0, idx: int = 0, gen: int = 0,
            level: int = 0) -> int:
     """Post a request for client ``slot``; returns its sequence number."""
-    buf, coff = node.buf, node.layout.client(slot)
-    seq: int = (L.unpack_request(buf, coff).seq + 1) & 0xFFFFFFFF
-    L.pack_request(buf, coff, L.Request(kind, seq, idx, gen, level, L.RS_PENDING, 0, nbytes, ""))
+    buf, at = node.buf, node.layout.client(slot) + L.REQUEST_OFFSET
+    seq: int = (L.REQUEST.get(buf, at, "seq") + 1) & 0xFFFFFFFF
+    L.REQUEST.set(buf, at, "status", L.RS_IDLE)  # then the rest, then pending: the publishing store
+    L.REQUEST.pack(buf, at, kind=kind, seq=seq, idx=idx, gen=gen, level=level, status=L.RS_IDLE, nbytes=nbytes)
+    L.REQUEST.set(buf, at, "status", L.RS_PENDING)
     node.wake.post()
     return seq
 
@@ -45,7 +52,7 @@ def wait(node: NodeStore, slot: int, seq: int, timeout: float,
             return r
         now = time.monotonic()
         if now > deadline:
-            L.pack_request(buf, coff, r._replace(kind=L.REQ_NONE, status=L.RS_IDLE))
+            L.REQUEST.set(buf, coff + L.REQUEST_OFFSET, "status", L.RS_IDLE)  # withdrawn
             return None
         if now > next_check:  # the spill process may have died: restart it, it serves the record
             node.ensure_spill()
@@ -67,8 +74,8 @@ def pending(node: NodeStore) -> list[tuple[int, L.Request]]:
 
 def complete(node: NodeStore, slot: int, req: L.Request, error: int = 0, message: str = "") -> None:
     """Finish ``req`` of client ``slot`` (unless the client withdrew it meanwhile)."""
-    buf, coff = node.buf, node.layout.client(slot)
-    now = L.unpack_request(buf, coff)
-    if now.seq == req.seq and now.status == L.RS_PENDING:
-        L.pack_request(buf, coff, now._replace(status=L.RS_FAILED if error else L.RS_DONE, error=error,
-                                               message=message))
+    buf, at = node.buf, node.layout.client(slot) + L.REQUEST_OFFSET
+    if L.REQUEST.get(buf, at, "seq") == req.seq and L.REQUEST.get(buf, at, "status") == L.RS_PENDING:
+        L.REQUEST.set(buf, at, "error", error)
+        L.REQUEST.set(buf, at, "message", message.encode()[:120])
+        L.REQUEST.set(buf, at, "status", L.RS_FAILED if error else L.RS_DONE)  # the answer, last
