@@ -56,10 +56,11 @@ EXPECTED = (shmstore.ObjectNotFoundError, shmstore.ObjectLockedError, shmstore.S
 
 # ---- self-verifying values ---------------------------------------------------
 
-def make_value(rng: random.Random, key: str) -> tuple[Any, int]:
+def make_value(rng: random.Random, key: str, version: int = 0) -> tuple[Any, int]:
     """A random value (raw bytes, an array or a dict of parts) and the CRC of its payload."""
     size = rng.choice([0, 1, 63, 100, 4000, 60_000, 300_000, 1 << 20, 3 << 20])
-    payload = np.random.default_rng(zlib.crc32(key.encode())).integers(0, 256, size, dtype=np.uint8)
+    seed = zlib.crc32(f"{key}/{version}".encode())
+    payload = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
     crc = zlib.crc32(payload)
     head = np.array([(MAGIC, crc, size)], _HEADER).view(np.uint8)
     kind = rng.choice(["raw", "array", "dict"])
@@ -111,7 +112,7 @@ class Worker:
 
     def run(self) -> None:
         ops: list[tuple[Callable[[], None], int]] = [
-            (self.put, 6), (self.get, 6), (self.get_other, 3), (self.delete, 3), (self.write, 2),
+            (self.put, 6), (self.get, 6), (self.get_other, 3), (self.delete, 3), (self.write, 2), (self.overwrite, 2),
             (self.read, 2), (self.pin, 1), (self.hold, 2), (self.drop, 2), (self.move, 1), (self.look, 1)]
         funcs, weights = zip(*ops)
         while True:
@@ -137,6 +138,22 @@ class Worker:
             return
         self.note("p", key)
         self.mine.append(key)
+
+    def overwrite(self) -> None:
+        """Replace one of its objects: readers anywhere must find the old or the new value, never none."""
+        if not self.mine:
+            return
+        key = self.rng.choice(self.mine)
+        self.n += 1
+        value, crc = make_value(self.rng, key, self.n)
+        levels = self.rng.choice([None, None, [Level.DISK], [Level.MEMORY]])
+        self.note("O", key, crc)
+        try:
+            self.store.put(key, value, levels=levels, overwrite=True)
+        except shmstore.StorageFullError:
+            self.note("f", key)
+            return
+        self.note("o", key)
 
     def write(self) -> None:
         key = self._key()
@@ -259,7 +276,9 @@ class Journal:
 
     def __init__(self) -> None:
         self.crc: dict[str, int] = {}
-        self.state: dict[str, str] = {}   # P put begun, p put returned, F put failed, D delete begun, d deleted
+        self.state: dict[str, str] = {}   # P put begun, p put returned, F put failed, D delete begun, d deleted,
+        #                                   O overwrite begun (o returned, f failed: back to p)
+        self.old: dict[str, int] = {}     # the CRC an overwrite begun replaces
 
     def read(self, path: str) -> None:
         with open(path) as f:
@@ -272,6 +291,12 @@ class Journal:
                     raise AssertionError(f"worker read corrupt {key!r}: {' '.join(parts[2:])}")
                 if op == "P":
                     self.crc[key] = int(parts[2])
+                elif op == "O":
+                    self.old[key], self.crc[key] = self.crc[key], int(parts[2])
+                elif op in ("o", "f"):
+                    old = self.old.pop(key)
+                    self.crc[key] = old if op == "f" else self.crc[key]
+                    op = "p"
                 self.state[key] = op
 
 
@@ -402,8 +427,9 @@ class Chaos:
                 raise AssertionError(f"{key!r} is visible but no worker put it (seed {self.seed})")
         for key, state in journal.state.items():
             present = key in listed
-            if state == "p" and not present:
-                raise AssertionError(f"{key!r} was put and never deleted, but is gone (seed {self.seed})")
+            if state in ("p", "O") and not present:
+                what = "overwritten" if state == "O" else "put"
+                raise AssertionError(f"{key!r} was {what} and never deleted, but is gone (seed {self.seed})")
             if state in ("d", "F") and present:
                 after = "delete returned" if state == "d" else "put failed"
                 raise AssertionError(f"{key!r} is visible after its {after}"
@@ -418,7 +444,7 @@ class Chaos:
                     crc = verify(obj)
                 except AssertionError as exc:
                     raise AssertionError(f"{key!r} reads back damaged: {exc} (seed {self.seed})") from None
-                if crc != journal.crc[key]:
+                if crc != journal.crc[key] and not (state == "O" and crc == journal.old[key]):
                     raise AssertionError(f"{key!r} reads back another value than was put (seed {self.seed})")
                 del obj
                 self.checked += 1

@@ -9,7 +9,7 @@ from .errors import (ConfigError, InvalidArgumentError, InvalidKeyError, LayoutE
                      ObjectExistsError, ObjectLockedError, ObjectNotFoundError, PermissionDeniedError,
                      SerializationError,
                      ShmStoreError, SpillError, StorageFullError, StoreClosedError, StoreInUseError,
-                     TransferError)
+                     StoreNotFoundError, TransferError)
 from .levels import Capacity, Level, ObjectInfo
 from .store import Store, collect_stale, connect, destroy
 from .streams import Reader, Writer
@@ -21,7 +21,8 @@ __all__ = [
     "connect", "destroy", "collect_stale", "Store", "SharedArray", "Level", "ObjectInfo", "Capacity", "Reader",
     "Writer",
     "ShmStoreError", "ObjectNotFoundError", "ObjectExistsError", "ObjectLockedError", "StorageFullError",
-    "LockTimeoutError", "LayoutError", "StoreClosedError", "StoreInUseError", "SpillError", "TransferError",
+    "LockTimeoutError", "LayoutError", "StoreClosedError", "StoreNotFoundError",
+    "StoreInUseError", "SpillError", "TransferError",
     "InvalidArgumentError", "InvalidKeyError", "SerializationError", "ConfigError", "PermissionDeniedError",
     "__version__",
 ]

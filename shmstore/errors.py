@@ -17,6 +17,7 @@ __all__ = [
     "LockTimeoutError",
     "LayoutError",
     "StoreClosedError",
+    "StoreNotFoundError",
     "StoreInUseError",
     "SpillError",
     "TransferError",
@@ -41,6 +42,10 @@ class ObjectNotFoundError(ShmStoreError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class StoreNotFoundError(ShmStoreError, FileNotFoundError):
+    """``connect(create=False)`` found no store of that name on this node."""
 
 
 class ObjectExistsError(ShmStoreError):

@@ -43,7 +43,7 @@ class Placement:
         self._puts = 0
 
     # ---- put ------------------------------------------------------------------
-    def put(self, key: str, obj: Any, order: tuple[Level, ...]) -> ObjectInfo:
+    def put(self, key: str, obj: Any, order: tuple[Level, ...], overwrite: bool = False) -> ObjectInfo:
         """Place ``obj`` on the first level of ``order`` with room.
 
         Raises:
@@ -54,21 +54,21 @@ class Placement:
         for level in order:
             try:
                 if level == Level.MEMORY:
-                    info = self._put_memory(key, obj, waits=True)
+                    info = self._put_memory(key, obj, waits=True, overwrite=overwrite)
                     self.hint(info.stored)
                     return info
-                return self.kernel.put(key, obj, Level(_check_level(level)))
+                return self.kernel.put(key, obj, Level(_check_level(level)), overwrite)
             except StorageFullError as exc:
                 if exc.level is None:  # the object table is full: no level helps
                     raise
                 last = exc
         raise last  # type: ignore[misc]
 
-    def _put_memory(self, key: str, obj: Any, waits: bool) -> ObjectInfo:
+    def _put_memory(self, key: str, obj: Any, waits: bool, overwrite: bool = False) -> ObjectInfo:
         deadline = None
         while True:
             try:
-                return self.kernel.put(key, obj)
+                return self.kernel.put(key, obj, Level.MEMORY, overwrite)
             except StorageFullError as exc:
                 if not waits or exc.level != Level.MEMORY or exc.requested is None \
                         or exc.requested > self.node.capacity:

@@ -107,7 +107,8 @@ class Store:
         return node
 
     # ---- objects --------------------------------------------------------
-    def put(self, key: str, obj: Any, levels: Iterable[Level] | Level | None = None) -> ObjectInfo:
+    def put(self, key: str, obj: Any, levels: Iterable[Level] | Level | None = None,
+            overwrite: bool = False) -> ObjectInfo:
         """Store ``obj`` under ``key`` on the first level of ``levels`` with room.
 
         ``levels`` defaults to ``[Level.MEMORY, Level.DISK]``. When MEMORY is
@@ -117,19 +118,25 @@ class Store:
         containers, come back from ``get`` as read-only zero-copy views;
         bytes-like values are stored raw.
 
+        ``overwrite=True`` replaces an existing object atomically: a get
+        returns the old object until this put returns and the new one
+        after, never a miss in between (not even if this process is killed
+        half way: then the old one stays); views of the old object stay
+        valid until dropped, and its space is freed then.
+
         Raises:
-            ObjectExistsError: ``key`` is present (delete it first).
+            ObjectExistsError: ``key`` is present (delete it first, or pass ``overwrite=True``).
             StorageFullError: no level of ``levels`` has room.
             SpillError: making room failed (disk full, I/O error).
             SerializationError, InvalidKeyError: bad input; nothing changes.
         """
         p = self._placement_checked()
         if levels is not None:
-            return p.put(key, obj, parse_levels(levels, DEFAULT_PUT_LEVELS))
+            return p.put(key, obj, parse_levels(levels, DEFAULT_PUT_LEVELS), overwrite)
         try:  # the common case first: room in memory, nothing to wait for
-            info = p.kernel.put(key, obj)
+            info = p.kernel.put(key, obj, Level.MEMORY, overwrite)
         except StorageFullError:
-            return p.put(key, obj, DEFAULT_PUT_LEVELS)
+            return p.put(key, obj, DEFAULT_PUT_LEVELS, overwrite)
         p.hint(info.stored)
         return info
 
@@ -320,7 +327,9 @@ def connect(name: str | None = None, *, create: bool = True, **kwargs: Any) -> S
         **kwargs: ``capacity``, ``spill_dir``, ``session``, ``node``,
             ``persist``, ``high_watermark``, ``low_watermark``,
             ``lock_timeout``, ``max_objects``, ``max_clients``, ``prefault``.
-        create: False to attach only; a missing store raises FileNotFoundError.
+        create: False to attach only: a consumer that must find data a producer
+            left raises StoreNotFoundError (also a FileNotFoundError) instead of
+            silently creating an empty store.
 
     Raises:
         TypeError: an unknown setting. ConfigError: a bad value.

@@ -210,6 +210,33 @@ def test_delete_killed_at_every_step_leaves_no_ghost(crash_store, kind):
     assert sweep(store, _child_store(store), op, verify) > 5
 
 
+@pytest.mark.parametrize("kind", ["small", "dict", "large", "disk"])
+def test_overwrite_killed_at_every_step_leaves_the_old_or_the_new_never_neither(crash_store, kind):
+    store, new = crash_store, values()[kind]
+    old = np.arange(50_000)
+    levels = [Level.DISK] if kind == "disk" else None
+    want_new, want_old = crc_of(new), crc_of(old)
+    store.put("victim", old)
+
+    def op(s):
+        view = s.get("victim")  # the old object stays pinned by the child throughout
+        s.put("victim", new, levels=levels, overwrite=True)
+        assert crc_of(view) == want_old and crc_of(s.get("victim")) == want_new
+
+    def verify(finished):
+        assert "victim" in store, "the key went missing"
+        got = crc_of(store.get("victim"))
+        assert got in (want_new, want_old), "neither the old nor the new value"
+        assert got == want_new or not finished
+        assert [i.key for i in store.list()] == ["victim"]
+        assert_consistent(store)
+        if got == want_new:
+            store.put("victim", old, overwrite=True)
+            assert_consistent(store)
+
+    assert sweep(store, _child_store(store), op, verify) > 5
+
+
 @pytest.mark.parametrize("level", [Level.MEMORY, Level.DISK])
 def test_writer_killed_at_every_step_leaves_nothing_half_visible(crash_store, level):
     store = crash_store

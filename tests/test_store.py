@@ -10,7 +10,7 @@ import pytest
 import shmstore
 from shmstore import Level
 
-from helpers import Child
+from helpers import Child, shm_segments, wait_for
 
 
 def test_array_roundtrip_is_readonly_zero_copy_view(store):
@@ -373,3 +373,29 @@ def test_bad_levels_are_clear_errors_and_change_nothing(store, levels):
 def test_levels_argument_is_validated(store):
     store.put("a", 1, levels=[Level.MEMORY])
     assert store.get("a", levels=Level.MEMORY) == 1
+
+
+PRODUCER = """
+import os, shmstore, numpy as np
+store = shmstore.connect(os.environ['N'], capacity='16MiB', persist=os.environ['P'] == '1')
+store.put('result', np.arange(1000))
+store.close()
+print('done', flush=True)
+"""
+
+
+@pytest.mark.parametrize("persist", [False, True])
+def test_consumer_after_its_producer_exited(name, persist):
+    """A workflow's producer puts, closes and exits before the consumer connects."""
+    producer = Child(PRODUCER, env={"N": name, "P": "1" if persist else "0"})
+    assert producer.readline() == "done"
+    producer.wait()
+    if not persist:  # the store went with its last client: a clear error, not an empty store
+        assert wait_for(lambda: not [n for n in shm_segments() if name in n], timeout=10)
+        with pytest.raises(shmstore.StoreNotFoundError, match="persist=True") as exc:
+            shmstore.connect(name, create=False)
+        assert isinstance(exc.value, FileNotFoundError)
+        return
+    with shmstore.connect(name, create=False) as consumer:
+        assert consumer.get("result").sum() == sum(range(1000))
+    assert shmstore.destroy(name)

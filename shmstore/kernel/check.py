@@ -110,7 +110,11 @@ def _check_chains(buf: Any, lay: L.Layout, t: np.ndarray, problems: list[str]) -
 def _check_entries(buf: Any, lay: L.Layout, t: np.ndarray, linked: set[int], clients: np.ndarray, pins: np.ndarray,
                    problems: list[str]) -> None:
     state = t["state"]
-    for idx in np.flatnonzero((state == L.WRITING) | (state == L.SEALED)):
+    shadow = (state == L.WRITING) & ((t["flags"] & L.FLAG_SHADOW) != 0)  # an overwrite being written
+    for idx in np.flatnonzero(shadow):
+        if int(idx) in linked:
+            problems.append(f"entry {idx} ({_key(buf, lay, t, idx)!r}) is an overwrite being written but linked")
+    for idx in np.flatnonzero(((state == L.WRITING) & ~shadow) | (state == L.SEALED)):
         if int(idx) not in linked:
             problems.append(f"entry {idx} ({_key(buf, lay, t, idx)!r}) is {_state(state[idx])} but in no chain")
     next_unused, head = L.entry_cursor(buf)

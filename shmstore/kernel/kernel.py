@@ -96,15 +96,21 @@ class Kernel:
         self._closed = self._detached = False
 
     # ---- the put side: Puts does the work --------------------------------------
-    def put(self, key: str, obj: Any, level: Level = Level.MEMORY) -> ObjectInfo:
+    def put(self, key: str, obj: Any, level: Level = Level.MEMORY, overwrite: bool = False) -> ObjectInfo:
         """Store ``obj`` under ``key`` on ``level``, at once or not at all.
 
+        With ``overwrite``, an object already under ``key`` is replaced
+        atomically: a get finds the old object until the new one is sealed,
+        the new one after, never neither; views of the old one stay valid
+        until dropped.
+
         Raises:
-            ObjectExistsError: the key is present. ObjectLockedError: it is being written.
+            ObjectExistsError: the key is present (and not ``overwrite``).
+            ObjectLockedError: it is being written.
             StorageFullError: no room on the level, at once.
             SerializationError, InvalidKeyError: bad input; nothing changes.
         """
-        return self.puts.put(key, self._begin(key), obj, level)
+        return self.puts.put(key, self._begin(key), obj, level, overwrite)
 
     def reserve(self, key: str, kb: bytes, kind: int, size: int, nbytes: int, nblobs: int = 0,
                 meta: bytes | None = None, level: int = _MEMORY) -> tuple[int, int, int, float, int]:

@@ -76,6 +76,7 @@ LOCK_STRIDE = 64
 FREE, WRITING, SEALED, DELETED, RESERVED = 0, 1, 2, 3, 4
 KIND_RAW, KIND_NDARRAY, KIND_PICKLE = 0, 1, 2
 FLAG_MOVING, FLAG_IN_CHUNK = 1, 2
+FLAG_SHADOW = 4  # a ``writing`` entry of an overwrite: in no chain until it replaces the old one
 LEVEL_GPU, LEVEL_MEMORY, LEVEL_DISK = 0, 1, 2  # Level values, for code below the Level enum
 LEVEL_NAMES = ("gpu", "memory", "disk")
 STATE_NAMES = {FREE: "free", WRITING: "writing", SEALED: "sealed", DELETED: "deleted", RESERVED: "reserved"}

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..config import SHM_DIR, Config
-from ..errors import LayoutError, LockTimeoutError, PermissionDeniedError, StorageFullError
+from ..errors import LayoutError, LockTimeoutError, PermissionDeniedError, StorageFullError, StoreNotFoundError
 from ..units import format_size
 from . import layout as L
 from .alloc import Allocator
@@ -100,7 +100,7 @@ class NodeStore:
         """Attach to the store named by ``cfg``, creating it if needed.
 
         Raises:
-            FileNotFoundError: it does not exist and ``create`` is False.
+            StoreNotFoundError: it does not exist and ``create`` is False.
             LayoutError, PermissionError: a segment that is not ours to use.
             StorageFullError: /dev/shm cannot hold ``capacity``.
         """
@@ -109,9 +109,13 @@ class NodeStore:
         while True:
             try:
                 return cls._attach(cfg, prefix, deadline)
-            except FileNotFoundError:
+            except FileNotFoundError as exc:
                 if not create:
-                    raise
+                    raise StoreNotFoundError(
+                        f"no store {cfg.name!r} on node {cfg.node!r}: never created here, or removed when its last "
+                        f"client closed it (a store lives while a client is attached; to let data outlive the "
+                        f"process that put it, create the store with persist=True / SHMSTORE_PERSIST=1 and remove "
+                        f"it with shmstore.destroy(); or connect with create=True)") from exc
             except BlockingIOError:  # being created right now
                 if time.monotonic() > deadline:  # its creator died before sizing it
                     unlink_segment(prefix + "-meta")

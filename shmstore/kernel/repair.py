@@ -97,7 +97,8 @@ def repair_stripe(node: "NodeStore", stripe: int) -> int:
     buf, lay, table = node.buf, node.layout, node.table
     linked = table.prune_chains(stripe)
     t = L.entry_table(buf, lay)
-    mine = table.stripe_mask(stripe) & ((t["state"] == L.WRITING) | (t["state"] == L.SEALED))
+    shadow = (t["state"] == L.WRITING) & ((t["flags"] & L.FLAG_SHADOW) != 0)  # an overwrite's, in no chain yet
+    mine = table.stripe_mask(stripe) & (((t["state"] == L.WRITING) & ~shadow) | (t["state"] == L.SEALED))
     ghosts = np.setdiff1d(np.flatnonzero(mine), linked)
     for idx in ghosts:
         table.mark_deleted(int(idx))

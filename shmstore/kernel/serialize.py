@@ -10,11 +10,20 @@ Three kinds:
 - pickle: anything else, with pickle protocol 5; every contiguous array
   inside (a state dict of 1,000 tensors) becomes a blob, and comes back as
   a read-only view into the object's bytes.
+
+Torch CPU tensors (alone or in a state dict; torch is never imported here,
+only recognised once the application has imported it) are stored the same
+way, as their raw bytes plus dtype and shape, and come back as tensors over
+the store's memory: zero-copy, read-only by convention (torch has no
+read-only tensors: writing into one changes the shared object under every
+reader). Device tensors, sparse and quantized ones take torch's own pickling.
 """
 from __future__ import annotations
 
 import io
 import pickle
+import sys
+import warnings
 from typing import Any
 
 import numpy as np
@@ -112,7 +121,9 @@ class _Pickler(pickle.Pickler):
             self.blobs.append(memoryview(memoryview(pb).tobytes()))
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) not in ARRAY_TYPES or obj.ndim > L.MAX_NDIM or _fast_dtype(obj.dtype) is None:
+        if type(obj) not in ARRAY_TYPES:
+            return _reduce_tensor(obj) if type(obj) in _tensor_types() else NotImplemented
+        if obj.ndim > L.MAX_NDIM or _fast_dtype(obj.dtype) is None:
             return NotImplemented
         flags = obj.flags
         if flags.c_contiguous:
@@ -122,6 +133,43 @@ class _Pickler(pickle.Pickler):
         else:
             return NotImplemented  # numpy's own reduction, in band
         return np.ndarray, (obj.shape, obj.dtype, pickle.PickleBuffer(obj), 0, None, order)
+
+
+_TENSOR_TYPES: list[tuple[type, ...]] = []
+
+
+def _tensor_types() -> tuple[type, ...]:
+    """torch.Tensor and torch.nn.Parameter once the application has imported torch, else ()."""
+    if _TENSOR_TYPES:
+        return _TENSOR_TYPES[0]
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "nn"):  # not imported (or half way through importing)
+        return ()
+    _TENSOR_TYPES.append((torch.Tensor, torch.nn.Parameter))
+    return _TENSOR_TYPES[0]
+
+
+def _reduce_tensor(t: Any) -> Any:
+    """A CPU strided tensor as (its bytes as a uint8 array, dtype, shape): a blob, rebuilt over the store."""
+    torch = sys.modules["torch"]
+    if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized or t.is_nested:
+        return NotImplemented  # torch's own pickling, in band
+    flat = t.detach().contiguous().reshape(-1)
+    raw = flat.view(torch.uint8).numpy() if flat.numel() else np.empty(0, np.uint8)
+    dtype = str(t.dtype).rsplit(".", 1)[1]
+    return _tensor, (raw, dtype, tuple(t.shape), bool(t.requires_grad), type(t) is not torch.Tensor)
+
+
+def _tensor(raw: np.ndarray, dtype: str, shape: tuple[int, ...], requires_grad: bool, parameter: bool) -> Any:
+    """Rebuild a tensor over ``raw`` (a read-only view into the store: no copy)."""
+    import torch
+    with warnings.catch_warnings():  # torch warns that the array is read-only: it is, by design
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(raw) if raw.size else torch.empty(0, dtype=torch.uint8)
+    t = t.view(getattr(torch, dtype)).reshape(shape)
+    if parameter:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    return t.requires_grad_(requires_grad) if requires_grad else t
 
 
 def _encode_pickle(obj: Any) -> Encoded:

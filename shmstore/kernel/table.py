@@ -116,6 +116,29 @@ class Table:
         L.set_entry_next(self.buf, self.layout.entry(idx), L.bucket_head(self.buf, head_off))
         L.set_bucket_head(self.buf, head_off, idx + 1)  # the publishing store
 
+    def replace(self, old: int, idx: int, b: int) -> None:
+        """Put entry ``idx`` (fully written) where ``old`` is in bucket ``b``'s chain, in one store.
+
+        Killed before that store, ``idx`` is a ghost (the stripe's repair
+        drops it) and ``old`` still answers; after it, ``idx`` answers and
+        ``old`` is the ghost. Never both, never neither.
+        """
+        buf, lay = self.buf, self.layout
+        L.set_entry_next(buf, lay.entry(idx), L.entry_next(buf, lay.entry(old)))
+        head_off = lay.bucket(b)
+        rec = L.bucket_head(buf, head_off)
+        if rec == old + 1:
+            L.set_bucket_head(buf, head_off, idx + 1)  # the publishing store
+            return
+        while rec:
+            eoff = lay.entry(rec - 1)
+            cur = L.entry_next(buf, eoff)
+            if cur == old + 1:
+                L.set_entry_next(buf, eoff, idx + 1)  # the publishing store
+                return
+            rec = cur
+        raise AssertionError(f"entry {old} is not in bucket {b}'s chain")
+
     def unlink(self, idx: int, b: int) -> None:
         """Remove entry ``idx`` from bucket ``b``'s chain (no-op if absent)."""
         buf, lay = self.buf, self.layout

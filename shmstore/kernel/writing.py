@@ -32,6 +32,7 @@ _U8 = np.dtype(np.uint8)
 _MEMORY = int(Level.MEMORY)
 _monotonic = time.monotonic
 _crc32 = zlib.crc32
+_EXISTS = "{!r} already exists (delete it first, pass overwrite=True, or use another key)"
 
 
 class _Stolen(Exception):
@@ -53,8 +54,11 @@ class Puts:
         self._meta_addr, self._stripe_addrs = at.meta_addr, at.stripe_addrs
         self._arena, self._arena_addr = at.arena, at.arena_addr
 
-    def put(self, key: str, kb: bytes, obj: Any, level: int = _MEMORY) -> ObjectInfo:
+    def put(self, key: str, kb: bytes, obj: Any, level: int = _MEMORY, overwrite: bool = False) -> ObjectInfo:
         """Store ``obj`` under ``key`` (its checked bytes ``kb``) on ``level``.
+
+        With ``overwrite``, an existing object of ``key`` is replaced
+        atomically (see :meth:`replace`).
 
         Raises:
             ObjectExistsError: the key is present. ObjectLockedError: it is being written.
@@ -62,8 +66,10 @@ class Puts:
             SerializationError: bad input; nothing changes.
         """
         if level != _MEMORY:
-            return self._put_disk(key, kb, obj, level)
+            return self._put_disk(key, kb, obj, level, overwrite)
         enc = serialize.encode(obj)
+        if overwrite:
+            return self._overwrite(key, kb, enc, level)
         if self._fast is not None and enc.kind != L.KIND_PICKLE and enc.size <= self._cache.small_max:
             info = self._fast_put(key, kb, enc)
             if info is not None:
@@ -105,18 +111,40 @@ class Puts:
                 return None
             return self._new_info(key, enc, Level.MEMORY, stored, done[3])
 
-    def _put_disk(self, key: str, kb: bytes, obj: Any, level: int) -> ObjectInfo:
+    def _overwrite(self, key: str, kb: bytes, enc: serialize.Encoded, level: int) -> ObjectInfo:
+        """``put`` with ``overwrite``: a shadow entry written in no chain, then swapped in."""
+        idx, off, stored, ctime, stripe = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta,
+                                                       level=level, shadow=True)
+        try:
+            if level == _MEMORY:
+                if off + enc.size > self._prefault.populated and not self._cache.covers(off, enc.size):
+                    self._prefault.ensure(off, enc.size, key)
+                serialize.write(enc, self._arena, off)
+            else:
+                self._write_disk(key, idx, enc, stored)
+        except BaseException:
+            self.abort(idx)
+            raise
+        self.replace(key, kb, idx, stripe)
+        return self._new_info(key, enc, Level(level), stored, ctime)
+
+    def _write_disk(self, key: str, idx: int, enc: serialize.Encoded, stored: int) -> None:
+        try:
+            self.node.disk.write(idx, L.entry_gen(self._buf, self._lay.entry(idx)), serialize.parts(enc), stored)
+        except OSError as exc:
+            raise disk_error(key, stored, self.node.disk.path, exc) from exc
+
+    def _put_disk(self, key: str, kb: bytes, obj: Any, level: int, overwrite: bool = False) -> ObjectInfo:
         if level != L.LEVEL_DISK:
             raise InvalidArgumentError(f"cannot place {key!r} on {Level(level).name}: this build keeps objects in "
                                        f"memory and on disk (use Level.MEMORY or Level.DISK)")
         enc = serialize.encode(obj)
+        if overwrite:
+            return self._overwrite(key, kb, enc, level)
         idx, _, stored, ctime, stripe = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta,
                                                      level=L.LEVEL_DISK)
         try:
-            self.node.disk.write(idx, L.entry_gen(self._buf, self._lay.entry(idx)), serialize.parts(enc), stored)
-        except OSError as exc:
-            self.abort(idx)
-            raise disk_error(key, stored, self.node.disk.path, exc) from exc
+            self._write_disk(key, idx, enc, stored)
         except BaseException:
             self.abort(idx)
             raise
@@ -129,8 +157,12 @@ class Puts:
                           stored, 0, self.session, ctime)
 
     def reserve(self, key: str, kb: bytes, kind: int, size: int, nbytes: int, nblobs: int = 0,
-                meta: bytes | None = None, level: int = _MEMORY) -> tuple[int, int, int, float, int]:
+                meta: bytes | None = None, level: int = _MEMORY,
+                shadow: bool = False) -> tuple[int, int, int, float, int]:
         """Create an invisible ``writing`` entry with ``size`` bytes on ``level`` (arena or disk quota).
+
+        With ``shadow`` the entry is an overwrite's: in no chain and whatever
+        the key holds now, until :meth:`replace` swaps it in.
 
         Returns:
             (entry index, arena offset, bytes taken, creation time, stripe).
@@ -146,17 +178,19 @@ class Puts:
         while True:
             idx, gen = self._cache.take_entry(key)
             try:
-                if self._fast is not None and level == _MEMORY:
+                if self._fast is not None and level == _MEMORY and not shadow:
                     done = self._fast_reserve(key, kb, idx, gen, h, b, b & self._smask, kind, stored, nbytes,
                                               nblobs, meta)
                     if done is not None:
                         return done
-                return self._reserve_locked(key, kb, idx, gen, h, b, kind, stored, nbytes, nblobs, meta, level)
+                return self._reserve_locked(key, kb, idx, gen, h, b, kind, stored, nbytes, nblobs, meta, level,
+                                            shadow)
             except _Stolen:
                 continue  # another client holds that entry now
 
     def _reserve_locked(self, key: str, kb: bytes, idx: int, gen: int, h: int, b: int, kind: int, stored: int,
-                        nbytes: int, nblobs: int, meta: bytes | None, level: int) -> tuple[Any, ...]:
+                        nbytes: int, nblobs: int, meta: bytes | None, level: int,
+                        shadow: bool = False) -> tuple[Any, ...]:
         """``reserve`` in Python under the stripe lock (the C path's fallback, and DISK)."""
         buf, lay, cache = self._buf, self._lay, self._cache
         stripe, eoff = b & self._smask, lay.entry(idx)
@@ -164,16 +198,17 @@ class Puts:
         try:
             with self._stripes[stripe]:
                 _, _, e = L.find_entry(buf, lay, b, h, self.sid, kb)
-                if e is not None:
+                if e is not None and not shadow:
                     if e[L.E_STATE] == L.WRITING:
                         raise ObjectLockedError(f"{key!r} is being written by another writer", key)
-                    raise ObjectExistsError(f"{key!r} already exists (delete it first, or use another key)", key)
+                    raise ObjectExistsError(_EXISTS.format(key), key)
                 if not owns_entry(buf, eoff, self.slot, gen):
                     raise _Stolen
                 ctime = time.time()
+                flags = L.FLAG_SHADOW if shadow else 0
                 head = {"size": stored, "nbytes": nbytes, "atime": _monotonic(), "ctime": ctime, "hash": h,
                         "gen": gen, "writer": self.slot, "nblobs": nblobs, "keylen": len(kb), "session": self.sid,
-                        "state": L.WRITING, "kind": kind, "level": level}
+                        "state": L.WRITING, "kind": kind, "level": level, "flags": flags}
                 if level != _MEMORY:
                     off = 0
                     self._reserve_disk(key, stored, lambda: self._write_entry(eoff, head, meta, kb))
@@ -181,13 +216,15 @@ class Puts:
                     with cache.chunk_lock:
                         rec, off = cache.carve(stored) if stored <= cache.small_max else (0, 0)
                         if rec:
-                            self._write_entry(eoff, dict(head, offset=off, extent=rec, flags=L.FLAG_IN_CHUNK),
+                            self._write_entry(eoff, dict(head, offset=off, extent=rec,
+                                                         flags=flags | L.FLAG_IN_CHUNK),
                                               meta, kb)
                     if not rec:
                         rec, off = self._alloc_extent(key, idx, gen, stored)
                         self._write_entry(eoff, dict(head, offset=off, extent=rec), meta, kb)
                 L.add_stripe_stats(buf, lay.stripe_stats(stripe), level, stored, 1)
-                self._table.link(idx, b)
+                if not shadow:
+                    self._table.link(idx, b)
         except _Stolen:
             raise
         except BaseException:
@@ -264,7 +301,7 @@ class Puts:
             raise ObjectLockedError(f"{key!r} is being written by another writer", key)
         if rc == _fast_codes.EXISTS:
             self._cache.entries.append((idx, gen))
-            raise ObjectExistsError(f"{key!r} already exists (delete it first, or use another key)", key)
+            raise ObjectExistsError(_EXISTS.format(key), key)
         return None
 
     def _alloc_extent(self, key: str, idx: int, gen: int, stored: int) -> tuple[int, int]:
@@ -336,6 +373,37 @@ class Puts:
                 self._stripes[stripe].recover_held()
         with self._stripes[stripe]:
             L.set_entry_state(self._buf, self._lay.entry(idx), L.SEALED)  # ``writer`` matters only while writing
+
+    def replace(self, key: str, kb: bytes, idx: int, stripe: int) -> None:
+        """Seal overwrite entry ``idx`` in place of whatever ``key`` holds, in one chain store.
+
+        The old object is hidden and freed like a delete: views of it stay
+        valid until dropped. A get never finds the key missing meanwhile; a
+        process killed at any step leaves either object answering, never
+        neither (see :meth:`Table.replace`).
+
+        Raises:
+            ObjectLockedError: a plain put of ``key`` is being written (ours is dropped).
+        """
+        buf, lay, table = self._buf, self._lay, self._table
+        h = _crc32(kb, self.sid)
+        b = h & self._bmask
+        eoff = lay.entry(idx)
+        with self._stripes[stripe]:
+            old, _, e = L.find_entry(buf, lay, b, h, self.sid, kb)
+            if e is not None and e[L.E_STATE] == L.WRITING:
+                self.node.release(idx, cache=self._cache)
+                raise ObjectLockedError(f"{key!r} is being written by another writer", key)
+            L.set_entry_flags(buf, eoff, L.entry_flags(buf, eoff) & ~L.FLAG_SHADOW)
+            L.set_entry_state(buf, eoff, L.SEALED)
+            if e is None:
+                table.link(idx, b)
+                return
+            table.replace(old, idx, b)
+            if e[L.E_STATE] == L.SEALED:  # (a deleted one still linked: a delete was killed half way)
+                table.mark_deleted(old)
+            if not table.pin_count(old) and not e[L.E_FLAGS] & L.FLAG_MOVING:  # else: last pin / mover
+                self.node.release(old, cache=self._cache)
 
     def abort(self, idx: int) -> None:
         """Drop a reserved entry and give its space back."""

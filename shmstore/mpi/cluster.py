@@ -139,10 +139,25 @@ class Cluster:
             raise errors.StoreClosedError("cluster is closed")
 
     # ---- objects ---------------------------------------------------------------
-    def put(self, key: str, obj: Any, levels: Iterable[Level] | Level | None = None) -> Any:
-        """Put ``obj`` in this node's store; locatable from every node when it returns."""
+    def put(self, key: str, obj: Any, levels: Iterable[Level] | Level | None = None,
+            overwrite: bool = False) -> Any:
+        """Put ``obj`` in this node's store; locatable from every node when it returns.
+
+        With ``overwrite=True`` this node's copy is replaced atomically (see
+        :meth:`shmstore.Store.put`) and the copies other nodes hold are
+        deleted before it returns, so that from then on every node's
+        ``get`` fetches the new object; views of an old copy stay valid
+        until dropped. A fetch of ``key`` already in flight on another node
+        may still land the old object there: order overwrites and other
+        nodes' reads of the same key (e.g. with ``barrier()``).
+        """
         self._check()
-        return self.store.put(key, obj, levels)
+        info = self.store.put(key, obj, levels, overwrite)
+        if overwrite:
+            for i in range(len(self.nodes)):
+                if i != self.node_index:
+                    self._delete_on(i, key)
+        return info
 
     def get(self, key: str, fetch: bool = True, conditions: Any = None,
             levels: Iterable[Level] | Level | None = None) -> Any:

@@ -240,3 +240,25 @@ def test_fetch_over_one_or_several_streams(cluster, comm, key, streams):
         got = cluster.store.get(key)
         assert np.array_equal(got, np.random.default_rng(7).integers(0, 255, n, dtype=np.uint8))
         del got
+
+
+def test_overwrite_replaces_here_and_drops_stale_copies_elsewhere(cluster, comm, key):
+    if comm.rank == leader_of(cluster, 0):
+        cluster.put(key, np.zeros(50_000, np.int64))
+    comm.Barrier()
+    old = cluster.get(key)  # every node holds the old object now, and this rank a view of it
+    assert int(old.sum()) == 0
+    comm.Barrier()
+    if comm.rank == leader_of(cluster, 0):
+        cluster.put(key, np.ones(70_000, np.int64), overwrite=True)
+        with pytest.raises(shmstore.ObjectExistsError):
+            cluster.put(key, 1)
+    comm.Barrier()
+    assert cluster.locate(key) == [cluster.nodes[0]]  # the stale copies are gone
+    comm.Barrier()  # everyone looked before anyone fetches it again
+    assert int(old.sum()) == 0 and len(old) == 50_000  # a view of the old object is still valid
+    del old
+    new = cluster.get(key)  # fetched again where it was dropped
+    assert len(new) == 70_000 and int(new.sum()) == 70_000
+    del new
+    comm.Barrier()

@@ -1,0 +1,101 @@
+"""Torch CPU tensors and state dicts: stored as raw bytes, got back as tensors over the store's memory.
+
+torch is not installed by CI (the CPU wheel is ~200 MB, the default one pulls
+GBs of CUDA libraries): ``scripts/torch-check.sh`` installs the CPU wheel
+and runs these tests.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shmstore import Level
+
+from helpers import Child
+
+torch = pytest.importorskip("torch", reason="torch is not installed (scripts/torch-check.sh installs it and runs this)")
+
+
+def _state_dict() -> dict:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "linear.weight": torch.randn(64, 32, generator=g),
+        "linear.bias": torch.randn(64, generator=g).to(torch.float16),
+        "emb": torch.randn(10, 8, generator=g).to(torch.bfloat16),
+        "mask": torch.rand(7, generator=g) > 0.5,
+        "steps": torch.tensor(12345, dtype=torch.int64),
+        "empty": torch.empty(0, 3),
+        "transposed": torch.arange(12.0).reshape(3, 4).t(),  # not contiguous
+        "param": torch.nn.Parameter(torch.ones(4)),
+    }
+
+
+def _arena(store) -> tuple[int, int]:
+    return store.kernel._at.arena_addr, store._node.capacity
+
+
+def test_state_dict_round_trip_keeps_dtypes_shapes_and_types(store):
+    sd = _state_dict()
+    store.put("sd", sd)
+    got = store.get("sd")
+    assert set(got) == set(sd)
+    for k, v in sd.items():
+        assert type(got[k]) is type(v), k
+        assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
+        assert torch.equal(got[k].detach(), v.detach()), k
+    assert got["param"].requires_grad and not got["linear.weight"].requires_grad
+
+
+def test_tensors_come_back_zero_copy_over_the_store(store):
+    store.put("t", torch.arange(1 << 20, dtype=torch.float32))
+    store.put("sd", {"a": torch.ones(1000), "b": torch.zeros(5000)})
+    base, size = _arena(store)
+    a, b = store.get("t"), store.get("t")
+    assert a.data_ptr() == b.data_ptr()  # two gets: one shared buffer
+    assert base <= a.data_ptr() < base + size
+    sd = store.get("sd")
+    assert all(base <= t.data_ptr() < base + size for t in sd.values())
+    assert float(a.sum()) == float(torch.arange(1 << 20, dtype=torch.float64).sum())
+
+
+def test_a_tensor_holds_its_object_until_dropped(store):
+    store.put("t", torch.full((1000,), 3.0))
+    t = store.get("t")
+    assert store.get_info("t").pinned
+    store.delete("t")
+    assert "t" not in store and float(t.sum()) == 3000.0  # deleted, still readable
+    del t
+    assert store.get_capacity()[Level.MEMORY].used == 0
+
+
+def test_tensor_spilled_to_disk_comes_back_as_a_tensor(store):
+    store.put("t", torch.arange(100_000), levels=[Level.DISK])
+    t = store.get("t")
+    assert isinstance(t, torch.Tensor) and int(t.sum()) == sum(range(100_000))
+
+
+def test_another_process_gets_the_tensor(store):
+    store.put("sd", {"w": torch.arange(10.0)})
+    child = Child("""
+import os, shmstore, torch
+with shmstore.connect(os.environ['N']) as s:
+    w = s.get('sd')['w']
+    print(type(w).__name__, float(w.sum()), flush=True)
+""", env={"N": store.name})
+    assert child.readline() == "Tensor 45.0"
+    child.wait()
+
+
+def test_numpy_arrays_are_unaffected_and_mixed_trees_work(store):
+    store.put("mixed", {"np": np.arange(5), "t": torch.arange(5), "x": [1, "two"]})
+    got = store.get("mixed")
+    assert isinstance(got["np"], np.ndarray) and isinstance(got["t"], torch.Tensor)
+    assert got["x"] == [1, "two"]
+
+
+def test_overwrite_of_a_state_dict_keeps_old_tensors_valid(store):
+    store.put("sd", {"w": torch.zeros(100)})
+    old = store.get("sd")["w"]
+    store.put("sd", {"w": torch.ones(100)}, overwrite=True)
+    assert float(old.sum()) == 0.0 and float(store.get("sd")["w"].sum()) == 100.0
+
