@@ -108,6 +108,10 @@ class Record:
                                "formats": [self._dtype_of(f) for f in self.fields],
                                "offsets": [f.offset for f in self.fields], "itemsize": size})
         self._fields = {f.name: struct.Struct("<" + f.code) for f in self.fields}
+        self._zeros: list[Any] = []  # every field 0 (or b""), in struct order: what pack starts from
+        for f in self.fields:
+            self._zeros.extend([0] * f.n if f.n > 1 else [b"" if f.code.endswith("s") else 0])
+        self._n = {f.name: f.n for f in self.fields}
 
     @staticmethod
     def _dtype_of(f: Field) -> Any:
@@ -152,20 +156,26 @@ class Record:
         Raises:
             TypeError: a name the record does not have.
         """
-        unknown = set(values) - self.offset.keys()
-        if unknown:
-            raise TypeError(f"{self.name} has no field(s) {', '.join(sorted(unknown))}")
         buf[off: off + self.struct.size] = self.struct.pack(*self.flat(values))
 
     def flat(self, values: dict[str, Any]) -> list[Any]:
-        """The values of a whole record in struct order, 0 (or b"") for those not given."""
-        out: list[Any] = []
-        for f in self.fields:
-            v = values.get(f.name)
-            if f.n > 1:
-                out.extend(v if v is not None else [0] * f.n)
+        """The values of a whole record in struct order, 0 (or b"") for those not given.
+
+        Raises:
+            TypeError: a name the record does not have.
+        """
+        out = self._zeros.copy()
+        index, counts = self._index, self._n
+        for name, v in values.items():
+            if name not in index:
+                raise TypeError(f"{self.name} has no field(s) {name}")
+            if v is None:
+                continue
+            i = index[name]
+            if counts[name] > 1:
+                out[i: i + counts[name]] = v
             else:
-                out.append(v if v is not None else (b"" if f.code.endswith("s") else 0))
+                out[i] = v
         return out
 
     def span(self, first: str, last: str) -> struct.Struct:

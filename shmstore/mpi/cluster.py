@@ -25,6 +25,7 @@ import itertools
 import os
 import socket
 import threading
+import weakref
 from typing import Any, Iterable
 
 import numpy as np
@@ -51,6 +52,9 @@ def _label(kwargs: dict[str, Any]) -> str:
     raw = kwargs.get("node") or node_label() or os.environ.get("PMI_HOSTNAME") \
         or socket.gethostname().split(".")[0]
     return "".join(c if c.isalnum() or c in "_.-" else "-" for c in str(raw))[:48] or "node"
+
+
+_OPEN: "weakref.WeakSet[Cluster]" = weakref.WeakSet()  # open clusters of this process
 
 
 class Cluster:
@@ -91,6 +95,19 @@ class Cluster:
             self._service.start()
         self._comm.Barrier()
         self._closed = False
+        _OPEN.add(self)
+
+    @classmethod
+    def opened(cls, name: str | None = None) -> "Cluster | None":
+        """A Cluster this process has open (over the store ``name``, if given), else None.
+
+        For code that is handed only a store's settings and must find the
+        job's cluster (the ProxyStore connector resolving a proxy).
+        """
+        for c in list(_OPEN):
+            if not c._closed and (name is None or c.store.name == name):
+                return c
+        return None
 
     def _identify(self, kwargs: dict[str, Any]) -> None:
         """Group ranks into nodes: same host (Split_type) and same label; name each node."""
@@ -371,6 +388,7 @@ class Cluster:
         if self._closed:
             return
         self._closed = True
+        _OPEN.discard(self)
         self._comm.Barrier()  # nobody sends requests any more
         if self._service is not None:
             self._service.close()

@@ -262,3 +262,24 @@ def test_overwrite_replaces_here_and_drops_stale_copies_elsewhere(cluster, comm,
     assert len(new) == 70_000 and int(new.sum()) == 70_000
     del new
     comm.Barrier()
+
+
+def test_proxystore_connector_across_nodes(cluster, comm, key):
+    pytest.importorskip("proxystore", reason="proxystore is not installed (pip install 'shmstore[proxystore]')")
+    from shmstore.contrib.proxystore import ShmStoreConnector, ShmStoreKey
+    c = ShmStoreConnector(cluster.store.name, session=cluster.store.session, cluster=True)
+    k = ShmStoreKey(key)
+    data = bytes(range(256)) * 1000
+    if comm.rank == leader_of(cluster, last_node(cluster)):
+        c.set(k, data)
+    comm.Barrier()
+    assert c.exists(k)
+    assert c.get(k) == data  # fetched into this node once
+    comm.Barrier()
+    if comm.rank == 0:
+        c.evict(k)  # every copy
+    comm.Barrier()
+    assert not c.exists(k) and c.get(k) is None
+    c.close()
+    assert not cluster.store.closed  # the Cluster owns its store
+    comm.Barrier()

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""ProxyStore through shmstore, side by side with ProxyStore's LocalConnector and FileConnector.
+
+Measured in one run, medians over repeats, for objects of 1 KiB, 1 MiB and
+100 MiB:
+
+- connector: ``put(bytes)`` then ``get(key)`` then ``evict(key)`` of raw
+  bytes, one byte per page read after the get (so that a lazy view pays
+  for its reads); small sizes time batches of operations;
+- Store: ``store.put(array)`` then ``store.get(key)`` of a numpy array
+  through ``proxystore.store.Store`` (cache off), read the same way:
+  shmstore with its zero-copy serializer pair, the others with ProxyStore's
+  default serializers (``np.save`` / ``np.load`` through ``io.BytesIO``).
+
+FileConnector writes to a directory on /dev/shm (tmpfs: no disk in the way).
+LocalConnector keeps objects in this process's dict: it cannot share them
+with another process, so it is the upper bound of what a put+get can cost,
+not a peer. Ratios are ``other time / shmstore time``: above 1, shmstore is
+faster.
+
+Usage: python scripts/bench_proxystore.py [--repeats 7] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import shmstore  # noqa: E402
+
+try:
+    from proxystore.connectors.file import FileConnector
+    from proxystore.connectors.local import LocalConnector
+    from proxystore.store import Store
+except ImportError:
+    sys.exit("bench_proxystore needs ProxyStore: pip install 'shmstore[proxystore]'")
+
+from shmstore.contrib.proxystore import ShmStoreConnector, deserialize, serialize  # noqa: E402
+
+SIZES = {"1 KiB": 1 << 10, "1 MiB": 1 << 20, "100 MiB": 100 << 20}
+
+
+def _touch(value) -> int:
+    """Read one byte per page (a lazy view pays for its reads; a copy has paid already)."""
+    if isinstance(value, np.ndarray):
+        value = value.view(np.uint8).reshape(-1)
+    return int(np.frombuffer(memoryview(value).cast("B"), np.uint8)[::4096].sum())
+
+
+def _inner(n: int) -> int:
+    """Operations per timed sample: enough that a sample of small objects lasts milliseconds."""
+    return max(1, min(1000, (4 << 20) // max(n, 1)))
+
+
+def time_connector(c, data: bytes, repeats: int) -> float:
+    """Median seconds of one put + get + read + evict."""
+    times, inner = [], _inner(len(data))
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(inner):
+            key = c.put(data)
+            got = c.get(key)
+            _touch(got)
+            del got
+            c.evict(key)
+        times.append((time.perf_counter() - t) / inner)
+    return statistics.median(times)
+
+
+def time_store(store, arr: np.ndarray, repeats: int) -> float:
+    """Median seconds of one Store put + get + read + evict."""
+    times, inner = [], _inner(arr.nbytes)
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(inner):
+            key = store.put(arr)
+            got = store.get(key)
+            _touch(got)
+            del got
+            store.evict(key)
+        times.append((time.perf_counter() - t) / inner)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    name = "bps" + uuid.uuid4().hex[:8]
+    tmp = tempfile.mkdtemp(prefix="shmstore-bench-ps-", dir="/dev/shm")
+    ours = ShmStoreConnector(name, capacity="1GiB")
+    others = {"local": LocalConnector(), "file": FileConnector(os.path.join(tmp, "file"))}
+    stores = {"shmstore": Store(name, ours, serializer=serialize, deserializer=deserialize, cache_size=0,
+                                populate_target=False)}
+    stores.update({k: Store(f"{k}-{name}", c, cache_size=0, populate_target=False) for k, c in others.items()})
+    results = []
+    try:
+        print(f"{'size':>8} {'layer':>9} {'shmstore':>11} {'local':>11} {'file':>11}  local/shm  file/shm",
+              flush=True)
+        for label, n in SIZES.items():
+            reps = args.repeats if n < (64 << 20) else max(3, args.repeats // 2)
+            data = np.random.default_rng(0).integers(0, 256, n, dtype=np.uint8).tobytes()
+            arr = np.frombuffer(data, np.uint8).view(np.float64) if n >= 8 else np.frombuffer(data, np.uint8)
+            for layer in ("connector", "store"):
+                row: dict[str, float] = {}
+                for who in ("shmstore", "local", "file"):
+                    if layer == "connector":
+                        c = ours if who == "shmstore" else others[who]
+                        time_connector(c, data, 1)  # warm up
+                        row[who] = time_connector(c, data, reps)
+                    else:
+                        time_store(stores[who], arr, 1)
+                        row[who] = time_store(stores[who], arr, reps)
+                r = {"size": label, "bytes": n, "layer": layer, **{k + "_s": v for k, v in row.items()},
+                     "local_over_shmstore": row["local"] / row["shmstore"],
+                     "file_over_shmstore": row["file"] / row["shmstore"]}
+                results.append(r)
+                print(f"{label:>8} {layer:>9} " + " ".join(f"{row[k] * 1e6:9.1f}us" for k in ("shmstore", "local",
+                                                                                             "file"))
+                      + f"  {r['local_over_shmstore']:8.2f}x {r['file_over_shmstore']:8.2f}x", flush=True)
+    finally:
+        for s in stores.values():
+            s.close()
+        ours.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        shmstore.destroy(name, force=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

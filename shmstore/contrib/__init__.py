@@ -1,0 +1,1 @@
+"""Integrations with other projects; each needs its own extra (``shmstore[proxystore]``)."""

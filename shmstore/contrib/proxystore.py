@@ -1,0 +1,256 @@
+"""A ProxyStore connector over shmstore (extra ``proxystore``).
+
+::
+
+    from proxystore.store import Store
+    from shmstore.contrib.proxystore import ShmStoreConnector, serialize, deserialize
+
+    with Store("shm", ShmStoreConnector(), serializer=serialize, deserializer=deserialize,
+               register=True) as store:
+        proxy = store.proxy(np.arange(10**8))  # resolved in any process of the node:
+                                               # a read-only view of the store's memory
+
+:class:`ShmStoreConnector` implements ProxyStore's ``Connector`` and
+``DeferrableConnector`` protocols on a node's store (node-local by default),
+or across the nodes of an MPI job through :class:`shmstore.mpi.Cluster`
+(``cluster=True``: a proxy resolved on another node fetches the object into
+that node once).
+
+:func:`serialize`/:func:`deserialize` are a zero-copy pair: ProxyStore's
+default deserializer reads through ``io.BytesIO``, which copies every array;
+with this pair, numpy arrays and torch CPU tensors inside a proxied object
+resolve as read-only views of the store's shared memory (the object stays
+pinned, so spill never moves it, until the last view is dropped).
+
+Lifetimes: a store lives while a process is connected to it. A producer
+that closes its connector (or exits) before the consumers resolve their
+proxies takes the data with it unless the store was created persistent:
+``ShmStoreConnector(persist=True)``, removed later with
+``shmstore.destroy(name)`` or ``shmstore gc``. Using a connector after
+``close()`` raises :class:`~shmstore.errors.StoreClosedError` (ProxyStore
+says use after close is undefined; here it is an error, never a crash).
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import uuid
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from .. import errors
+from ..kernel import layout as L
+from ..kernel import serialize as _codec
+from ..store import Store, connect
+
+__all__ = ["ShmStoreKey", "ShmStoreConnector", "serialize", "deserialize"]
+
+_MAGIC = b"SHMSTORE-PICKLE5"
+_PREFIX = 64  # the magic, padded: blobs keep the 64-byte alignment the store gives the object
+
+
+class ShmStoreKey(NamedTuple):
+    """Key of an object put through :class:`ShmStoreConnector`."""
+
+    shm_key: str
+
+
+class ShmStoreConnector:
+    """ProxyStore connector storing objects in shmstore.
+
+    Args:
+        name: the shmstore store (``SHMSTORE_NAME``; default ``job-$SLURM_JOB_ID``
+            under Slurm, else ``"default"``).
+        session: the shmstore session keys live in (namespaces them from the
+            application's own keys).
+        cluster: False: this node's store. True: the :class:`shmstore.mpi.Cluster`
+            this process has open over store ``name`` (create it on every rank
+            first); objects are then found on any node. A process that
+            resolves a proxy without an open Cluster falls back to its node's store.
+        clear: ``close()`` evicts the objects this connector put.
+        **connect_kwargs: passed to :func:`shmstore.connect` (``capacity``,
+            ``spill_dir``, ``persist``, ...).
+
+    Owns its store connection (not a Cluster's); ``close()`` is idempotent.
+    Thread-safe.
+    """
+
+    def __init__(self, name: str | None = None, *, session: str = "proxystore", cluster: bool = False,
+                 clear: bool = False, **connect_kwargs: Any) -> None:
+        self._kwargs = dict(connect_kwargs)
+        self.clear = clear
+        self._cluster = None
+        self._own: Store | None = None
+        if cluster:
+            self._cluster = _open_cluster(name)
+        if self._cluster is not None:
+            self.store = self._cluster.store
+            if self.store.session != session:
+                raise errors.InvalidArgumentError(
+                    f"the open Cluster's store has session {self.store.session!r}, not {session!r} (create the "
+                    f"Cluster with session={session!r}, or pass the connector its session)")
+        else:
+            self.store = self._own = connect(name, session=session, **connect_kwargs)
+        self.name, self.session, self.cluster = self.store.name, session, cluster
+        self._put_keys: set[str] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        where = "cluster" if self._cluster is not None else f"node {self.store.node!r}"
+        return f"ShmStoreConnector(name={self.name!r}, session={self.session!r}, {where})"
+
+    def __enter__(self) -> "ShmStoreConnector":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- configuration ------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """What :meth:`from_config` needs to connect to the same store (in any process)."""
+        return {"name": self.name, "session": self.session, "cluster": self.cluster, "clear": self.clear,
+                **self._kwargs}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "ShmStoreConnector":
+        return cls(**config)
+
+    def close(self, clear: bool | None = None) -> None:
+        """Disconnect; with ``clear`` (default: the constructor's) evict what this connector put first.
+
+        Idempotent. A Cluster's store stays open (the Cluster owns it).
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            keys, self._put_keys = self._put_keys, set()
+        if self.clear if clear is None else clear:
+            for k in keys:
+                self._evict(k)
+        if self._own is not None:
+            self._own.close()
+
+    def _check(self) -> None:
+        if self._closed:
+            raise errors.StoreClosedError(f"{self!r} is closed (make a new connector)")
+
+    # ---- the Connector protocol ---------------------------------------------------------
+    def put(self, obj: Any) -> ShmStoreKey:
+        """Store the bytes-like ``obj``; its key."""
+        key = self.new_key()
+        self._put(key.shm_key, obj, overwrite=False)
+        return key
+
+    def put_batch(self, objs: Sequence[Any]) -> list[ShmStoreKey]:
+        return [self.put(obj) for obj in objs]
+
+    def get(self, key: ShmStoreKey) -> Any:
+        """The bytes of ``key`` as a read-only memoryview of the store's memory, or None.
+
+        The view pins the object (spill never moves it) until it is dropped.
+        """
+        self._check()
+        try:
+            if self._cluster is not None:
+                return self._cluster.get(key.shm_key)
+            return self.store.get(key.shm_key)
+        except errors.ObjectNotFoundError:
+            return None
+
+    def get_batch(self, keys: Sequence[ShmStoreKey]) -> list[Any]:
+        return [self.get(key) for key in keys]
+
+    def exists(self, key: ShmStoreKey) -> bool:
+        self._check()
+        if key.shm_key in self.store:
+            return True
+        return self._cluster is not None and bool(self._cluster.locate(key.shm_key))
+
+    def evict(self, key: ShmStoreKey) -> None:
+        """Remove ``key`` (every copy, with a Cluster); a missing key is no error."""
+        self._check()
+        self._evict(key.shm_key)
+        with self._lock:
+            self._put_keys.discard(key.shm_key)
+
+    def _evict(self, k: str) -> None:
+        if self._cluster is not None:
+            self._cluster.delete(k)
+        else:
+            self.store.delete(k, missing_ok=True)
+
+    # ---- the DeferrableConnector protocol ---------------------------------------------
+    def new_key(self, obj: Any = None) -> ShmStoreKey:
+        """A fresh key (``obj`` is ignored)."""
+        self._check()
+        return ShmStoreKey(uuid.uuid4().hex)
+
+    def set(self, key: ShmStoreKey, obj: Any) -> None:
+        """Associate ``obj`` with ``key``, replacing what it held atomically (``ref.update()`` relies on it)."""
+        self._put(key.shm_key, obj, overwrite=True)
+
+    def _put(self, k: str, obj: Any, overwrite: bool) -> None:
+        self._check()
+        if not isinstance(obj, (bytes, bytearray, memoryview)):
+            raise errors.InvalidArgumentError(f"ShmStoreConnector stores bytes-like values, not "
+                                              f"{type(obj).__name__} (serialize it first)")
+        if self._cluster is not None:
+            self._cluster.put(k, obj, overwrite=overwrite)
+        else:
+            self.store.put(k, obj, overwrite=overwrite)
+        with self._lock:
+            self._put_keys.add(k)
+
+
+def _open_cluster(name: str | None) -> Any:
+    """The Cluster this process has open over store ``name`` (shmstore.mpi imported only if it was)."""
+    mod = sys.modules.get("shmstore.mpi.cluster")
+    if mod is None:
+        return None
+    from ..config import Config
+    return mod.Cluster.opened(Config.from_kwargs(name=name).name)
+
+
+# ---- the zero-copy serializer pair -----------------------------------------------------
+
+def serialize(obj: Any) -> memoryview:
+    """``obj`` as bytes that :func:`deserialize` rebuilds over, without copying arrays.
+
+    Pickle protocol 5: numpy arrays and torch CPU tensors are laid out as
+    raw, 64-byte aligned blobs after the pickle stream.
+
+    Raises:
+        SerializationError: ``obj`` cannot be pickled.
+    """
+    enc = _codec._encode_pickle(obj)
+    out = np.empty(_PREFIX + enc.size, np.uint8)  # not bytearray(n): zero-filling it costs 4x the copy
+    out[:_PREFIX] = 0
+    out[:len(_MAGIC)] = np.frombuffer(_MAGIC, np.uint8)
+    _codec.write(enc, out, _PREFIX)
+    return out.data
+
+
+def deserialize(data: Any) -> Any:
+    """Rebuild an object made by :func:`serialize`; its arrays are read-only views of ``data``.
+
+    Data that :func:`serialize` did not make goes to ProxyStore's own
+    deserializer.
+
+    Raises:
+        SerializationError: the data is damaged.
+    """
+    mv = memoryview(data).cast("B") if memoryview(data).format != "B" else memoryview(data)
+    if bytes(mv[:len(_MAGIC)]) != _MAGIC:
+        from proxystore.serialize import deserialize as theirs
+        return theirs(bytes(mv))
+    base = np.frombuffer(mv, np.uint8, offset=_PREFIX)
+    if base.flags.writeable:  # a writable buffer: views of it must not write into the caller's
+        base = base.view()
+        base.flags.writeable = False
+    start, plen, blobs = L.unpack_object_header(base)
+    if start + plen > base.nbytes or any(o + n > base.nbytes for o, n in blobs):
+        raise errors.SerializationError(f"serialized object of {len(mv)} bytes is truncated")
+    return _codec.decode(L.KIND_PICKLE, base, base.nbytes)

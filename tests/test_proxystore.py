@@ -1,0 +1,229 @@
+"""shmstore.contrib.proxystore: ProxyStore's connector behaviour tests, the Store on top, other processes.
+
+The first block mirrors ProxyStore's own generic connector tests
+(tests/connectors/connector_test.py of proxystore/proxystore) and the
+basics of its Store tests, run against our connector; the rest is what
+ProxyStore's tests cannot know: zero-copy resolution, proxies resolved in
+other processes, overwrite through ``set``, lifetimes and use after close.
+"""
+from __future__ import annotations
+
+import base64
+import pickle
+
+import numpy as np
+import pytest
+
+import shmstore
+
+from helpers import Child
+
+pytest.importorskip("proxystore", reason="proxystore is not installed (pip install 'shmstore[proxystore]')")
+from proxystore.connectors.protocols import Connector, DeferrableConnector  # noqa: E402
+from proxystore.store import Store, unregister_store  # noqa: E402
+from proxystore.store.ref import into_owned, update  # noqa: E402
+
+from shmstore.contrib.proxystore import ShmStoreConnector, ShmStoreKey, deserialize, serialize  # noqa: E402
+
+
+@pytest.fixture
+def connector(name):
+    with ShmStoreConnector(name, capacity="64MiB") as c:
+        yield c
+
+
+@pytest.fixture
+def pstore(connector):
+    store = Store(connector.name, connector, serializer=serialize, deserializer=deserialize, register=True,
+                  populate_target=False, cache_size=0)
+    try:
+        yield store
+    finally:
+        unregister_store(store)
+        store.close()
+
+
+# ---- ProxyStore's generic connector tests ---------------------------------------------------
+
+def test_implements_both_protocols(connector):
+    assert isinstance(connector, Connector) and isinstance(connector, DeferrableConnector)
+    assert isinstance(repr(connector), str)
+
+
+def test_connector_basic_ops(connector):
+    value = b"test_value"
+    key = connector.put(value)
+    assert connector.get(key) == value
+    assert connector.exists(key)
+    connector.evict(key)
+    assert not connector.exists(key)
+    assert connector.get(key) is None
+    connector.evict(key)  # evicting a missing key is no error
+
+
+def test_connector_batch_ops(connector):
+    values = [b"value1", b"value2", b"value3"]
+    keys = connector.put_batch(values)
+    assert connector.get_batch(keys) == values
+    assert all(connector.exists(k) for k in keys)
+    for k in keys:
+        connector.evict(k)
+    assert not any(connector.exists(k) for k in keys)
+    assert connector.get_batch(keys) == [None, None, None]
+
+
+def test_connector_config(connector):
+    again = type(connector).from_config(connector.config())
+    try:
+        assert isinstance(again, Connector) and type(again) is type(connector)
+        key = connector.put(b"shared")
+        assert again.get(key) == b"shared"  # the same store
+    finally:
+        again.close()
+
+
+def test_deferrable_connector_ops(connector):
+    obj = b"test_value"
+    key = connector.new_key(obj)
+    assert not connector.exists(key)
+    connector.set(key, obj)
+    connector.set(key, obj)  # set twice: an overwrite
+    assert connector.get(key) == obj
+    connector.set(key, b"other")
+    assert connector.get(key) == b"other"
+
+
+def test_close_is_idempotent_and_use_after_close_is_a_clear_error(name):
+    c = ShmStoreConnector(name, capacity="16MiB")
+    key = c.put(b"x")
+    c.close()
+    c.close()
+    for call in (lambda: c.exists(key), lambda: c.get(key), lambda: c.put(b"y"), lambda: c.evict(key),
+                 lambda: c.set(key, b"z"), lambda: c.new_key()):
+        with pytest.raises(shmstore.StoreClosedError):
+            call()
+
+
+def test_clear_on_close_evicts_what_this_connector_put(name):
+    with shmstore.connect(name, capacity="16MiB", session="proxystore") as watcher:
+        c = ShmStoreConnector(name, clear=True)
+        kept, gone = ShmStoreKey("kept"), c.put(b"mine")
+        watcher.put("kept", b"not the connector's")
+        c.close()
+        assert gone.shm_key not in watcher and kept.shm_key in watcher
+
+
+def test_non_bytes_values_are_refused(connector):
+    with pytest.raises(shmstore.InvalidArgumentError, match="serialize it first"):
+        connector.put([1, 2, 3])
+
+
+# ---- ProxyStore's Store on top -----------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [b"value", "value", ["value1", "value2"], {"a": np.arange(5)}])
+def test_store_basic_operations(pstore, value):
+    key = pstore.put(value)
+    assert pstore.exists(key)
+    got = pstore.get(key)
+    if isinstance(value, dict):
+        np.testing.assert_array_equal(got["a"], value["a"])
+    else:
+        assert got == value
+    pstore.evict(key)
+    assert not pstore.exists(key)
+    assert pstore.get(key) is None and pstore.get(key, default="alt") == "alt"
+
+
+def test_store_with_proxystores_own_serializers(connector):
+    store = Store("plain-" + connector.name, connector, register=True, populate_target=False, cache_size=0)
+    try:
+        key = store.put({"x": [1, 2]})
+        assert store.get(key) == {"x": [1, 2]}
+        p = store.proxy(np.arange(4))
+        assert int(p.sum()) == 6
+    finally:
+        unregister_store(store)
+        store.close()
+
+
+def test_mutable_borrow_update_writes_back_through_set(pstore):
+    from proxystore.proxy import get_factory
+    owned = into_owned(pstore.proxy([1, 2, 3]))
+    key = get_factory(owned).key
+    owned.append(4)  # resolves it, then changes the local copy
+    update(owned)
+    assert pstore.get(key) == [1, 2, 3, 4]
+
+
+def test_arrays_resolve_as_read_only_views_of_the_store(pstore, connector):
+    arr = np.arange(1 << 20, dtype=np.float64)
+    proxy = pstore.proxy({"w": arr, "n": 3})
+    resolved = proxy["w"]
+    assert not resolved.flags.writeable
+    np.testing.assert_array_equal(resolved, arr)
+    base = connector.store.kernel._at.arena_addr
+    addr = resolved.__array_interface__["data"][0]
+    assert base <= addr < base + connector.store._node.capacity  # in shared memory: no copy
+    assert addr % 64 == 0
+
+
+def test_serializer_pair_round_trips_and_rejects_damage():
+    obj = {"a": np.arange(10), "b": [np.ones((3, 3), order="F"), "text"], "c": b"raw"}
+    data = serialize(obj)
+    back = deserialize(memoryview(bytes(data)))
+    np.testing.assert_array_equal(back["a"], obj["a"])
+    assert back["b"][0].flags.f_contiguous and back["b"][1] == "text" and back["c"] == b"raw"
+    assert not back["a"].flags.writeable
+    with pytest.raises(shmstore.SerializationError):
+        deserialize(bytes(data[:200]))
+
+
+def test_deserializer_passes_foreign_data_to_proxystore():
+    from proxystore.serialize import serialize as theirs
+    assert deserialize(theirs({"k": 1})) == {"k": 1}
+
+
+CONSUMER = """
+import base64, os, pickle, sys
+import numpy as np
+proxy = pickle.loads(base64.b64decode(sys.stdin.readline()))
+w = proxy['w']
+print(int(w.sum()), w.flags.writeable, flush=True)
+"""
+
+
+def test_proxy_resolved_in_another_process(pstore):
+    proxy = pstore.proxy({"w": np.arange(1000)})
+    child = Child(CONSUMER)
+    child.send(base64.b64encode(pickle.dumps(proxy)).decode())
+    assert child.readline() == f"{sum(range(1000))} False"
+    child.wait()
+
+
+PRODUCER = """
+import base64, os, pickle
+import numpy as np
+from proxystore.store import Store
+from shmstore.contrib.proxystore import ShmStoreConnector, serialize, deserialize
+c = ShmStoreConnector(os.environ['N'], persist=True)
+store = Store('producer', c, serializer=serialize, deserializer=deserialize, populate_target=False)
+proxy = store.proxy(np.full(100, 7))
+print(base64.b64encode(pickle.dumps(proxy)).decode(), flush=True)
+c.close()
+"""
+
+
+def test_a_persistent_store_outlives_its_producer(name):
+    producer = Child(PRODUCER, env={"N": name})
+    line = producer.readline()
+    producer.wait()
+    try:
+        proxy = pickle.loads(base64.b64decode(line))
+        assert int(proxy.sum()) == 700
+    finally:
+        from proxystore.store import get_store
+        s = get_store("producer")
+        if s is not None:
+            unregister_store(s)
+            s.close()
+        shmstore.destroy(name, force=True)
