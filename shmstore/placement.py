@@ -53,29 +53,29 @@ class Placement:
         last: StorageFullError | None = None
         for level in order:
             try:
-                if level == Level.MEMORY:
-                    info = self._put_memory(key, obj, waits=True, overwrite=overwrite)
-                    self.hint(info.stored)
-                    return info
-                return self.kernel.put(key, obj, Level(_check_level(level)), overwrite)
+                info = self._put_on(key, obj, self._check_level(level), overwrite)
+                self.hint(info.stored)
+                return info
             except StorageFullError as exc:
                 if exc.level is None:  # the object table is full: no level helps
                     raise
                 last = exc
         raise last  # type: ignore[misc]
 
-    def _put_memory(self, key: str, obj: Any, waits: bool, overwrite: bool = False) -> ObjectInfo:
+    def _put_on(self, key: str, obj: Any, level: Level, overwrite: bool = False) -> ObjectInfo:
+        """Put on ``level``, waiting for the spill process to make room there if the level spills."""
         deadline = None
+        lv = self.node.levels[level]
         while True:
             try:
-                return self.kernel.put(key, obj, Level.MEMORY, overwrite)
+                return self.kernel.put(key, obj, level, overwrite)
             except StorageFullError as exc:
-                if not waits or exc.level != Level.MEMORY or exc.requested is None \
-                        or exc.requested > self.node.capacity:
+                if lv.spill_to is None or exc.level != level or exc.requested is None \
+                        or exc.requested > lv.total():
                     raise
                 if deadline is None:
                     deadline = time.monotonic() + self.config.spill_timeout
-                self.make_room(key, exc.requested, deadline)  # raises when no room can be made
+                self.make_room(key, exc.requested, deadline, level)  # raises when no room can be made
 
     def hint(self, nbytes: int) -> None:
         """Wake the spill process early when a put may have crossed the high watermark.
@@ -93,15 +93,15 @@ class Placement:
         if self.node.used(L.LEVEL_MEMORY) > s.high * self.node.capacity:
             self.node.wake.post()
 
-    def make_room(self, key: str, nbytes: int, deadline: float) -> None:
-        """Ask the spill process for about ``nbytes * 1.1`` of memory and wait for it.
+    def make_room(self, key: str, nbytes: int, deadline: float, level: Level = Level.MEMORY) -> None:
+        """Ask the spill process for about ``nbytes * 1.1`` on ``level`` and wait for it.
 
         Raises:
             StorageFullError: nothing left to spill, or no answer before ``deadline``.
             SpillError: a spill failed.
         """
-        want = min(int(nbytes * 1.1), self.node.capacity)
-        self._request(key, L.REQ_SPACE, deadline, nbytes=want)
+        want = min(int(nbytes * 1.1), self.node.levels[level].total())
+        self._request(key, L.REQ_SPACE, deadline, nbytes=want, level=int(level))
 
     def _request(self, key: str, kind: int, deadline: float, progress: Callable[[Any], None] | None = None,
                  **args: int) -> None:
@@ -110,10 +110,11 @@ class Placement:
         if r is None:
             raise StorageFullError(
                 f"gave up on {key!r} after waiting {self.config.spill_timeout:g} s for the spill process "
-                f"(raise spill_timeout= / SHMSTORE_SPILL_TIMEOUT)", key, Level.MEMORY, args.get("nbytes"))
+                f"(raise spill_timeout= / SHMSTORE_SPILL_TIMEOUT)", key, Level(args.get("level", L.LEVEL_MEMORY)),
+                args.get("nbytes"))
         if r.status == L.RS_DONE:
             return
-        raise _request_error(key, r)
+        raise _request_error(key, r, Level(args.get("level", L.LEVEL_MEMORY)))
 
     def place(self, key: str, order: tuple[Level, ...], make: Callable[[int], Any]) -> Any:
         """``make(level)`` on the first level of ``order`` with room (waiting for room like ``put``).
@@ -124,19 +125,32 @@ class Placement:
         last: StorageFullError | None = None
         for level in order:
             deadline = time.monotonic() + self.config.spill_timeout
+            lv = self.node.levels[self._check_level(level)]
             while True:
                 try:
-                    return make(_check_level(level))
+                    return make(int(level))
                 except StorageFullError as exc:
                     last = exc
-                    if exc.level != Level.MEMORY or level != Level.MEMORY or (exc.requested or 0) > self.node.capacity:
+                    if lv.spill_to is None or exc.level != level or (exc.requested or 0) > lv.total():
                         break
                     try:
-                        self.make_room(key, exc.requested or 0, deadline)
+                        self.make_room(key, exc.requested or 0, deadline, Level(level))
                     except StorageFullError as full:
                         last = full
                         break
         raise last  # type: ignore[misc]
+
+    def _check_level(self, level: Any) -> Level:
+        """``level`` as a Level this process can use.
+
+        Raises:
+            InvalidArgumentError: the level is not available here, saying why.
+        """
+        lv = self.node.levels.get(Level(level))
+        why = "it is not registered" if lv is None else lv.available()
+        if why:
+            raise InvalidArgumentError(f"{Level(level)} is not available: {why} (use Level.MEMORY or Level.DISK)")
+        return Level(level)
 
     # ---- get / move -------------------------------------------------------------
     def bring(self, key: str, order: tuple[Level, ...]) -> None:
@@ -152,7 +166,7 @@ class Placement:
         Raises:
             ObjectNotFoundError, ObjectLockedError (pinned), StorageFullError, SpillError.
         """
-        level = Level(_check_level(level))
+        level = self._check_level(level)
         kb = encode_key(key)
         idx, e, _ = self.kernel.lookup(key, kb, False)
         if e[L.E_LEVEL] != level:
@@ -171,30 +185,27 @@ class Placement:
         s = L.unpack_spill_state(buf)
         live = (t["state"] != L.FREE) & (t["state"] != L.RESERVED)
         out = {}
-        for level, total in ((Level.MEMORY, node.capacity), (Level.DISK, s.disk_capacity)):
+        for level, lv in sorted(node.levels.items()):
+            if lv.available():
+                continue
+            total = lv.total()
             on = live & (t["level"] == int(level))
             used = node.used(int(level))
             pinned = int(t["size"][on & (pins > 0)].sum())
-            spillable = int(t["size"][spill_candidates(t, pins)].sum()) if level == Level.MEMORY else 0
+            spillable = int(t["size"][spill_candidates(t, pins, level=int(level))].sum()) if lv.spill_to else 0
             out[level] = Capacity(total, used, pinned, total - used, int(on.sum()), spillable,
                                   s.spilled, s.restored)
         return out
 
 
-def _check_level(level: Any) -> int:
-    if Level(level) == Level.GPU:
-        raise InvalidArgumentError("Level.GPU is not available in this build (use Level.MEMORY or Level.DISK)")
-    return int(level)
-
-
-def _request_error(key: str, r: L.Request) -> Exception:
+def _request_error(key: str, r: L.Request, level: Level = Level.MEMORY) -> Exception:
     msg = f"{key!r}: {r.message}" if r.message else f"request for {key!r} failed"
     if r.error == L.ERR_LOCKED:
         return ObjectLockedError(msg, key)
     if r.error == L.ERR_MISSING:
         return ObjectNotFoundError(msg, key)
     if r.error == L.ERR_FULL:
-        return StorageFullError(msg, key, Level.MEMORY)
+        return StorageFullError(msg, key, level)
     return SpillError(msg, key)
 
 

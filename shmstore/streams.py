@@ -8,7 +8,6 @@ never moves it underneath and a delete waits for it.
 from __future__ import annotations
 
 import io
-import os
 from typing import Any
 
 import numpy as np
@@ -16,8 +15,10 @@ import numpy as np
 from .errors import InvalidArgumentError, ShmStoreError, StoreClosedError
 from .kernel import layout as L
 from .kernel.kernel import Kernel, encode_key
-from .kernel.writing import disk_error
 from .kernel.serialize import as_u8
+from .levels import Level
+from .levels.disk import disk_error
+from .levels.protocol import Sink
 from .units import format_size
 
 __all__ = ["Writer", "Reader"]
@@ -41,7 +42,7 @@ class Writer:
     """
 
     _idx = -1
-    _fd = -1
+    _sink: Sink | None = None
     _dst: np.ndarray | None = None
     closed = True
 
@@ -53,24 +54,14 @@ class Writer:
         self._idx, off, _, _, self._stripe = kernel.reserve(key, kb, L.KIND_RAW, self.size, self.size, level=level)
         kernel.writers.add(self)
         try:
-            if level == L.LEVEL_MEMORY:
-                kernel.node.prefault.ensure(off, self.size, key)
-                self._dst = kernel.writable(off, self.size)
-            else:
-                self._open_file()
+            gen = L.entry_gen(kernel._buf, kernel._lay.entry(self._idx))
+            self._sink: Sink | None = kernel.node.levels[Level(level)].sink(self._idx, gen, off, self.size, key)
+            self._dst = self._sink.buffer()
         except BaseException:
             kernel.abort(self._idx)
             raise
         self._pos = 0
         self.closed = False
-
-    def _open_file(self) -> None:
-        disk = self._kernel.node.disk
-        self._gen = L.entry_gen(self._kernel._buf, self._kernel._lay.entry(self._idx))
-        try:
-            self._fd = disk.create_tmp(self._idx, self._gen)
-        except OSError as exc:
-            raise disk_error(self.key, self.size, disk.path, exc) from exc
 
     def _check_open(self) -> None:
         if self.closed:
@@ -97,26 +88,21 @@ class Writer:
         if n and self._dst is not None:
             self._dst[self._pos: self._pos + n] = src
         elif n:
-            self._write_file(src.data)
+            try:
+                self._sink.write(src, self._pos)  # type: ignore[union-attr]
+            except OSError as exc:
+                self.abort()
+                raise disk_error(self.key, self.size, self._kernel.node.disk.path, exc) from exc
         self._pos += n
         return n
-
-    def _write_file(self, mv: memoryview) -> None:
-        pos = self._pos
-        try:
-            while len(mv):
-                k = os.pwrite(self._fd, mv, pos)
-                mv, pos = mv[k:], pos + k
-        except OSError as exc:
-            self.abort()
-            raise disk_error(self.key, self.size, self._kernel.node.disk.path, exc) from exc
 
     @property
     def buffer(self) -> memoryview:
         """Writable memoryview of the bytes not written yet (MEMORY only; fill it, then ``advance``)."""
         self._check_open()
         if self._dst is None:
-            raise InvalidArgumentError(f"{self.key!r} is written to disk: use write(), not buffer")
+            raise InvalidArgumentError(f"{self.key!r} is written to {Level(self.level).name.lower()}: use write(), "
+                                       f"not buffer")
         return self._dst[self._pos:].data
 
     def advance(self, n: int) -> None:
@@ -142,15 +128,14 @@ class Writer:
             raise InvalidArgumentError(
                 f"writer of {self.key!r} closed after {format_size(self._pos)} of {format_size(self.size)}; "
                 f"nothing was stored")
-        if self._fd >= 0:
-            try:
-                os.ftruncate(self._fd, L.align(max(self.size, 1)))
-                os.close(self._fd)
-                self._fd = -1
-                self._kernel.node.disk.publish(self._idx, self._gen)
-            except OSError as exc:
-                self.abort()
-                raise disk_error(self.key, self.size, self._kernel.node.disk.path, exc) from exc
+        sink, self._sink = self._sink, None
+        try:
+            if sink is not None:
+                sink.close()
+        except OSError as exc:
+            self._sink = sink
+            self.abort()
+            raise disk_error(self.key, self.size, self._kernel.node.disk.path, exc) from exc
         self._dst = None
         self.closed = True
         self._kernel.writers.discard(self)
@@ -163,9 +148,9 @@ class Writer:
         self._dst = None
         self.closed = True
         self._kernel.writers.discard(self)
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        sink, self._sink = self._sink, None
+        if sink is not None:
+            sink.abort()
         self._kernel.abort(self._idx)
 
     def __enter__(self) -> "Writer":

@@ -33,7 +33,7 @@ def test_fast_path_is_configured_from_the_entry_declaration():
     from shmstore.kernel import layout as L
     lay = L.fast_path_layout()
     for f in L.ENTRY_HEAD.fields:
-        if f.name != "pins":  # reserved: C never touches it
+        if f.name not in ("target_extent", "target"):  # 0 in a reserved entry: C leaves them
             assert lay[f"{f.name}_off"] == f.offset, f.name
     assert (lay["entry_size"], lay["array_off"], lay["key_off"]) == (L.ENTRY_SIZE, L.ENTRY_ARRAY_OFFSET,
                                                                      L.ENTRY_KEY_OFFSET)
@@ -55,7 +55,8 @@ def test_c_insert_writes_every_field_where_python_reads_it(store):
     assert (head.size, head.nbytes, head.state, head.kind, head.level) == (64, 24, L.SEALED, L.KIND_NDARRAY,
                                                                           L.LEVEL_MEMORY)
     assert (head.keylen, head.session, head.writer, head.flags) == (3, k.sid, k.slot, L.FLAG_IN_CHUNK)
-    assert head.hash == __import__("zlib").crc32(b"arr", k.sid) and head.extent > 0 and head.pins == 0
+    assert head.hash == __import__("zlib").crc32(b"arr", k.sid) and head.extent > 0
+    assert head.target_extent == 0 and head.target == 0
     assert array == (np.dtype(np.int16), (3, 4), "C")
     assert L.entry_key(k._buf, k._lay.entry(idx), 3) == b"arr"
 

@@ -21,7 +21,7 @@ def test_header_roundtrip():
 def test_entry_roundtrip_and_numpy_view_agree():
     lay = L.Layout(max_objects=8, max_clients=2, nstripes=2)
     buf = bytearray(lay.size)
-    e = L.EntryHead(4096, 128, 100, 3.0, 4.0, 0xDEADBEEF, 2, 5, 1, -1, 3, 0, 3, 1, L.SEALED, L.KIND_NDARRAY, 1, 0)
+    e = L.EntryHead(4096, 128, 100, 3.0, 4.0, 0xDEADBEEF, 2, 5, 1, -1, 3, 0, 3, 1, L.SEALED, L.KIND_NDARRAY, 1, 0, 0)
     eoff = lay.entry(3)
     L.pack_entry(buf, eoff, e)
     L.set_entry_key(buf, eoff, b"key")

@@ -13,7 +13,7 @@ def table(rows):
     buf = bytearray(lay.size)
     for i, (state, level, flags, atime) in enumerate(rows):
         L.pack_entry(buf, lay.entry(i), L.EntryHead(0, 64, 64, atime, 0.0, 0, 0, 0, 0, 0, 0, 0, 1, 0, state,
-                                                       L.KIND_RAW, level, flags))
+                                                       L.KIND_RAW, level, flags, 0))
     return L.entry_table(buf, lay)
 
 

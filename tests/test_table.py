@@ -19,7 +19,7 @@ def make(max_objects=64, nstripes=4):
 def put(buf, lay, table, idx, key: bytes, state=L.SEALED, size=128, level=L.LEVEL_MEMORY):
     h, b, _ = table.locate(0, key)
     L.pack_entry(buf, lay.entry(idx), L.EntryHead(0, size, size, 0.0, 0.0, h, 0, 0, 0, 0, 0, 0, len(key), 0, state,
-                                                  L.KIND_RAW, level, 0))
+                                                  L.KIND_RAW, level, 0, 0))
     L.set_entry_key(buf, lay.entry(idx), key)
     table.link(idx, b)
     L.add_stripe_stats(buf, lay.stripe_stats(table.stripe_of(idx)), level, size, 1)

@@ -33,9 +33,13 @@ from ..errors import StorageFullError
 from . import layout as L
 from .node import NodeStore
 
-__all__ = ["ClientCache", "ENTRY_BATCH", "retire_chunk", "owns_entry"]
+__all__ = ["ClientCache", "ENTRY_BATCH", "retire_chunk", "owns_entry", "EntryStolen"]
 
 ENTRY_BATCH = 32
+
+
+class EntryStolen(Exception):
+    """A batch entry was taken by a client whose table ran out: take another (private, never escapes)."""
 
 
 def owns_entry(buf: Any, eoff: int, slot: int, gen: int) -> bool:

@@ -255,17 +255,23 @@ def _check_objects(lay: L.Layout, t: np.ndarray, ext: np.ndarray, n: int, proble
             problems.append(f"entry {idx}: its bytes [{off}, {off + size}) are not inside its extent {rec} "
                             f"(kind {x['flags']}, owner {x['owner']}, [{x['offset']}, {x['offset'] + x['size']}))")
         spans.append((off, off + size, idx))
+    for idx in np.flatnonzero(live & (t["level"] == L.LEVEL_DISK)).tolist():
+        e = t[idx]
+        if e["offset"] or e["extent"]:
+            problems.append(f"entry {idx}: on disk but names arena space")
+    moving = live & ((t["flags"] & L.FLAG_MOVING) != 0)
+    for idx in np.flatnonzero(~moving & (t["target_extent"] != 0)).tolist():  # ``target`` counts only while moving
+        problems.append(f"entry {idx}: not moving but names the extent of a move")
+    for idx in np.flatnonzero(moving & (t["target_extent"] != 0)).tolist():
+        rec = int(t["target_extent"][idx])
+        if not 0 < rec <= n or not (ext["flags"][rec - 1] == L.EXT_USED and ext["owner"][rec - 1] == idx + 1):
+            problems.append(f"entry {idx}: the extent {rec} its move placed is not its own")
+        else:
+            spans.append((int(ext["offset"][rec - 1]), int(ext["offset"][rec - 1] + ext["size"][rec - 1]), idx))
     spans.sort()
     for (_, a1, i), (b0, b1, j) in zip(spans, spans[1:]):
         if b0 < a1:
             problems.append(f"entries {i} and {j} overlap in the arena at [{b0}, {min(a1, b1)})")
-    for idx in np.flatnonzero(live & (t["level"] == L.LEVEL_DISK)).tolist():
-        e = t[idx]
-        restoring = e["flags"] & L.FLAG_MOVING and e["extent"]
-        if e["offset"] or (e["extent"] and not restoring):
-            problems.append(f"entry {idx}: on disk but names arena space")
-        if restoring and not (ext["flags"][e["extent"] - 1] == L.EXT_USED and ext["owner"][e["extent"] - 1] == idx + 1):
-            problems.append(f"entry {idx}: restore extent {e['extent']} is not its own")
 
 
 def _check_disk(node: "NodeStore", buf: Any, lay: L.Layout, t: np.ndarray, problems: list[str]) -> None:
@@ -285,7 +291,7 @@ def _check_disk(node: "NodeStore", buf: Any, lay: L.Layout, t: np.ndarray, probl
             elif os.stat(name, dir_fd=node.disk.ensure()).st_size < e["size"]:
                 problems.append(f"spill file {name} is shorter than entry {idx} ({e['size']} B)")
             allowed.add(name)
-        elif on_disk or (moving and e["level"] == L.LEVEL_MEMORY):  # being written, or being spilled
+        elif on_disk or (moving and e["target"] == L.LEVEL_DISK):  # being written, or being spilled
             allowed.update((name, name + ".tmp"))
     for name in sorted(names - allowed):
         problems.append(f"spill file {name} belongs to no object")

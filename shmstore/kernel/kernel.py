@@ -255,11 +255,12 @@ class Kernel:
         if e[L.E_LEVEL] == _MEMORY or n == 0:
             buf, off = self._ro, e[L.E_OFFSET] if n else 0
         else:
+            level = Level(e[L.E_LEVEL])
             try:
-                buf, off = self.node.disk.map(idx, e[L.E_GEN], n), 0
+                buf, off = self.node.levels[level].view(idx, e[L.E_GEN], e[L.E_OFFSET], n)
             except OSError as exc:
                 self._release(idx, e[L.E_GEN])
-                raise SpillError(f"cannot read spilled object (entry {idx}) from {self.node.disk.path}: {exc}") from exc
+                raise SpillError(f"cannot read object (entry {idx}) on {level}: {exc}") from exc
         view: Lease | SharedArray
         if array is None:
             view = np.ndarray.__new__(Lease, (n,), _U8, buf, off)

@@ -58,7 +58,7 @@ import numpy as np
 from .records import Record
 
 MAGIC = b"SHMSTOR\0"
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 HEADER_SIZE = 4096
 MAX_SESSIONS = 256
 MAX_KEY = 255
@@ -162,11 +162,11 @@ CLIENT = Record("CLIENT", 256, """
 """)
 REQUEST_OFFSET = 64  # within a CLIENT record
 REQUEST = Record("REQUEST", 160, """
-    0    kind     u32       0 none, 1 make room (bytes in MEMORY), 2 move an entry to a level
+    0    kind     u32       0 none, 1 make room (bytes on a level), 2 move an entry to a level
     4    seq      u32       sequence number (bumped by the client on every request)
     8    idx      i32       entry index
     12   gen      u32       entry generation
-    16   level    u32       target level
+    16   level    u32       the level to make room on, or to move to
     20   status   u32       0 idle, 1 pending, 2 done, 3 failed
     24   error    u32       when failed: 1 full, 2 I/O, 3 locked, 4 not found
     32   nbytes   u64       bytes
@@ -178,7 +178,7 @@ STRIPE_STATS = Record("STRIPE_STATS", 64, """
     32   deleted  i64     deleted entries still pinned
 """)
 ENTRY_HEAD = Record("ENTRY_HEAD", 80, """
-    0    offset   u64  offset of the data in its level (arena offset for MEMORY, 0 for DISK)
+    0    offset   u64  offset of the data in its level (arena offset for MEMORY and GPU, 0 for DISK)
     8    size     u64  stored size in bytes (the same on every level)
     16   nbytes   u64  logical size (what ObjectInfo.size reports)
     24   atime    f64  last access (CLOCK_MONOTONIC, comparable across processes)
@@ -186,10 +186,11 @@ ENTRY_HEAD = Record("ENTRY_HEAD", 80, """
     40   hash     u32  crc32 of (session, key)
     44   next     i32  next entry in the bucket chain (1-based, 0 end)
     48   gen      u32  generation (bumped whenever the entry is freed or changes hands)
-    52   pins     u32  reserved (pins live in the pin bytes)
+    52   target_extent  i32  during a move onto an arena level, the extent placed there for
+                       it (written under the ALLOC lock, like ``extent``); 0 otherwise
     56   writer   i32  client slot of the writer while writing (of the batch while reserved)
-    60   extent   i32  extent record of the data (1-based, 0 none); on DISK, that of a restore in
-                       progress; while reserved, that placed for a put in flight (written under the
+    60   extent   i32  extent record of the data (1-based, 0 none) on an arena level (MEMORY, GPU);
+                       while reserved, that placed for a put in flight (written under the
                        ALLOC lock: extent and owner name each other)
     64   nblobs   u32  number of blobs
     68   keylen   u16  key length in bytes
@@ -198,7 +199,9 @@ ENTRY_HEAD = Record("ENTRY_HEAD", 80, """
                        its last pin), 4 reserved (in client writer's batch)
     73   kind     u8   0 raw bytes, 1 ndarray, 2 pickle5
     74   level    u8   level (Level value)
-    75   flags    u8   1 being moved, 2 carved from a chunk (extent is the chunk)
+    75   flags    u8   1 being moved, 2 carved from a chunk (extent is the chunk), 4 an overwrite
+                       being written (in no chain until it replaces the old object)
+    76   target   u8   during a move (flag 1), the level it is moving to
 """)
 ENTRY_ARRAY_OFFSET = 80
 ENTRY_ARRAY = Record("ENTRY_ARRAY", 88, """
@@ -252,14 +255,15 @@ STATS_DTYPE = STRIPE_STATS.dtype
 EXTENT_DTYPE = EXTENT.dtype
 
 # positions in a raw ENTRY_HEAD tuple (entry_raw), for the hot paths
-(E_OFFSET, E_SIZE, E_NBYTES, E_ATIME, E_CTIME, E_HASH, E_NEXT, E_GEN, E_WRITER, E_EXTENT, E_NBLOBS, E_KEYLEN,
- E_SESSION, E_STATE, E_KIND, E_LEVEL, E_FLAGS) = ENTRY_HEAD.indices(
-    "offset", "size", "nbytes", "atime", "ctime", "hash", "next", "gen", "writer", "extent", "nblobs", "keylen",
-    "session", "state", "kind", "level", "flags")
+(E_OFFSET, E_SIZE, E_NBYTES, E_ATIME, E_CTIME, E_HASH, E_NEXT, E_GEN, E_TARGET_EXTENT, E_WRITER, E_EXTENT,
+ E_NBLOBS, E_KEYLEN, E_SESSION, E_STATE, E_KIND, E_LEVEL, E_FLAGS, E_TARGET) = ENTRY_HEAD.indices(
+    "offset", "size", "nbytes", "atime", "ctime", "hash", "next", "gen", "target_extent", "writer", "extent",
+    "nblobs", "keylen", "session", "state", "kind", "level", "flags", "target")
 entry_raw = ENTRY_HEAD.struct.unpack_from
 _E = ENTRY_HEAD.offset
 _E_ATIME, _E_NEXT, _E_GEN, _E_WRITER, _E_EXTENT = _E["atime"], _E["next"], _E["gen"], _E["writer"], _E["extent"]
 _E_HASH, _E_STATE, _E_FLAGS = _E["hash"], _E["state"], _E["flags"]
+_E_TARGET_EXTENT, _E_TARGET = _E["target_extent"], _E["target"]
 
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
@@ -647,6 +651,18 @@ def entry_hash(buf: Any, eoff: int) -> int:
 
 def set_entry_extent(buf: Any, eoff: int, rec: int) -> None:
     _put(buf, eoff + _E_EXTENT, _I32, rec)
+
+
+def entry_target_extent(buf: Any, eoff: int) -> int:
+    return _I32.unpack_from(buf, eoff + _E_TARGET_EXTENT)[0]
+
+
+def set_entry_target_extent(buf: Any, eoff: int, rec: int) -> None:
+    _put(buf, eoff + _E_TARGET_EXTENT, _I32, rec)
+
+
+def set_entry_target(buf: Any, eoff: int, level: int) -> None:
+    buf[eoff + _E_TARGET] = level
 
 
 def set_entry_atime(buf: Any, eoff: int, atime: float) -> None:

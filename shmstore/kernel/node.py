@@ -30,7 +30,9 @@ from ..units import format_size
 from . import layout as L
 from .alloc import Allocator
 from .lock import ShmLock, init_lock
+from ..levels.base import Level
 from ..levels.disk import SpillDir
+from ..levels.registry import open_levels
 from .segment import Segment, Wakeup, unlink_segment, unlink_semaphore
 from .repair import rebuild_allocator, repair_stripe
 from .prefault import Prefaulter
@@ -91,6 +93,7 @@ class NodeStore:
         arena.advise_hugepages()
         self.arena_ro = memoryview(self.arena_mm).toreadonly()
         self.disk = SpillDir(L.spill_dir(self.buf), self.prefix.lstrip("/"))
+        self.levels = open_levels(self)  # every registered level, as this process reaches it
         self.wake = Wakeup(self.prefix + "-wake", create=False)  # the creator made it (see _create)
         self.prefault = Prefaulter(meta, arena, self.capacity)
 
@@ -242,18 +245,19 @@ class NodeStore:
         if cache is not None and e[L.E_FLAGS] & L.FLAG_IN_CHUNK:
             cache.entries.append((idx, self.table.keep_entry(idx, cache.slot)))
             return True
-        on_disk = e[L.E_LEVEL] == L.LEVEL_DISK and e[L.E_STATE] not in (L.FREE, L.RESERVED)
-        if on_disk:
-            self.disk.remove(idx, e[L.E_GEN])
+        # a reserved entry is on no level yet (an extent it names is freed by the table)
+        level = self.levels[Level(e[L.E_LEVEL])] if e[L.E_STATE] not in (L.FREE, L.RESERVED) else None
+        if level is not None:
+            level.drop(idx, e)
         if not self.alloc_lock.acquire(blocking=blocking, timeout=self.cfg.lock_timeout if blocking else -1):
             if blocking:
                 raise LockTimeoutError(f"lock alloc not acquired within {self.cfg.lock_timeout:g} s "
                                        f"(raise lock_timeout= / SHMSTORE_LOCK_TIMEOUT)")
             return False
         try:
-            if on_disk:
-                L.set_disk_reserved(self.buf, max(0, L.disk_reserved(self.buf) - e[L.E_SIZE]))
-            self.table.release_entry(idx)
+            if level is not None:
+                level.free_locked(idx, e)
+            self.table.release_entry(idx, free_extent=level is None)
         finally:
             self.alloc_lock.release()
         return True

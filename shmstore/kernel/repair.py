@@ -38,7 +38,8 @@ def valid_extents(buf: Any, lay: L.Layout) -> tuple[np.ndarray, np.ndarray]:
 
     A used extent is kept when its owner names it back: an entry (any state
     but free: a reserved entry may hold the extent of a put in flight) whose
-    ``extent`` is this record, or a client whose chunk is this record. A
+    ``extent`` is this record (or, while it moves, whose ``target_extent``
+    is), or a client whose chunk is this record. A
     chunk no client names any more is kept as a retired chunk while an
     object still lives in it, and dropped otherwise.
     """
@@ -50,8 +51,10 @@ def valid_extents(buf: Any, lay: L.Layout) -> tuple[np.ndarray, np.ndarray]:
     flags, owner = ext["flags"], ext["owner"].astype(np.int64)
     taken = t["state"] != L.FREE
     own = np.clip(owner - 1, 0, lay.max_objects - 1)
-    used = ((flags == L.EXT_USED) & (owner > 0) & (owner <= lay.max_objects) & taken[own]
-            & (t["extent"][own] == recs) & ((t["flags"][own] & L.FLAG_IN_CHUNK) == 0))
+    moving = (t["flags"][own] & L.FLAG_MOVING) != 0
+    names = (((t["extent"][own] == recs) & ((t["flags"][own] & L.FLAG_IN_CHUNK) == 0))
+             | (moving & (t["target_extent"][own] == recs)))  # the new copy of a move in flight
+    used = (flags == L.EXT_USED) & (owner > 0) & (owner <= lay.max_objects) & taken[own] & names
     slot = np.clip(-owner - 1, 0, lay.max_clients - 1)
     chunk = (flags == L.EXT_CHUNK) & (owner < 0) & (-owner <= lay.max_clients) & (c["chunk"][slot] == recs)
     refs = t["extent"][taken & ((t["flags"] & L.FLAG_IN_CHUNK) != 0)]
@@ -60,10 +63,10 @@ def valid_extents(buf: Any, lay: L.Layout) -> tuple[np.ndarray, np.ndarray]:
 
 
 def disk_charged(buf: Any, lay: L.Layout) -> int:
-    """What the DISK quota counter must hold: objects on disk plus spills in flight (charged first)."""
+    """What the DISK quota counter must hold: objects on disk plus moves onto it in flight (charged first)."""
     t = L.entry_table(buf, lay)
     live = (t["state"] != L.FREE) & (t["state"] != L.RESERVED)
-    spilling = (t["level"] == L.LEVEL_MEMORY) & ((t["flags"] & L.FLAG_MOVING) != 0)
+    spilling = (t["target"] == L.LEVEL_DISK) & ((t["flags"] & L.FLAG_MOVING) != 0)
     return int(t["size"][live & ((t["level"] == L.LEVEL_DISK) | spilling)].sum())
 
 

@@ -20,6 +20,7 @@ reader). Device tensors, sparse and quantized ones take torch's own pickling.
 """
 from __future__ import annotations
 
+import importlib
 import io
 import pickle
 import sys
@@ -162,7 +163,7 @@ def _reduce_tensor(t: Any) -> Any:
 
 def _tensor(raw: np.ndarray, dtype: str, shape: tuple[int, ...], requires_grad: bool, parameter: bool) -> Any:
     """Rebuild a tensor over ``raw`` (a read-only view into the store: no copy)."""
-    import torch
+    torch = importlib.import_module("torch")  # it pickled a tensor: torch is there (typed Any: an optional dep)
     with warnings.catch_warnings():  # torch warns that the array is read-only: it is, by design
         warnings.simplefilter("ignore", UserWarning)
         t = torch.from_numpy(raw) if raw.size else torch.empty(0, dtype=torch.uint8)

@@ -202,14 +202,15 @@ class Table:
         L.ENTRY_HEAD.pack(self.buf, eoff, hash=e[L.E_HASH], gen=gen, writer=slot, state=L.RESERVED)
         return gen
 
-    def release_entry(self, idx: int) -> None:
-        """Free entry ``idx`` and its own extent onto the global lists (stripe + ALLOC locks held)."""
+    def release_entry(self, idx: int, free_extent: bool = True) -> None:
+        """Free entry ``idx`` onto the global lists, and its own extent unless its level freed its space
+        (stripe + ALLOC locks held)."""
         buf, eoff = self.buf, self.layout.entry(idx)
         e = L.entry_raw(buf, eoff)
         state = e[L.E_STATE]
         if state in (L.WRITING, L.SEALED, L.DELETED):
             self.count(idx, -1)
-        if e[L.E_EXTENT] and not e[L.E_FLAGS] & L.FLAG_IN_CHUNK:
+        if free_extent and e[L.E_EXTENT] and not e[L.E_FLAGS] & L.FLAG_IN_CHUNK:
             self.alloc.free_owned(e[L.E_EXTENT], idx + 1)
         self.push_free(idx, e[L.E_HASH])
 

@@ -9,21 +9,21 @@ drops it itself.
 """
 from __future__ import annotations
 
-import errno
 import time
 import zlib
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from ..errors import (InvalidArgumentError, ObjectExistsError, ObjectLockedError, PermissionDeniedError,
-                      SpillError, StorageFullError)
+from ..errors import InvalidArgumentError, ObjectExistsError, ObjectLockedError, StorageFullError
 from ..levels import Level, ObjectInfo
-from ..units import format_size
+from ..levels.disk import disk_error
+from ..levels.memory import MemoryLevel
+from ..levels.protocol import StorageLevel
 from . import layout as L
 from . import serialize
 from .attach import Attachment
-from .cache import owns_entry
+from .cache import EntryStolen, owns_entry
 from .fastpath import codes as _fast_codes
 
 __all__ = ["Puts", "disk_error"]
@@ -33,10 +33,6 @@ _MEMORY = int(Level.MEMORY)
 _monotonic = time.monotonic
 _crc32 = zlib.crc32
 _EXISTS = "{!r} already exists (delete it first, pass overwrite=True, or use another key)"
-
-
-class _Stolen(Exception):
-    """The batch entry was taken by a client whose table ran out: take another (private, never escapes)."""
 
 
 class Puts:
@@ -53,6 +49,10 @@ class Puts:
         self._bmask, self._smask = at.bmask, at.smask
         self._meta_addr, self._stripe_addrs = at.meta_addr, at.stripe_addrs
         self._arena, self._arena_addr = at.arena, at.arena_addr
+        self._at = at
+        memory = at.node.levels[Level.MEMORY]
+        assert isinstance(memory, MemoryLevel)
+        self._memory = memory
 
     def put(self, key: str, kb: bytes, obj: Any, level: int = _MEMORY, overwrite: bool = False) -> ObjectInfo:
         """Store ``obj`` under ``key`` (its checked bytes ``kb``) on ``level``.
@@ -64,26 +64,41 @@ class Puts:
             ObjectExistsError: the key is present. ObjectLockedError: it is being written.
             StorageFullError: no room on the level, at once.
             SerializationError: bad input; nothing changes.
+            InvalidArgumentError: the level is not available here.
         """
-        if level != _MEMORY:
-            return self._put_disk(key, kb, obj, level, overwrite)
+        lv = self.level(key, level)
         enc = serialize.encode(obj)
-        if overwrite:
-            return self._overwrite(key, kb, enc, level)
-        if self._fast is not None and enc.kind != L.KIND_PICKLE and enc.size <= self._cache.small_max:
+        if level == _MEMORY and not overwrite and self._fast is not None and enc.kind != L.KIND_PICKLE \
+                and enc.size <= self._cache.small_max:
             info = self._fast_put(key, kb, enc)
             if info is not None:
                 return info
-        idx, off, stored, ctime, stripe = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta)
+        idx, off, stored, ctime, stripe = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta,
+                                                       level, shadow=overwrite)
         try:
-            if off + enc.size > self._prefault.populated and not self._cache.covers(off, enc.size):
-                self._prefault.ensure(off, enc.size, key)
-            serialize.write(enc, self._arena, off)
+            eoff = self._lay.entry(idx)
+            lv.write(idx, L.entry_gen(self._buf, eoff), off, L.entry_flags(self._buf, eoff), enc, key)
         except BaseException:
             self.abort(idx)
             raise
-        self.seal(idx, stripe)
-        return self._new_info(key, enc, Level.MEMORY, stored, ctime)
+        if overwrite:
+            self.replace(key, kb, idx, stripe)
+        else:
+            self.seal(idx, stripe)
+        return self._new_info(key, enc, Level(level), stored, ctime)
+
+    def level(self, key: str, level: int) -> StorageLevel:
+        """The level ``level`` of this store, if this process can use it.
+
+        Raises:
+            InvalidArgumentError: it is not available here (saying why).
+        """
+        lv = self.node.levels.get(Level(level))
+        why = "it is not registered" if lv is None else lv.available()
+        if lv is None or why:
+            raise InvalidArgumentError(f"cannot place {key!r} on {Level(level).name}: {why} "
+                                       f"(use Level.MEMORY or Level.DISK)")
+        return lv
 
     def _fast_put(self, key: str, kb: bytes, enc: serialize.Encoded) -> ObjectInfo | None:
         """A small array or bytes value put in one C call: copied into a cut of this client's
@@ -104,52 +119,12 @@ class Puts:
             try:
                 done = self._fast_reserve(key, kb, idx, gen, h, b, b & self._smask, enc.kind, stored, enc.nbytes,
                                           enc.nblobs, enc.meta, enc)
-            except _Stolen:
+            except EntryStolen:
                 continue
             if done is None:
                 self._cache.entries.append((idx, gen))  # the general path takes an entry of its own
                 return None
             return self._new_info(key, enc, Level.MEMORY, stored, done[3])
-
-    def _overwrite(self, key: str, kb: bytes, enc: serialize.Encoded, level: int) -> ObjectInfo:
-        """``put`` with ``overwrite``: a shadow entry written in no chain, then swapped in."""
-        idx, off, stored, ctime, stripe = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta,
-                                                       level=level, shadow=True)
-        try:
-            if level == _MEMORY:
-                if off + enc.size > self._prefault.populated and not self._cache.covers(off, enc.size):
-                    self._prefault.ensure(off, enc.size, key)
-                serialize.write(enc, self._arena, off)
-            else:
-                self._write_disk(key, idx, enc, stored)
-        except BaseException:
-            self.abort(idx)
-            raise
-        self.replace(key, kb, idx, stripe)
-        return self._new_info(key, enc, Level(level), stored, ctime)
-
-    def _write_disk(self, key: str, idx: int, enc: serialize.Encoded, stored: int) -> None:
-        try:
-            self.node.disk.write(idx, L.entry_gen(self._buf, self._lay.entry(idx)), serialize.parts(enc), stored)
-        except OSError as exc:
-            raise disk_error(key, stored, self.node.disk.path, exc) from exc
-
-    def _put_disk(self, key: str, kb: bytes, obj: Any, level: int, overwrite: bool = False) -> ObjectInfo:
-        if level != L.LEVEL_DISK:
-            raise InvalidArgumentError(f"cannot place {key!r} on {Level(level).name}: this build keeps objects in "
-                                       f"memory and on disk (use Level.MEMORY or Level.DISK)")
-        enc = serialize.encode(obj)
-        if overwrite:
-            return self._overwrite(key, kb, enc, level)
-        idx, _, stored, ctime, stripe = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta,
-                                                     level=L.LEVEL_DISK)
-        try:
-            self._write_disk(key, idx, enc, stored)
-        except BaseException:
-            self.abort(idx)
-            raise
-        self.seal(idx, stripe)
-        return self._new_info(key, enc, Level.DISK, stored, ctime)
 
     def _new_info(self, key: str, enc: serialize.Encoded, level: Level, stored: int, ctime: float) -> ObjectInfo:
         """ObjectInfo of an object this process just sealed (nobody pins it yet)."""
@@ -172,6 +147,8 @@ class Puts:
         """
         if size < 0:
             raise InvalidArgumentError(f"size of {key!r} must not be negative, got {size}")
+        if level != _MEMORY:
+            self.level(key, level)
         stored = L.align(max(size, 1))  # extents are exact multiples of the alignment
         h = _crc32(kb, self.sid)
         b = h & self._bmask
@@ -185,7 +162,7 @@ class Puts:
                         return done
                 return self._reserve_locked(key, kb, idx, gen, h, b, kind, stored, nbytes, nblobs, meta, level,
                                             shadow)
-            except _Stolen:
+            except EntryStolen:
                 continue  # another client holds that entry now
 
     def _reserve_locked(self, key: str, kb: bytes, idx: int, gen: int, h: int, b: int, kind: int, stored: int,
@@ -194,7 +171,9 @@ class Puts:
         """``reserve`` in Python under the stripe lock (the C path's fallback, and DISK)."""
         buf, lay, cache = self._buf, self._lay, self._cache
         stripe, eoff = b & self._smask, lay.entry(idx)
-        rec = 0
+        rec = placed = 0
+        placed_ok = False
+        lv = None
         try:
             with self._stripes[stripe]:
                 _, _, e = L.find_entry(buf, lay, b, h, self.sid, kb)
@@ -203,33 +182,26 @@ class Puts:
                         raise ObjectLockedError(f"{key!r} is being written by another writer", key)
                     raise ObjectExistsError(_EXISTS.format(key), key)
                 if not owns_entry(buf, eoff, self.slot, gen):
-                    raise _Stolen
+                    raise EntryStolen
                 ctime = time.time()
                 flags = L.FLAG_SHADOW if shadow else 0
                 head = {"size": stored, "nbytes": nbytes, "atime": _monotonic(), "ctime": ctime, "hash": h,
                         "gen": gen, "writer": self.slot, "nblobs": nblobs, "keylen": len(kb), "session": self.sid,
                         "state": L.WRITING, "kind": kind, "level": level, "flags": flags}
-                if level != _MEMORY:
-                    off = 0
-                    self._reserve_disk(key, stored, lambda: self._write_entry(eoff, head, meta, kb))
-                else:
-                    with cache.chunk_lock:
-                        rec, off = cache.carve(stored) if stored <= cache.small_max else (0, 0)
-                        if rec:
-                            self._write_entry(eoff, dict(head, offset=off, extent=rec,
-                                                         flags=flags | L.FLAG_IN_CHUNK),
-                                              meta, kb)
-                    if not rec:
-                        rec, off = self._alloc_extent(key, idx, gen, stored)
-                        self._write_entry(eoff, dict(head, offset=off, extent=rec), meta, kb)
+                lv = self.node.levels[Level(level)]
+
+                def write_entry(off: int, rec: int, flags_: int) -> None:
+                    self._write_entry(eoff, dict(head, offset=off, extent=rec, flags=flags | flags_), meta, kb)
+                off, rec, placed = lv.place(key, idx, gen, stored, self._at, write_entry)
+                placed_ok = True
                 L.add_stripe_stats(buf, lay.stripe_stats(stripe), level, stored, 1)
                 if not shadow:
                     self._table.link(idx, b)
-        except _Stolen:
+        except EntryStolen:
             raise
         except BaseException:
-            if rec and not L.entry_flags(buf, eoff) & L.FLAG_IN_CHUNK:
-                self._unplace(idx, rec, 0)
+            if placed_ok and lv is not None:
+                lv.unplace(idx, rec, placed)
             cache.entries.append((idx, gen))  # still reserved for us
             raise
         return idx, off, stored, ctime, stripe
@@ -253,7 +225,7 @@ class Puts:
         (so that path reports the right error), or the stripe lock was busy.
 
         Raises:
-            _Stolen: the entry is not ours any more (nothing changed).
+            EntryStolen: the entry is not ours any more (nothing changed).
         """
         cache = self._cache
         if stored <= cache.small_max:
@@ -263,7 +235,7 @@ class Puts:
                     return self._fast_insert(key, kb, idx, gen, h, b, stripe, kind, stored, nbytes, nblobs, meta,
                                              enc, rec, off, L.FLAG_IN_CHUNK)
         try:
-            rec, off = self._alloc_extent(key, idx, gen, stored)
+            rec, off = self._memory.alloc_extent(key, idx, gen, stored, self.slot)
         except StorageFullError:
             return None
         return self._fast_insert(key, kb, idx, gen, h, b, stripe, kind, stored, nbytes, nblobs, meta, enc, rec,
@@ -286,14 +258,14 @@ class Puts:
                                    self._meta_addr + lay.stripe_stats(stripe), _MEMORY, data,
                                    self._arena_addr + off)
         except BaseException:
-            self._unplace(idx, rec, flags)
+            self._memory.unplace(idx, rec, flags)
             self._cache.entries.append((idx, gen))
             raise
         if rc == 0:
             return idx, off, stored, ctime, stripe
-        self._unplace(idx, rec, flags)
+        self._memory.unplace(idx, rec, flags)
         if rc == _fast_codes.STOLEN:
-            raise _Stolen
+            raise EntryStolen
         if rc == _fast_codes.OWNER_DEAD:  # we hold the lock now and must repair it first
             self._stripes[stripe].recover_held()
         if rc == _fast_codes.BEING_WRITTEN:
@@ -303,58 +275,6 @@ class Puts:
             self._cache.entries.append((idx, gen))
             raise ObjectExistsError(_EXISTS.format(key), key)
         return None
-
-    def _alloc_extent(self, key: str, idx: int, gen: int, stored: int) -> tuple[int, int]:
-        """An extent of its own for reserved entry ``idx``, which names it at once (see alloc.py).
-
-        Raises:
-            StorageFullError: no extent fits. _Stolen: the entry is not ours any more.
-        """
-        node, buf, eoff = self.node, self._buf, self._lay.entry(idx)
-        with node.alloc_lock:
-            if not owns_entry(buf, eoff, self.slot, gen):
-                raise _Stolen
-            rec, off = node.alloc.alloc(stored, idx + 1)
-            if not rec and node.reclaim_retired_locked():
-                rec, off = node.alloc.alloc(stored, idx + 1)
-            if rec:
-                L.set_entry_extent(buf, eoff, rec)
-                return rec, off
-        used, cap = node.used(_MEMORY), node.capacity
-        hint = "" if cap - used < stored else ", in pieces too small"
-        raise StorageFullError(
-            f"cannot place {key!r} ({format_size(stored)}) in memory: {format_size(cap - used)} free of "
-            f"{format_size(cap)}{hint} (raise capacity= / SHMSTORE_CAPACITY, or allow Level.DISK)",
-            key, Level.MEMORY, stored, cap - used)
-
-    def _unplace(self, idx: int, rec: int, flags: int) -> None:
-        """Give back space placed for entry ``idx`` that was not made (a cut of a chunk stays unused)."""
-        if flags & L.FLAG_IN_CHUNK:
-            return
-        eoff = self._lay.entry(idx)
-        with self.node.alloc_lock:
-            if L.entry_extent(self._buf, eoff) == rec:
-                L.set_entry_extent(self._buf, eoff, 0)
-            self.node.alloc.free_owned(rec, idx + 1)
-
-    def _reserve_disk(self, key: str, stored: int, write_entry: Callable[[], None]) -> None:
-        """Charge ``stored`` bytes to the DISK quota and write the entry in one ALLOC section, or StorageFullError.
-
-        One section, so that the quota counter always equals what the table
-        says is on disk (``repair.disk_charged``).
-        """
-        buf, node = self._buf, self.node
-        cap = L.unpack_spill_state(buf).disk_capacity
-        with node.alloc_lock:
-            used = L.disk_reserved(buf)
-            if used + stored <= cap:
-                L.set_disk_reserved(buf, used + stored)
-                write_entry()
-                return
-        raise StorageFullError(
-            f"cannot place {key!r} ({format_size(stored)}) on disk: {format_size(cap - used)} free of "
-            f"{format_size(cap)} in {node.disk.root} (raise disk_capacity= / SHMSTORE_DISK_CAPACITY when creating "
-            f"the store, or point SHMSTORE_SPILL_DIR at a larger file system)", key, Level.DISK, stored, cap - used)
 
     def writable(self, off: int, size: int) -> np.ndarray:
         """Writable uint8 view of ``size`` arena bytes at ``off`` (for the writer only)."""
@@ -411,12 +331,3 @@ class Puts:
             self._table.unlink(idx, self._table.bucket_of(idx))
             self.node.release(idx, cache=self._cache)
 
-
-def disk_error(key: str, size: int, path: str, exc: OSError) -> Exception:
-    """The error for a failed write of ``key`` to the spill directory."""
-    if isinstance(exc, PermissionDeniedError):  # a refused spill directory: its message says it all
-        return PermissionDeniedError(f"cannot write {key!r} ({format_size(size)}) to disk: {exc}")
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return StorageFullError(f"cannot place {key!r} ({format_size(size)}) on disk: {path} is full "
-                                f"(free space there, or point SHMSTORE_SPILL_DIR elsewhere)", key, Level.DISK, size)
-    return SpillError(f"cannot write {key!r} ({format_size(size)}) to {path}: {exc.strerror or exc}", key)

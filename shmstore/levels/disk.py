@@ -21,13 +21,17 @@ import mmap
 import os
 import stat
 import threading
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ..errors import PermissionDeniedError, ShmStoreError, SpillError
+from ..errors import PermissionDeniedError, ShmStoreError, SpillError, StorageFullError
+from ..kernel import layout as L
+from ..kernel import serialize
+from ..units import format_size
+from .base import Level
 
-__all__ = ["SpillDir", "CHUNK"]
+__all__ = ["SpillDir", "CHUNK", "DiskLevel", "FileSink", "disk_error"]
 
 CHUNK = 64 << 20  # bytes per write/read call: progress granularity, bounded memory
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -260,3 +264,141 @@ class SpillDir:
             self.close()
         except (OSError, ShmStoreError):  # a finalizer never raises; the descriptor closes at exit anyway
             pass
+
+
+# ---- the level -------------------------------------------------------------------------
+
+def disk_error(key: str, size: int, path: str, exc: OSError) -> Exception:
+    """The error for a failed write of ``key`` to the spill directory."""
+    if isinstance(exc, PermissionDeniedError):  # a refused spill directory: its message says it all
+        return PermissionDeniedError(f"cannot write {key!r} ({format_size(size)}) to disk: {exc}")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFullError(f"cannot place {key!r} ({format_size(size)}) on disk: {path} is full "
+                                f"(free space there, or point SHMSTORE_SPILL_DIR elsewhere)", key, Level.DISK, size)
+    return SpillError(f"cannot write {key!r} ({format_size(size)}) to {path}: {exc.strerror or exc}", key)
+
+
+class DiskLevel:
+    """The DISK level: one file per object in the store's spill directory, counted against a quota.
+
+    Its space is a counter (``disk_reserved`` in the spill state) rather than
+    an arena: every change of it happens in one ALLOC section with the entry
+    change it pays for, so that it always equals what the table charges
+    (``kernel.repair.disk_charged``). Owned by the NodeStore; process-safe
+    through the store's locks and file naming; thread-safe.
+    """
+
+    level = Level.DISK
+    spill_to: Level | None = None
+    setting = "disk_capacity= / SHMSTORE_DISK_CAPACITY when creating the store"
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+        self.files: SpillDir = node.disk
+
+    def available(self) -> str | None:
+        return None
+
+    def total(self) -> int:
+        return int(L.unpack_spill_state(self.node.buf).disk_capacity)
+
+    def watermarks(self) -> tuple[float, float]:
+        return 1.0, 1.0  # nothing below it to spill to
+
+    # ---- space ---------------------------------------------------------------------
+    def _charge_locked(self, key: str | None, size: int) -> None:
+        """Charge ``size`` bytes to the quota (ALLOC lock held), or StorageFullError."""
+        buf = self.node.buf
+        cap = L.unpack_spill_state(buf).disk_capacity
+        used = L.disk_reserved(buf)
+        if used + size > cap:
+            raise StorageFullError(
+                f"cannot place {key!r} ({format_size(size)}) on disk: {format_size(cap - used)} free of "
+                f"{format_size(cap)} in {self.files.root} (raise {self.setting}, or point SHMSTORE_SPILL_DIR at a "
+                f"larger file system)", key, Level.DISK, size, cap - used)
+        L.set_disk_reserved(buf, used + size)
+
+    def _refund_locked(self, size: int) -> None:
+        L.set_disk_reserved(self.node.buf, max(0, L.disk_reserved(self.node.buf) - size))
+
+    def place(self, key: str, idx: int, gen: int, size: int, at: Any,
+              write_entry: Callable[[int, int, int], None]) -> tuple[int, int, int]:
+        with self.node.alloc_lock:  # one section: the quota always equals what the table charges
+            self._charge_locked(key, size)
+            write_entry(0, 0, 0)
+        return 0, 0, 0
+
+    def unplace(self, idx: int, extent: int, flags: int) -> None:
+        pass  # the entry carries the charge: it goes when the entry is freed
+
+    def drop(self, idx: int, e: tuple[Any, ...]) -> None:
+        self.files.remove(idx, e[L.E_GEN])
+
+    def free_locked(self, idx: int, e: tuple[Any, ...]) -> None:
+        self._refund_locked(e[L.E_SIZE])
+
+    # ---- bytes ---------------------------------------------------------------------
+    def write(self, idx: int, gen: int, offset: int, flags: int, enc: Any, key: str) -> None:
+        try:
+            self.files.write(idx, gen, serialize.parts(enc), L.align(max(enc.size, 1)))
+        except OSError as exc:
+            raise disk_error(key, enc.size, self.files.path, exc) from exc
+
+    def sink(self, idx: int, gen: int, offset: int, size: int, key: str) -> "FileSink":
+        try:
+            return FileSink(self.files, idx, gen, size, key)
+        except OSError as exc:
+            raise disk_error(key, size, self.files.path, exc) from exc
+
+    def view(self, idx: int, gen: int, offset: int, nbytes: int) -> tuple[Any, int]:
+        return self.files.map(idx, gen, nbytes), 0
+
+    # ---- moves onto this level -----------------------------------------------------------
+    def charge_move_locked(self, idx: int, e: tuple[Any, ...]) -> None:
+        self._charge_locked(None, e[L.E_SIZE])
+
+    def space_for_move(self, idx: int, size: int) -> tuple[int, int]:
+        return 0, 0  # charged up front (charge_move_locked); the file is written whole
+
+    def write_move(self, idx: int, gen: int, offset: int, src: Any, size: int,
+                   progress: Callable[[int], None]) -> None:
+        self.files.write(idx, gen, [(0, memoryview(src).cast("B")[:size])], size, progress=progress)
+
+    def abort_move(self, idx: int, e: tuple[Any, ...]) -> None:
+        node, eoff = self.node, self.node.layout.entry(idx)
+        self.files.remove(idx, e[L.E_GEN])  # first: a crash leaves a moving entry, which recover() rolls back
+        with node.alloc_lock:
+            self._refund_locked(e[L.E_SIZE])
+            L.set_entry_flags(node.buf, eoff, L.entry_flags(node.buf, eoff) & ~L.FLAG_MOVING)
+
+    def close(self) -> None:
+        pass
+
+
+class FileSink:
+    """A writer's target on DISK: ``<idx>.<gen>.tmp``, renamed when complete."""
+
+    def __init__(self, files: SpillDir, idx: int, gen: int, size: int, key: str) -> None:
+        self.files, self.idx, self.gen, self.size, self.key = files, idx, gen, size, key
+        self._fd = files.create_tmp(idx, gen)
+
+    def write(self, data: Any, pos: int) -> None:
+        mv = memoryview(data).cast("B")
+        while len(mv):
+            k = os.pwrite(self._fd, mv, pos)
+            mv, pos = mv[k:], pos + k
+
+    def buffer(self) -> None:
+        return None
+
+    def close(self) -> None:
+        os.ftruncate(self._fd, L.align(max(self.size, 1)))
+        os.close(self._fd)
+        self._fd = -1
+        self.files.publish(self.idx, self.gen)
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.files.unlink(self.files.name(self.idx, self.gen) + ".tmp")

@@ -274,18 +274,23 @@ class Cluster:
     def _receive(self, src: int, level: int, idx: int, off: int, stored: int, nbytes: int,
                  inline: bytes | None, handle: int, block: int) -> None:
         kernel = self.store.kernel
-        if level == L.LEVEL_MEMORY:
-            kernel.node.prefault.ensure(off, nbytes, "incoming transfer")
-            dst = kernel.writable(off, nbytes)
-        else:
-            dst = np.empty(nbytes, np.uint8)  # staged: MPI receives into memory
-        if inline is not None:
-            dst[:] = np.frombuffer(inline, np.uint8)
-        elif nbytes:
-            self._receive_frames(src, dst, nbytes, handle, block)
-        if level != L.LEVEL_MEMORY:
-            gen = L.entry_gen(kernel._buf, kernel._lay.entry(idx))
-            kernel.node.disk.write(idx, gen, [(0, dst.data)], stored)
+        gen = L.entry_gen(kernel._buf, kernel._lay.entry(idx))
+        sink = kernel.node.levels[Level(level)].sink(idx, gen, off, nbytes, "incoming transfer")
+        try:
+            dst = sink.buffer()
+            staged = dst is None
+            if staged:
+                dst = np.empty(nbytes, np.uint8)  # the level has no buffer MPI could receive into
+            if inline is not None:
+                dst[:] = np.frombuffer(inline, np.uint8)
+            elif nbytes:
+                self._receive_frames(src, dst, nbytes, handle, block)
+            if staged:
+                sink.write(dst, 0)
+            sink.close()
+        except BaseException:
+            sink.abort()
+            raise
 
     def _receive_frames(self, src: int, dst: np.ndarray, nbytes: int, handle: int, block: int) -> None:
         """Receive an object's frames into ``dst``, one thread per stream (this one runs the first)."""

@@ -32,8 +32,10 @@ import time
 
 import numpy as np
 
+from ..errors import SpillError, StorageFullError
+from ..levels import Level
 from ..levels.disk import SpillDir
-from ..errors import SpillError
+from ..levels.protocol import StorageLevel
 from ..kernel import layout as L
 from ..kernel.node import NodeStore
 from ..kernel.repair import disk_charged
@@ -70,11 +72,11 @@ class Mover:
         for name, value in changes.items():
             L.SPILL_STATE.set(self.buf, L.SPILL_OFFSET, name, value)
 
-    def _check_movable(self, idx: int, gen: int, level: int) -> tuple[Any, ...]:
+    def _check_movable(self, idx: int, gen: int, level: int | None) -> tuple[Any, ...]:
         e = L.entry_raw(self.buf, self.lay.entry(idx))
         if e[L.E_STATE] != L.SEALED or e[L.E_GEN] != gen:
             raise MoveError(L.ERR_MISSING, f"object (entry {idx}) is gone")
-        if e[L.E_LEVEL] != level:
+        if level is not None and e[L.E_LEVEL] != level:
             raise MoveError(L.ERR_MISSING, f"{self.key_of(idx)!r} is not on level {level} any more")
         if e[L.E_FLAGS] & L.FLAG_MOVING:
             raise MoveError(L.ERR_LOCKED, f"{self.key_of(idx)!r} is being moved already")
@@ -85,203 +87,188 @@ class Mover:
     def _set_flags(self, idx: int, flags: int) -> None:
         L.set_entry_flags(self.buf, self.lay.entry(idx), flags)
 
-    def _disk_charge(self, nbytes: int) -> None:
-        """Charge ``nbytes`` to the DISK quota (ALLOC lock held), or MoveError."""
-        cap = L.unpack_spill_state(self.buf).disk_capacity
-        used = L.disk_reserved(self.buf)
-        if used + nbytes > cap:
-            raise MoveError(L.ERR_FULL, f"the disk level is full: {format_size(cap - used)} free of "
-                                        f"{format_size(cap)} (raise disk_capacity= / SHMSTORE_DISK_CAPACITY)")
-        L.set_disk_reserved(self.buf, used + nbytes)
-
-    def _disk_refund(self, nbytes: int) -> None:
-        """Give ``nbytes`` back to the DISK quota (ALLOC lock held)."""
-        L.set_disk_reserved(self.buf, max(0, L.disk_reserved(self.buf) - nbytes))
-
     def _clear_moving(self, idx: int) -> None:
         self._set_flags(idx, L.entry_flags(self.buf, self.lay.entry(idx)) & ~L.FLAG_MOVING)
 
-    # ---- MEMORY -> DISK -------------------------------------------------------
+    # ---- one move, any two levels ---------------------------------------------------------
     def spill(self, idx: int, gen: int) -> int:
-        """Move entry ``idx`` from MEMORY to DISK; returns the bytes moved (0 if it gave up)."""
-        node = self.node
-        lock = node.stripe_of(idx)
-        with lock:
-            e = self._check_movable(idx, gen, L.LEVEL_MEMORY)
-            with node.alloc_lock:
-                self._disk_charge(e[L.E_SIZE])
-                self._set_flags(idx, e[L.E_FLAGS] | L.FLAG_MOVING)
-        size, off = e[L.E_SIZE], e[L.E_OFFSET]
-        self._state(moving=idx + 1, moving_to=L.LEVEL_DISK, progress=0, total=size)
-        try:
-            arena = memoryview(node.arena_mm)[off: off + size]
-            try:
-                self.disk.write(idx, gen, [(0, arena)], size, progress=lambda n: self._state(progress=n))
-            finally:
-                arena.release()
-        except OSError as exc:
-            with lock:
-                self._give_up_spill(idx, gen, size)
-            self._state(moving=0, failures=L.unpack_spill_state(self.buf).failures + 1)
-            raise MoveError(L.ERR_IO, f"cannot spill {self.key_of(idx)!r} ({format_size(size)}) to "
-                                      f"{self.disk.path}: {exc.strerror or exc}") from exc
-        with lock:
-            return self._finish_spill(idx, e)
+        """Move entry ``idx`` from MEMORY to DISK (see :meth:`move`)."""
+        return self.move(idx, gen, Level.DISK, expect=Level.MEMORY)
 
-    def _give_up_spill(self, idx: int, gen: int, size: int) -> None:
-        """Drop the disk copy of a spill and leave the object in memory (stripe lock held)."""
-        self.disk.remove(idx, gen)  # first: a crash leaves a moving entry, which recover() rolls back
-        with self.node.alloc_lock:
-            self._disk_refund(size)
-            self._clear_moving(idx)
+    def restore(self, idx: int, gen: int) -> int:
+        """Move entry ``idx`` from DISK to MEMORY (see :meth:`move`)."""
+        return self.move(idx, gen, Level.MEMORY, expect=Level.DISK)
+
+    def move(self, idx: int, gen: int, to: Level, expect: Level | None = None) -> int:
+        """Move entry ``idx`` to level ``to`` (from ``expect``, if given); returns the bytes moved.
+
+        0 when it gave up because the object was read, pinned or deleted
+        meanwhile (it stays where it was). Room is made on ``to`` first if
+        needed, by spilling that level's own least recently used objects.
+
+        Raises:
+            MoveError: gone, not on ``expect``, pinned, no room, or an I/O error (nothing changed).
+        """
+        node, buf, lay = self.node, self.buf, self.lay
+        dst = node.levels[to]
+        why = dst.available()
+        if why:
+            raise MoveError(L.ERR_FULL, f"cannot move to {to}: {why}")
+        lock, eoff = node.stripe_of(idx), lay.entry(idx)
+        with lock:
+            e = self._check_movable(idx, gen, expect)
+            if e[L.E_LEVEL] == to:
+                return 0
+            with node.alloc_lock:  # a level that counts space up front is charged with the flag set
+                try:
+                    dst.charge_move_locked(idx, e)
+                except StorageFullError as exc:
+                    raise MoveError(L.ERR_FULL, str(exc)) from None
+                L.set_entry_target(buf, eoff, int(to))  # before the flag: a moving entry always names it
+                self._set_flags(idx, e[L.E_FLAGS] | L.FLAG_MOVING)
+        src, size = node.levels[Level(e[L.E_LEVEL])], e[L.E_SIZE]
+        try:
+            off, rec = self._space_for(dst, idx, size)
+        except MoveError:
+            with lock:
+                self._give_up(idx)
+            raise
+        self._state(moving=idx + 1, moving_to=int(to), progress=0, total=size)
+        try:
+            self._copy(src, dst, idx, gen, e[L.E_OFFSET], off, size)
+        except (OSError, SpillError) as exc:
+            with lock:
+                self._give_up(idx)
+            self._state(moving=0, failures=L.unpack_spill_state(buf).failures + 1)
+            verb = "spill" if to > src.level else "restore"
+            raise MoveError(L.ERR_IO, f"cannot {verb} {self.key_of(idx)!r} ({format_size(size)}) from {src.level} "
+                                      f"to {to}: {getattr(exc, 'strerror', None) or exc}") from exc
+        with lock:
+            now = L.entry_raw(buf, eoff)
+            self._state(moving=0)
+            if now[L.E_STATE] != L.SEALED or node.table.pin_count(idx):  # deleted or read meanwhile
+                self._give_up(idx)
+                return 0
+            with node.alloc_lock:  # the entry names its new copy before the old one is freed
+                L.pack_entry(buf, eoff, self._moved(now, off, rec, int(to)))
+                src.free_locked(idx, now)
+            soff = lay.stripe_stats(node.table.stripe_of(idx))
+            L.add_stripe_stats(buf, soff, now[L.E_LEVEL], -size, -1)
+            L.add_stripe_stats(buf, soff, int(to), size, 1)
+            src.drop(idx, now)  # a crash before this leaves a stray file: recover() removes it
+        s = L.unpack_spill_state(buf)
+        self._state(**({"spilled": s.spilled + size} if to > src.level else {"restored": s.restored + size}))
+        return int(size)
+
+    def _give_up(self, idx: int) -> None:
+        """Roll back the move of ``idx``: the target's copy and charge go, the object stays (stripe lock held)."""
+        e = L.entry_raw(self.buf, self.lay.entry(idx))
+        if e[L.E_FLAGS] & L.FLAG_MOVING:
+            self.node.levels[Level(e[L.E_TARGET])].abort_move(idx, e)
         self.node.free_if_unpinned(idx)  # deleted meanwhile: free it now
 
-    def _finish_spill(self, idx: int, e: tuple[Any, ...]) -> int:
-        node, buf, lay = self.node, self.buf, self.lay
-        eoff = lay.entry(idx)
-        now = L.entry_raw(buf, eoff)
-        self._state(moving=0)
-        size = e[L.E_SIZE]
-        if now[L.E_STATE] != L.SEALED or node.table.pin_count(idx):  # deleted or read meanwhile: give up
-            self._give_up_spill(idx, e[L.E_GEN], size)
-            return 0
-        with node.alloc_lock:  # the entry names its new copy before the old one is freed
-            L.pack_entry(buf, eoff, self._moved(now, 0, 0, L.LEVEL_DISK))
-            if not now[L.E_FLAGS] & L.FLAG_IN_CHUNK:
-                node.alloc.free_owned(now[L.E_EXTENT], idx + 1)
-        soff = lay.stripe_stats(node.table.stripe_of(idx))
-        L.add_stripe_stats(buf, soff, L.LEVEL_MEMORY, -size, -1)
-        L.add_stripe_stats(buf, soff, L.LEVEL_DISK, size, 1)
-        self._state(spilled=L.unpack_spill_state(buf).spilled + size)
-        return int(size)
+    def _space_for(self, dst: StorageLevel, idx: int, size: int) -> tuple[int, int]:
+        """A placement on ``dst`` for entry ``idx``, making room there once if it has none."""
+        for attempt in range(2):
+            try:
+                return dst.space_for_move(idx, size)
+            except StorageFullError as exc:
+                if attempt or dst.spill_to is None:
+                    raise MoveError(L.ERR_FULL, f"no room on {dst.level} for {self.key_of(idx)!r} "
+                                                f"({format_size(size)}): {exc}") from None
+            self.make_room(size, exclude=idx, level=dst.level)
+        raise AssertionError("unreachable")
+
+    def _copy(self, src: StorageLevel, dst: StorageLevel, idx: int, gen: int, src_off: int, dst_off: int,
+              size: int) -> None:
+        buf, off = src.view(idx, gen, src_off, size)
+        if buf is None:  # an empty object
+            dst.write_move(idx, gen, dst_off, b"", 0, lambda n: None)
+            return
+        view = memoryview(buf)[off: off + size]
+        try:
+            dst.write_move(idx, gen, dst_off, view, size, lambda n: self._state(progress=n))
+        finally:
+            view.release()
+            if hasattr(buf, "close") and not isinstance(buf, memoryview):
+                buf.close()  # a mapping of the source made for this move
 
     @staticmethod
     def _moved(e: tuple[Any, ...], offset: int, extent: int, level: int) -> tuple[Any, ...]:
         f = list(e)
         f[L.E_OFFSET], f[L.E_EXTENT], f[L.E_LEVEL] = offset, extent, level
-        if level == L.LEVEL_MEMORY:
-            f[L.E_ATIME] = time.monotonic()  # brought back because it is wanted: not the next victim
+        f[L.E_TARGET_EXTENT] = f[L.E_TARGET] = 0
+        if level < e[L.E_LEVEL]:
+            f[L.E_ATIME] = time.monotonic()  # brought up because it is wanted: not the next victim
         f[L.E_FLAGS] = e[L.E_FLAGS] & ~(L.FLAG_MOVING | L.FLAG_IN_CHUNK)
         return tuple(f)
 
-    # ---- DISK -> MEMORY -------------------------------------------------------
-    def restore(self, idx: int, gen: int) -> int:
-        """Move entry ``idx`` from DISK back to MEMORY, making room if needed; returns the bytes moved."""
-        node, buf, lay = self.node, self.buf, self.lay
-        lock = node.stripe_of(idx)
-        with lock:
-            e = self._check_movable(idx, gen, L.LEVEL_DISK)
-            self._set_flags(idx, e[L.E_FLAGS] | L.FLAG_MOVING)
-        size = e[L.E_SIZE]
-        try:
-            rec, off = self._allocate(idx, size)
-        except MoveError:
-            with lock:
-                self._clear_moving(idx)
-                node.free_if_unpinned(idx)
-            raise
-        self._state(moving=idx + 1, moving_to=L.LEVEL_MEMORY, progress=0, total=size)
-        try:
-            node.arena.populate(off, size)
-            dst = np.ndarray((size,), np.uint8, node.arena_mm, off)
-            self.disk.read_into(idx, gen, dst, progress=lambda n: self._state(progress=n))
-        except (OSError, SpillError) as exc:
-            with lock:
-                self._abort_restore(idx, rec)
-            raise MoveError(L.ERR_IO, f"cannot restore {self.key_of(idx)!r} ({format_size(size)}) from "
-                                      f"{self.disk.path}: {exc}") from exc
-        with lock:
-            now = L.entry_raw(buf, lay.entry(idx))
-            self._state(moving=0)
-            if now[L.E_STATE] != L.SEALED or node.table.pin_count(idx):
-                self._abort_restore(idx, rec)
-                return 0
-            with node.alloc_lock:
-                L.pack_entry(buf, lay.entry(idx), self._moved(now, off, rec, L.LEVEL_MEMORY))
-                self._disk_refund(size)
-            soff = lay.stripe_stats(node.table.stripe_of(idx))
-            L.add_stripe_stats(buf, soff, L.LEVEL_DISK, -size, -1)
-            L.add_stripe_stats(buf, soff, L.LEVEL_MEMORY, size, 1)
-            self.disk.remove(idx, gen)  # a crash before this leaves a stray file: recover() removes it
-        self._state(restored=L.unpack_spill_state(buf).restored + size)
-        return int(size)
-
-    def _allocate(self, idx: int, size: int) -> tuple[int, int]:
-        """An arena extent for restoring entry ``idx``, which names it at once (see alloc.py)."""
-        node, eoff = self.node, self.lay.entry(idx)
-        for attempt in range(2):
-            with node.alloc_lock:
-                rec, off = node.alloc.alloc(size, idx + 1)
-                if not rec and node.reclaim_retired_locked():
-                    rec, off = node.alloc.alloc(size, idx + 1)
-                if rec:
-                    L.set_entry_extent(self.buf, eoff, rec)
-                    return rec, off
-            if attempt == 0:
-                self.make_room(size, exclude=idx)
-        raise MoveError(L.ERR_FULL, f"no room in memory for {self.key_of(idx)!r} ({format_size(size)})")
-
-    def _abort_restore(self, idx: int, rec: int) -> None:
-        """Drop the memory copy of a restore and leave the object on disk (stripe lock held)."""
-        self._state(moving=0)
-        with self.node.alloc_lock:
-            L.set_entry_extent(self.buf, self.lay.entry(idx), 0)
-            self.node.alloc.free_owned(rec, idx + 1)
-            self._clear_moving(idx)
-        self.node.free_if_unpinned(idx)
-
     # ---- policy-driven moves ---------------------------------------------------
-    def largest_free(self) -> int:
+    def largest_free(self, level: Level = Level.MEMORY) -> int:
+        """The largest piece of free space on an arena level (the whole free space on another)."""
+        lv = self.node.levels[level]
+        if level != Level.MEMORY:
+            return lv.total() - self.node.used(int(level))
         with self.node.alloc_lock:
             self.node.reclaim_retired_locked()
             free = self.node.alloc.free_extents()
         return max((size for _, size in free), default=0)
 
-    def make_room(self, nbytes: int, exclude: int = -1) -> int:
-        """Spill least recently used objects until ``nbytes`` fit in one piece; returns bytes spilled.
+    def make_room(self, nbytes: int, exclude: int = -1, level: Level = Level.MEMORY) -> int:
+        """Spill ``level``'s least recently used objects down until ``nbytes`` fit in one piece.
+
+        Returns the bytes spilled.
 
         Raises:
             MoveError: not enough spillable data (ERR_FULL) or a spill failed (ERR_IO).
         """
+        lv = self.node.levels[level]
+        if lv.spill_to is None:
+            raise MoveError(L.ERR_FULL, f"{level} has no level below it to make room on")
         spilled = 0
-        while self.largest_free() < nbytes:
+        while self.largest_free(level) < nbytes:
             entries = L.entry_table(self.buf, self.lay)
-            cands = spill_candidates(entries, self.node.table.pin_counts(), exclude, whole_extents_first=True)
+            cands = spill_candidates(entries, self.node.table.pin_counts(), exclude, whole_extents_first=True,
+                                     level=int(level))
             if not len(cands):
-                cap = self.node.capacity
-                raise MoveError(L.ERR_FULL, f"cannot make {format_size(nbytes)} of room in memory: the rest of "
-                                            f"its {format_size(cap)} is pinned, being written or fragmented "
-                                            f"(raise capacity= / SHMSTORE_CAPACITY)")
+                raise MoveError(L.ERR_FULL, f"cannot make {format_size(nbytes)} of room on {level}: the rest of "
+                                            f"its {format_size(lv.total())} is pinned, being written or fragmented "
+                                            f"(raise {lv.setting})")
             for idx in cands:
-                spilled += self._spill_quietly(int(idx))
-                if self.largest_free() >= nbytes:
+                spilled += self._spill_quietly(int(idx), lv.spill_to)
+                if self.largest_free(level) >= nbytes:
                     return spilled
         return spilled
 
-    def _spill_quietly(self, idx: int) -> int:
+    def _spill_quietly(self, idx: int, to: Level = Level.DISK) -> int:
         gen = L.entry_gen(self.buf, self.lay.entry(idx))
         try:
-            return self.spill(idx, gen)
+            return self.move(idx, gen, to)
         except MoveError as exc:
             if exc.kind in (L.ERR_LOCKED, L.ERR_MISSING):
                 return 0  # read, pinned or deleted since the snapshot: take the next one
             raise
 
     def relieve(self, budget: float = 0.2, interrupt: Callable[[], bool] = lambda: False) -> int:
-        """Spill LRU objects while MEMORY is above the high watermark, down to the low one.
+        """Spill LRU objects off every level above its high watermark, down to its low one.
 
         Stops after ``budget`` seconds or when ``interrupt()`` says requests wait.
         """
-        s = L.unpack_spill_state(self.buf)
-        need = watermark_excess(self.node.used(L.LEVEL_MEMORY), self.node.capacity, s.high, s.low)
-        if not need:
-            return 0
         deadline, moved = time.monotonic() + budget, 0
-        entries = L.entry_table(self.buf, self.lay)
-        for idx in spill_candidates(entries, self.node.table.pin_counts()):
-            if moved >= need or time.monotonic() > deadline or interrupt():
-                break
-            moved += self._spill_quietly(int(idx))
+        for level, lv in sorted(self.node.levels.items()):  # fastest first: what it spills may fill the next
+            if lv.spill_to is None or lv.available():
+                continue
+            high, low = lv.watermarks()
+            need = watermark_excess(self.node.used(int(level)), lv.total(), high, low)
+            if not need:
+                continue
+            done = 0
+            entries = L.entry_table(self.buf, self.lay)
+            for idx in spill_candidates(entries, self.node.table.pin_counts(), level=int(level)):
+                if done >= need or time.monotonic() > deadline or interrupt():
+                    break
+                done += self._spill_quietly(int(idx), lv.spill_to)
+            moved += done
         return moved
 
     # ---- recovery ---------------------------------------------------------------
@@ -296,13 +283,7 @@ class Mover:
                                 & ((t["flags"] & L.FLAG_MOVING) != 0))
         for idx in moving.tolist():
             with node.stripe_of(idx):
-                e = L.entry_raw(buf, lay.entry(idx))
-                if not e[L.E_FLAGS] & L.FLAG_MOVING:
-                    continue
-                if e[L.E_LEVEL] == L.LEVEL_MEMORY:  # a spill: its disk copy goes, its charge too
-                    self._give_up_spill(idx, e[L.E_GEN], e[L.E_SIZE])
-                else:  # a restore: its memory copy goes
-                    self._abort_restore(idx, e[L.E_EXTENT])
+                self._give_up(idx)
         self._state(moving=0)
         with node.alloc_lock:  # the counter is derived state: make sure it is exact
             L.set_disk_reserved(buf, disk_charged(buf, lay))

@@ -13,18 +13,19 @@ __all__ = ["spill_candidates", "watermark_excess"]
 
 
 def spill_candidates(entries: np.ndarray, pins: np.ndarray, exclude: int = -1,
-                     whole_extents_first: bool = False) -> np.ndarray:
-    """Indices of MEMORY objects that may be spilled, least recently used first.
+                     whole_extents_first: bool = False, level: int = L.LEVEL_MEMORY) -> np.ndarray:
+    """Indices of objects on ``level`` that may be spilled, least recently used first.
 
     Args:
         entries: the entry table (structured array, ``layout.ENTRY_DTYPE``).
         pins: pinning processes per entry.
         exclude: an entry never to pick (the one being restored).
+        level: the level to pick from (any level: the same rules).
         whole_extents_first: put objects with an extent of their own first
             (spilling those frees contiguous space at once; objects carved
             from a chunk free space only when the whole chunk empties).
     """
-    ok = ((entries["state"] == L.SEALED) & (entries["level"] == L.LEVEL_MEMORY)
+    ok = ((entries["state"] == L.SEALED) & (entries["level"] == level)
           & ((entries["flags"] & L.FLAG_MOVING) == 0) & (pins == 0))
     if 0 <= exclude < len(ok):
         ok[exclude] = False

@@ -40,6 +40,7 @@ from ..kernel import NodeStore
 from ..kernel import layout as L
 from ..kernel import migrations
 from ..kernel.janitor import janitor_pass, sweep_deleted
+from ..levels import Level
 from ..units import format_size
 from . import requests
 from .mover import MoveError, Mover
@@ -132,15 +133,16 @@ class _Spiller:
                 requests.complete(self.node, slot, req)
 
     def _serve_one(self, req: L.Request) -> None:
+        try:
+            level = Level(req.level)
+        except ValueError:
+            raise MoveError(L.ERR_FULL, f"no level {req.level} in this store") from None
+        if level not in self.node.levels:
+            raise MoveError(L.ERR_FULL, f"no level {level} in this store")
         if req.kind == L.REQ_SPACE:
-            self.mover.make_room(req.nbytes)
+            self.mover.make_room(req.nbytes, level=level)
         elif req.kind == L.REQ_MOVE:
-            if req.level == L.LEVEL_DISK:
-                self.mover.spill(req.idx, req.gen)
-            elif req.level == L.LEVEL_MEMORY:
-                self.mover.restore(req.idx, req.gen)
-            else:
-                raise MoveError(L.ERR_FULL, f"no level {req.level} in this store")
+            self.mover.move(req.idx, req.gen, level)
 
     def _destroy_if_unused(self) -> bool:
         files = self.node.remove_if_unused()

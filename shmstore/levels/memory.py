@@ -1,0 +1,188 @@
+"""The MEMORY level: the node store's shared-memory arena, cut by its extent allocator.
+
+Small objects are cut from the putting client's current chunk
+(``kernel/cache.py``), others get an extent of their own, which the entry
+names in the ALLOC-locked section that allocates it (two-way ownership:
+``kernel/alloc.py``). The C fast path (``kernel/_fast.c``) is a shortcut of
+:meth:`MemoryLevel.place` plus :meth:`MemoryLevel.write` for small values.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from ..errors import StorageFullError
+from ..kernel import layout as L
+from ..kernel import serialize
+from ..kernel.cache import EntryStolen, owns_entry
+from ..units import format_size
+from .base import Level
+
+if TYPE_CHECKING:
+    from ..kernel.node import NodeStore
+
+__all__ = ["MemoryLevel", "ArenaSink"]
+
+
+class MemoryLevel:
+    """The shm arena of one node store (see :class:`~shmstore.levels.protocol.StorageLevel`).
+
+    Owned by the NodeStore; owns nothing of its own (the arena is the
+    store's). Process-safe through the store's locks; thread-safe.
+    """
+
+    level = Level.MEMORY
+    spill_to: Level | None = Level.DISK
+    setting = "capacity= / SHMSTORE_CAPACITY"
+
+    def __init__(self, node: NodeStore) -> None:
+        self.node = node
+
+    def available(self) -> str | None:
+        return None
+
+    def total(self) -> int:
+        return int(self.node.capacity)
+
+    def watermarks(self) -> tuple[float, float]:
+        """(high, low) fractions of the capacity that the spill policy keeps usage between."""
+        s = L.unpack_spill_state(self.node.buf)
+        return s.high, s.low
+
+    # ---- space ---------------------------------------------------------------------
+    def place(self, key: str, idx: int, gen: int, size: int, at: Any,
+              write_entry: Callable[[int, int, int], None]) -> tuple[int, int, int]:
+        cache = at.cache
+        if size <= cache.small_max:
+            with cache.chunk_lock:  # until the entry names the chunk (see cache.py)
+                rec, off = cache.carve(size)
+                if rec:
+                    write_entry(off, rec, L.FLAG_IN_CHUNK)
+                    return off, rec, L.FLAG_IN_CHUNK
+        rec, off = self.alloc_extent(key, idx, gen, size, at.slot)
+        write_entry(off, rec, 0)
+        return off, rec, 0
+
+    def alloc_extent(self, key: str, idx: int, gen: int, size: int, slot: int) -> tuple[int, int]:
+        """An extent of its own for reserved entry ``idx``, which names it at once.
+
+        Raises:
+            StorageFullError: no extent fits. EntryStolen: the entry is not ``slot``'s any more.
+        """
+        node, eoff = self.node, self.node.layout.entry(idx)
+        with node.alloc_lock:
+            if not owns_entry(node.buf, eoff, slot, gen):
+                raise EntryStolen
+            rec, off = self._alloc_locked(size, idx)
+            if rec:
+                L.set_entry_extent(node.buf, eoff, rec)
+                return rec, off
+        raise self.full(key, size)
+
+    def _alloc_locked(self, size: int, idx: int) -> tuple[int, int]:
+        node = self.node
+        rec, off = node.alloc.alloc(size, idx + 1)
+        if not rec and node.reclaim_retired_locked():
+            rec, off = node.alloc.alloc(size, idx + 1)
+        return rec, off
+
+    def full(self, key: str | None, size: int) -> StorageFullError:
+        """The error for ``key`` of ``size`` bytes not fitting in memory."""
+        used, cap = self.node.used(L.LEVEL_MEMORY), self.node.capacity
+        hint = "" if cap - used < size else ", in pieces too small"
+        return StorageFullError(
+            f"cannot place {key!r} ({format_size(size)}) in memory: {format_size(cap - used)} free of "
+            f"{format_size(cap)}{hint} (raise {self.setting}, or allow Level.DISK)", key, Level.MEMORY, size,
+            cap - used)
+
+    def unplace(self, idx: int, extent: int, flags: int) -> None:
+        if flags & L.FLAG_IN_CHUNK or not extent:
+            return  # a cut of a chunk stays unused until the chunk goes
+        node, eoff = self.node, self.node.layout.entry(idx)
+        with node.alloc_lock:
+            if L.entry_extent(node.buf, eoff) == extent:
+                L.set_entry_extent(node.buf, eoff, 0)
+            node.alloc.free_owned(extent, idx + 1)
+
+    def drop(self, idx: int, e: tuple[Any, ...]) -> None:
+        pass  # the bytes live in the arena: freeing the extent is all
+
+    def free_locked(self, idx: int, e: tuple[Any, ...]) -> None:
+        if e[L.E_EXTENT] and not e[L.E_FLAGS] & L.FLAG_IN_CHUNK:
+            self.node.alloc.free_owned(e[L.E_EXTENT], idx + 1)
+
+    # ---- bytes ---------------------------------------------------------------------
+    def write(self, idx: int, gen: int, offset: int, flags: int, enc: Any, key: str) -> None:
+        prefault = self.node.prefault
+        if offset + enc.size > prefault.populated and not flags & L.FLAG_IN_CHUNK:  # chunks are faulted in
+            prefault.ensure(offset, enc.size, key)
+        serialize.write(enc, self.node.arena_mm, offset)
+
+    def sink(self, idx: int, gen: int, offset: int, size: int, key: str) -> "ArenaSink":
+        self.node.prefault.ensure(offset, size, key)
+        return ArenaSink(np.ndarray((size,), np.uint8, self.node.arena_mm, offset))
+
+    def view(self, idx: int, gen: int, offset: int, nbytes: int) -> tuple[Any, int]:
+        return self.node.arena_ro, offset
+
+    # ---- moves onto this level -----------------------------------------------------------
+    def charge_move_locked(self, idx: int, e: tuple[Any, ...]) -> None:
+        pass  # space is placed by space_for_move (room may have to be made first)
+
+    def space_for_move(self, idx: int, size: int) -> tuple[int, int]:
+        node, eoff = self.node, self.node.layout.entry(idx)
+        with node.alloc_lock:
+            rec, off = self._alloc_locked(size, idx)
+            if rec:
+                L.set_entry_target_extent(node.buf, eoff, rec)
+                return off, rec
+        raise self.full(None, size)
+
+    def write_move(self, idx: int, gen: int, offset: int, src: Any, size: int,
+                   progress: Callable[[int], None]) -> None:
+        self.node.arena.populate(offset, size)
+        dst = np.ndarray((size,), np.uint8, self.node.arena_mm, offset)
+        copy_in_steps(dst, src, progress)
+
+    def abort_move(self, idx: int, e: tuple[Any, ...]) -> None:
+        node, eoff = self.node, self.node.layout.entry(idx)
+        with node.alloc_lock:
+            rec = L.entry_target_extent(node.buf, eoff)
+            L.set_entry_target_extent(node.buf, eoff, 0)
+            if rec:
+                node.alloc.free_owned(rec, idx + 1)
+            L.set_entry_flags(node.buf, eoff, L.entry_flags(node.buf, eoff) & ~L.FLAG_MOVING)
+
+    def close(self) -> None:
+        pass
+
+
+def copy_in_steps(dst: np.ndarray, src: Any, progress: Callable[[int], None], step: int = 64 << 20) -> None:
+    """Copy the bytes of ``src`` into the uint8 array ``dst`` in steps, reporting progress."""
+    size = dst.nbytes
+    srcv = np.frombuffer(src, np.uint8, size) if size else dst[:0]
+    for pos in range(0, size, step):
+        n = min(step, size - pos)
+        dst[pos: pos + n] = srcv[pos: pos + n]
+        progress(pos + n)
+
+
+class ArenaSink:
+    """A writer's target in an arena mapped here: filled in place."""
+
+    def __init__(self, dst: np.ndarray) -> None:
+        self._dst: np.ndarray | None = dst
+
+    def write(self, data: Any, pos: int) -> None:
+        if self._dst is not None:
+            self._dst[pos: pos + len(data)] = data
+
+    def buffer(self) -> np.ndarray | None:
+        return self._dst
+
+    def close(self) -> None:
+        self._dst = None
+
+    def abort(self) -> None:
+        self._dst = None
