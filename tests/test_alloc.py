@@ -105,3 +105,17 @@ def test_double_free_is_refused(alloc):
     alloc.free(rec)
     with pytest.raises(shmstore.LayoutError):
         alloc.free(rec)
+
+
+def test_an_object_taking_a_high_hole_whole_moves_the_frontier(alloc):
+    """Regression (found by tests/test_levels.py): an exact fit never moved the frontier, so check()
+    saw an object beyond it."""
+    buf = alloc._buf
+    small, _ = alloc.alloc(4096, 1)
+    x = 1 << 20
+    top, top_off = alloc.alloc(x, -1, L.EXT_CHUNK)
+    alloc.alloc(x, -2, L.EXT_CHUNK)
+    assert L.frontier(buf) == 4096
+    alloc.free(top)  # a hole of exactly x at the very top
+    rec, off = alloc.alloc(x, 2)
+    assert off == top_off and L.frontier(buf) == off + x

@@ -157,6 +157,8 @@ class Allocator:
             self._bin_remove(xsize, prev_free, next_free)
             L.extent_write(buf, xoff, offset, xsize, prev_phys, next_phys, 0, 0, flags, owner)
             used_rec, start = rec, offset
+            if flags != L.EXT_CHUNK and offset + xsize > L.frontier(buf):  # a hole high up, taken whole
+                L.set_frontier(buf, offset + xsize)
         elif flags == L.EXT_CHUNK:  # from the end: the free rest keeps the front
             used_rec, start = self._new_record(), offset + rest
             L.extent_write(buf, lay.extent(used_rec), start, size, rec, next_phys, 0, 0, flags, owner)

@@ -22,7 +22,7 @@ Locking contract (see ``kernel/alloc.py`` and ``kernel/repair.py`` for why):
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from .base import Level
 
@@ -53,6 +53,7 @@ class Sink(Protocol):
         """Drop what was written; never raises."""
 
 
+@runtime_checkable
 class StorageLevel(Protocol):
     """One storage level of a node store, as one process sees it.
 

@@ -1,0 +1,202 @@
+"""The level conformance suite: the same tests for every registered level.
+
+A level is a module plus a line in ``shmstore/levels/registry.py``; these
+tests are what it must pass. Each runs on a real store with the level as the
+only one allowed (``levels=[level]``); moves run to and from every other
+level. A level this machine cannot use (GPU without CuPy or a device) is
+skipped with the level's own reason.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import shmstore
+from shmstore import Level
+from shmstore.levels.protocol import StorageLevel
+from shmstore.levels.registry import LEVELS
+
+from helpers import Child, wait_for
+
+MiB = 1 << 20
+CAPACITY = 32 * MiB
+
+
+@pytest.fixture(params=sorted(LEVELS), ids=lambda lv: lv.name.lower())
+def level(request):
+    return request.param
+
+
+@pytest.fixture
+def lstore(name, tmp_path, level):
+    """A store with every level sized at CAPACITY, skipping a level this process cannot use."""
+    with shmstore.connect(name, capacity=CAPACITY, disk_capacity=CAPACITY, spill_dir=str(tmp_path),
+                          prefault="8MiB") as s:
+        why = s._node.levels[level].available()
+        if why:
+            pytest.skip(f"{level} is not available here: {why}")
+        yield s
+
+
+def used(store, level) -> int:
+    return store.get_capacity()[level].used
+
+
+VALUES = {
+    "bytes": b"\x01\x02" * 5000,
+    "empty-bytes": b"",
+    "array": np.arange(100_000, dtype=np.float32).reshape(100, 1000),
+    "fortran": np.asfortranarray(np.arange(600).reshape(20, 30)),
+    "empty-array": np.empty((0, 3)),
+    "state-dict": {"w": np.ones((64, 64)), "b": np.zeros(64), "step": 3, "none": None},
+    "large": np.arange(2 * MiB, dtype=np.uint8),
+}
+
+
+def same(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    if isinstance(a, (bytes, bytearray)):
+        return bytes(a) == bytes(b)
+    return bool(a == b)
+
+
+def test_implements_the_protocol(lstore, level):
+    lv = lstore._node.levels[level]
+    assert isinstance(lv, StorageLevel) and lv.level == level
+    assert lv.total() == CAPACITY and lv.setting
+    assert lv.spill_to is None or lv.spill_to > level  # spills go to slower levels
+
+
+@pytest.mark.parametrize("kind", sorted(VALUES))
+def test_put_get_delete_round_trip(lstore, level, kind):
+    value = VALUES[kind]
+    info = lstore.put("k", value, levels=[level])
+    assert info.level == level and lstore.get_info("k").level == level
+    assert same(value, lstore.get("k"))
+    assert used(lstore, level) == info.stored
+    lstore.delete("k")
+    assert "k" not in lstore and used(lstore, level) == 0
+    assert lstore.check() == []
+
+
+def test_views_stay_valid_after_delete_until_dropped(lstore, level):
+    lstore.put("k", np.arange(50_000), levels=[level])
+    view = lstore.get("k")
+    part = lstore.get("k", conditions=(slice(10, 20),))
+    lstore.delete("k")
+    assert int(view.sum()) == sum(range(50_000)) and list(part) == list(range(10, 20))
+    assert used(lstore, level) > 0  # held by the views
+    del view, part
+    assert wait_for(lambda: used(lstore, level) == 0, timeout=5)
+    assert lstore.check() == []
+
+
+def test_writer_and_reader(lstore, level):
+    data = np.random.default_rng(1).integers(0, 256, 3 * MiB + 17, dtype=np.uint8).tobytes()
+    with lstore.open_writer("w", len(data), levels=[level]) as w:
+        for pos in range(0, len(data), 1 * MiB):
+            w.write(data[pos: pos + MiB])
+    assert lstore.get_info("w").level == level
+    with lstore.open_reader("w") as r:
+        assert r.read() == data
+    w = lstore.open_writer("dropped", 1000, levels=[level])
+    w.write(b"x" * 10)
+    w.abort()
+    assert "dropped" not in lstore and used(lstore, level) == lstore.get_info("w").stored
+    assert lstore.check() == []
+
+
+def test_full_level_names_itself_and_the_setting(lstore, level):
+    lv = lstore._node.levels[level]
+    with pytest.raises(shmstore.StorageFullError) as exc:
+        lstore.put("big", np.zeros(CAPACITY + MiB, np.uint8), levels=[level])
+    assert exc.value.level == level and lv.setting.split()[0] in str(exc.value)
+    assert "big" not in lstore and used(lstore, level) == 0 and lstore.check() == []
+
+
+def test_overwrite_replaces_on_the_level(lstore, level):
+    lstore.put("k", np.zeros(1000), levels=[level])
+    old = lstore.get("k")
+    lstore.put("k", np.ones(3000), levels=[level], overwrite=True)
+    assert lstore.get("k").sum() == 3000 and old.sum() == 0
+    del old
+    assert wait_for(lambda: used(lstore, level) == lstore.get_info("k").stored, timeout=5)
+    assert lstore.check() == []
+
+
+def test_moves_to_and_from_every_other_level(lstore, level):
+    value = {"a": np.arange(300_000), "b": b"raw" * 100}
+    lstore.put("k", value, levels=[level])
+    stored = lstore.get_info("k").stored
+    for other in sorted(LEVELS):
+        if other == level or lstore._node.levels[other].available():
+            continue
+        assert lstore.move("k", other).level == other
+        assert same(value, lstore.get("k"))
+        assert used(lstore, other) == stored and used(lstore, level) == 0
+        assert lstore.move("k", level).level == level
+        assert same(value, lstore.get("k")) and used(lstore, other) == 0
+        assert lstore.check() == []
+
+
+def test_get_with_levels_brings_the_object_here(lstore, level):
+    for other in sorted(LEVELS):
+        if other == level or lstore._node.levels[other].available():
+            continue
+        lstore.put(f"from-{other}", np.full(1000, 5), levels=[other])
+        got = lstore.get(f"from-{other}", levels=[level])
+        assert got.sum() == 5000 and lstore.get_info(f"from-{other}").level == level
+    assert lstore.check() == []
+
+
+def test_a_pinned_object_never_moves(lstore, level):
+    lstore.put("k", np.arange(1000), levels=[level])
+    lstore.pin("k")
+    for other in sorted(LEVELS):
+        if other != level and not lstore._node.levels[other].available():
+            with pytest.raises(shmstore.ObjectLockedError):
+                lstore.move("k", other)
+    lstore.unpin("k")
+    assert lstore.get_info("k").level == level
+
+
+def test_spill_policy_keeps_the_level_under_its_high_watermark(lstore, level):
+    lv = lstore._node.levels[level]
+    if lv.spill_to is None:
+        pytest.skip(f"{level} spills nowhere (the last level)")
+    high, _ = lv.watermarks()
+    n = int(CAPACITY * 1.5 // MiB)  # more than the level holds: the rest must spill
+    for i in range(n):
+        lstore.put(f"o{i}", np.full(MiB // 8, i, np.int64), levels=[level, lv.spill_to])
+    assert wait_for(lambda: used(lstore, level) <= high * CAPACITY, timeout=20), lstore.get_capacity()
+    for i in range(n):  # every object intact, wherever it went
+        assert int(lstore.get(f"o{i}")[0]) == i
+    assert {lstore.get_info(f"o{i}").level for i in range(n)} == {level, lv.spill_to}
+    assert lstore.check() == []
+
+
+WRITER = """
+import os, sys, shmstore
+from shmstore import Level
+s = shmstore.connect(os.environ['N'], spill_dir=os.environ['D'])
+w = s.open_writer('half', 4 << 20, levels=[Level(int(os.environ['L']))])
+w.write(b'x' * (1 << 20))
+print('half', flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_killed_writer_gives_the_space_back(lstore, level, tmp_path):
+    child = Child(WRITER, env={"N": lstore.name, "D": str(tmp_path), "L": str(int(level))})
+    assert child.readline() == "half"
+    assert used(lstore, level) >= 4 * MiB and "half" not in lstore
+    os.kill(child.pid, signal.SIGKILL)
+    child.kill()
+    assert wait_for(lambda: used(lstore, level) == 0, timeout=15), lstore.get_capacity()
+    assert lstore.check() == []
