@@ -114,6 +114,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[], Any]]] = {
     "max_clients": (_parse_count, lambda: 128),
     "prefault": (parse_size, lambda: 1 << 30),
     "disk_capacity": (_parse_optional_size, lambda: None),
+    "gpu_capacity": (_parse_optional_size, lambda: None),
 }
 
 
@@ -139,6 +140,7 @@ class Config:
     max_clients: int
     prefault: int
     disk_capacity: int | None
+    gpu_capacity: int | None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "Config":

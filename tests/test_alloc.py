@@ -119,3 +119,41 @@ def test_an_object_taking_a_high_hole_whole_moves_the_frontier(alloc):
     alloc.free(top)  # a hole of exactly x at the very top
     rec, off = alloc.alloc(x, 2)
     assert off == top_off and L.frontier(buf) == off + x
+
+
+def test_gpu_arenas_share_the_records_but_never_space_and_survive_a_rebuild():
+    """GPU arenas (device memory of the GPU level) are cut by the same allocator: same records, bins of
+    their own, offsets in their own range; a rebuild after a crash recreates every arena's free space."""
+    lay = L.Layout(max_objects=512, max_clients=4, nstripes=4)
+    buf = bytearray(lay.size)
+    mem = Allocator(buf, lay, CAP)
+    mem.init()
+    gpus = [Allocator(buf, lay, (4 + d) << 20, gpu=d) for d in (0, 3)]
+    for g in gpus:
+        g.init_arena()
+    arenas = [mem, *gpus]
+    rng = random.Random(11)
+    used: dict[int, tuple[int, int, int]] = {}  # record -> (arena index, offset, size)
+    owner = 0
+    for _ in range(2000):
+        i = rng.randrange(len(arenas))
+        a = arenas[i]
+        if used and rng.random() < 0.45:
+            rec = rng.choice(list(used))
+            arenas[used.pop(rec)[0]].free(rec)
+            continue
+        owner += 1
+        rec, off = a.alloc(rng.choice([64, 4096, 100_000, 1 << 20]), owner)
+        if rec:
+            assert a.base <= off < a.base + a.capacity
+            used[rec] = (i, off, a.size_of(rec))
+    for _ in range(2):  # as allocated, then as rebuilt after a crash
+        for i, a in enumerate(arenas):
+            mine = sorted((off, size) for j, off, size in used.values() if j == i)
+            spans = sorted(mine + a.free_extents())
+            pos = a.base
+            for off, size in spans:
+                assert off == pos, f"arena {i}: gap or overlap at {pos}"
+                pos = off + size
+            assert pos == a.base + a.capacity
+        mem.rebuild(list(used), gpus)

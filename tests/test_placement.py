@@ -27,7 +27,7 @@ def test_each_answer_of_the_spill_process_becomes_its_error(error, cls):
 
 
 def test_progress_line():
-    s = L.SpillState(0.9, 0.75, 0, 0, 0, 5, L.LEVEL_DISK, 3 << 20, 12 << 20, 0, 0.0)
+    s = L.SpillState(0.9, 0.75, 0, 0, 0, 5, L.LEVEL_DISK, 3 << 20, 12 << 20, 0, 0.0, 0)
     assert spill_progress_line(s) == "moving to disk: 3.0 MiB of 12.0 MiB (25%)"
     assert spill_progress_line(s._replace(moving=0)) == ""
 

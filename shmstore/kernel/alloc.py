@@ -25,6 +25,7 @@ or freed by the process that died, and nobody else knows its number.
 """
 from __future__ import annotations
 
+import struct
 from typing import Any, Iterable
 
 import numpy as np
@@ -42,10 +43,36 @@ class Allocator:
     the ALLOC lock (process-safe and thread-safe only through it).
     """
 
-    def __init__(self, buf: Any, layout: L.Layout, capacity: int) -> None:
+    def __init__(self, buf: Any, layout: L.Layout, capacity: int, gpu: int = -1) -> None:
         self._buf = buf
         self._layout = layout
         self.capacity = capacity & ~(L.ALIGN - 1)
+        self.gpu = gpu  # -1: the MEMORY arena; else GPU arena ``gpu`` (same records, bins of its own)
+        self.base = 0 if gpu < 0 else L.gpu_base(gpu)
+        self._bins, self._mask = L.bins_offsets(layout, gpu)
+        self._I32, self._U64 = struct.Struct("<i"), struct.Struct("<Q")
+
+    # ---- this arena's bins -------------------------------------------------
+    def _bin_head(self, k: int) -> int:
+        head: int = self._I32.unpack_from(self._buf, self._bins + 4 * k)[0]
+        return head
+
+    def _set_bin_head(self, k: int, rec: int) -> None:
+        self._buf[self._bins + 4 * k: self._bins + 4 * k + 4] = self._I32.pack(rec)
+
+    def bin_mask(self) -> int:
+        mask: int = self._U64.unpack_from(self._buf, self._mask)[0]
+        return mask
+
+    def _set_bin_mask(self, mask: int) -> None:
+        self._buf[self._mask: self._mask + 8] = self._U64.pack(mask)
+
+    def _clear_bins(self) -> None:
+        self._buf[self._bins: self._bins + 4 * L.NBINS] = bytes(4 * L.NBINS)
+        self._set_bin_mask(0)
+
+    def bin_head(self, k: int) -> int:
+        return self._bin_head(k)
 
     # ---- records ---------------------------------------------------------
     def _new_record(self) -> int:
@@ -69,12 +96,12 @@ class Allocator:
         """Write ``rec`` as a free extent and push it on its bin."""
         buf, lay = self._buf, self._layout
         k = size.bit_length() - 1
-        head = L.bin_head(buf, k)
+        head = self._bin_head(k)
         L.extent_write(buf, lay.extent(rec), offset, size, prev_phys, next_phys, 0, head, L.EXT_FREE, 0)
         if head:
             L.set_extent_prev_free(buf, lay.extent(head), rec)
-        L.set_bin_head(buf, k, rec)
-        L.set_bin_mask(buf, L.bin_mask(buf) | (1 << k))
+        self._set_bin_head(k, rec)
+        self._set_bin_mask(self.bin_mask() | (1 << k))
 
     def _bin_remove(self, size: int, prev_free: int, next_free: int) -> None:
         """Unlink a free extent (given its size and bin links) from its bin."""
@@ -83,22 +110,22 @@ class Allocator:
         if prev_free:
             L.set_extent_next_free(buf, lay.extent(prev_free), next_free)
         else:
-            L.set_bin_head(buf, k, next_free)
+            self._set_bin_head(k, next_free)
             if not next_free:
-                L.set_bin_mask(buf, L.bin_mask(buf) & ~(1 << k))
+                self._set_bin_mask(self.bin_mask() & ~(1 << k))
         if next_free:
             L.set_extent_prev_free(buf, lay.extent(next_free), prev_free)
 
     def _find(self, size: int) -> int:
         buf, lay = self._buf, self._layout
         k = size.bit_length() - 1
-        rec, steps = L.bin_head(buf, k), 0
+        rec, steps = self._bin_head(k), 0
         while rec and steps < 64:
             x = L.extent_raw(buf, lay.extent(rec))
             if x[1] >= size:
                 return rec
             rec, steps = x[5], steps + 1
-        mask = L.bin_mask(buf) >> (k + 1)
+        mask = self.bin_mask() >> (k + 1)
         if not mask:
             return 0
         return L.bin_head(buf, k + 1 + ((mask & -mask).bit_length() - 1))
@@ -106,11 +133,11 @@ class Allocator:
     def _find_highest(self, size: int, budget: int = 256) -> int:
         """The fitting free extent highest in the arena (looking at ``budget`` extents at most)."""
         buf, lay = self._buf, self._layout
-        mask = L.bin_mask(buf) >> (size.bit_length() - 1)
+        mask = self.bin_mask() >> (size.bit_length() - 1)
         k, best, best_off = size.bit_length() - 1, 0, -1
         while mask and budget > 0:
             if mask & 1:
-                rec = L.bin_head(buf, k)
+                rec = self._bin_head(k)
                 while rec and budget > 0:
                     x = L.extent_raw(buf, lay.extent(rec))
                     if x[1] >= size and x[0] > best_off:
@@ -123,9 +150,13 @@ class Allocator:
     def init(self) -> None:
         """Start with the whole arena as one free extent (creator only)."""
         L.set_extent_cursor(self._buf, 0, 0)
-        L.clear_bins(self._buf)
-        L.set_bin_mask(self._buf, 0)
+        self._clear_bins()
         self._bin_insert(self._new_record(), 0, self.capacity, 0, 0)
+
+    def init_arena(self) -> None:
+        """Start GPU arena ``gpu`` as one free extent (ALLOC lock held; its records come from the shared pool)."""
+        self._clear_bins()
+        self._bin_insert(self._new_record(), self.base, self.capacity, 0, 0)
 
     def alloc(self, size: int, owner: int, flags: int = L.EXT_USED) -> tuple[int, int]:
         """Allocate ``size`` bytes (rounded up to 64) for entry ``owner`` (1-based).
@@ -157,7 +188,7 @@ class Allocator:
             self._bin_remove(xsize, prev_free, next_free)
             L.extent_write(buf, xoff, offset, xsize, prev_phys, next_phys, 0, 0, flags, owner)
             used_rec, start = rec, offset
-            if flags != L.EXT_CHUNK and offset + xsize > L.frontier(buf):  # a hole high up, taken whole
+            if self.gpu < 0 and flags != L.EXT_CHUNK and offset + xsize > L.frontier(buf):  # a high hole, whole
                 L.set_frontier(buf, offset + xsize)
         elif flags == L.EXT_CHUNK:  # from the end: the free rest keeps the front
             used_rec, start = self._new_record(), offset + rest
@@ -171,7 +202,7 @@ class Allocator:
             if prev_phys:
                 L.set_extent_next_phys(buf, lay.extent(prev_phys), used_rec)
             self._shrink(rec, offset + size, xsize, rest, used_rec, next_phys, prev_free, next_free)
-            if start + size > L.frontier(buf):
+            if self.gpu < 0 and start + size > L.frontier(buf):
                 L.set_frontier(buf, start + size)
         return used_rec, start
 
@@ -209,14 +240,28 @@ class Allocator:
             return 0
         return self.free(rec)
 
+    def arena_of(self, offset: int) -> "Allocator":
+        """The allocator of the arena holding ``offset``: this one, or another sharing its records."""
+        if self.base <= offset < self.base + self.capacity:
+            return self
+        if offset >= 1 << L.GPU_BASE_SHIFT:
+            d = (offset >> L.GPU_BASE_SHIFT) - 1
+            return Allocator(self._buf, self._layout, L.unpack_gpu(self._buf, self._layout, d).capacity, gpu=d)
+        return Allocator(self._buf, self._layout, L.unpack_header(self._buf).capacity)
+
     def free(self, rec: int) -> int:
         """Free extent ``rec``, coalescing with free neighbours; returns its size.
+
+        An extent of another arena is freed into that arena's bins.
 
         Raises:
             LayoutError: ``rec`` is not in use (a bug: the allocator is left as it was).
         """
         buf, lay = self._buf, self._layout
         offset, size, prev_phys, next_phys, _, _, flags, _ = L.extent_raw(buf, lay.extent(rec))
+        arena = self.arena_of(offset)
+        if arena is not self:
+            return arena.free(rec)
         if flags in (L.EXT_UNUSED, L.EXT_FREE):
             raise LayoutError(f"free of extent {rec} that is not in use (flags {flags})")
         freed: int = size
@@ -237,12 +282,13 @@ class Allocator:
         self._bin_insert(rec, offset, size, prev_phys, next_phys)
         return freed
 
-    def rebuild(self, keep: Iterable[int]) -> None:
+    def rebuild(self, keep: Iterable[int], others: Iterable["Allocator"] = ()) -> None:
         """Recreate the free space around the used extents ``keep`` (record numbers), keeping them.
 
-        Every other record becomes free or unused; the gaps between kept
-        extents become free extents in their bins. Used after a process died
-        holding the ALLOC lock (see the module notes).
+        ``others`` are the GPU arenas sharing this allocator's records: they
+        are rebuilt too. Every other record becomes free or unused; the gaps
+        between kept extents become free extents in their arena's bins. Used
+        after a process died holding the ALLOC lock (see the module notes).
 
         Raises:
             LayoutError: two kept extents overlap (the table is corrupt).
@@ -253,46 +299,53 @@ class Allocator:
         next_unused, _ = L.extent_cursor(buf)
         spare = np.setdiff1d(np.arange(1, next_unused + 1), [r for _, _, r in kept])
         ext[spare - 1] = np.zeros(1, ext.dtype)  # EXT_UNUSED, every field 0
-        spans: list[tuple[int, int, int]] = []  # (offset, size, record or 0 for a free gap)
-        pos = 0
-        for offset, size, r in kept:
-            if offset < pos:
-                raise LayoutError(f"extents overlap at arena offset {offset} (record {r})")
-            if offset > pos:
-                spans.append((pos, offset - pos, 0))
-            spans.append((offset, size, r))
-            pos = offset + size
-        if pos < self.capacity:
-            spans.append((pos, self.capacity - pos, 0))
-        ngaps = sum(1 for _, _, r in spans if not r)
+        plans: list[tuple[Allocator, list[tuple[int, int, int]]]] = []
+        for arena in [self, *others]:
+            lo, hi = arena.base, arena.base + arena.capacity
+            spans: list[tuple[int, int, int]] = []  # (offset, size, record or 0 for a free gap)
+            pos = lo
+            for offset, size, r in kept:
+                if not lo <= offset < hi:
+                    continue
+                if offset < pos:
+                    raise LayoutError(f"extents overlap at arena offset {offset} (record {r})")
+                if offset > pos:
+                    spans.append((pos, offset - pos, 0))
+                spans.append((offset, size, r))
+                pos = offset + size
+            if pos < hi:
+                spans.append((pos, hi - pos, 0))
+            plans.append((arena, spans))
+        ngaps = sum(1 for _, spans in plans for _, _, r in spans if not r)
         gaps = list(spare[:ngaps]) + list(range(next_unused + 1, next_unused + 1 + ngaps - len(spare[:ngaps])))
         spare = spare[ngaps:]
         L.set_extent_cursor(buf, max(next_unused, max(gaps, default=0)), int(spare[0]) if len(spare) else 0)
         ext["next_free"][spare[:-1] - 1] = spare[1:]  # the unused records' free list, lowest first
-        L.clear_bins(buf)
-        L.set_bin_mask(buf, 0)
         gaps.reverse()
-        recs = [r or int(gaps.pop()) for _, _, r in spans]
-        for i, (offset, size, r) in enumerate(spans):
-            prev_phys = recs[i - 1] if i else 0
-            next_phys = recs[i + 1] if i + 1 < len(recs) else 0
-            if r:
-                x = list(L.extent_raw(buf, lay.extent(r)))
-                x[2], x[3], x[4], x[5] = prev_phys, next_phys, 0, 0
-                L.extent_write(buf, lay.extent(r), *x)
-            else:
-                self._bin_insert(recs[i], offset, size, prev_phys, next_phys)
-        ends = [off + size for off, size, r in kept if L.extent_raw(buf, lay.extent(r))[6] == L.EXT_USED]
+        for arena, spans in plans:
+            arena._clear_bins()
+            recs = [r or int(gaps.pop()) for _, _, r in spans]
+            for i, (offset, size, r) in enumerate(spans):
+                prev_phys = recs[i - 1] if i else 0
+                next_phys = recs[i + 1] if i + 1 < len(recs) else 0
+                if r:
+                    x = list(L.extent_raw(buf, lay.extent(r)))
+                    x[2], x[3], x[4], x[5] = prev_phys, next_phys, 0, 0
+                    L.extent_write(buf, lay.extent(r), *x)
+                else:
+                    arena._bin_insert(recs[i], offset, size, prev_phys, next_phys)
+        ends = [off + size for off, size, r in kept
+                if off < self.capacity and L.extent_raw(buf, lay.extent(r))[6] == L.EXT_USED]
         L.set_frontier(buf, max(ends + [L.frontier(buf)]))  # front cuts only: see alloc()
 
     def free_extents(self) -> list[tuple[int, int]]:
         """(offset, size) of every free extent, for checks and status."""
         buf, lay = self._buf, self._layout
         out = []
-        mask = L.bin_mask(buf)
+        mask = self.bin_mask()
         for k in range(L.NBINS):
             if mask >> k & 1:
-                rec = L.bin_head(buf, k)
+                rec = self._bin_head(k)
                 while rec:
                     x = L.extent_raw(buf, lay.extent(rec))
                     out.append((x[0], x[1]))

@@ -168,8 +168,14 @@ def _check_allocator(node: "NodeStore", buf: Any, lay: L.Layout, t: np.ndarray, 
     flags = ext["flags"][:n]
     used = np.flatnonzero(np.isin(flags, (L.EXT_USED, L.EXT_CHUNK, L.EXT_RETIRED))) + 1
     free = np.flatnonzero(flags == L.EXT_FREE) + 1
-    _check_tiling(node, ext, used, free, problems)
-    _check_bins(buf, lay, ext, free, problems)
+    seen: set[int] = set()
+    for arena in [node.alloc, *node.gpu_allocators()]:
+        lo, hi = arena.base, arena.base + arena.capacity
+        inside = (ext["offset"] >= lo) & (ext["offset"] < hi)
+        _check_tiling(node, arena, ext, used[inside[used - 1]], free[inside[free - 1]], problems)
+        seen |= _check_bins(lay, arena, ext, problems)
+    if seen != set(free.tolist()):
+        problems.append(f"allocator bins hold {len(seen)} free extents, {len(free)} extents are free")
     unused: list[int] = []
     rec = head
     while rec and len(unused) <= n:
@@ -192,14 +198,16 @@ def _check_allocator(node: "NodeStore", buf: Any, lay: L.Layout, t: np.ndarray, 
     _check_objects(lay, t, ext, n, problems)
 
 
-def _check_tiling(node: "NodeStore", ext: np.ndarray, used: np.ndarray, free: np.ndarray, problems: list[str]) -> None:
+def _check_tiling(node: "NodeStore", arena: Any, ext: np.ndarray, used: np.ndarray, free: np.ndarray,
+                  problems: list[str]) -> None:
     recs = np.concatenate([used, free])
     order = recs[np.argsort(ext["offset"][recs - 1], kind="stable")]
-    pos, prev = 0, 0
+    name = "arena" if arena.gpu < 0 else f"GPU arena {arena.gpu}"
+    pos, prev = arena.base, 0
     for rec in order.tolist():
         x = ext[rec - 1]
         if int(x["offset"]) != pos:
-            problems.append(f"arena: {'gap' if x['offset'] > pos else 'overlap'} at offset {pos} "
+            problems.append(f"{name}: {'gap' if x['offset'] > pos else 'overlap'} at offset {pos} "
                             f"(extent {rec} starts at {x['offset']})")
             return
         if int(x["prev_phys"]) != prev:
@@ -209,20 +217,23 @@ def _check_tiling(node: "NodeStore", ext: np.ndarray, used: np.ndarray, free: np
         if prev and x["flags"] == L.EXT_FREE and ext["flags"][prev - 1] == L.EXT_FREE:
             problems.append(f"free extents {prev} and {rec} are adjacent but not coalesced")
         pos, prev = pos + int(x["size"]), rec
-    if pos != node.alloc.capacity:
-        problems.append(f"arena: extents end at {pos}, the arena at {node.alloc.capacity}")
+    if pos != arena.base + arena.capacity:
+        problems.append(f"{name}: extents end at {pos}, the arena at {arena.base + arena.capacity}")
     elif prev and int(ext["next_phys"][prev - 1]) != 0:
-        problems.append(f"extent {prev}: last in the arena but has a successor")
+        problems.append(f"extent {prev}: last in the {name} but has a successor")
     objects = used[ext["flags"][used - 1] == L.EXT_USED]  # chunks are cut from the top, past the frontier
-    if len(objects) and int((ext["offset"][objects - 1] + ext["size"][objects - 1]).max()) > L.frontier(node.buf):
+    if arena.gpu < 0 and len(objects) \
+            and int((ext["offset"][objects - 1] + ext["size"][objects - 1]).max()) > L.frontier(node.buf):
         problems.append("an object's extent lies beyond the allocator's frontier")
 
 
-def _check_bins(buf: Any, lay: L.Layout, ext: np.ndarray, free: np.ndarray, problems: list[str]) -> None:
+def _check_bins(lay: L.Layout, arena: Any, ext: np.ndarray, problems: list[str]) -> set[int]:
+    """Check one arena's bins; returns the free records they hold."""
     seen: set[int] = set()
-    mask = L.bin_mask(buf)
+    mask = arena.bin_mask()
+    lo, hi = arena.base, arena.base + arena.capacity
     for k in range(L.NBINS):
-        rec, prev = L.bin_head(buf, k), 0
+        rec, prev = arena.bin_head(k), 0
         if bool(rec) != bool(mask >> k & 1):
             problems.append(f"allocator bin {k}: bitmap and list disagree")
         while rec:
@@ -231,11 +242,11 @@ def _check_bins(buf: Any, lay: L.Layout, ext: np.ndarray, free: np.ndarray, prob
                 break
             seen.add(rec)
             x = ext[rec - 1]
-            if x["flags"] != L.EXT_FREE or int(x["size"]).bit_length() - 1 != k or int(x["prev_free"]) != prev:
+            if x["flags"] != L.EXT_FREE or int(x["size"]).bit_length() - 1 != k or int(x["prev_free"]) != prev \
+                    or not lo <= int(x["offset"]) < hi:
                 problems.append(f"allocator bin {k}: record {rec} (kind {x['flags']}, {x['size']} B) is misfiled")
             prev, rec = rec, int(x["next_free"])
-    if seen != set(free.tolist()):
-        problems.append(f"allocator bins hold {len(seen)} free extents, {len(free)} extents are free")
+    return seen
 
 
 def _check_objects(lay: L.Layout, t: np.ndarray, ext: np.ndarray, n: int, problems: list[str]) -> None:

@@ -217,11 +217,25 @@ class Kernel:
                 return obj if conditions is None else apply_conditions(key, obj, conditions)
         kb = self._begin(key)
         idx, e, array = self.lookup(key, kb, True)
-        if array is not None:
+        if e[L.E_LEVEL] == L.LEVEL_GPU:
+            obj = self._device_value(idx, e, array)
+        elif array is not None:
             obj = self.lease(idx, e, array)  # the array itself holds the pin: one numpy object
         else:
             obj = serialize.decode(e[L.E_KIND], self.lease(idx, e), e[L.E_NBYTES])
         return obj if conditions is None else apply_conditions(key, obj, conditions)
+
+    def _device_value(self, idx: int, e: tuple[Any, ...], array: tuple[Any, ...] | None) -> Any:
+        """The value of a GPU object (pinned by the caller): a CuPy array over the shared allocation,
+        whose memory owner holds the pin."""
+        from ..levels.gpu import GpuLevel, pin_token
+        level = self.node.levels[Level.GPU]
+        assert isinstance(level, GpuLevel)
+        token = pin_token(self._release, idx, e[L.E_GEN])  # dropped on failure: its finalizer unpins
+        try:
+            return level.value(e, array, token)
+        except OSError as exc:
+            raise SpillError(f"cannot read object (entry {idx}) on the GPU: {exc}") from exc
 
     def _get_fast(self, key: str) -> Any:
         """``get`` of an array in memory through the C fast path: one C call finds, pins and
@@ -417,7 +431,7 @@ def _session_id(node: NodeStore, name: str) -> int:
 
 def apply_conditions(key: str, obj: Any, conditions: Any) -> Any:
     """``obj[conditions]`` for arrays; an error for anything else."""
-    if not isinstance(obj, np.ndarray):
+    if not isinstance(obj, np.ndarray) and not hasattr(obj, "__cuda_array_interface__"):
         raise InvalidArgumentError(f"conditions apply to arrays; {key!r} holds a {type(obj).__name__}")
     try:
         return obj[conditions]

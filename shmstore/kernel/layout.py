@@ -30,6 +30,8 @@ each aligned to 64 bytes (``Layout`` computes the offsets from the header)::
                                   entry i (N = max_objects rounded up to 64)
     ...      NMIGRATIONS * 416    MIGRATION map: transfers into this node in flight
                                   (or just failed), one per key (under the ADMIN lock)
+    ...      MAX_GPUS * 512       GPU_ARENA records: one device allocation per GPU, its
+                                  IPC handle and its allocator bins (under the ALLOC lock)
 
 Small objects are carved from per-client chunks without the ALLOC lock: a
 client takes a chunk (one extent) under the lock, records it in its CLIENT
@@ -58,7 +60,7 @@ import numpy as np
 from .records import Record
 
 MAGIC = b"SHMSTOR\0"
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5
 HEADER_SIZE = 4096
 MAX_SESSIONS = 256
 MAX_KEY = 255
@@ -66,6 +68,8 @@ MAX_NDIM = 8
 ALIGN = 64
 PAGE = 4096
 NBINS = 64
+MAX_GPUS = 8
+GPU_BASE_SHIFT = 44  # GPU arena d starts at offset (d + 1) << 44 of the store's offset space
 MIN_CHUNK = 64 << 10  # smallest chunk of the arena handed to a client for small objects
 
 # lock indices
@@ -86,7 +90,7 @@ FLAG_PERSIST = 1
 # extent record flags
 EXT_UNUSED, EXT_FREE, EXT_USED, EXT_CHUNK, EXT_RETIRED = 0, 1, 2, 3, 4
 # requests to the spill process
-REQ_NONE, REQ_SPACE, REQ_MOVE = 0, 1, 2
+REQ_NONE, REQ_SPACE, REQ_MOVE, REQ_GPU = 0, 1, 2, 3
 RS_IDLE, RS_PENDING, RS_DONE, RS_FAILED = 0, 1, 2, 3
 ERR_FULL, ERR_IO, ERR_LOCKED, ERR_MISSING = 1, 2, 3, 4
 # migrations
@@ -138,6 +142,8 @@ SPILL_STATE = Record("SPILL_STATE", 1024, """
     56   total          u64  bytes of that move in all
     64   failures       u64  failed moves so far
     72   heartbeat      f64  last time the spill process went round its loop
+    80   gpu_capacity   u64  bytes of each GPU arena, fixed at creation (0: half the device's free memory
+                             when the arena is made)
 """)
 SPILL_DIR_OFFSET, SPILL_DIR_SIZE = 2048, 1024
 TRANSFER_STATS_OFFSET = 3072
@@ -147,6 +153,20 @@ TRANSFER_STATS = Record("TRANSFER_STATS", 32, """
     16   sent       u64  bytes sent
     24   dedup      u64  requests that joined a transfer already in flight
 """)
+GPU_ARENA = Record("GPU_ARENA", 512, """
+    0    state     u32       0 none, 1 asked for (the spill process creates it), 2 ready, 3 failed
+                             (see message), 4 lost (its owner died: its objects went)
+    4    device    i32       CUDA device ordinal
+    8    base      u64       offset of the arena in the store's offset space ((d + 1) << 44)
+    16   capacity  u64       bytes
+    24   owner     i32       pid of the process holding the device allocation (the spill process)
+    28   epoch     u32       bumped whenever the arena is made again (clients reopen the handle)
+    32   bin_mask  u64       bitmap of non-empty allocator bins of this arena
+    40   bins      i32[64]   free extents of this arena, per size class (as ALLOC_STATE's)
+    296  handle    bytes64   the allocation's cudaIpcMemHandle_t
+    360  message   bytes120  why creating it failed (UTF-8)
+""")
+GPU_NONE, GPU_ASKED, GPU_READY, GPU_FAILED, GPU_LOST = 0, 1, 2, 3, 4
 SESSION = Record("SESSION", 64, """
     0    length  u8       length of the name + 1 (0: slot unused)
     1    name    bytes63  session name (UTF-8)
@@ -162,7 +182,8 @@ CLIENT = Record("CLIENT", 256, """
 """)
 REQUEST_OFFSET = 64  # within a CLIENT record
 REQUEST = Record("REQUEST", 160, """
-    0    kind     u32       0 none, 1 make room (bytes on a level), 2 move an entry to a level
+    0    kind     u32       0 none, 1 make room (bytes on a level), 2 move an entry to a level, 3 make
+                            the GPU arena of device ``idx``
     4    seq      u32       sequence number (bumped by the client on every request)
     8    idx      i32       entry index
     12   gen      u32       entry generation
@@ -303,7 +324,7 @@ class Layout:
         self.nbuckets = 1 << max(4, (max_objects - 1).bit_length())
         # used extents: one per object at most, a current chunk per client, retired chunks
         # (each at least MIN_CHUNK); free extents: at most one more than used ones
-        self.nextents = 2 * (max_objects + max_clients + capacity // MIN_CHUNK) + 2
+        self.nextents = 2 * (max_objects + max_clients + capacity // MIN_CHUNK) + 2 + 2 * MAX_GPUS
         self.nlocks = LOCK_FIRST_STRIPE + nstripes
         self.pinrow = align(max_objects)
         self.sessions = HEADER_SIZE
@@ -315,7 +336,8 @@ class Layout:
         self.extents = align(self.entries + max_objects * ENTRY_SIZE)
         self.pinmaps = align(self.extents + self.nextents * EXTENT.size)
         self.migrations = align(self.pinmaps + max_clients * self.pinrow)
-        self.size = page_align(self.migrations + NMIGRATIONS * MIGRATION.size)
+        self.gpus = align(self.migrations + NMIGRATIONS * MIGRATION.size)
+        self.size = page_align(self.gpus + MAX_GPUS * GPU_ARENA.size)
 
     @classmethod
     def from_header(cls, h: Any) -> "Layout":
@@ -353,6 +375,9 @@ class Layout:
 
     def migration(self, slot: int) -> int:
         return self.migrations + slot * MIGRATION.size
+
+    def gpu(self, d: int) -> int:
+        return self.gpus + d * GPU_ARENA.size
 
 
 # ---- header -----------------------------------------------------------------
@@ -520,6 +545,31 @@ def set_bin_head(buf: Any, k: int, rec: int) -> None:
 
 def clear_bins(buf: Any) -> None:
     buf[_BINS_OFFSET: _BINS_OFFSET + 4 * NBINS] = bytes(4 * NBINS)
+
+
+def bins_offsets(layout: "Layout", gpu: int = -1) -> tuple[int, int]:
+    """(offset of the bins, offset of the bin mask) of the MEMORY arena, or of GPU arena ``gpu``."""
+    if gpu < 0:
+        return _BINS_OFFSET, ALLOC_OFFSET + ALLOC_STATE.offset["bin_mask"]
+    at = layout.gpu(gpu)
+    return at + GPU_ARENA.offset["bins"], at + GPU_ARENA.offset["bin_mask"]
+
+
+def unpack_gpu(buf: Any, layout: "Layout", d: int) -> Any:
+    return GPU_ARENA.unpack(buf, layout.gpu(d))
+
+
+def set_gpu(buf: Any, layout: "Layout", d: int, **fields: Any) -> None:
+    """Set fields of GPU arena ``d``'s record, one store each (``state`` last: it publishes)."""
+    state = fields.pop("state", None)
+    for name, value in fields.items():
+        GPU_ARENA.set(buf, layout.gpu(d), name, value)
+    if state is not None:
+        GPU_ARENA.set(buf, layout.gpu(d), "state", state)
+
+
+def gpu_base(d: int) -> int:
+    return (d + 1) << GPU_BASE_SHIFT
 
 
 # ---- stripe usage -------------------------------------------------------------

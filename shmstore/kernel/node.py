@@ -151,7 +151,8 @@ class NodeStore:
             L.pack_session(buf, lay.session(0), "")
             L.set_spill_dir(buf, os.path.abspath(cfg.spill_dir))
             disk = cfg.disk_capacity if cfg.disk_capacity is not None else SpillDir(cfg.spill_dir, "").free_bytes()
-            L.pack_spill_state(buf, L.SpillState(cfg.high_watermark, cfg.low_watermark, disk, 0, 0, 0, 0, 0, 0, 0, 0.0))
+            L.pack_spill_state(buf, L.SpillState(cfg.high_watermark, cfg.low_watermark, disk, 0, 0, 0, 0, 0, 0, 0, 0.0,
+                                                 cfg.gpu_capacity or 0))
             Wakeup(prefix + "-wake", create=True).close()
             wake_made = True
             Allocator(buf, lay, capacity).init()
@@ -226,6 +227,22 @@ class NodeStore:
         return [(int(s), int(t["pid"][s]), int(t["start"][s])) for s in (t["state"] == 1).nonzero()[0]]
 
     # ---- entries shared by every client (caller holds the entry's stripe lock) ---
+    def gpu_alloc(self, d: int) -> Allocator | None:
+        """The allocator of GPU arena ``d`` if it is ready (metadata only: no device needed)."""
+        g = L.unpack_gpu(self.buf, self.layout, d)
+        if g.state != L.GPU_READY:
+            return None
+        return Allocator(self.buf, self.layout, g.capacity, gpu=d)
+
+    def gpu_allocators(self) -> list[Allocator]:
+        """The allocators of every GPU arena made so far: ready ones, and lost ones (kept for remaking)."""
+        out = []
+        for d in range(L.MAX_GPUS):
+            g = L.unpack_gpu(self.buf, self.layout, d)
+            if g.state in (L.GPU_READY, L.GPU_LOST):
+                out.append(Allocator(self.buf, self.layout, g.capacity, gpu=d))
+        return out
+
     def stripe_of(self, idx: int) -> ShmLock:
         """The lock guarding entry ``idx`` (valid while the entry is pinned or locked)."""
         return self.stripes[self.table.stripe_of(idx)]
@@ -357,6 +374,8 @@ class NodeStore:
         prefault, arena_ro = getattr(self, "prefault", None), getattr(self, "arena_ro", None)
         if prefault is not None:
             prefault.stop()
+        for level in getattr(self, "levels", {}).values():
+            level.close()
         try:
             if arena_ro is not None:
                 arena_ro.release()

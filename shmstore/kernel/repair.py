@@ -76,7 +76,7 @@ def rebuild_allocator(node: "NodeStore") -> None:
     keep, retire = valid_extents(buf, lay)
     ext = L.extent_table(buf, lay)
     ext["flags"][retire - 1] = L.EXT_RETIRED
-    node.alloc.rebuild(keep.tolist())
+    node.alloc.rebuild(keep.tolist(), node.gpu_allocators())
     L.set_retired_chunks(buf, len(retire))
     c = L.client_table(buf, lay)
     for slot in np.flatnonzero((c["chunk"] != 0) & ~np.isin(c["chunk"], keep)):

@@ -43,7 +43,7 @@ _EMPTY = np.empty(0, np.uint8)
 class Encoded:
     """A value ready to be written: its kind, stored size and parts."""
 
-    __slots__ = ("kind", "size", "nbytes", "nblobs", "meta", "src", "array", "pickle", "blobs", "offsets")
+    __slots__ = ("kind", "size", "nbytes", "nblobs", "meta", "src", "array", "pickle", "blobs", "offsets", "device")
 
     def __init__(self, kind: int, size: int, nbytes: int, nblobs: int = 0, meta: bytes | None = None,
                  src: Any = None, array: tuple[Any, ...] | None = None) -> None:
@@ -57,6 +57,7 @@ class Encoded:
         self.pickle: Any = b""  # bytes, or the pickler's buffer
         self.blobs: list[Any] = []  # arrays or memoryviews: anything exporting a buffer
         self.offsets: list[int] = []
+        self.device = False  # src is a device array (``__cuda_array_interface__``)
 
 
 _FAST_DTYPES: dict[np.dtype, str | None] = {}
@@ -98,7 +99,28 @@ def encode(obj: Any) -> Encoded:
     if isinstance(obj, (bytes, bytearray, memoryview)):
         src = as_u8(obj)
         return Encoded(L.KIND_RAW, src.nbytes, src.nbytes, src=src)
+    if hasattr(obj, "__cuda_array_interface__"):
+        enc = _encode_device(obj)
+        if enc is not None:
+            return enc
     return _encode_pickle(obj)
+
+
+def _encode_device(obj: Any) -> Encoded | None:
+    """A device array (CuPy, a torch CUDA tensor, anything with ``__cuda_array_interface__``) as an ndarray
+    value whose bytes stay on the device until a level copies them; None to pickle it instead."""
+    cupy = sys.modules.get("cupy") or importlib.import_module("cupy")
+    arr = cupy.asarray(obj)  # no copy: a view through the interface
+    dts = _fast_dtype(arr.dtype)
+    if dts is None or arr.ndim > L.MAX_NDIM:
+        return None
+    if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+        arr = cupy.ascontiguousarray(arr)
+    order = "F" if arr.flags.f_contiguous and not arr.flags.c_contiguous else "C"
+    enc = Encoded(L.KIND_NDARRAY, arr.nbytes, arr.nbytes, 0, L.array_meta(dts, arr.shape, order), arr,
+                  (arr.dtype, arr.shape, order))
+    enc.device = True
+    return enc
 
 
 class _Pickler(pickle.Pickler):
@@ -193,6 +215,9 @@ def write(enc: Encoded, buf: Any, off: int) -> None:
         return
     if enc.kind == L.KIND_NDARRAY:
         dtype, shape, order = enc.array  # type: ignore[misc]
+        if enc.device:  # down from the device: one copy into place
+            enc.src.get(out=np.ndarray(shape, dtype, buf, off, None, order))
+            return
         copy_into(np.ndarray(shape, dtype, buf, off, None, order), enc.src)
     elif enc.kind == L.KIND_RAW:
         copy_into(np.ndarray((enc.size,), np.uint8, buf, off), enc.src)
@@ -208,7 +233,7 @@ def parts(enc: Encoded) -> list[tuple[int, Any]]:
         return [(0, memoryview(enc.src))]
     if enc.kind == L.KIND_NDARRAY:
         dtype, shape, order = enc.array  # type: ignore[misc]
-        src = enc.src
+        src = enc.src.get(order=order) if enc.device else enc.src
         if not (src.flags.c_contiguous if order == "C" else src.flags.f_contiguous):
             src = np.array(src, order=order)
         return [(0, pickle.PickleBuffer(src).raw())]

@@ -69,7 +69,7 @@ class Puts:
         lv = self.level(key, level)
         enc = serialize.encode(obj)
         if level == _MEMORY and not overwrite and self._fast is not None and enc.kind != L.KIND_PICKLE \
-                and enc.size <= self._cache.small_max:
+                and enc.size <= self._cache.small_max and not enc.device:
             info = self._fast_put(key, kb, enc)
             if info is not None:
                 return info

@@ -360,8 +360,16 @@ class DiskLevel:
     def space_for_move(self, idx: int, size: int) -> tuple[int, int]:
         return 0, 0  # charged up front (charge_move_locked); the file is written whole
 
+    def largest_free(self) -> int:
+        return int(self.total() - self.node.used(int(Level.DISK)))
+
     def write_move(self, idx: int, gen: int, offset: int, src: Any, size: int,
                    progress: Callable[[int], None]) -> None:
+        if hasattr(src, "__cuda_array_interface__"):  # straight down from the GPU level: staged on the host
+            from .gpu import to_host
+            host = np.empty(size, np.uint8)
+            to_host(host, src)
+            src = host
         self.files.write(idx, gen, [(0, memoryview(src).cast("B")[:size])], size, progress=progress)
 
     def abort_move(self, idx: int, e: tuple[Any, ...]) -> None:

@@ -96,6 +96,14 @@ class MemoryLevel:
             f"{format_size(cap)}{hint} (raise {self.setting}, or allow Level.DISK)", key, Level.MEMORY, size,
             cap - used)
 
+    def largest_free(self) -> int:
+        """The largest piece of free space (what one object can take)."""
+        node = self.node
+        with node.alloc_lock:
+            node.reclaim_retired_locked()
+            free = node.alloc.free_extents()
+        return max((size for _, size in free), default=0)
+
     def unplace(self, idx: int, extent: int, flags: int) -> None:
         if flags & L.FLAG_IN_CHUNK or not extent:
             return  # a cut of a chunk stays unused until the chunk goes
@@ -143,7 +151,12 @@ class MemoryLevel:
                    progress: Callable[[int], None]) -> None:
         self.node.arena.populate(offset, size)
         dst = np.ndarray((size,), np.uint8, self.node.arena_mm, offset)
-        copy_in_steps(dst, src, progress)
+        if hasattr(src, "__cuda_array_interface__"):  # down from the GPU level
+            from .gpu import to_host
+            to_host(dst, src)
+            progress(size)
+        else:
+            copy_in_steps(dst, src, progress)
 
     def abort_move(self, idx: int, e: tuple[Any, ...]) -> None:
         node, eoff = self.node, self.node.layout.entry(idx)

@@ -95,6 +95,9 @@ class StorageLevel(Protocol):
     def unplace(self, idx: int, extent: int, flags: int) -> None:
         """Give back a placement whose entry was not made."""
 
+    def largest_free(self) -> int:
+        """The largest object that fits now (bytes)."""
+
     def write(self, idx: int, gen: int, offset: int, flags: int, enc: Any, key: str) -> None:
         """Copy an encoded value (``kernel.serialize.Encoded``) into its placement.
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["LEVELS", "open_levels"]
 
 LEVELS: dict[Level, str] = {
+    Level.GPU: "shmstore.levels.gpu:GpuLevel",
     Level.MEMORY: "shmstore.levels.memory:MemoryLevel",
     Level.DISK: "shmstore.levels.disk:DiskLevel",
 }

@@ -182,8 +182,11 @@ class Mover:
     def _copy(self, src: StorageLevel, dst: StorageLevel, idx: int, gen: int, src_off: int, dst_off: int,
               size: int) -> None:
         buf, off = src.view(idx, gen, src_off, size)
-        if buf is None:  # an empty object
+        if buf is None or not size:  # an empty object: nothing to copy, no pointer handed on
             dst.write_move(idx, gen, dst_off, b"", 0, lambda n: None)
+            return
+        if hasattr(buf, "__cuda_array_interface__"):  # a device array over the object's bytes
+            dst.write_move(idx, gen, dst_off, buf[off: off + size], size, lambda n: self._state(progress=n))
             return
         view = memoryview(buf)[off: off + size]
         try:
@@ -205,14 +208,8 @@ class Mover:
 
     # ---- policy-driven moves ---------------------------------------------------
     def largest_free(self, level: Level = Level.MEMORY) -> int:
-        """The largest piece of free space on an arena level (the whole free space on another)."""
-        lv = self.node.levels[level]
-        if level != Level.MEMORY:
-            return lv.total() - self.node.used(int(level))
-        with self.node.alloc_lock:
-            self.node.reclaim_retired_locked()
-            free = self.node.alloc.free_extents()
-        return max((size for _, size in free), default=0)
+        """The largest object that fits on ``level`` now."""
+        return self.node.levels[level].largest_free()
 
     def make_room(self, nbytes: int, exclude: int = -1, level: Level = Level.MEMORY) -> int:
         """Spill ``level``'s least recently used objects down until ``nbytes`` fit in one piece.

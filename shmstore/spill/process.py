@@ -35,12 +35,13 @@ import time
 from typing import Callable
 
 from ..config import Config
-from ..errors import ShmStoreError
+from ..errors import ShmStoreError, StorageFullError
 from ..kernel import NodeStore
 from ..kernel import layout as L
 from ..kernel import migrations
-from ..kernel.janitor import janitor_pass, sweep_deleted
+from ..kernel.janitor import drop_lost_gpu_arenas, janitor_pass, sweep_deleted
 from ..levels import Level
+from ..levels.gpu import GpuLevel
 from ..units import format_size
 from . import requests
 from .mover import MoveError, Mover
@@ -60,11 +61,22 @@ class _Spiller:
         self.mover = Mover(node)
         self.stopping = False
         self.label = f"{node.cfg.name}@{node.cfg.node}"
+        gpu = node.levels.get(Level.GPU)
+        if isinstance(gpu, GpuLevel):
+            gpu.owner = True  # this process holds the device allocations of the node's GPU arenas
 
     def owns_store(self) -> bool:
         return L.spill_pid(self.node.buf) == os.getpid() and L.header_state(self.node.buf) == L.STATE_READY
 
     def run(self) -> int:
+        try:
+            lost = drop_lost_gpu_arenas(self.node)
+        except Exception:
+            log.exception("%s: dropping the objects of lost GPU arenas failed", self.label)
+            lost = 0
+        if lost:
+            log.error("%s: %d GPU object(s) were lost with the previous spill process, which held the device "
+                      "memory", self.label, lost)
         try:
             rolled = self.mover.recover()
         except Exception:
@@ -139,7 +151,16 @@ class _Spiller:
             raise MoveError(L.ERR_FULL, f"no level {req.level} in this store") from None
         if level not in self.node.levels:
             raise MoveError(L.ERR_FULL, f"no level {level} in this store")
-        if req.kind == L.REQ_SPACE:
+        if req.kind == L.REQ_GPU:
+            gpu = self.node.levels[Level.GPU]
+            assert isinstance(gpu, GpuLevel)
+            try:
+                gpu.create_arena(req.idx)
+            except StorageFullError as exc:
+                raise MoveError(L.ERR_FULL, str(exc)) from None
+            except Exception as exc:  # a CUDA error: the client gets it as a sentence
+                raise MoveError(L.ERR_FULL, f"cannot allocate the GPU arena of device {req.idx}: {exc}") from None
+        elif req.kind == L.REQ_SPACE:
             self.mover.make_room(req.nbytes, level=level)
         elif req.kind == L.REQ_MOVE:
             self.mover.move(req.idx, req.gen, level)

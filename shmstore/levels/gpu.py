@@ -1,0 +1,419 @@
+"""The GPU level: one device allocation per GPU, shared by every process of the node through CUDA IPC.
+
+How it works:
+
+- **One arena per device**, made on first use by the node's spill process
+  (one per node, spawned, long-lived): ``cudaMalloc`` of ``gpu_capacity``
+  (default: half the device's free memory), its ``cudaIpcMemHandle_t``
+  recorded in the metadata (``GPU_ARENA``), the arena's free space added
+  to the store's allocator as a range of its own (offsets from
+  ``(d + 1) << 44``). A client asks for it with a request (``REQ_GPU``) and
+  waits, like a request for room.
+- **Clients open the handle once** (``cudaIpcOpenMemHandle``) and cut
+  objects from the arena with the same allocator, records and locks as the
+  memory arena: the object table, pins, the janitor, crash repair and
+  ``check()`` treat GPU objects like any other. Only copying bytes and
+  making views needs CuPy and a device.
+- ``get`` of a GPU object returns a CuPy array over the shared allocation
+  (no copy; read-only by convention: CUDA has no read-only mappings, and a
+  write changes the object under every reader). The array holds the
+  object's pin, like a numpy view: spill never moves it meanwhile.
+- Spill: GPU -> MEMORY -> DISK by the same spill process and rules.
+- Zero-length objects never reach CUDA: no copy, no pointer; they come back
+  as empty arrays.
+
+The device memory belongs to the spill process: if that process dies, the
+driver frees it, and the objects on it are lost. Its successor marks the
+arena lost, drops those objects (logging how many) and makes the arena
+again on the next use. MEMORY and DISK objects survive such a death; GPU
+objects do not (CUDA gives no way to keep an allocation past its owner).
+
+CuPy is imported here only, lazily (extra ``gpu``): without it, or without
+a device, the level reports itself unavailable with the reason, and every
+other level works. The metadata operations (freeing, repair) never need it.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from ..errors import StorageFullError
+from ..kernel import layout as L
+from ..kernel import serialize
+from ..kernel.cache import EntryStolen, owns_entry
+from ..units import format_size
+from .base import Level
+
+if TYPE_CHECKING:
+    from ..kernel.alloc import Allocator
+    from ..kernel.node import NodeStore
+
+__all__ = ["GpuLevel", "cupy_or_reason", "device_of", "is_device_array", "to_host", "DEFAULT_FRACTION"]
+
+DEFAULT_FRACTION = 0.5  # of the device's free memory, for an arena whose size was not set
+_CUPY: list[Any] = []
+
+
+def cupy_or_reason() -> tuple[Any, str | None]:
+    """(the cupy module, None), or (None, why the GPU level cannot be used here)."""
+    if _CUPY:
+        return _CUPY[0], None
+    if os.environ.get("SHMSTORE_NO_GPU"):
+        return None, "SHMSTORE_NO_GPU is set"
+    try:
+        cupy = importlib.import_module("cupy")
+    except ImportError:
+        return None, "CuPy is not installed (pip install 'shmstore[gpu]')"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDARuntimeError without a driver
+        return None, f"no usable CUDA device ({exc})"
+    if n < 1:
+        return None, "no CUDA device"
+    _CUPY.append(cupy)
+    return cupy, None
+
+
+def is_device_array(obj: Any) -> bool:
+    """True for a device array: anything with ``__cuda_array_interface__`` (CuPy, torch CUDA tensors, Numba)."""
+    return hasattr(obj, "__cuda_array_interface__")
+
+
+def device_of(offset: int) -> int:
+    """The device ordinal of a GPU arena offset."""
+    return (offset >> L.GPU_BASE_SHIFT) - 1
+
+
+def to_host(dst: np.ndarray, src: Any) -> None:
+    """Copy ``src`` (device or host bytes) into the host uint8 array ``dst``; zero bytes touch nothing."""
+    if not dst.nbytes:
+        return
+    if is_device_array(src):
+        cupy, _ = cupy_or_reason()
+        cupy.asarray(src).view(cupy.uint8).reshape(-1)[:dst.nbytes].get(out=dst)
+        cupy.cuda.get_current_stream().synchronize()
+    else:
+        dst[...] = np.frombuffer(src, np.uint8, dst.nbytes)
+
+
+class GpuLevel:
+    """Device memory of the node's GPUs (see :class:`~shmstore.levels.protocol.StorageLevel`).
+
+    Owned by the NodeStore; owns this process's IPC mappings of the arenas
+    (closed by ``close``). Process-safe through the store's locks; thread-safe.
+    """
+
+    level = Level.GPU
+    spill_to: Level | None = Level.MEMORY
+    setting = "gpu_capacity= / SHMSTORE_GPU_CAPACITY when creating the store"
+
+    def __init__(self, node: NodeStore) -> None:
+        self.node = node
+        self._maps: dict[int, tuple[int, int, Any]] = {}  # device -> (epoch, base pointer, what to close)
+        self._lock = threading.Lock()
+        self.owner = False  # True in the spill process, which holds the allocations
+
+    # ---- where -------------------------------------------------------------------
+    def available(self) -> str | None:
+        _, why = cupy_or_reason()
+        return why
+
+    def device(self) -> int:
+        """This process's current CUDA device (0 without CuPy: metadata only)."""
+        cupy, _ = cupy_or_reason()
+        return int(cupy.cuda.Device().id) if cupy is not None else 0
+
+    def total(self) -> int:
+        g = L.unpack_gpu(self.node.buf, self.node.layout, self.device())
+        return int(g.capacity) if g.state == L.GPU_READY else int(L.unpack_spill_state(self.node.buf).gpu_capacity)
+
+    def watermarks(self) -> tuple[float, float]:
+        s = L.unpack_spill_state(self.node.buf)
+        return s.high, s.low
+
+    def _arena(self, d: int, slot: int = -1) -> Allocator:
+        """GPU arena ``d``'s allocator, asking the spill process to make the arena first if needed.
+
+        Raises:
+            StorageFullError: the spill process could not make it (device memory, no CUDA there).
+        """
+        alloc = self.node.gpu_alloc(d)
+        if alloc is not None:
+            return alloc
+        if self.owner:
+            self.create_arena(d)
+        else:
+            from ..spill import requests  # the one request a level sends: made by whoever uses the level first
+            seq = requests.submit(self.node, slot, L.REQ_GPU, idx=d, level=int(Level.GPU))
+            r = requests.wait(self.node, slot, seq, self.node.cfg.spill_timeout)
+            if r is None or r.status != L.RS_DONE:
+                why = "no answer from the spill process" if r is None else r.message
+                raise StorageFullError(f"no GPU arena on device {d}: {why} (see {self.setting})", None, Level.GPU)
+        alloc = self.node.gpu_alloc(d)
+        if alloc is None:
+            raise StorageFullError(f"no GPU arena on device {d} ({self.setting})", None, Level.GPU)
+        return alloc
+
+    # ---- the arena's owner (the spill process) ------------------------------------------
+    def create_arena(self, d: int) -> None:
+        """Allocate device ``d``'s arena and publish its IPC handle (spill process only).
+
+        A lost arena (its previous owner died) is made again with the same
+        size and bins: everything on it was freed when it was marked lost.
+        """
+        cupy, why = cupy_or_reason()
+        if cupy is None:
+            raise StorageFullError(f"the spill process cannot make a GPU arena: {why}", None, Level.GPU)
+        buf, lay = self.node.buf, self.node.layout
+        g = L.unpack_gpu(buf, lay, d)
+        if g.state == L.GPU_READY and g.owner == os.getpid():
+            return
+        with cupy.cuda.Device(d):
+            cap = g.capacity if g.state == L.GPU_LOST else L.unpack_spill_state(buf).gpu_capacity
+            if not cap:
+                cap = int(cupy.cuda.runtime.memGetInfo()[0] * DEFAULT_FRACTION)
+            cap &= ~(L.ALIGN - 1)
+            ptr = cupy.cuda.runtime.malloc(cap)
+            handle = bytes(cupy.cuda.runtime.ipcGetMemHandle(ptr))
+        with self._lock:
+            self._maps[d] = (g.epoch + 1, ptr, ("free", ptr))
+        from ..kernel.alloc import Allocator
+        with self.node.alloc_lock:
+            fresh = g.state != L.GPU_LOST
+            L.set_gpu(buf, lay, d, device=d, base=L.gpu_base(d), capacity=cap, owner=os.getpid(), epoch=g.epoch + 1,
+                      handle=handle, message=b"")
+            if fresh:
+                Allocator(buf, lay, cap, gpu=d).init_arena()
+            L.set_gpu(buf, lay, d, state=L.GPU_READY)
+
+    def release_arenas(self) -> None:
+        """Free the device allocations this process owns (the spill process, at exit)."""
+        cupy, _ = cupy_or_reason()
+        with self._lock:
+            maps, self._maps = self._maps, {}
+        for _, _, (how, ptr) in maps.values():
+            if cupy is not None:
+                if how == "free":
+                    cupy.cuda.runtime.free(ptr)
+                else:
+                    cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+
+    # ---- this process's mapping ---------------------------------------------------------
+    def pointer(self, offset: int) -> int:
+        """The device address of arena ``offset`` in this process (opening the arena's handle once)."""
+        d = device_of(offset)
+        g = L.unpack_gpu(self.node.buf, self.node.layout, d)
+        if g.state != L.GPU_READY:
+            raise OSError(f"GPU arena {d} is {('gone', 'being made', 'ready', 'failed', 'lost')[g.state]}")
+        with self._lock:
+            m = self._maps.get(d)
+            if m is None or m[0] != g.epoch:
+                cupy, why = cupy_or_reason()
+                if cupy is None:
+                    raise OSError(why)
+                if m is not None and m[2][0] == "ipc":
+                    cupy.cuda.runtime.ipcCloseMemHandle(m[1])
+                with cupy.cuda.Device(d):
+                    ptr = cupy.cuda.runtime.ipcOpenMemHandle(bytes(g.handle),
+                                                            cupy.cuda.runtime.cudaIpcMemLazyEnablePeerAccess)
+                m = self._maps[d] = (g.epoch, ptr, ("ipc", ptr))
+        return int(m[1]) + offset - L.gpu_base(d)
+
+    def array(self, offset: int, nbytes: int, owner: Any = None, dtype: Any = np.uint8,
+              shape: tuple[int, ...] | None = None, order: str = "C") -> Any:
+        """A CuPy array over ``nbytes`` of the arena at ``offset`` (no copy); ``owner`` lives as long."""
+        cupy, _ = cupy_or_reason()
+        shape = (nbytes // np.dtype(dtype).itemsize,) if shape is None else shape
+        if not nbytes:  # never a pointer for an empty object
+            return cupy.empty(shape, dtype, order=order)
+        d = device_of(offset)
+        mem = cupy.cuda.UnownedMemory(self.pointer(offset), nbytes, owner, d)
+        return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(mem, 0), order=order)
+
+    # ---- space ---------------------------------------------------------------------
+    def place(self, key: str, idx: int, gen: int, size: int, at: Any,
+              write_entry: Callable[[int, int, int], None]) -> tuple[int, int, int]:
+        d = self.device()
+        arena = self._arena(d, at.slot)
+        node, eoff = self.node, self.node.layout.entry(idx)
+        with node.alloc_lock:
+            if not owns_entry(node.buf, eoff, at.slot, gen):
+                raise EntryStolen
+            rec, off = arena.alloc(size, idx + 1)
+            if rec:
+                L.set_entry_extent(node.buf, eoff, rec)
+        if not rec:
+            raise self.full(key, size, d)
+        write_entry(off, rec, 0)
+        return off, rec, 0
+
+    def full(self, key: str | None, size: int, d: int) -> StorageFullError:
+        cap = self.total()
+        used = self.node.used(L.LEVEL_GPU)
+        return StorageFullError(
+            f"cannot place {key!r} ({format_size(size)}) on GPU {d}: {format_size(cap - used)} free of "
+            f"{format_size(cap)} (raise {self.setting}, or allow Level.MEMORY)", key, Level.GPU, size, cap - used)
+
+    def unplace(self, idx: int, extent: int, flags: int) -> None:
+        if not extent:
+            return
+        node, eoff = self.node, self.node.layout.entry(idx)
+        with node.alloc_lock:
+            if L.entry_extent(node.buf, eoff) == extent:
+                L.set_entry_extent(node.buf, eoff, 0)
+            node.alloc.free_owned(extent, idx + 1)  # records are shared: freed into their own arena
+
+    def drop(self, idx: int, e: tuple[Any, ...]) -> None:
+        pass
+
+    def free_locked(self, idx: int, e: tuple[Any, ...]) -> None:
+        if e[L.E_EXTENT]:  # records are shared: the allocator frees it into its own arena's bins
+            self.node.alloc.free_owned(e[L.E_EXTENT], idx + 1)
+
+    def largest_free(self) -> int:
+        alloc = self.node.gpu_alloc(self.device())
+        if alloc is None:
+            return 0
+        with self.node.alloc_lock:
+            return max((size for _, size in alloc.free_extents()), default=0)
+
+    # ---- bytes ---------------------------------------------------------------------
+    def write(self, idx: int, gen: int, offset: int, flags: int, enc: Any, key: str) -> None:
+        if not enc.size:
+            return
+        cupy, _ = cupy_or_reason()
+        dst = self.array(offset, enc.size)
+        if enc.kind == L.KIND_NDARRAY and is_device_array(enc.src):
+            src = cupy.asarray(enc.src)
+            src = cupy.ascontiguousarray(src) if enc.array[2] == "C" else cupy.asfortranarray(src)
+            dst.data.copy_from_device(src.data, enc.size)
+        elif enc.kind == L.KIND_NDARRAY:
+            src = np.ascontiguousarray(enc.src) if enc.array[2] == "C" else np.asfortranarray(enc.src)
+            dst.data.copy_from_host(src.ctypes.data, enc.size)
+        else:
+            host = np.empty(enc.size, np.uint8)
+            serialize.write(enc, host, 0)
+            dst.data.copy_from_host(host.ctypes.data, enc.size)
+        cupy.cuda.get_current_stream().synchronize()
+
+    def sink(self, idx: int, gen: int, offset: int, size: int, key: str) -> DeviceSink:
+        return DeviceSink(self.array(offset, size))
+
+    def view(self, idx: int, gen: int, offset: int, nbytes: int) -> tuple[Any, int]:
+        return self.array(offset, nbytes), 0
+
+    def value(self, e: tuple[Any, ...], array: tuple[Any, ...] | None, token: Any) -> Any:
+        """The value of GPU entry ``e``: a CuPy array over the arena (``array`` = dtype, shape, order), raw
+        bytes as a uint8 CuPy array; a pickled value comes back to the host. ``token`` holds the pin."""
+        n, off = e[L.E_NBYTES], e[L.E_OFFSET]
+        if array is not None:
+            return self.array(off, n, token, array[0], tuple(array[1]), array[2])
+        data = self.array(off, e[L.E_SIZE] if e[L.E_KIND] == L.KIND_PICKLE else n, token)
+        if e[L.E_KIND] == L.KIND_RAW:
+            return data
+        host = np.empty(data.size, np.uint8)
+        to_host(host, data)
+        host.flags.writeable = False
+        return serialize.decode(e[L.E_KIND], host, n)
+
+    # ---- moves onto this level -----------------------------------------------------------
+    def charge_move_locked(self, idx: int, e: tuple[Any, ...]) -> None:
+        pass
+
+    def space_for_move(self, idx: int, size: int) -> tuple[int, int]:
+        d = self.device()
+        arena = self._arena(d)
+        node, eoff = self.node, self.node.layout.entry(idx)
+        with node.alloc_lock:
+            rec, off = arena.alloc(size, idx + 1)
+            if rec:
+                L.set_entry_target_extent(node.buf, eoff, rec)
+                return off, rec
+        raise self.full(None, size, d)
+
+    def write_move(self, idx: int, gen: int, offset: int, src: Any, size: int,
+                   progress: Callable[[int], None]) -> None:
+        if not size:
+            return
+        cupy, _ = cupy_or_reason()
+        dst = self.array(offset, size)
+        if is_device_array(src):
+            dst.data.copy_from_device(cupy.asarray(src).data, size)
+        else:
+            host = np.frombuffer(src, np.uint8, size)
+            dst.data.copy_from_host(host.ctypes.data, size)
+        cupy.cuda.get_current_stream().synchronize()
+        progress(size)
+
+    def abort_move(self, idx: int, e: tuple[Any, ...]) -> None:
+        node, eoff = self.node, self.node.layout.entry(idx)
+        with node.alloc_lock:
+            rec = L.entry_target_extent(node.buf, eoff)
+            L.set_entry_target_extent(node.buf, eoff, 0)
+            if rec:
+                node.alloc.free_owned(rec, idx + 1)
+            L.set_entry_flags(node.buf, eoff, L.entry_flags(node.buf, eoff) & ~L.FLAG_MOVING)
+
+    def close(self) -> None:
+        if self.owner:
+            self.release_arenas()
+            return
+        cupy, _ = cupy_or_reason()
+        with self._lock:
+            maps, self._maps = self._maps, {}
+        if cupy is not None:
+            for _, ptr, _how in maps.values():
+                try:
+                    cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+                except Exception:  # a finalizer-time close never raises
+                    pass
+
+
+class DeviceSink:
+    """A writer's target on the GPU: a device array over the object's bytes."""
+
+    def __init__(self, dst: Any) -> None:
+        self._dst: Any = dst
+
+    def write(self, data: Any, pos: int) -> None:
+        if self._dst is None or not len(data):
+            return
+        cupy, _ = cupy_or_reason()
+        piece = self._dst[pos: pos + len(data)]
+        if is_device_array(data):
+            piece[...] = cupy.asarray(data).view(cupy.uint8).reshape(-1)
+        else:
+            host = np.ascontiguousarray(np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data)
+            piece.data.copy_from_host(host.ctypes.data, host.nbytes)
+        cupy.cuda.get_current_stream().synchronize()
+
+    def buffer(self) -> Any:
+        return None  # a writer streams host bytes; an incoming transfer asks cuda_buffer()
+
+    def cuda_buffer(self) -> Any:
+        """The device array to receive into (CUDA-aware MPI)."""
+        return self._dst
+
+    def close(self) -> None:
+        self._dst = None
+
+    def abort(self) -> None:
+        self._dst = None
+
+
+class PinToken:
+    """Holds one pin of a GPU object while a CuPy array over it lives (the array's memory owner)."""
+
+    __slots__ = ("__weakref__",)
+
+
+def pin_token(release: Callable[[int, int], None], idx: int, gen: int) -> PinToken:
+    """A token whose collection releases the pin ``(idx, gen)``."""
+    token = PinToken()
+    weakref.finalize(token, release, idx, gen)
+    return token
