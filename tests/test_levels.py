@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import shmstore
-from shmstore import Level
 from shmstore.levels.protocol import StorageLevel
 from shmstore.levels.registry import LEVELS
 
