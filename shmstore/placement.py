@@ -26,9 +26,10 @@ from .spill import requests
 from .spill.policy import spill_candidates
 from .units import format_size
 
-__all__ = ["Placement", "DEFAULT_PUT_LEVELS"]
+__all__ = ["Placement", "DEFAULT_PUT_LEVELS", "DEVICE_PUT_LEVELS"]
 
 DEFAULT_PUT_LEVELS = (Level.MEMORY, Level.DISK)
+DEVICE_PUT_LEVELS = (Level.GPU, Level.MEMORY, Level.DISK)  # for device arrays: they stay on the device
 _WAKE_EVERY = 256  # small puts between two looks at the high watermark
 _SPILL_STALE = 5.0  # seconds without a spill process heartbeat before looking whether it is alive
 
@@ -51,9 +52,9 @@ class Placement:
             SpillError: making room failed (disk full, I/O error).
         """
         last: StorageFullError | None = None
-        for level in order:
+        for level in self.usable(order):
             try:
-                info = self._put_on(key, obj, self._check_level(level), overwrite)
+                info = self._put_on(key, obj, level, overwrite)
                 self.hint(info.stored)
                 return info
             except StorageFullError as exc:
@@ -123,9 +124,9 @@ class Placement:
         StorageFullError when its level has none.
         """
         last: StorageFullError | None = None
-        for level in order:
+        for level in self.usable(order):
             deadline = time.monotonic() + self.config.spill_timeout
-            lv = self.node.levels[self._check_level(level)]
+            lv = self.node.levels[level]
             while True:
                 try:
                     return make(int(level))
@@ -139,6 +140,18 @@ class Placement:
                         last = full
                         break
         raise last  # type: ignore[misc]
+
+    def usable(self, order: tuple[Level, ...]) -> tuple[Level, ...]:
+        """The levels of a priority list this process can use (``[GPU, MEMORY]`` on a node without a
+        GPU is ``[MEMORY]``).
+
+        Raises:
+            InvalidArgumentError: none of them, saying why for each.
+        """
+        out = tuple(lv for lv in order if lv in self.node.levels and not self.node.levels[lv].available())
+        if not out:
+            self._check_level(order[0])
+        return out
 
     def _check_level(self, level: Any) -> Level:
         """``level`` as a Level this process can use.
@@ -158,7 +171,7 @@ class Placement:
         kb = encode_key(key)
         _, e, _ = self.kernel.lookup(key, kb, False)
         if Level(e[L.E_LEVEL]) not in order:
-            self.move(key, order[0])
+            self.move(key, self.usable(order)[0])
 
     def move(self, key: str, level: Level, progress: Callable[[L.SpillState], None] | None = None) -> ObjectInfo:
         """Move ``key`` to ``level`` through the spill process; waits (``spill_timeout``).

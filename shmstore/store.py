@@ -19,7 +19,7 @@ from .kernel.check import check as check_node
 from .kernel.node import pid_alive, reap_children, store_prefix
 from .kernel.segment import Segment, list_segments, unlink_segment, unlink_semaphore
 from .levels import Capacity, Level, ObjectInfo, parse_levels
-from .placement import DEFAULT_PUT_LEVELS, Placement
+from .placement import DEFAULT_PUT_LEVELS, DEVICE_PUT_LEVELS, Placement
 from .streams import Reader, Writer
 
 __all__ = ["Store", "connect", "destroy", "collect_stale"]
@@ -111,7 +111,9 @@ class Store:
             overwrite: bool = False) -> ObjectInfo:
         """Store ``obj`` under ``key`` on the first level of ``levels`` with room.
 
-        ``levels`` defaults to ``[Level.MEMORY, Level.DISK]``. When MEMORY is
+        ``levels`` defaults to ``[Level.MEMORY, Level.DISK]`` (``[Level.GPU,
+        Level.MEMORY, Level.DISK]`` for a device array; levels this process
+        cannot use, GPU without CuPy or a device, are passed over). When MEMORY is
         full of spillable objects, the spill process makes room first (the
         put waits up to ``spill_timeout``); an object larger than the level
         goes to the next one at once. Numpy arrays, alone or inside
@@ -131,6 +133,8 @@ class Store:
             SerializationError, InvalidKeyError: bad input; nothing changes.
         """
         p = self._placement_checked()
+        if levels is None and hasattr(obj, "__cuda_array_interface__"):
+            levels = DEVICE_PUT_LEVELS  # a device array stays on the device where there is room
         if levels is not None:
             return p.put(key, obj, parse_levels(levels, DEFAULT_PUT_LEVELS), overwrite)
         try:  # the common case first: room in memory, nothing to wait for

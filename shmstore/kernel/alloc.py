@@ -128,7 +128,7 @@ class Allocator:
         mask = self.bin_mask() >> (k + 1)
         if not mask:
             return 0
-        return L.bin_head(buf, k + 1 + ((mask & -mask).bit_length() - 1))
+        return self._bin_head(k + 1 + ((mask & -mask).bit_length() - 1))
 
     def _find_highest(self, size: int, budget: int = 256) -> int:
         """The fitting free extent highest in the arena (looking at ``budget`` extents at most)."""

@@ -26,7 +26,7 @@ import os
 import socket
 import threading
 import weakref
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 from mpi4py import MPI
@@ -42,6 +42,8 @@ from ..levels import Level, parse_levels
 from ..placement import DEFAULT_PUT_LEVELS
 from ..store import Store
 from . import tags as T
+from .cuda import cuda_aware
+from .staging import recv_staged
 from .service import Service
 from .streams import RemoteReader, RemoteWriter
 
@@ -277,23 +279,27 @@ class Cluster:
         gen = L.entry_gen(kernel._buf, kernel._lay.entry(idx))
         sink = kernel.node.levels[Level(level)].sink(idx, gen, off, nbytes, "incoming transfer")
         try:
-            dst = sink.buffer()
-            staged = dst is None
-            if staged:
-                dst = np.empty(nbytes, np.uint8)  # the level has no buffer MPI could receive into
+            dst = sink.buffer()  # host memory MPI can receive into (the arena), or None
+            if dst is None and cuda_aware() and hasattr(sink, "cuda_buffer"):
+                dst = sink.cuda_buffer()  # the device array itself: CUDA-aware MPI receives into it
             if inline is not None:
-                dst[:] = np.frombuffer(inline, np.uint8)
-            elif nbytes:
+                if isinstance(dst, np.ndarray):
+                    dst[:] = np.frombuffer(inline, np.uint8)
+                else:
+                    sink.write(np.frombuffer(inline, np.uint8), 0)
+            elif nbytes and dst is not None:
                 self._receive_frames(src, dst, nbytes, handle, block)
-            if staged:
-                sink.write(dst, 0)
+            elif nbytes:  # a file or a device without CUDA-aware MPI: frames through host blocks
+                self._receive_frames(src, None, nbytes, handle, block, copy_in=lambda pos, n, b: sink.write(b, pos))
             sink.close()
         except BaseException:
             sink.abort()
             raise
 
-    def _receive_frames(self, src: int, dst: np.ndarray, nbytes: int, handle: int, block: int) -> None:
-        """Receive an object's frames into ``dst``, one thread per stream (this one runs the first)."""
+    def _receive_frames(self, src: int, dst: Any, nbytes: int, handle: int, block: int,
+                        copy_in: Callable[[int, int, np.ndarray], None] | None = None) -> None:
+        """Receive an object's frames into ``dst`` (host or device memory), or with ``copy_in`` through
+        host blocks handed to it; one thread per stream (this one runs the first)."""
         streams = max(1, min(self.streams, len(self._bulk)))
         tag, _ = self._rpc(src, T.DATA, handle, block, streams)
         plan, peer = T.frames(nbytes, block, streams), self._leaders[src]
@@ -301,6 +307,9 @@ class Cluster:
 
         def stream(i: int) -> None:
             try:
+                if copy_in is not None:
+                    recv_staged(self._bulk[i], peer, tag, plan[i::streams], copy_in)
+                    return
                 for pos, n in plan[i::streams]:
                     self._bulk[i].Recv([dst[pos: pos + n], MPI.BYTE], source=peer, tag=tag)
             except BaseException as exc:  # re-raised on the calling thread

@@ -27,7 +27,11 @@ from .. import errors
 from ..kernel import encode_key
 from ..kernel import layout as L
 from ..kernel import native
+from ..levels import Level
+from ..levels.gpu import GpuLevel, pin_token, to_host
 from . import tags as T
+from .cuda import cuda_aware
+from .staging import send_staged
 
 __all__ = ["Service", "HANDLE_TTL"]
 
@@ -109,16 +113,22 @@ class Service:
             idx, e, _ = k.lookup(key, encode_key(key), True)
         except errors.ObjectNotFoundError:
             return ("missing",)
-        lease = k.lease(idx, e)
+        lease = self._device_lease(idx, e) if e[L.E_LEVEL] == L.LEVEL_GPU else k.lease(idx, e)
         meta = (e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS],
                 L.entry_array_bytes(k._buf, k._lay.entry(idx)) if e[L.E_KIND] == L.KIND_NDARRAY else None)
         if e[L.E_NBYTES] <= inline_max:
-            data = lease.tobytes()
+            data = _host_bytes(lease)
             self._count_sent(len(data))
             return ("ok", meta, data, 0)
         h = next(self._ids)
         self._leases[h] = (lease, time.monotonic() + HANDLE_TTL)
         return ("ok", meta, None, h)
+
+    def _device_lease(self, idx: int, e: tuple[Any, ...]) -> Any:
+        """The stored bytes of a GPU object (pinned by the caller) as a device array holding the pin."""
+        gpu = self.kernel.node.levels[Level.GPU]
+        assert isinstance(gpu, GpuLevel)
+        return gpu.array(e[L.E_OFFSET], e[L.E_NBYTES], pin_token(self.kernel._release, idx, e[L.E_GEN]))
 
     def _on_data(self, src: int, tag: int, handle: int, block: int, streams: int = 1) -> Any:
         entry = self._leases.pop(handle, None)
@@ -128,9 +138,13 @@ class Service:
         streams = max(1, min(int(streams), len(self.cluster._bulk)))
         self.comm.send(("ok", lease.nbytes), dest=src, tag=tag)
         bulk = self.cluster._bulk
-        reqs = [bulk[i % streams].Isend([lease[pos: pos + n], MPI.BYTE], dest=src, tag=tag)
-                for i, (pos, n) in enumerate(T.frames(lease.nbytes, block, streams))]
-        wait_quietly(reqs)
+        plan = T.frames(lease.nbytes, block, streams)
+        if hasattr(lease, "__cuda_array_interface__") and not cuda_aware():  # device bytes through host blocks
+            send_staged(bulk[:streams], src, tag, plan, lambda pos, n, b: to_host(b, lease[pos: pos + n]))
+        else:  # host memory, or device memory handed to a CUDA-aware MPI as it is
+            reqs = [bulk[i % streams].Isend([lease[pos: pos + n], MPI.BYTE], dest=src, tag=tag)
+                    for i, (pos, n) in enumerate(plan)]
+            wait_quietly(reqs)
         self._count_sent(lease.nbytes)
         return _NO_REPLY
 
@@ -208,3 +222,12 @@ def wait_quietly(reqs: list[Any]) -> None:
     calls busy-poll, which would take a core from them), this end only sees them finish."""
     while not MPI.Request.Testall(reqs):
         time.sleep(_BUSY_PAUSE)
+
+
+def _host_bytes(lease: Any) -> bytes:
+    """The bytes of a lease (host or device memory)."""
+    if hasattr(lease, "__cuda_array_interface__"):
+        host = np.empty(lease.nbytes, np.uint8)
+        to_host(host, lease)
+        return host.tobytes()
+    return bytes(lease.tobytes())

@@ -1,0 +1,203 @@
+"""The GPU level: what runs without a device here, what needs one (``-m gpu``, skipped without CuPy/a device).
+
+Without a device: the CUDA-awareness override, the library probe's parsing,
+priority lists that name the GPU on a node without one, and the GPU arena's
+metadata (the allocator range, its crash rebuild, dropping the objects of an
+arena whose owning spill process died) on a real store. The staging
+pipeline over host buffers runs in tests/mpi. ``scripts/gpu-check.sh`` runs
+the device tests and a device benchmark where a GPU is.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import shmstore
+from shmstore import Level
+from shmstore.kernel import layout as L
+from shmstore.kernel.alloc import Allocator
+from shmstore.kernel.janitor import drop_lost_gpu_arenas
+from shmstore.levels.gpu import cupy_or_reason, device_of
+
+from helpers import Child, wait_for
+
+try:  # MPI opens its descriptors once, at import: before the tests' leak check counts them
+    from mpi4py import MPI  # noqa: F401
+except ImportError:
+    pass
+
+MiB = 1 << 20
+_, NO_GPU = cupy_or_reason()
+needs_device = pytest.mark.skipif(NO_GPU is not None, reason=f"GPU level unavailable: {NO_GPU}")
+
+
+# ---- without a device -------------------------------------------------------------------
+
+def test_cuda_aware_override_parses_and_rejects_nonsense():
+    pytest.importorskip("mpi4py")
+    from shmstore.mpi.cuda import parse_override
+    assert [parse_override(v) for v in (None, "", "auto", "1", "yes", "ON", "0", "false", "off")] == \
+        [None, None, None, True, True, True, False, False, False]
+    with pytest.raises(shmstore.ConfigError, match="SHMSTORE_CUDA_AWARE"):
+        parse_override("maybe")
+
+
+def test_mpi_library_found_in_the_process_maps():
+    pytest.importorskip("mpi4py")
+    from shmstore.mpi.cuda import mpi_libraries
+    maps = [
+        "7f00-7f10 r-xp 00000000 08:01 123 /usr/lib/x86_64-linux-gnu/libc.so.6",
+        "7f20-7f30 r-xp 00000000 08:01 456 /opt/venv/lib/python3.11/site-packages/mpich/lib/libmpi.so.12.4.3",
+        "7f30-7f40 r--p 00010000 08:01 456 /opt/venv/lib/python3.11/site-packages/mpich/lib/libmpi.so.12.4.3",
+        "7f50-7f60 rw-p 00000000 00:00 0",
+        "7f70-7f80 r-xp 00000000 08:01 789 /usr/lib/libmpi_cxx.so.40",
+    ]
+    assert mpi_libraries(maps) == ["/opt/venv/lib/python3.11/site-packages/mpich/lib/libmpi.so.12.4.3",
+                                   "/usr/lib/libmpi_cxx.so.40"]
+
+
+@pytest.mark.skipif(NO_GPU is None, reason="a GPU is here: this checks the node without one")
+def test_priority_lists_pass_over_a_gpu_this_node_lacks(store):
+    info = store.put("k", np.arange(10), levels=[Level.GPU, Level.MEMORY])
+    assert info.level == Level.MEMORY
+    with pytest.raises(shmstore.InvalidArgumentError, match="CuPy|device"):
+        store.put("g", np.arange(10), levels=[Level.GPU])
+    with pytest.raises(shmstore.InvalidArgumentError, match="CuPy|device"):
+        store.move("k", Level.GPU)
+    assert Level.GPU not in store.get_capacity()
+    assert store.check() == []
+
+
+def _fake_dead_owner() -> int:
+    """The pid of a process that has exited (the spill process that held the arena)."""
+    child = Child("print('bye')")
+    child.readline()
+    child.wait()
+    return child.pid
+
+
+def test_gpu_arena_metadata_on_a_real_store(store):
+    """Without a device the arena's bytes cannot exist, but its bookkeeping can: a GPU arena registered in
+    the metadata is cut by the shared allocator, checked by check(), kept by the crash rebuild, and when
+    its owner dies its objects are dropped and their space goes back to it."""
+    node = store._node
+    buf, lay, d, cap = node.buf, node.layout, 1, 8 * MiB
+    # the spill process drops lost arenas when it starts: let it start first, this test does it by hand
+    assert wait_for(lambda: L.unpack_spill_state(buf).heartbeat > 0, timeout=20)
+    with node.alloc_lock:
+        L.set_gpu(buf, lay, d, device=d, base=L.gpu_base(d), capacity=cap, owner=_fake_dead_owner(), epoch=1)
+        Allocator(buf, lay, cap, gpu=d).init_arena()
+        L.set_gpu(buf, lay, d, state=L.GPU_READY)
+    assert store.check() == []
+    # two objects on it, written into the table the way a put on the GPU level writes them
+    arena = node.gpu_alloc(d)
+    keys = {}
+    for i, size in enumerate((MiB, 3 * MiB)):
+        k = f"g{i}"
+        kb = k.encode()
+        idx, gen = store.kernel._cache.take_entry(k)
+        h, b, stripe = node.table.locate(store.kernel.sid, kb)
+        with node.stripes[stripe]:
+            with node.alloc_lock:
+                rec, off = arena.alloc(size, idx + 1)
+                assert rec and device_of(off) == d
+            L.ENTRY_HEAD.pack(buf, lay.entry(idx), offset=off, size=size, nbytes=size, hash=h, gen=gen, extent=rec,
+                              keylen=len(kb), session=store.kernel.sid, state=L.SEALED, level=L.LEVEL_GPU)
+            L.set_entry_key(buf, lay.entry(idx), kb)
+            L.add_stripe_stats(buf, lay.stripe_stats(stripe), L.LEVEL_GPU, size, 1)
+            node.table.link(idx, b)
+        keys[k] = size
+    assert store.check() == []
+    assert sorted(i.key for i in store.list(Level.GPU)) == ["g0", "g1"]
+    with node.alloc_lock:  # a process died holding the ALLOC lock: the rebuild keeps both arenas tiled
+        from shmstore.kernel.repair import rebuild_allocator
+        rebuild_allocator(node)
+    assert store.check() == []
+    assert drop_lost_gpu_arenas(node) == 2  # the owner is dead: the objects went with its device memory
+    assert L.unpack_gpu(buf, lay, d).state == L.GPU_LOST
+    assert "g0" not in store and "g1" not in store and not store.list(Level.GPU)
+    assert node.used(L.LEVEL_GPU) == 0
+    lost = Allocator(buf, lay, cap, gpu=d)
+    assert lost.free_extents() == [(L.gpu_base(d), cap)]  # every byte back, ready to be made again
+    assert store.check() == []
+
+
+# ---- with a device ------------------------------------------------------------------------
+
+@pytest.fixture
+def cp():
+    import cupy
+    return cupy
+
+
+@pytest.fixture
+def gstore(name, tmp_path):
+    with shmstore.connect(name, capacity="64MiB", gpu_capacity="64MiB", spill_dir=str(tmp_path)) as s:
+        yield s
+
+
+@pytest.mark.gpu
+@needs_device
+def test_device_array_stays_on_the_device_and_comes_back_zero_copy(gstore, cp):
+    a = cp.arange(1 << 20, dtype=cp.float32)
+    info = gstore.put("a", a)  # a device array: GPU first by default
+    assert info.level == Level.GPU
+    got = gstore.get("a")
+    assert isinstance(got, cp.ndarray) and bool((got == a).all())
+    again = gstore.get("a")
+    assert got.data.ptr == again.data.ptr  # one shared allocation, no copy
+    assert gstore.get_info("a").pinned
+    del got, again
+    assert gstore.check() == []
+
+
+@pytest.mark.gpu
+@needs_device
+def test_another_process_gets_a_view_through_cuda_ipc(gstore, cp):
+    gstore.put("a", cp.full((1000,), 7, cp.int64))
+    child = Child("""
+import os, shmstore, cupy
+with shmstore.connect(os.environ['N'], spill_dir=os.environ['D']) as s:
+    a = s.get('a')
+    print(type(a).__name__, int(a.sum()), flush=True)
+""", env={"N": gstore.name, "D": gstore.config.spill_dir})
+    assert child.readline() == "ndarray 7000"
+    child.wait()
+
+
+@pytest.mark.gpu
+@needs_device
+def test_host_up_device_down_zero_length_and_spill(gstore, cp):
+    gstore.put("host", np.arange(1000), levels=[Level.GPU])  # copied up
+    assert int(gstore.get("host").sum()) == sum(range(1000))
+    gstore.put("dev", cp.arange(1000), levels=[Level.MEMORY])  # copied down
+    assert isinstance(gstore.get("dev"), np.ndarray) and int(gstore.get("dev").sum()) == sum(range(1000))
+    gstore.put("empty", cp.empty((0, 4)), levels=[Level.GPU])  # no pointer reaches CUDA
+    assert gstore.get("empty").shape == (0, 4)
+    gstore.put("big", cp.ones(4 * MiB, cp.uint8), levels=[Level.GPU])
+    gstore.move("big", Level.MEMORY)
+    gstore.move("big", Level.DISK)
+    gstore.move("big", Level.GPU)
+    assert int(gstore.get("big").sum()) == 4 * MiB
+    assert gstore.check() == []
+
+
+@pytest.mark.gpu
+@needs_device
+def test_torch_cuda_tensor_is_accepted(gstore):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    t = torch.arange(100, device="cuda")
+    gstore.put("t", t)
+    assert int(gstore.get("t").sum()) == sum(range(100))
+
+
+def test_gpu_marker_tests_skip_with_a_reason_here():
+    """Where no device is, the device tests above are skipped (never counted as passing) with the reason."""
+    if NO_GPU is None:
+        pytest.skip("a GPU is here")
+    assert "CuPy" in NO_GPU or "device" in NO_GPU or "SHMSTORE_NO_GPU" in NO_GPU
+    assert os.environ.get("CUDA_VISIBLE_DEVICES", "") != "unused"  # nothing else to check without a device
