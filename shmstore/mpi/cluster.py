@@ -99,6 +99,16 @@ class Cluster:
         self._closed = False
         _OPEN.add(self)
 
+    @property
+    def comm(self) -> MPI.Comm:
+        """The job's communicator as the cluster uses it (a private duplicate: its traffic never meets yours)."""
+        return self._comm
+
+    def barrier(self) -> None:
+        """A barrier over every rank of the cluster."""
+        self._check()
+        self._comm.Barrier()
+
     @classmethod
     def opened(cls, name: str | None = None) -> "Cluster | None":
         """A Cluster this process has open (over the store ``name``, if given), else None.
