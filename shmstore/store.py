@@ -11,6 +11,8 @@ import os
 import time
 from typing import Any, Iterable
 
+import numpy as np
+
 from .config import Config
 from .errors import ShmStoreError, StorageFullError, StoreClosedError, StoreInUseError
 from .kernel import Kernel, NodeStore
@@ -23,6 +25,8 @@ from .placement import DEFAULT_PUT_LEVELS, DEVICE_PUT_LEVELS, Placement
 from .streams import Reader, Writer
 
 __all__ = ["Store", "connect", "destroy", "collect_stale"]
+
+_HOST_TYPES = frozenset((np.ndarray, bytes, bytearray, memoryview, dict, list, tuple, str, int, float))
 
 
 class Store:
@@ -133,7 +137,7 @@ class Store:
             SerializationError, InvalidKeyError: bad input; nothing changes.
         """
         p = self._placement_checked()
-        if levels is None and hasattr(obj, "__cuda_array_interface__"):
+        if levels is None and type(obj) not in _HOST_TYPES and hasattr(obj, "__cuda_array_interface__"):
             levels = DEVICE_PUT_LEVELS  # a device array stays on the device where there is room
         if levels is not None:
             return p.put(key, obj, parse_levels(levels, DEFAULT_PUT_LEVELS), overwrite)

@@ -66,13 +66,16 @@ class Puts:
             SerializationError: bad input; nothing changes.
             InvalidArgumentError: the level is not available here.
         """
-        lv = self.level(key, level)
         enc = serialize.encode(obj)
-        if level == _MEMORY and not overwrite and self._fast is not None and enc.kind != L.KIND_PICKLE \
-                and enc.size <= self._cache.small_max and not enc.device:
-            info = self._fast_put(key, kb, enc)
-            if info is not None:
-                return info
+        if level == _MEMORY:
+            lv: StorageLevel = self._memory
+            if not overwrite and self._fast is not None and enc.kind != L.KIND_PICKLE \
+                    and enc.size <= self._cache.small_max and not enc.device:
+                info = self._fast_put(key, kb, enc)
+                if info is not None:
+                    return info
+        else:
+            lv = self.level(key, level)
         idx, off, stored, ctime, stripe = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta,
                                                        level, shadow=overwrite)
         try:
