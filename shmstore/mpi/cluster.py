@@ -8,8 +8,9 @@ also splits one host into several emulated nodes (their stores never share
 memory: the node id is part of the segment names).
 
 The lowest rank of each node (its leader) runs the node's :class:`Service`.
-Locating a key asks every node (no directory to keep in sync, so a key is
-locatable as soon as ``put`` returns); a fetch goes through the node's
+Locating a key asks its home node's share of the location directory
+(``directory.py``: a bounded number of messages whatever the node count;
+a key is locatable as soon as ``put`` returns); a fetch goes through the node's
 migration map, so concurrent requests for one key cause one transfer; the
 bytes go from the source's arena (or spill file) straight into the
 destination's arena as a few raw frames, whatever the number of blobs.
@@ -43,6 +44,7 @@ from ..placement import DEFAULT_PUT_LEVELS
 from ..store import Store
 from . import tags as T
 from .cuda import cuda_aware
+from .directory import home_of
 from .staging import recv_staged
 from .service import Service
 from .streams import RemoteReader, RemoteWriter
@@ -183,10 +185,37 @@ class Cluster:
         self._check()
         info = self.store.put(key, obj, levels, overwrite)
         if overwrite:
-            for i in range(len(self.nodes)):
+            for i in self._dir(T.DIR_GET, key):
                 if i != self.node_index:
                     self._delete_on(i, key)
+                    self._dir(T.DIR_DROP, key, i)
+        self._dir(T.DIR_ADD, key, self.node_index)
         return info
+
+    def publish(self, keys: Iterable[str] | str) -> None:
+        """Make objects put on this node through a plain ``shmstore.connect()`` locatable from every node.
+
+        Raises:
+            ObjectNotFoundError: this node has no such object.
+        """
+        self._check()
+        for key in [keys] if isinstance(keys, str) else list(keys):
+            if key not in self.store:
+                raise errors.ObjectNotFoundError(f"no object {key!r} on node {self.node!r} to publish", key)
+            self._dir(T.DIR_ADD, key, self.node_index)
+
+    def _dir(self, kind: str, key: str, *args: Any) -> Any:
+        """A request to ``key``'s home node's share of the directory (answered there at once)."""
+        home = home_of(key, len(self.nodes))
+        if home == self.node_index and self._service is not None:  # this rank keeps it
+            d = self._service.directory
+            if kind == T.DIR_GET:
+                return d.get(key)
+            if kind == T.DIR_TAKE:
+                return d.take(key)
+            (d.add if kind == T.DIR_ADD else d.drop)(key, *args)
+            return None
+        return self._rpc(home, kind, key, *args)[1][1]
 
     def get(self, key: str, fetch: bool = True, conditions: Any = None,
             levels: Iterable[Level] | Level | None = None) -> Any:
@@ -243,6 +272,7 @@ class Cluster:
             try:
                 if key not in self.store:
                     self._transfer_from_any(key, source, levels, block)
+                    self._dir(T.DIR_ADD, key, self.node_index)  # a new copy: others may fetch from here
             except BaseException as exc:
                 migrations.finish(node, slot, f"{type(exc).__name__}:{exc}")
                 raise
@@ -252,12 +282,20 @@ class Cluster:
             raise errors.TransferError(f"transfer of {key!r} into node {self.node!r} kept being interrupted", key)
 
     def _transfer_from_any(self, key: str, source: int | None, levels: Any, block: int) -> None:
-        """Ask ``source`` (else each other node in turn) for ``key``; transfer it from the first that has it."""
-        candidates = [source] if source is not None else [i for i in range(len(self.nodes)) if i != self.node_index]
+        """Transfer ``key`` from ``source``, else from a holder the directory names (one round trip to
+        the key's home, one to the holder); a holder without it is dropped from the directory."""
+        if source is not None:
+            candidates = [source]
+        else:
+            holders = [i for i in self._dir(T.DIR_GET, key) if i != self.node_index]
+            k = self.node_index % len(holders) if holders else 0
+            candidates = holders[k:] + holders[:k]  # nodes start at different holders: load spreads
         for src in candidates:
             _, reply = self._rpc(src, T.LOOKUP, key, T.INLINE_MAX)  # pins it there if found
             if reply[0] != "missing":
                 return self._transfer(key, src, reply, levels, block)
+            if source is None:
+                self._dir(T.DIR_DROP, key, src)  # removed behind the directory's back
         raise errors.ObjectNotFoundError(f"no node has {key!r} (nodes: {self.nodes})", key)
 
     def _transfer(self, key: str, src: int, reply: tuple[Any, ...], levels: Any, block: int) -> None:
@@ -342,8 +380,9 @@ class Cluster:
             ObjectNotFoundError: no node has it. TransferError: the transfer failed.
         """
         self._check()
+        encode_key(key)
         dest = self._node_index(node)
-        holders = [self._node_index(n) for n in self.locate(key)]
+        holders = self._dir(T.DIR_GET, key)
         if not holders:
             raise errors.ObjectNotFoundError(f"no node has {key!r}", key)
         if dest not in holders:
@@ -351,27 +390,25 @@ class Cluster:
             if dest == self.node_index:
                 self._fetch_one(key, src, None, self.block_size)
             else:
-                self._rpc(dest, T.PULL, key, src, self.block_size)
+                self._rpc(dest, T.PULL, key, src, self.block_size)  # the pull registers the new copy
         if not keep_source:
             for n in holders:
                 if n != dest:
                     self._delete_on(n, key)
+                    self._dir(T.DIR_DROP, key, n)
 
     def locate(self, key: str) -> list[str]:
-        """Nodes holding a copy of ``key`` (asks every node)."""
+        """Nodes holding a copy of ``key``, as the directory knows them (one round trip to its home)."""
         self._check()
         encode_key(key)
-        found = []
-        for i, name in enumerate(self.nodes):
-            has = (key in self.store) if i == self.node_index else self._rpc(i, T.HAS, key)[1][1]
-            if has:
-                found.append(name)
-        return found
+        return [self.nodes[i] for i in sorted(self._dir(T.DIR_GET, key))]
 
     def delete(self, key: str) -> int:
-        """Delete every copy of ``key``; returns how many there were."""
+        """Delete every copy of ``key`` the directory knows; returns how many there were."""
         self._check()
-        return sum(self._delete_on(i, key) for i in range(len(self.nodes)))
+        encode_key(key)
+        holders = self._dir(T.DIR_TAKE, key)
+        return sum(self._delete_on(i, key) for i in holders)
 
     def _delete_on(self, node: int, key: str) -> bool:
         if node == self.node_index:
@@ -398,7 +435,7 @@ class Cluster:
         self._check()
         n = self.node_index if node is None else self._node_index(node)
         if n == self.node_index:
-            return self.store.open_writer(key, size)
+            return _Published(self, self.store.open_writer(key, size), key)
         return RemoteWriter(self, n, key, size)
 
     def stats(self) -> dict[str, int]:
@@ -453,3 +490,28 @@ def _shared_error(key: str, node: str, err: str) -> Exception:
 
 
 _KEYED = (errors.ObjectNotFoundError, errors.ObjectExistsError, errors.ObjectLockedError, errors.SpillError)
+
+
+class _Published:
+    """A local writer that registers its object in the directory once sealed."""
+
+    def __init__(self, cluster: Cluster, writer: Any, key: str) -> None:
+        self._cluster, self._writer, self.key = cluster, writer, key
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._writer, name)
+
+    def close(self) -> None:
+        closed = self._writer.closed
+        self._writer.close()
+        if not closed:
+            self._cluster._dir(T.DIR_ADD, self.key, self._cluster.node_index)
+
+    def __enter__(self) -> "_Published":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._writer.abort()

@@ -31,6 +31,7 @@ from ..levels import Level
 from ..levels.gpu import GpuLevel, pin_token, to_host
 from . import tags as T
 from .cuda import cuda_aware
+from .directory import Directory
 from .staging import send_staged
 
 __all__ = ["Service", "HANDLE_TTL"]
@@ -58,6 +59,7 @@ class Service:
         self._writers: dict[int, Any] = {}
         self._stop = threading.Event()
         self._pulls: list[threading.Thread] = []
+        self.directory = Directory()  # this node's share of the location directory (see directory.py)
         self._thread = threading.Thread(target=self._loop, name="shmstore-mpi-service", daemon=True)
 
     def start(self) -> None:
@@ -176,6 +178,21 @@ class Service:
         self._pulls.append(t)
         t.start()
         return _NO_REPLY
+
+    # ---- the directory: answered at once, never waiting on anyone ------------------------
+    def _on_dir_add(self, src: int, tag: int, key: str, node: int) -> tuple[Any, ...]:
+        self.directory.add(key, node)
+        return ("ok", None)
+
+    def _on_dir_drop(self, src: int, tag: int, key: str, node: int) -> tuple[Any, ...]:
+        self.directory.drop(key, node)
+        return ("ok", None)
+
+    def _on_dir_get(self, src: int, tag: int, key: str) -> tuple[Any, ...]:
+        return ("ok", self.directory.get(key))
+
+    def _on_dir_take(self, src: int, tag: int, key: str) -> tuple[Any, ...]:
+        return ("ok", self.directory.take(key))
 
     def _on_read(self, src: int, tag: int, key: str, offset: int, n: int) -> tuple[Any, ...]:
         with self.store.open_reader(key) as r:

@@ -81,6 +81,7 @@ class RemoteWriter:
         if not self.closed:
             self.closed = True
             self._cluster._rpc(self._node, T.WCLOSE, self._handle, False)
+            self._cluster._dir(T.DIR_ADD, self.key, self._node)  # sealed there: locatable from now on
 
     def abort(self) -> None:
         if not self.closed:

@@ -33,6 +33,10 @@ READ = "read"          # (key, offset, n) -> bytes | None
 WOPEN = "wopen"        # (key, size) -> handle | error string
 WRITE = "write"        # (handle, bytes) -> None | error string
 WCLOSE = "wclose"      # (handle, abort) -> None | error string
+DIR_ADD = "dir_add"    # (key, node) -> None: node holds a copy (to the key's home node)
+DIR_DROP = "dir_drop"  # (key, node) -> None: node holds none any more
+DIR_GET = "dir_get"    # (key,) -> [node, ...] holding a copy
+DIR_TAKE = "dir_take"  # (key,) -> [node, ...], and the key is forgotten (a delete of every copy)
 
 INLINE_MAX = 64 << 10      # objects up to this size travel inside the reply
 DEFAULT_BLOCK = 256 << 20  # bytes per bulk frame

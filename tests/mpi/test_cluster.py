@@ -13,6 +13,7 @@ import pytest
 import shmstore
 from shmstore import Level
 from shmstore.kernel import layout as L
+from shmstore.mpi import tags as T
 
 
 def leader_of(cluster, node: int) -> int:
@@ -339,4 +340,77 @@ def test_staged_frames_cross_intact_in_order_with_copies_overlapping(cluster, co
     finally:
         for c in comms:
             c.Free()
+    comm.Barrier()
+
+
+def test_directory_homes_are_stable_and_spread():
+    from shmstore.mpi.directory import home_of
+    homes = [home_of(f"key-{i}", 8) for i in range(4000)]
+    assert homes == [home_of(f"key-{i}", 8) for i in range(4000)]
+    assert min(homes.count(h) for h in range(8)) > 350  # every node gets its share
+
+
+def test_directory_knows_published_and_fetched_copies_and_heals_stale_entries(cluster, comm, key):
+    last = last_node(cluster)
+    if comm.rank == leader_of(cluster, 0):
+        cluster.store.put(key, np.arange(10))  # a plain local put: found on its own node only
+    comm.Barrier()
+    assert cluster.locate(key) == []
+    comm.Barrier()
+    if comm.rank == leader_of(cluster, 0):
+        cluster.publish(key)
+        with pytest.raises(shmstore.ObjectNotFoundError):
+            cluster.publish(key + "-nothing")
+    comm.Barrier()
+    assert cluster.locate(key) == [cluster.nodes[0]]
+    comm.Barrier()
+    if cluster.node_index == last:
+        assert int(cluster.get(key).sum()) == 45
+    comm.Barrier()
+    assert cluster.locate(key) == sorted({cluster.nodes[0], cluster.nodes[last]}, key=cluster.nodes.index)
+    comm.Barrier()
+    if last and comm.rank == leader_of(cluster, 0):
+        cluster.store.delete(key)  # behind the directory's back: node 0's entry is stale now
+    comm.Barrier()
+    if last and comm.rank == leader_of(cluster, last):
+        cluster.store.delete(key)
+        with pytest.raises(shmstore.ObjectNotFoundError):
+            cluster.get(key)  # asks node 0 (the directory says so), finds nothing, drops the entry
+        assert cluster.nodes[0] not in cluster.locate(key)
+    comm.Barrier()
+
+
+def test_directory_stays_exact_under_concurrent_put_fetch_migrate_delete(cluster, comm, key):
+    """Every rank puts, fetches, migrates and deletes shared keys at once; afterwards every key's directory
+    entry must equal the nodes that really hold it (asked one by one, as locate did before the directory)."""
+    import random
+    rng = random.Random(1000 + comm.rank)
+    n = 12
+    mine = [f"{key}-{comm.rank}-{i}" for i in range(n)]
+    for k in mine:
+        cluster.put(k, np.full(1000, comm.rank))
+    comm.Barrier()
+    every = [f"{key}-{r}-{i}" for r in range(comm.size) for i in range(n)]
+    for _ in range(40):
+        k = rng.choice(every)
+        op = rng.random()
+        try:
+            if op < 0.4:
+                cluster.get(k)
+            elif op < 0.6:
+                cluster.migrate(k, rng.choice(cluster.nodes), keep_source=rng.random() < 0.5)
+            elif op < 0.75:
+                cluster.delete(k)
+            else:
+                cluster.put(k, np.full(1000, -1), overwrite=True)
+        except (shmstore.ObjectNotFoundError, shmstore.ObjectLockedError):
+            pass  # deleted or being written by another rank meanwhile
+    comm.Barrier()
+    for k in every[comm.rank::comm.size]:
+        truth = [name for i, name in enumerate(cluster.nodes)
+                 if (k in cluster.store if i == cluster.node_index else cluster._rpc(i, T.HAS, k)[1][1])]
+        assert cluster.locate(k) == truth, k
+    comm.Barrier()
+    for k in every[comm.rank::comm.size]:
+        cluster.delete(k)
     comm.Barrier()

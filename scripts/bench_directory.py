@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Lookup costs against the node count: remote small get, locate and a miss, next to a raw MPI round trip.
+
+    for n in 2 4 8; do
+        hosts=$(python -c "print(','.join(f'n{i}:1' for i in range($n)))")
+        mpiexec -launcher fork -hosts $hosts -n $n python -m mpi4py scripts/bench_directory.py
+    done
+
+One rank per emulated node. Before the Cluster exists, rank 0 and the last
+rank time an 8-byte ``Send``/``Recv`` round trip (the raw baseline). Then
+rank 0 times, for keys put on the last node: a 64-byte ``get`` that fetches
+(the local copy is deleted between repeats), ``locate``, and a ``get`` of a
+key no node has. With the location directory each costs a bounded number of
+round trips whatever the node count (a miss: one to the key's home; a
+remote get: one to the home, one to the holder), so the ratios should stay
+flat from 2 to 8 nodes. Other ranks wait without spinning (MPICH
+busy-polls in blocking calls; 8 ranks share 2 cores here). Medians.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import uuid
+import os
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mpi4py import MPI  # noqa: E402
+
+import shmstore  # noqa: E402
+from shmstore.mpi import Cluster  # noqa: E402
+
+
+def quiet_barrier(comm) -> None:
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.0005)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=200)
+    args = ap.parse_args(argv)
+    world = MPI.COMM_WORLD
+    last = world.size - 1
+    buf = np.zeros(8, np.uint8)
+    rtts = []
+    for _ in range(args.repeats):
+        if world.rank == 0:
+            t = time.perf_counter()
+            world.Send(buf, dest=last)
+            world.Recv(buf, source=last)
+            rtts.append(time.perf_counter() - t)
+        elif world.rank == last:
+            world.Recv(buf, source=0)
+            world.Send(buf, dest=0)
+    quiet_barrier(world)
+    name = "bd" + uuid.uuid4().hex[:8]
+    name = world.bcast(name)
+    with Cluster(name=name, capacity="64MiB", prefault=0) as cluster:
+        keys = [f"k{i}" for i in range(args.repeats)]
+        if world.rank == last:
+            for k in keys:
+                cluster.put(k, np.full(8, 1, np.int64))  # 64 bytes
+        quiet_barrier(world)
+        gets, locates, misses = [], [], []
+        if world.rank == 0:
+            for k in keys:
+                t = time.perf_counter()
+                cluster.get(k)
+                gets.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                cluster.locate(k)
+                locates.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                try:
+                    cluster.get(k + "-missing")
+                except shmstore.ObjectNotFoundError:
+                    pass
+                misses.append(time.perf_counter() - t)
+        quiet_barrier(world)
+    if world.rank == 0:
+        r = statistics.median(rtts)
+        g, lo, m = statistics.median(gets), statistics.median(locates), statistics.median(misses)
+        print(f"{world.size} nodes: raw 8 B round trip {r * 1e6:.1f} us | remote 64 B get {g * 1e6:.0f} us "
+              f"({g / r:.0f}x) | locate {lo * 1e6:.0f} us ({lo / r:.0f}x) | miss {m * 1e6:.0f} us ({m / r:.0f}x)",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
