@@ -172,7 +172,8 @@ class Cluster:
     # ---- objects ---------------------------------------------------------------
     def put(self, key: str, obj: Any, levels: Iterable[Level] | Level | None = None,
             overwrite: bool = False) -> Any:
-        """Put ``obj`` in this node's store; locatable from every node when it returns.
+        """Put ``obj`` in this node's store; locatable from every node when it returns (it is registered
+        with the key's home node in the location directory).
 
         With ``overwrite=True`` this node's copy is replaced atomically (see
         :meth:`shmstore.Store.put`) and the copies other nodes hold are
@@ -307,6 +308,10 @@ class Cluster:
             res = self.store._placement.place(
                 key, order, lambda level: (level,) + kernel.reserve(key, kb, kind, nbytes, nbytes, nblobs, meta,
                                                                     level=level))
+        except errors.ObjectExistsError:  # put here meanwhile (an overwrite on this node): what we wanted
+            if handle:
+                self._rpc(src, T.RELEASE, handle)
+            return
         except BaseException:
             if handle:
                 self._rpc(src, T.RELEASE, handle)
