@@ -8,9 +8,9 @@
 
 One rank per emulated node. Before the Cluster exists, rank 0 and the last
 rank time an 8-byte ``Send``/``Recv`` round trip (the raw baseline). Then
-rank 0 times, for keys put on the last node: a 64-byte ``get`` that fetches
-(the local copy is deleted between repeats), ``locate``, and a ``get`` of a
-key no node has. With the location directory each costs a bounded number of
+rank 0 times, for keys put on the last node: a 64-byte ``get`` that fetches,
+``locate``, a ``get`` of a key no node has, and 1,000 small keys fetched one
+by one against ``get_many`` of 1,000 others. With the location directory each costs a bounded number of
 round trips whatever the node count (a miss: one to the key's home; a
 remote get: one to the home, one to the holder), so the ratios should stay
 flat from 2 to 8 nodes. Other ranks wait without spinning (MPICH
@@ -43,6 +43,7 @@ def quiet_barrier(comm) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=1000, help="small keys fetched one by one, then with get_many")
     args = ap.parse_args(argv)
     world = MPI.COMM_WORLD
     last = world.size - 1
@@ -81,7 +82,25 @@ def main(argv: list[str] | None = None) -> int:
                 except shmstore.ObjectNotFoundError:
                     pass
                 misses.append(time.perf_counter() - t)
+        batch = [f"b{i}" for i in range(args.batch)]
+        single = [f"s{i}" for i in range(args.batch)]
+        if world.rank == last:
+            for k in batch + single:
+                cluster.put(k, np.full(8, 2, np.int64))
         quiet_barrier(world)
+        one_by_one = many = 0.0
+        if world.rank == 0 and args.batch:
+            t = time.perf_counter()
+            for k in single:
+                cluster.get(k)
+            one_by_one = time.perf_counter() - t
+            t = time.perf_counter()
+            cluster.get_many(batch)
+            many = time.perf_counter() - t
+        quiet_barrier(world)
+    if world.rank == 0 and args.batch:
+        print(f"{world.size} nodes: {args.batch} remote 64 B objects: get one by one {one_by_one * 1e3:.0f} ms, "
+              f"get_many {many * 1e3:.0f} ms ({one_by_one / many:.0f}x faster)", flush=True)
     if world.rank == 0:
         r = statistics.median(rtts)
         g, lo, m = statistics.median(gets), statistics.median(locates), statistics.median(misses)

@@ -19,6 +19,7 @@ from .node import NodeStore, pid_alive, proc_start_time
 __all__ = ["begin", "finish", "wait", "clear_dead"]
 
 
+_KEY = L.MIGRATION.offset["key"]
 _ME = os.getpid()
 _MY_START = proc_start_time(_ME) or 0
 
@@ -30,10 +31,12 @@ def _find(node: NodeStore, sid: int, key: bytes) -> tuple[int, int]:
     free = states.find(L.MIG_FREE)
     if states.count(L.MIG_FREE) == len(states):
         return -1, free  # the usual case: nothing in flight
+    n = len(key)
     for slot, state in enumerate(states):
         if state != L.MIG_FREE:
-            m = L.unpack_migration(buf, lay, slot)
-            if m.session == sid and m.key == key:
+            at = lay.migration(slot)  # compare in place: a batched fetch fills the map
+            if L.MIGRATION.get(buf, at, "keylen") == n and L.MIGRATION.get(buf, at, "session") == sid \
+                    and buf[at + _KEY: at + _KEY + n] == key:
                 return slot, free
     return -1, free
 

@@ -56,13 +56,17 @@ if TYPE_CHECKING:
 __all__ = ["GpuLevel", "cupy_or_reason", "device_of", "is_device_array", "to_host", "DEFAULT_FRACTION"]
 
 DEFAULT_FRACTION = 0.5  # of the device's free memory, for an arena whose size was not set
-_CUPY: list[Any] = []
+_CUPY: list[tuple[Any, str | None]] = []  # the answer, asked once per process
 
 
 def cupy_or_reason() -> tuple[Any, str | None]:
-    """(the cupy module, None), or (None, why the GPU level cannot be used here)."""
-    if _CUPY:
-        return _CUPY[0], None
+    """(the cupy module, None), or (None, why the GPU level cannot be used here). Asked once per process."""
+    if not _CUPY:
+        _CUPY.append(_probe())
+    return _CUPY[0]
+
+
+def _probe() -> tuple[Any, str | None]:
     if os.environ.get("SHMSTORE_NO_GPU"):
         return None, "SHMSTORE_NO_GPU is set"
     try:
@@ -75,7 +79,6 @@ def cupy_or_reason() -> tuple[Any, str | None]:
         return None, f"no usable CUDA device ({exc})"
     if n < 1:
         return None, "no CUDA device"
-    _CUPY.append(cupy)
     return cupy, None
 
 

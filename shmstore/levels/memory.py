@@ -128,7 +128,10 @@ class MemoryLevel:
         serialize.write(enc, self.node.arena_mm, offset)
 
     def sink(self, idx: int, gen: int, offset: int, size: int, key: str) -> "ArenaSink":
-        self.node.prefault.ensure(offset, size, key)
+        node = self.node
+        if offset + size > node.prefault.populated \
+                and not L.entry_flags(node.buf, node.layout.entry(idx)) & L.FLAG_IN_CHUNK:  # chunks are faulted in
+            node.prefault.ensure(offset, size, key)
         return ArenaSink(np.ndarray((size,), np.uint8, self.node.arena_mm, offset))
 
     def view(self, idx: int, gen: int, offset: int, nbytes: int) -> tuple[Any, int]:

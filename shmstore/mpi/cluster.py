@@ -188,8 +188,8 @@ class Cluster:
         if overwrite:
             for i in self._dir(T.DIR_GET, key):
                 if i != self.node_index:
+                    self._dir(T.DIR_DROP, key, i)  # before the copy goes: never a copy the directory misses
                     self._delete_on(i, key)
-                    self._dir(T.DIR_DROP, key, i)
         self._dir(T.DIR_ADD, key, self.node_index)
         return info
 
@@ -245,9 +245,79 @@ class Cluster:
         """
         self._check()
         block = self._block(block_size)
-        for key in [keys] if isinstance(keys, str) else list(keys):
+        keys = [keys] if isinstance(keys, str) else list(dict.fromkeys(keys))
+        if len(keys) > 1:
+            self._fetch_batch(keys, levels, block)
+        for key in keys:  # what the batch left (being fetched by another rank of this node, stale, large)
             if key not in self.store:
                 self._fetch_one(key, None, levels, block)
+
+    def get_many(self, keys: Iterable[str], levels: Iterable[Level] | Level | None = None) -> list[Any]:
+        """The values of ``keys``: local hits, and the rest fetched in batches (one round trip per home node
+        and one per source node for each 64 keys, not one per key).
+
+        Raises:
+            ObjectNotFoundError: a key no node has (naming it). TransferError: a transfer failed.
+        """
+        keys = list(keys)
+        self.fetch(keys, levels)
+        return [self.store.get(k) for k in keys]
+
+    def _fetch_batch(self, keys: list[str], levels: Any, block: int) -> None:
+        """Fetch the missing ``keys`` in rounds of ``T.BATCH``: holders asked per home node, objects looked up
+        per source node (small ones come back inside the reply), new copies registered per home."""
+        kernel = self.store.kernel
+        node, sid, me = kernel.node, kernel.sid, self.node_index
+        missing = [k for k in keys if k not in self.store]
+        for start in range(0, len(missing), T.BATCH):
+            chunk = missing[start: start + T.BATCH]
+            mine: list[tuple[str, int]] = []  # (key, migration slot) this rank transfers
+            try:
+                for k in chunk:
+                    owner, slot = migrations.begin(node, sid, encode_key(k))
+                    if owner:
+                        mine.append((k, slot))
+                done = self._fetch_round([k for k, _ in mine], levels, block)
+                for home, ks in self._by_home(done).items():
+                    self._dir_many(T.DIR_ADD_MANY, home, ks, me)
+            finally:
+                for k, slot in mine:
+                    migrations.finish(node, slot, None if k in self.store else "retry")
+
+    def _fetch_round(self, keys: list[str], levels: Any, block: int) -> list[str]:
+        """One round of a batched fetch; returns the keys now here."""
+        holders: dict[str, list[int]] = {}
+        for home, ks in self._by_home(keys).items():
+            holders.update(zip(ks, self._dir_many(T.DIR_GET_MANY, home, ks)))
+        by_src: dict[int, list[str]] = {}
+        for k in keys:
+            hs = [h for h in holders[k] if h != self.node_index]
+            if hs:
+                by_src.setdefault(hs[self.node_index % len(hs)], []).append(k)
+        done = []
+        for src, ks in by_src.items():
+            _, reply = self._rpc(src, T.LOOKUP_MANY, ks, T.INLINE_MAX)  # pins each there
+            for k, r in zip(ks, reply[1]):
+                if r[0] != "missing":
+                    self._transfer(k, src, r, levels, block)
+                    done.append(k)
+        return done
+
+    def _by_home(self, keys: list[str]) -> dict[int, list[str]]:
+        out: dict[int, list[str]] = {}
+        for k in keys:
+            out.setdefault(home_of(k, len(self.nodes)), []).append(k)
+        return out
+
+    def _dir_many(self, kind: str, home: int, keys: list[str], *args: Any) -> Any:
+        if home == self.node_index and self._service is not None:
+            d = self._service.directory
+            if kind == T.DIR_GET_MANY:
+                return [d.get(k) for k in keys]
+            for k in keys:
+                d.add(k, *args)
+            return None
+        return self._rpc(home, kind, keys, *args)[1][1]
 
     def _block(self, block_size: int | None) -> int:
         if block_size is None:
@@ -399,8 +469,8 @@ class Cluster:
         if not keep_source:
             for n in holders:
                 if n != dest:
+                    self._dir(T.DIR_DROP, key, n)  # before the copy goes (see put)
                     self._delete_on(n, key)
-                    self._dir(T.DIR_DROP, key, n)
 
     def locate(self, key: str) -> list[str]:
         """Nodes holding a copy of ``key``, as the directory knows them (one round trip to its home)."""

@@ -10,6 +10,11 @@ or pull, a migration, a remote writer: ``DIR_ADD``, answered, so a key is
 locatable when ``put`` returns); paths that remove one unregister it
 (``Cluster.delete`` takes the whole entry, a migration drops its source).
 
+Ordering, so that concurrent operations never leave a copy the directory
+misses (which ``delete`` would then miss too): a copy is registered after
+it exists, and unregistered before it is deleted. A race can then only
+leave an entry naming a node whose copy is gone, which heals as below.
+
 What the directory cannot see: objects put or deleted through a plain
 node-local ``shmstore.connect()`` (they are found on their own node only;
 ``Cluster.publish(keys)`` registers them), and copies removed behind its

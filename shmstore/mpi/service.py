@@ -38,7 +38,6 @@ __all__ = ["Service", "HANDLE_TTL"]
 
 HANDLE_TTL = 120.0
 _NO_REPLY = object()
-_SPIN = 1e-3          # seconds after a request during which the service probes without napping
 _BUSY_PAUSE = 50e-6   # probe interval while requests came in recently
 _IDLE_PAUSE = 1e-3    # probe interval of an idle node: the first request after a pause waits <= 1 ms
 _IDLE_AFTER = 0.5     # seconds without a request before backing off to _IDLE_PAUSE
@@ -86,9 +85,6 @@ class Service:
         while not self._stop.is_set():
             if not self.comm.iprobe(MPI.ANY_SOURCE, T.TAG_REQUEST, status):
                 idle = time.monotonic() - last
-                if idle < _SPIN:  # requests come in bursts (a fetch is 2-3 of them): answer the next at once
-                    time.sleep(0)
-                    continue
                 time.sleep(_BUSY_PAUSE if idle < _IDLE_AFTER else _IDLE_PAUSE)
                 if idle > 1.0:
                     self._expire()
@@ -197,6 +193,17 @@ class Service:
 
     def _on_dir_take(self, src: int, tag: int, key: str) -> tuple[Any, ...]:
         return ("ok", self.directory.take(key))
+
+    def _on_dir_get_many(self, src: int, tag: int, keys: list[str]) -> tuple[Any, ...]:
+        return ("ok", [self.directory.get(k) for k in keys])
+
+    def _on_dir_add_many(self, src: int, tag: int, keys: list[str], node: int) -> tuple[Any, ...]:
+        for k in keys:
+            self.directory.add(k, node)
+        return ("ok", None)
+
+    def _on_lookup_many(self, src: int, tag: int, keys: list[str], inline_max: int) -> tuple[Any, ...]:
+        return ("ok", [self._on_lookup(src, tag, k, inline_max) for k in keys])
 
     def _on_read(self, src: int, tag: int, key: str, offset: int, n: int) -> tuple[Any, ...]:
         with self.store.open_reader(key) as r:

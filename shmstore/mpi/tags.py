@@ -37,6 +37,10 @@ DIR_ADD = "dir_add"    # (key, node) -> None: node holds a copy (to the key's ho
 DIR_DROP = "dir_drop"  # (key, node) -> None: node holds none any more
 DIR_GET = "dir_get"    # (key,) -> [node, ...] holding a copy
 DIR_TAKE = "dir_take"  # (key,) -> [node, ...], and the key is forgotten (a delete of every copy)
+DIR_GET_MANY = "dir_get_many"  # (keys,) -> [[node, ...] per key]
+DIR_ADD_MANY = "dir_add_many"  # (keys, node) -> None
+LOOKUP_MANY = "lookup_many"    # (keys, inline_max) -> [LOOKUP's reply per key]
+BATCH = 64                     # keys per batched request (and per round of a batched fetch)
 
 INLINE_MAX = 64 << 10      # objects up to this size travel inside the reply
 DEFAULT_BLOCK = 256 << 20  # bytes per bulk frame
