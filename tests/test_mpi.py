@@ -16,6 +16,7 @@ from shmstore.kernel import layout as L
 from helpers import ROOT, shm_segments, wait_for
 
 pytest.importorskip("mpi4py")
+from mpi4py import MPI  # noqa: E402,F401  (MPI opens its descriptors at import: before the leak checks count them)
 BIN = os.path.dirname(sys.executable)
 MPIEXEC = shutil.which("mpiexec", path=BIN + os.pathsep + os.environ.get("PATH", ""))
 pytestmark = [pytest.mark.mpi,
@@ -65,3 +66,39 @@ def test_rank_killed_mid_transfer_leaves_no_pins_reservations_or_migrations():
     finally:
         shmstore.destroy(name, force=True, node="n0")
         shmstore.destroy(name, force=True, node="n1")
+
+
+@pytest.mark.timeout(200)
+def test_ranks_alone_in_their_shared_memory_groups_but_sharing_a_host_and_label_are_warned():
+    """Two fake hosts (so MPI gives each rank a shared-memory group of its own) but one SHMSTORE_NODE label
+    on one real host: the situation that silently made one store per rank under some Slurm layouts."""
+    code = ("import warnings, uuid\n"
+            "from mpi4py import MPI\n"
+            "from shmstore.mpi import Cluster\n"
+            "name = MPI.COMM_WORLD.bcast('w' + uuid.uuid4().hex[:8])\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    with Cluster(name=name, capacity='16MiB', prefault=0) as c:\n"
+            "        print('nodes', len(c.nodes), 'warned', any('own shared-memory group' in str(w.message)"
+            " for w in caught), flush=True)\n")
+    for label, warned in (("same", True), (None, False)):
+        env = _env()
+        env.pop("SHMSTORE_NODE", None)
+        if label:
+            env["SHMSTORE_NODE"] = label
+        r = subprocess.run([MPIEXEC, "-launcher", "fork", "-hosts", "n0:1,n1:1", "-n", "2", sys.executable, "-m",
+                            "mpi4py", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+        assert r.stdout.count(f"nodes 2 warned {warned}") == 2, (label, r.stdout + r.stderr[-2000:])
+
+
+def test_node_label_order(monkeypatch):
+    from shmstore.mpi.cluster import _label
+    for var in ("SHMSTORE_NODE", "PMI_HOSTNAME", "SLURMD_NODENAME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURMD_NODENAME", "cn042")
+    assert _label({}) == "cn042"  # Slurm's name for the node, where the launcher gives none
+    monkeypatch.setenv("PMI_HOSTNAME", "n1")
+    assert _label({}) == "n1"
+    monkeypatch.setenv("SHMSTORE_NODE", "emu0")
+    assert _label({}) == "emu0" and _label({"node": "given"}) == "given"

@@ -26,6 +26,7 @@ import itertools
 import os
 import socket
 import threading
+import warnings
 import weakref
 from typing import Any, Callable, Iterable
 
@@ -54,8 +55,24 @@ __all__ = ["Cluster"]
 
 def _label(kwargs: dict[str, Any]) -> str:
     raw = kwargs.get("node") or node_label() or os.environ.get("PMI_HOSTNAME") \
-        or socket.gethostname().split(".")[0]
+        or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     return "".join(c if c.isalnum() or c in "_.-" else "-" for c in str(raw))[:48] or "node"
+
+
+def _warn_if_split_per_rank(ranks: list[tuple[str, str, int]]) -> None:
+    """Warn when MPI put every rank in a shared-memory group of its own although several ranks run on one
+    host under one node label: each then gets a store of its own, silently."""
+    if len(ranks) < 2 or any(size > 1 for _, _, size in ranks):
+        return
+    seen: dict[tuple[str, str], int] = {}
+    for host, label, _ in ranks:
+        seen[(host, label)] = seen.get((host, label), 0) + 1
+    crowded = [f"{label!r} on {host} ({n} ranks)" for (host, label), n in seen.items() if n > 1]
+    if crowded:
+        warnings.warn(f"MPI puts every rank in its own shared-memory group, but ranks share a host and a node "
+                      f"label: {', '.join(crowded[:4])}; each rank gets a store of its own. The launcher's "
+                      f"process-to-node mapping does not match the hosts (set SHMSTORE_NODE per node, or launch "
+                      f"with the MPI's own mpiexec / srun --mpi=pmi2)", RuntimeWarning, stacklevel=3)
 
 
 _OPEN: "weakref.WeakSet[Cluster]" = weakref.WeakSet()  # open clusters of this process
@@ -127,6 +144,7 @@ class Cluster:
         """Group ranks into nodes: same host (Split_type) and same label; name each node."""
         mine = _label(kwargs)
         shared = self._comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        _warn_if_split_per_rank(self._comm.allgather((socket.gethostname(), mine, shared.size)))
         labels = shared.allgather(mine)
         node_comm = shared.Split(color=sorted(set(labels)).index(mine), key=self.rank)
         leader = node_comm.allreduce(self.rank, op=MPI.MIN)
