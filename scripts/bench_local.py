@@ -4,7 +4,8 @@
 Measured in one run, medians over repeats:
 
 - small objects (20,000 numpy arrays of 64 bytes): put and get ops/s in one
-  process and in two processes at once; baseline: one
+  process and in two processes at once, and a sweep of 1, 2, 4, 8 processes
+  at once (where it flattens: at the core count); baseline: one
   ``multiprocessing.shared_memory`` segment per object plus a
   ``multiprocessing.Manager().dict()`` registry;
 - a 1 GiB array: put bandwidth against a single-thread ``np.copyto`` of the
@@ -134,13 +135,14 @@ with shmstore.connect(name, prefault=0) as store:
 
 
 class Workers:
-    """Two worker processes that run put/get passes alone or at the same moment."""
+    """Worker processes (two by default) that run put/get passes alone or at the same moment."""
 
-    def __init__(self, name: str, n: int) -> None:
+    def __init__(self, name: str, n: int, count: int = 2) -> None:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         self.n = n
         self.procs = [subprocess.Popen([sys.executable, "-c", _WORKER, root, name, tag, str(n)],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for tag in "ab"]
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                      for tag in "abcdefghijklmnop"[:count]]
         for p in self.procs:
             assert p.stdout.readline().strip() == "ready"
 
@@ -159,6 +161,27 @@ class Workers:
         for p in self.procs:
             p.stdin.close()
             p.wait(60)
+
+
+def bench_sweep(n: int, repeats: int, name: str, counts: list[int]) -> list[dict]:
+    """Aggregate small put/get rates of 1, 2, 4, ... worker processes at once, interleaved per repeat."""
+    rows: dict[int, tuple[list[float], list[float]]] = {c: ([], []) for c in counts}
+    with shmstore.connect(name, capacity="256MiB", prefault="64MiB") as store:
+        store._node.prefault.wait(64 * MiB)
+        workers = Workers(name, n, max(counts))
+        try:
+            workers.run(max(counts))  # warm-up
+            for _ in range(repeats):
+                for c in counts:
+                    p, g = workers.run(c)
+                    rows[c][0].append(p)
+                    rows[c][1].append(g)
+        finally:
+            workers.close()
+    one = rows[counts[0]]
+    return [{"procs": c, "put_ops": median(rows[c][0]), "get_ops": median(rows[c][1]),
+             "put_ratio": median(rows[c][0]) / median(one[0]), "get_ratio": median(rows[c][1]) / median(one[1])}
+            for c in counts]
 
 
 def bench_small_baseline(n: int, arrays) -> tuple[float, float]:
@@ -282,6 +305,8 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=20000)
     ap.add_argument("--big-mib", type=int, default=1024)
     ap.add_argument("--sd-mib", type=int, default=256)
+    ap.add_argument("--sweep", default="1,2,4,8",
+                    help="worker process counts for the small-object scaling sweep ('' to skip)")
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
     name = "bench" + uuid.uuid4().hex[:6]
@@ -300,6 +325,12 @@ def main() -> None:
           f"baseline shared_memory+Manager: put {r['baseline_put_ops']:,.0f}/s, get {r['baseline_get_ops']:,.0f}/s "
           f"(shmstore {r['put_ops'] / r['baseline_put_ops']:.0f}x / {r['get_ops'] / r['baseline_get_ops']:.0f}x)",
           flush=True)
+    if args.sweep:
+        counts = sorted({int(c) for c in args.sweep.split(",")})
+        out["sweep"] = rows = bench_sweep(max(1000, args.small // 4), args.repeats, name + "w", counts)
+        print("small ops, several processes at once (aggregate, ratio to one): " + " | ".join(
+            f"{r['procs']}: put {r['put_ops']:,.0f}/s ({r['put_ratio']:.2f}x), get {r['get_ops']:,.0f}/s "
+            f"({r['get_ratio']:.2f}x)" for r in rows) + f" [{os.cpu_count()} cpus]", flush=True)
     out["big"] = r = bench_big(args.big_mib * MiB, args.repeats, name + "b")
     print(f"{args.big_mib} MiB array: np.copyto {r['copyto_gbps']:.1f} GB/s | put warm {r['put_warm_gbps']:.1f} GB/s "
           f"({r['put_warm_vs_copyto']:.2f}x copyto), cold {r['put_cold_s']:.2f} s ({r['put_cold_vs_copyto']:.2f}x) | "
