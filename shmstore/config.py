@@ -111,7 +111,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[], Any]]] = {
     "lock_timeout": (_parse_positive_float, lambda: 10.0),
     "spill_timeout": (_parse_positive_float, lambda: 60.0),
     "max_objects": (_parse_count, lambda: 65536),
-    "max_clients": (_parse_count, lambda: 128),
+    "max_clients": (_parse_count, lambda: 320),  # a 256-rank node and its tools
     "prefault": (parse_size, lambda: 1 << 30),
     "disk_capacity": (_parse_optional_size, lambda: None),
     "gpu_capacity": (_parse_optional_size, lambda: None),

@@ -79,8 +79,8 @@ def test_ranks_alone_in_their_shared_memory_groups_but_sharing_a_host_and_label_
             "with warnings.catch_warnings(record=True) as caught:\n"
             "    warnings.simplefilter('always')\n"
             "    with Cluster(name=name, capacity='16MiB', prefault=0) as c:\n"
-            "        print('nodes', len(c.nodes), 'warned', any('own shared-memory group' in str(w.message)"
-            " for w in caught), flush=True)\n")
+            "        warned = any('own shared-memory group' in str(w.message) for w in caught)\n"
+            "        print(f'nodes {len(c.nodes)} warned {warned}', flush=True)\n")  # one write: ranks interleave
     for label, warned in (("same", True), (None, False)):
         env = _env()
         env.pop("SHMSTORE_NODE", None)

@@ -94,6 +94,8 @@ def test_pin_counts_per_entry_and_client():
     buf, lay, table = make()
     pins = L.pin_table(buf, lay)
     pins[0, 7] = pins[1, 7] = pins[1, 9] = 1
+    assert table.pin_count(7) == 0  # no slot taken yet: rows are scanned only up to the slots ever taken
+    L.set_slots_high(buf, 2)  # as NodeStore.register does before a slot is used
     assert table.pin_count(7) == 2 and table.pin_count(9) == 1 and table.pin_count(8) == 0
     assert list(table.pinned_by(1)) == [7, 9]
     table.unpin(1, 7)

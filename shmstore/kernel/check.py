@@ -140,6 +140,10 @@ def _check_entries(buf: Any, lay: L.Layout, t: np.ndarray, linked: set[int], cli
     pinned = np.flatnonzero(pins.any(axis=0))
     for idx in pinned[~np.isin(state[pinned], (L.SEALED, L.DELETED))]:
         problems.append(f"entry {idx} is pinned but {_state(state[idx])}")
+    high = L.slots_high(buf)
+    for used in sorted(attached | set(np.flatnonzero(pins.any(axis=1)).tolist())):
+        if used >= high:
+            problems.append(f"client slot {used} is in use but beyond the slots ever taken ({high})")
     for slot in np.flatnonzero(pins.any(axis=1)):
         if int(slot) not in attached:
             problems.append(f"client slot {slot} is not attached but holds pins")

@@ -60,7 +60,7 @@ import numpy as np
 from .records import Record
 
 MAGIC = b"SHMSTOR\0"
-LAYOUT_VERSION = 5
+LAYOUT_VERSION = 6
 HEADER_SIZE = 4096
 MAX_SESSIONS = 256
 MAX_KEY = 255
@@ -128,6 +128,8 @@ ALLOC_STATE = Record("ALLOC_STATE", 768, """
     52   extents_free     i32      head of the free extent-record list (1-based)
     56   bin_mask         u64      bitmap of non-empty allocator bins
     64   bins             i32[64]  free extents with size in [2**k, 2**(k+1)), per k
+    320  slots_high       u32      client slots ever taken (slots go lowest first): pins are scanned
+                                   up to here only (set under the ADMIN lock before the slot is used)
 """)
 SPILL_OFFSET = 1024
 SPILL_STATE = Record("SPILL_STATE", 1024, """
@@ -838,6 +840,14 @@ def pin_row(buf: Any, layout: Layout, slot: int) -> memoryview:
     """Client ``slot``'s pin bytes, indexable by entry (release() it when done)."""
     start = layout.pinbyte(slot, 0)
     return memoryview(buf)[start: start + layout.max_objects]
+
+
+def slots_high(buf: Any) -> int:
+    return ALLOC_STATE.get(buf, ALLOC_OFFSET, "slots_high")
+
+
+def set_slots_high(buf: Any, n: int) -> None:
+    ALLOC_STATE.set(buf, ALLOC_OFFSET, "slots_high", n)
 
 
 def pin_table(buf: Any, layout: Layout) -> np.ndarray:

@@ -209,6 +209,8 @@ class NodeStore:
                     f"store {self.cfg.name!r} has all {self.layout.max_clients} client slots taken "
                     f"(raise max_clients= / SHMSTORE_MAX_CLIENTS when creating the store)")
             slot = free[0]
+            if slot + 1 > L.slots_high(self.buf):  # first: whoever counts pins must look at this row
+                L.set_slots_high(self.buf, slot + 1)
             L.pack_client(self.buf, self.layout.client(slot), pid, 1, start, time.time())
             L.pack_request(self.buf, self.layout.client(slot), L.Request(0, 0, 0, 0, 0, 0, 0, 0, ""))
             return slot

@@ -232,12 +232,12 @@ class Table:
         self.buf[self.layout.pinbyte(slot, idx)] = 0
 
     def pin_count(self, idx: int) -> int:
-        """Number of client processes pinning ``idx``."""
-        return int(np.count_nonzero(self._pins[:, idx]))
+        """Number of client processes pinning ``idx`` (rows of slots never taken hold no pins)."""
+        return int(np.count_nonzero(self._pins[:L.slots_high(self.buf), idx]))
 
     def pin_counts(self) -> np.ndarray:
-        """Pinning processes per entry (uint8 per client summed over clients)."""
-        counts: np.ndarray = np.count_nonzero(self._pins, axis=0)
+        """Pinning processes per entry (uint8 per client summed over the slots ever taken)."""
+        counts: np.ndarray = np.count_nonzero(self._pins[:L.slots_high(self.buf)], axis=0)
         return counts
 
     def pinned_by(self, slot: int) -> np.ndarray:
