@@ -61,32 +61,17 @@ def _inner(n: int) -> int:
     return max(1, min(1000, (4 << 20) // max(n, 1)))
 
 
-def time_connector(c, data: bytes, repeats: int) -> float:
-    """Median seconds of one put + get + read + evict."""
-    times, inner = [], _inner(len(data))
+def time_round_trip(target, value, nbytes: int, repeats: int) -> float:
+    """Median seconds of one put + get + read + evict through ``target`` (a connector or a Store: same verbs)."""
+    times, inner = [], _inner(nbytes)
     for _ in range(repeats):
         t = time.perf_counter()
         for _ in range(inner):
-            key = c.put(data)
-            got = c.get(key)
+            key = target.put(value)
+            got = target.get(key)
             _touch(got)
             del got
-            c.evict(key)
-        times.append((time.perf_counter() - t) / inner)
-    return statistics.median(times)
-
-
-def time_store(store, arr: np.ndarray, repeats: int) -> float:
-    """Median seconds of one Store put + get + read + evict."""
-    times, inner = [], _inner(arr.nbytes)
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(inner):
-            key = store.put(arr)
-            got = store.get(key)
-            _touch(got)
-            del got
-            store.evict(key)
+            target.evict(key)
         times.append((time.perf_counter() - t) / inner)
     return statistics.median(times)
 
@@ -115,12 +100,11 @@ def main(argv: list[str] | None = None) -> int:
                 row: dict[str, float] = {}
                 for who in ("shmstore", "local", "file"):
                     if layer == "connector":
-                        c = ours if who == "shmstore" else others[who]
-                        time_connector(c, data, 1)  # warm up
-                        row[who] = time_connector(c, data, reps)
+                        target, value = (ours if who == "shmstore" else others[who]), data
                     else:
-                        time_store(stores[who], arr, 1)
-                        row[who] = time_store(stores[who], arr, reps)
+                        target, value = stores[who], arr
+                    time_round_trip(target, value, n, 1)  # warm up
+                    row[who] = time_round_trip(target, value, n, reps)
                 r = {"size": label, "bytes": n, "layer": layer, **{k + "_s": v for k, v in row.items()},
                      "local_over_shmstore": row["local"] / row["shmstore"],
                      "file_over_shmstore": row["file"] / row["shmstore"]}

@@ -48,6 +48,7 @@ from ..kernel import serialize
 from ..kernel.cache import EntryStolen, owns_entry
 from ..units import format_size
 from .base import Level
+from .memory import abort_arena_move, unplace_extent
 
 if TYPE_CHECKING:
     from ..kernel.alloc import Allocator
@@ -263,13 +264,7 @@ class GpuLevel:
             f"{format_size(cap)} (raise {self.setting}, or allow Level.MEMORY)", key, Level.GPU, size, cap - used)
 
     def unplace(self, idx: int, extent: int, flags: int) -> None:
-        if not extent:
-            return
-        node, eoff = self.node, self.node.layout.entry(idx)
-        with node.alloc_lock:
-            if L.entry_extent(node.buf, eoff) == extent:
-                L.set_entry_extent(node.buf, eoff, 0)
-            node.alloc.free_owned(extent, idx + 1)  # records are shared: freed into their own arena
+        unplace_extent(self.node, idx, extent)
 
     def drop(self, idx: int, e: tuple[Any, ...]) -> None:
         pass
@@ -354,13 +349,7 @@ class GpuLevel:
         progress(size)
 
     def abort_move(self, idx: int, e: tuple[Any, ...]) -> None:
-        node, eoff = self.node, self.node.layout.entry(idx)
-        with node.alloc_lock:
-            rec = L.entry_target_extent(node.buf, eoff)
-            L.set_entry_target_extent(node.buf, eoff, 0)
-            if rec:
-                node.alloc.free_owned(rec, idx + 1)
-            L.set_entry_flags(node.buf, eoff, L.entry_flags(node.buf, eoff) & ~L.FLAG_MOVING)
+        abort_arena_move(self.node, idx)
 
     def close(self) -> None:
         if self.owner:

@@ -105,13 +105,8 @@ class MemoryLevel:
         return max((size for _, size in free), default=0)
 
     def unplace(self, idx: int, extent: int, flags: int) -> None:
-        if flags & L.FLAG_IN_CHUNK or not extent:
-            return  # a cut of a chunk stays unused until the chunk goes
-        node, eoff = self.node, self.node.layout.entry(idx)
-        with node.alloc_lock:
-            if L.entry_extent(node.buf, eoff) == extent:
-                L.set_entry_extent(node.buf, eoff, 0)
-            node.alloc.free_owned(extent, idx + 1)
+        if not flags & L.FLAG_IN_CHUNK:  # a cut of a chunk stays unused until the chunk goes
+            unplace_extent(self.node, idx, extent)
 
     def drop(self, idx: int, e: tuple[Any, ...]) -> None:
         pass  # the bytes live in the arena: freeing the extent is all
@@ -162,16 +157,32 @@ class MemoryLevel:
             copy_in_steps(dst, src, progress)
 
     def abort_move(self, idx: int, e: tuple[Any, ...]) -> None:
-        node, eoff = self.node, self.node.layout.entry(idx)
-        with node.alloc_lock:
-            rec = L.entry_target_extent(node.buf, eoff)
-            L.set_entry_target_extent(node.buf, eoff, 0)
-            if rec:
-                node.alloc.free_owned(rec, idx + 1)
-            L.set_entry_flags(node.buf, eoff, L.entry_flags(node.buf, eoff) & ~L.FLAG_MOVING)
+        abort_arena_move(self.node, idx)
 
     def close(self) -> None:
         pass
+
+
+def unplace_extent(node: NodeStore, idx: int, extent: int) -> None:
+    """Give back the extent placed for entry ``idx`` whose entry was not made (any arena level)."""
+    if not extent:
+        return
+    eoff = node.layout.entry(idx)
+    with node.alloc_lock:
+        if L.entry_extent(node.buf, eoff) == extent:
+            L.set_entry_extent(node.buf, eoff, 0)
+        node.alloc.free_owned(extent, idx + 1)  # records are shared: freed into their own arena
+
+
+def abort_arena_move(node: NodeStore, idx: int) -> None:
+    """Roll back a move onto an arena level: free the extent it placed, stop the move (stripe lock held)."""
+    eoff = node.layout.entry(idx)
+    with node.alloc_lock:
+        rec = L.entry_target_extent(node.buf, eoff)
+        L.set_entry_target_extent(node.buf, eoff, 0)
+        if rec:
+            node.alloc.free_owned(rec, idx + 1)
+        L.set_entry_flags(node.buf, eoff, L.entry_flags(node.buf, eoff) & ~L.FLAG_MOVING)
 
 
 def copy_in_steps(dst: np.ndarray, src: Any, progress: Callable[[int], None], step: int = 64 << 20) -> None:

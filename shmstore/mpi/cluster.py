@@ -225,16 +225,13 @@ class Cluster:
 
     def _dir(self, kind: str, key: str, *args: Any) -> Any:
         """A request to ``key``'s home node's share of the directory (answered there at once)."""
-        home = home_of(key, len(self.nodes))
-        if home == self.node_index and self._service is not None:  # this rank keeps it
-            d = self._service.directory
-            if kind == T.DIR_GET:
-                return d.get(key)
-            if kind == T.DIR_TAKE:
-                return d.take(key)
-            (d.add if kind == T.DIR_ADD else d.drop)(key, *args)
-            return None
-        return self._rpc(home, kind, key, *args)[1][1]
+        return self._dir_at(home_of(key, len(self.nodes)), kind, key, *args)
+
+    def _dir_at(self, home: int, kind: str, *args: Any) -> Any:
+        """A directory request to node ``home``: answered by this rank's own service where it keeps it."""
+        if home == self.node_index and self._service is not None:
+            return getattr(self._service, "_on_" + kind)(self.rank, 0, *args)[1]
+        return self._rpc(home, kind, *args)[1][1]
 
     def get(self, key: str, fetch: bool = True, conditions: Any = None,
             levels: Iterable[Level] | Level | None = None) -> Any:
@@ -297,7 +294,7 @@ class Cluster:
                         mine.append((k, slot))
                 done = self._fetch_round([k for k, _ in mine], levels, block)
                 for home, ks in self._by_home(done).items():
-                    self._dir_many(T.DIR_ADD_MANY, home, ks, me)
+                    self._dir_at(home, T.DIR_ADD_MANY, ks, me)
             finally:
                 for k, slot in mine:
                     migrations.finish(node, slot, None if k in self.store else "retry")
@@ -306,7 +303,7 @@ class Cluster:
         """One round of a batched fetch; returns the keys now here."""
         holders: dict[str, list[int]] = {}
         for home, ks in self._by_home(keys).items():
-            holders.update(zip(ks, self._dir_many(T.DIR_GET_MANY, home, ks)))
+            holders.update(zip(ks, self._dir_at(home, T.DIR_GET_MANY, ks)))
         by_src: dict[int, list[str]] = {}
         for k in keys:
             hs = [h for h in holders[k] if h != self.node_index]
@@ -326,16 +323,6 @@ class Cluster:
         for k in keys:
             out.setdefault(home_of(k, len(self.nodes)), []).append(k)
         return out
-
-    def _dir_many(self, kind: str, home: int, keys: list[str], *args: Any) -> Any:
-        if home == self.node_index and self._service is not None:
-            d = self._service.directory
-            if kind == T.DIR_GET_MANY:
-                return [d.get(k) for k in keys]
-            for k in keys:
-                d.add(k, *args)
-            return None
-        return self._rpc(home, kind, keys, *args)[1][1]
 
     def _block(self, block_size: int | None) -> int:
         if block_size is None:
