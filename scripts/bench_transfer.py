@@ -70,7 +70,7 @@ def raw_bandwidth(comm: MPI.Comm, a: int, b: int, nbytes: int, repeats: int) -> 
 
 def raw_arena_bandwidth(cluster: Cluster, a: int, b: int, nbytes: int, repeats: int) -> float:
     """Like raw_bandwidth, but between buffers in the two nodes' stores (shared-memory pages)."""
-    comm = cluster._comm
+    comm = cluster.comm
     times = []
     if comm.rank == a:
         cluster.store.put("raw-src", np.ones(nbytes, np.uint8), levels=["memory"])
@@ -117,7 +117,7 @@ def raw_latency(comm: MPI.Comm, a: int, b: int, n: int = 1000) -> float:
 def timed_fetches(cluster: Cluster, key: str, dest: int, repeats: int, n_obj: int = 1) -> list[float]:
     times = []
     for _ in range(repeats):
-        quiet_barrier(cluster._comm)
+        quiet_barrier(cluster.comm)
         if cluster.rank == dest:
             t = time.perf_counter()
             cluster.fetch(key, block_size=cluster.block_size)
@@ -140,7 +140,7 @@ def main() -> None:
     with Cluster(name=name, capacity=cap, prefault=cap) as cluster:
         if len(cluster.nodes) < 2:
             raise SystemExit("bench_transfer needs two nodes: see the usage line")
-        src, dest = cluster._leaders[0], cluster._leaders[1]
+        src, dest = cluster.leaders[0], cluster.leaders[1]
         if args.block_mib:
             cluster.block_size = args.block_mib * MiB
         out = {"ranks": comm.size, "nodes": cluster.nodes}

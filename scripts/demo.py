@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=200)
     args = ap.parse_args()
     with Cluster() as cluster:
-        comm, rank = cluster._comm, cluster.rank
+        comm, rank = cluster.comm, cluster.rank
         say = print if rank == 0 else (lambda *a, **k: None)
         say(f"{cluster.size} ranks on {len(cluster.nodes)} node(s) {cluster.nodes}; store {cluster.store.name!r}")
         per = args.mib * (1 << 20) // args.layers // 4

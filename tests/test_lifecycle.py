@@ -164,3 +164,22 @@ def test_spill_process_ignores_sigint_and_ends_cleanly_on_sigterm_during_its_wai
     assert proc.wait(10) == 0
     store.put("x", 1)
     assert store.check() == []
+
+
+def test_spill_process_of_a_store_removed_behind_its_back_exits_and_removes_its_files(name, tmp_path):
+    """Regression: a persistent store whose segments a cleaner unlinked directly (not through destroy or gc)
+    kept its spill process polling forever, with nobody able to attach again."""
+    s = shmstore.connect(name, capacity="16MiB", spill_dir=str(tmp_path), persist=True)
+    s.put("a", np.arange(1000), levels=[Level.DISK])
+    spill = s.spill_pid
+    s.close()
+    time.sleep(3 * 0.25)
+    assert spill_running(spill)  # a persistent store without clients keeps its spill process
+    assert os.listdir(tmp_path)
+    for seg in shm_segments():
+        if name in seg:
+            os.unlink("/dev/shm/" + seg)  # what a cleaner does
+    assert wait_for(lambda: not spill_running(spill), timeout=10)
+    spill_popen(spill).wait(5)
+    assert not os.listdir(tmp_path)
+    assert not [seg for seg in shm_segments() if name in seg]

@@ -93,7 +93,7 @@ def test_ranks_alone_in_their_shared_memory_groups_but_sharing_a_host_and_label_
 
 
 def test_node_label_order(monkeypatch):
-    from shmstore.mpi.cluster import _label
+    from shmstore.mpi.nodes import label as _label
     for var in ("SHMSTORE_NODE", "PMI_HOSTNAME", "SLURMD_NODENAME"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("SLURMD_NODENAME", "cn042")
@@ -102,3 +102,114 @@ def test_node_label_order(monkeypatch):
     assert _label({}) == "n1"
     monkeypatch.setenv("SHMSTORE_NODE", "emu0")
     assert _label({}) == "emu0" and _label({"node": "given"}) == "given"
+
+
+def _kill_job(name: str) -> None:
+    """SIGKILL the ranks of a hung job (hydra gives each its own session, so they are found by the store name
+    on their command lines, which no other process carries)."""
+    import signal
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except (OSError, ValueError):
+            continue
+        if entry.isdigit() and name in argv and "shmstore.spill" not in argv:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _mpich_segments() -> set[str]:
+    return {e for e in os.listdir("/dev/shm") if e.startswith("mpich_")}
+
+
+def _remove_orphaned_mpich_segments(before: set[str]) -> None:
+    """Unlink the shared memory a killed MPICH job leaves in /dev/shm (2 MiB per node and run): the segments
+    that appeared since ``before`` and that no live process maps (so never those of another job running)."""
+    new = _mpich_segments() - before
+    for entry in os.listdir("/proc") if new else ():
+        try:
+            with open(f"/proc/{entry}/maps") as f:
+                new -= {line.split("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/mpich_" in line}
+        except (OSError, IndexError):
+            continue
+    for seg in new:
+        try:
+            os.unlink(os.path.join("/dev/shm", seg))
+        except OSError:
+            pass
+
+
+def _leftovers(s: shmstore.Store) -> dict[str, object]:
+    """What dead clients may still hold in a node store (empty once they are all reclaimed): entries being
+    written, transfers in flight, attached clients other than ``s``, pins, memory no sealed object accounts for."""
+    node = s._node
+    t = L.entry_table(node.meta.mm, node.layout)
+    infos = s._kernel.list(all_sessions=True)
+    found = {"writing": int((t["state"] == L.WRITING).sum()),
+             "in flight": sum(L.unpack_migration(node.meta.mm, node.layout, i).state == L.MIG_FLIGHT
+                              for i in range(L.NMIGRATIONS)),
+             "other clients": len(s.status()["clients"]) - 1,
+             "pinned": sorted(i.key for i in infos if i.pinned),
+             "memory used - objects": s.get_capacity()[Level.MEMORY].used
+             - sum(i.stored for i in infos if i.level == Level.MEMORY)}
+    return {k: v for k, v in found.items() if v}
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("seed", [1, 2, 5])
+@pytest.mark.parametrize("victim, role", [(1, "non-leader"), (2, "leader")], ids=["non-leader", "leader"])
+def test_kill_mid_update_leaves_every_node_store_consistent(victim, role, seed):
+    """Four ranks on two nodes overwrite, read, fetch, migrate and delete 12 shared keys (values of 1 KiB to
+    8 MiB, each checked wherever it is read) when one rank SIGKILLs itself: a non-leader, or the leader whose
+    service answers its node's requests. The launcher takes the job down (it never hangs); afterwards each
+    node's store is consistent (check() finds nothing, nothing written, pinned or in flight is left, memory
+    used is what the objects take), every object it holds reads back whole, and the anchors every node
+    held before the kill are all still there."""
+    import importlib.util
+    import time
+    path = os.path.join(ROOT, "tests", "mpi", "jobs", "kill_mid_update.py")
+    spec = importlib.util.spec_from_file_location("kill_mid_update", path)
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    name = "u" + uuid.uuid4().hex[:10]
+    env = dict(_env(), MPIEXEC_TIMEOUT="45")  # hydra kills the job after this long, whatever happens
+    mpich = _mpich_segments()
+    try:
+        start = time.monotonic()
+        with subprocess.Popen([MPIEXEC, "-launcher", "fork", "-hosts", "n0:2,n1:2", "-n", "4", sys.executable,
+                               "-m", "mpi4py", path, name, str(seed), str(victim)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+            try:
+                out, _ = p.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                _kill_job(name)
+                out, _ = p.communicate(timeout=30)
+                pytest.fail(f"the job hung after rank {victim} was killed:\n{out[-4000:]}")
+        took = time.monotonic() - start
+        assert f"killing rank {victim} ({role} of node" in out, out[-4000:]
+        assert took < 30, f"the job took {took:.0f} s to end (hung until MPIEXEC_TIMEOUT?):\n{out[-4000:]}"
+        assert p.returncode != 0, out[-4000:]  # the launcher took the job down
+        assert "CORRUPT" not in out, out[-4000:]
+        assert "lived through the loop" not in out, out[-4000:]
+        assert "Traceback" not in out.split("killing rank")[0], out[-4000:]  # nothing but races before the kill
+        anchors = {f"anchor{r}" for r in range(4)}
+        for label in ("n0", "n1"):
+            with shmstore.connect(name, node=label, create=False) as s:
+                assert wait_for(lambda: _leftovers(s) == {}, timeout=30), (label, _leftovers(s))
+                assert s.check() == [], label
+                keys = s.keys()
+                assert len(keys) == len(s._kernel.list(all_sessions=True)), label  # the job's session is ours
+                assert anchors <= set(keys), (label, keys)  # committed before the kill: never lost
+                for key in keys:
+                    got = s.get(key)
+                    assert job.problem(got, key) is None, (label, key, job.problem(got, key))
+                    del got
+                assert s.check() == [], label
+    finally:
+        shmstore.destroy(name, force=True, node="n0")
+        shmstore.destroy(name, force=True, node="n1")
+        _remove_orphaned_mpich_segments(mpich)

@@ -9,12 +9,14 @@
  * Every function runs with the GIL held from start to end, so their updates
  * of the process-local pin counts are atomic with respect to other threads of
  * the process; the kernel uses them for both pinning and unpinning, or for
- * neither.
+ * neither. The exception is probe_wait, which touches no store: it waits for an
+ * MPI message with the GIL released (an MPI service's idle loop).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -449,6 +451,49 @@ static PyObject *release(PyObject *self, PyObject *args) {
     return PyLong_FromLong(deleted ? 2 : 1);
 }
 
+typedef int (*iprobe_fn)(int source, int tag, intptr_t comm, int *flag, void *status);
+
+static int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* probe_wait(iprobe_address, any_source, tag, comm_handle, spin_ns, nap_ns, max_ns) -> 1 when a message
+ * with ``tag`` is waiting, 0 after max_ns without one, -rc when MPI_Iprobe failed.
+ *
+ * Calls MPI_Iprobe (its address from the loaded MPI library; the communicator handle is passed in a
+ * register, an int for MPICH's ABI and a pointer for Open MPI's, both fit intptr_t) with the GIL released:
+ * the application's Python threads never wait for a polling service. Probes back to back, yielding the
+ * core in between, for spin_ns, then every nap_ns. */
+static PyObject *probe_wait(PyObject *self, PyObject *args) {
+    unsigned long long addr, comm;
+    int any, tag;
+    long long spin_ns, nap_ns, max_ns;
+    if (!PyArg_ParseTuple(args, "KiiKLLL", &addr, &any, &tag, &comm, &spin_ns, &nap_ns, &max_ns))
+        return NULL;
+    iprobe_fn iprobe = (iprobe_fn)(uintptr_t)addr;
+    int flag = 0, rc = 0;
+    char status[256]; /* larger than any MPI_Status */
+    Py_BEGIN_ALLOW_THREADS
+    int64_t start = mono_ns();
+    struct timespec nap = {(time_t)(nap_ns / 1000000000), (long)(nap_ns % 1000000000)};
+    for (;;) {
+        rc = iprobe(any, tag, (intptr_t)(uintptr_t)comm, &flag, status);
+        if (rc != 0 || flag)
+            break;
+        int64_t waited = mono_ns() - start;
+        if (waited >= max_ns)
+            break;
+        if (waited < spin_ns)
+            sched_yield();
+        else
+            nanosleep(&nap, NULL);
+    }
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc != 0 ? -(long)(rc < 0 ? -rc : rc) : flag ? 1 : 0);
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, "Set the entry layout (from layout.py)."},
     {"insert", insert, METH_VARARGS, "Write, count and link a reserved entry under its stripe lock."},
@@ -458,6 +503,7 @@ static PyMethodDef methods[] = {
     {"context", context, METH_VARARGS, "A kernel's constants for get_entry and release."},
     {"get_entry", get_entry, METH_VARARGS, "Find, pin and touch a sealed entry; its fields."},
     {"release", release, METH_VARARGS, "Drop one local pin: 0, 1 (last) or 2 (last, entry deleted)."},
+    {"probe_wait", probe_wait, METH_VARARGS, "Wait for an MPI message with the GIL released (see above)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -192,6 +192,18 @@ class Segment:
         """Remove the segment's name (creator or janitor only)."""
         unlink_segment(self.name)
 
+    def named(self) -> bool | None:
+        """Whether the segment's name still names this mapping: False where it was unlinked (or names
+        another segment now), None where that cannot be told."""
+        if self._fd < 0:
+            return None
+        try:
+            return os.stat(_shm_path(self.name)).st_ino == os.fstat(self._fd).st_ino
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return None
+
     def __enter__(self) -> "Segment":
         return self
 
@@ -206,6 +218,11 @@ class Segment:
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         return (Segment.attach, (self.name,))
+
+
+def segment_exists(name: str) -> bool:
+    """Whether a segment of that name exists on this node."""
+    return os.path.exists(_shm_path(name))
 
 
 def unlink_segment(name: str) -> bool:

@@ -1,78 +1,50 @@
 """The Cluster: one node store per node, objects moving between nodes over MPI.
 
-Every rank attaches to its node's store. Node identity is the host (ranks
-grouped by ``MPI.Comm.Split_type(COMM_TYPE_SHARED)``), labelled by
-``SHMSTORE_NODE``, else ``PMI_HOSTNAME`` (set by MPICH's hydra, also for
-``-launcher fork -hosts n0:2,n1:2``), else the host name; ``SHMSTORE_NODE``
-also splits one host into several emulated nodes (their stores never share
-memory: the node id is part of the segment names).
+Every rank attaches to its node's store; the lowest rank of each node (its
+leader) runs the node's :class:`Service`. The parts, by concept:
 
-The lowest rank of each node (its leader) runs the node's :class:`Service`.
-Locating a key asks its home node's share of the location directory
-(``directory.py``: a bounded number of messages whatever the node count;
-a key is locatable as soon as ``put`` returns); a fetch goes through the node's
-migration map, so concurrent requests for one key cause one transfer; the
-bytes go from the source's arena (or spill file) straight into the
-destination's arena as a few raw frames, whatever the number of blobs.
+- ``nodes.py``: which ranks form a node, and the node's name;
+- ``wire.py`` and ``rpc.py``: the named control messages, and a rank's
+  calls to node services;
+- ``directory.py``: the location directory, partitioned across nodes (a
+  bounded number of messages whatever the node count; a key is locatable as
+  soon as ``put`` returns; hot objects spread as a tree);
+- ``fetch.py``: transfers into this node, deduplicated per node through
+  the migration map, the bytes going from the source's arena (or spill
+  file) straight into the destination's arena as a few raw frames;
+- ``service.py``: a node's answers to all of these.
 
 Deadlock freedom: no rank holds a store lock while it talks MPI; a service
-never waits on another node's service (pulls run in their own thread); room
-for incoming bytes is made (the destination's spill process) before the
-source is asked for them.
+never waits on another node's service (pulls and bulk sends run in their
+own threads); room for incoming bytes is made (the destination's spill
+process) before the source is asked for them.
 """
 from __future__ import annotations
 
-import itertools
-import os
-import socket
-import threading
-import warnings
+import queue
 import weakref
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
-import numpy as np
 from mpi4py import MPI
 
 import shmstore
 
 from .. import errors
-from ..config import node_label
 from ..kernel import encode_key
 from ..kernel import layout as L
-from ..kernel import migrations
-from ..levels import Level, parse_levels
-from ..placement import DEFAULT_PUT_LEVELS
+from ..levels import Level
 from ..store import Store
 from . import tags as T
-from .cuda import cuda_aware
-from .directory import home_of
-from .staging import recv_staged
+from . import wire as W
+from .directory import WAIT, home_of
+from .fetch import Fetcher
+from .nodes import identify
+from .poll import spin_window
+from .rpc import Messenger
 from .service import Service
 from .streams import RemoteReader, RemoteWriter
 
 __all__ = ["Cluster"]
-
-
-def _label(kwargs: dict[str, Any]) -> str:
-    raw = kwargs.get("node") or node_label() or os.environ.get("PMI_HOSTNAME") \
-        or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    return "".join(c if c.isalnum() or c in "_.-" else "-" for c in str(raw))[:48] or "node"
-
-
-def _warn_if_split_per_rank(ranks: list[tuple[str, str, int]]) -> None:
-    """Warn when MPI put every rank in a shared-memory group of its own although several ranks run on one
-    host under one node label: each then gets a store of its own, silently."""
-    if len(ranks) < 2 or any(size > 1 for _, _, size in ranks):
-        return
-    seen: dict[tuple[str, str], int] = {}
-    for host, label, _ in ranks:
-        seen[(host, label)] = seen.get((host, label), 0) + 1
-    crowded = [f"{label!r} on {host} ({n} ranks)" for (host, label), n in seen.items() if n > 1]
-    if crowded:
-        warnings.warn(f"MPI puts every rank in its own shared-memory group, but ranks share a host and a node "
-                      f"label: {', '.join(crowded[:4])}; each rank gets a store of its own. The launcher's "
-                      f"process-to-node mapping does not match the hosts (set SHMSTORE_NODE per node, or launch "
-                      f"with the MPI's own mpiexec / srun --mpi=pmi2)", RuntimeWarning, stacklevel=3)
 
 
 _OPEN: "weakref.WeakSet[Cluster]" = weakref.WeakSet()  # open clusters of this process
@@ -104,15 +76,19 @@ class Cluster:
         self._comm = (comm or MPI.COMM_WORLD).Dup()
         self._bulk = [self._comm.Dup() for _ in range(T.STREAMS)]  # bulk frames, one per stream
         self.rank, self.size = self._comm.rank, self._comm.size
-        self._identify(connect_kwargs)
-        connect_kwargs = dict(connect_kwargs, node=self.node)
-        self.store: Store = shmstore.connect(**connect_kwargs)
-        self._tags = itertools.count()
-        self._tag_lock = threading.Lock()
+        ids = identify(self._comm, connect_kwargs)
+        self.nodes: list[str] = ids.names
+        self.leaders: list[int] = ids.leaders
+        self.node_index: int = ids.index
+        self.node: str = ids.name
+        self.store: Store = shmstore.connect(**dict(connect_kwargs, node=self.node))
+        spin = spin_window(ids.host_ranks)
+        self._msg = Messenger(self._comm, self.nodes, self.leaders, spin)
         self.block_size = T.DEFAULT_BLOCK
         self.streams = T.default_streams()
-        if self.rank == self._leaders[self.node_index]:
-            self._service = Service(self._comm, self)
+        self._fetcher = Fetcher(self)
+        if self.rank == self.leaders[self.node_index]:
+            self._service = Service(self._comm, self, spin)
             self._service.start()
         self._comm.Barrier()
         self._closed = False
@@ -140,40 +116,6 @@ class Cluster:
                 return c
         return None
 
-    def _identify(self, kwargs: dict[str, Any]) -> None:
-        """Group ranks into nodes: same host (Split_type) and same label; name each node."""
-        mine = _label(kwargs)
-        shared = self._comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        _warn_if_split_per_rank(self._comm.allgather((socket.gethostname(), mine, shared.size)))
-        labels = shared.allgather(mine)
-        node_comm = shared.Split(color=sorted(set(labels)).index(mine), key=self.rank)
-        leader = node_comm.allreduce(self.rank, op=MPI.MIN)
-        node_comm.Free()
-        shared.Free()
-        by_leader = dict(self._comm.allgather((leader, mine)))
-        counts = {lb: list(by_leader.values()).count(lb) for lb in by_leader.values()}
-        # two hosts with the same label (or one label on two hosts) still get distinct node ids
-        names = {ld: lb if counts[lb] == 1 else f"{lb}-{ld}" for ld, lb in by_leader.items()}
-        self._leaders = sorted(by_leader)
-        self.nodes = [names[ld] for ld in self._leaders]
-        self.node_index = self._leaders.index(leader)
-        self.node = self.nodes[self.node_index]
-
-    # ---- messaging -------------------------------------------------------------
-    def _next_tag(self) -> int:
-        with self._tag_lock:
-            return T.TAG_REPLY_MIN + next(self._tags) % (T.TAG_REPLY_MAX - T.TAG_REPLY_MIN)
-
-    def _rpc(self, node: int, kind: str, *args: Any) -> tuple[int, tuple[Any, ...]]:
-        """Send a request to ``node``'s leader and wait for its reply; (reply tag, reply)."""
-        dest, tag = self._leaders[node], self._next_tag()
-        self._comm.send((kind, tag) + args, dest=dest, tag=T.TAG_REQUEST)
-        reply = self._comm.recv(source=dest, tag=tag)
-        if reply[0] == "error":
-            cls = getattr(errors, reply[1], errors.TransferError)
-            raise _remote_error(cls, f"node {self.nodes[node]!r}: {reply[2]}", args[0] if args else None, dest)
-        return tag, reply
-
     def _node_index(self, node: int | str) -> int:
         if isinstance(node, str):
             if node not in self.nodes:
@@ -186,6 +128,30 @@ class Cluster:
     def _check(self) -> None:
         if self._closed:
             raise errors.StoreClosedError("cluster is closed")
+
+    # ---- the directory ---------------------------------------------------------
+    def _dir(self, msg: Any, post: bool = False) -> Any:
+        """A request to the home node of ``msg``'s key (or of its first key: all must share the home)."""
+        key = msg.key if hasattr(msg, "key") else msg.keys[0]
+        return self._dir_at(home_of(key, len(self.nodes)), msg, post)
+
+    def _dir_at(self, home: int, msg: Any, post: bool = False) -> Any:
+        """A directory request to node ``home``; answered by this rank's own service's directory where it
+        keeps it (no message), else by a call (or with ``post`` a message without a reply)."""
+        if home == self.node_index and self._service is not None:
+            box: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            result = self._service.directory.handle(msg, box.put)
+            return box.get() if result is WAIT else result
+        if post:
+            self._msg.post(home, msg)
+            return None
+        return self._msg.call(home, msg)
+
+    def _by_home(self, keys: list[str]) -> dict[int, list[str]]:
+        out: dict[int, list[str]] = {}
+        for k in keys:
+            out.setdefault(home_of(k, len(self.nodes)), []).append(k)
+        return out
 
     # ---- objects ---------------------------------------------------------------
     def put(self, key: str, obj: Any, levels: Iterable[Level] | Level | None = None,
@@ -204,11 +170,11 @@ class Cluster:
         self._check()
         info = self.store.put(key, obj, levels, overwrite)
         if overwrite:
-            for i in self._dir(T.DIR_GET, key):
+            for i in self._dir(W.DirGet([key]))[0]:
                 if i != self.node_index:
-                    self._dir(T.DIR_DROP, key, i)  # before the copy goes: never a copy the directory misses
+                    self._dir(W.DirDrop(key, i))  # before the copy goes: never a copy the directory misses
                     self._delete_on(i, key)
-        self._dir(T.DIR_ADD, key, self.node_index)
+        self._dir(W.DirAdd([key], self.node_index, [info.size]))
         return info
 
     def publish(self, keys: Iterable[str] | str) -> None:
@@ -219,19 +185,12 @@ class Cluster:
         """
         self._check()
         for key in [keys] if isinstance(keys, str) else list(keys):
-            if key not in self.store:
-                raise errors.ObjectNotFoundError(f"no object {key!r} on node {self.node!r} to publish", key)
-            self._dir(T.DIR_ADD, key, self.node_index)
-
-    def _dir(self, kind: str, key: str, *args: Any) -> Any:
-        """A request to ``key``'s home node's share of the directory (answered there at once)."""
-        return self._dir_at(home_of(key, len(self.nodes)), kind, key, *args)
-
-    def _dir_at(self, home: int, kind: str, *args: Any) -> Any:
-        """A directory request to node ``home``: answered by this rank's own service where it keeps it."""
-        if home == self.node_index and self._service is not None:
-            return getattr(self._service, "_on_" + kind)(self.rank, 0, *args)[1]
-        return self._rpc(home, kind, *args)[1][1]
+            try:
+                nbytes = self.store.get_info(key).size
+            except errors.ObjectNotFoundError:
+                raise errors.ObjectNotFoundError(f"no object {key!r} on node {self.node!r} to publish", key) \
+                    from None
+            self._dir(W.DirAdd([key], self.node_index, [nbytes]))
 
     def get(self, key: str, fetch: bool = True, conditions: Any = None,
             levels: Iterable[Level] | Level | None = None) -> Any:
@@ -247,7 +206,7 @@ class Cluster:
         except errors.ObjectNotFoundError:
             if not fetch:
                 raise
-        self._fetch_one(key, None, levels, self.block_size)
+        self._fetcher.fetch_one(key, None, levels, self.block_size)
         return self.store.get(key, conditions)
 
     def fetch(self, keys: Iterable[str] | str, levels: Iterable[Level] | Level | None = None,
@@ -262,10 +221,10 @@ class Cluster:
         block = self._block(block_size)
         keys = [keys] if isinstance(keys, str) else list(dict.fromkeys(keys))
         if len(keys) > 1:
-            self._fetch_batch(keys, levels, block)
+            self._fetcher.fetch_batch(keys, levels, block)
         for key in keys:  # what the batch left (being fetched by another rank of this node, stale, large)
             if key not in self.store:
-                self._fetch_one(key, None, levels, block)
+                self._fetcher.fetch_one(key, None, levels, block)
 
     def get_many(self, keys: Iterable[str], levels: Iterable[Level] | Level | None = None) -> list[Any]:
         """The values of ``keys``: local hits, and the rest fetched in batches (one round trip per home node
@@ -278,180 +237,12 @@ class Cluster:
         self.fetch(keys, levels)
         return [self.store.get(k) for k in keys]
 
-    def _fetch_batch(self, keys: list[str], levels: Any, block: int) -> None:
-        """Fetch the missing ``keys`` in rounds of ``T.BATCH``: holders asked per home node, objects looked up
-        per source node (small ones come back inside the reply), new copies registered per home."""
-        kernel = self.store.kernel
-        node, sid, me = kernel.node, kernel.sid, self.node_index
-        missing = [k for k in keys if k not in self.store]
-        for start in range(0, len(missing), T.BATCH):
-            chunk = missing[start: start + T.BATCH]
-            mine: list[tuple[str, int]] = []  # (key, migration slot) this rank transfers
-            try:
-                for k in chunk:
-                    owner, slot = migrations.begin(node, sid, encode_key(k))
-                    if owner:
-                        mine.append((k, slot))
-                done = self._fetch_round([k for k, _ in mine], levels, block)
-                for home, ks in self._by_home(done).items():
-                    self._dir_at(home, T.DIR_ADD_MANY, ks, me)
-            finally:
-                for k, slot in mine:
-                    migrations.finish(node, slot, None if k in self.store else "retry")
-
-    def _fetch_round(self, keys: list[str], levels: Any, block: int) -> list[str]:
-        """One round of a batched fetch; returns the keys now here."""
-        holders: dict[str, list[int]] = {}
-        for home, ks in self._by_home(keys).items():
-            holders.update(zip(ks, self._dir_at(home, T.DIR_GET_MANY, ks)))
-        by_src: dict[int, list[str]] = {}
-        for k in keys:
-            hs = [h for h in holders[k] if h != self.node_index]
-            if hs:
-                by_src.setdefault(hs[self.node_index % len(hs)], []).append(k)
-        done = []
-        for src, ks in by_src.items():
-            _, reply = self._rpc(src, T.LOOKUP_MANY, ks, T.INLINE_MAX)  # pins each there
-            for k, r in zip(ks, reply[1]):
-                if r[0] != "missing":
-                    self._transfer(k, src, r, levels, block)
-                    done.append(k)
-        return done
-
-    def _by_home(self, keys: list[str]) -> dict[int, list[str]]:
-        out: dict[int, list[str]] = {}
-        for k in keys:
-            out.setdefault(home_of(k, len(self.nodes)), []).append(k)
-        return out
-
     def _block(self, block_size: int | None) -> int:
         if block_size is None:
             return self.block_size
         if not 0 < int(block_size) <= T.MAX_BLOCK:
             raise errors.InvalidArgumentError(f"block_size must be in 1..{T.MAX_BLOCK}, got {block_size}")
         return int(block_size)
-
-    def _fetch_one(self, key: str, source: int | None, levels: Any, block: int) -> None:
-        """One deduplicated transfer of ``key`` into this node (see the migration map)."""
-        kb = encode_key(key)
-        kernel = self.store.kernel
-        node, sid = kernel.node, kernel.sid
-        for _ in range(4):
-            if key in self.store:
-                return
-            owner, slot = migrations.begin(node, sid, kb)
-            if not owner:
-                err = migrations.wait(node, slot, sid, kb, self.store.config.spill_timeout * 2)
-                if err is None or err == "retry":
-                    continue
-                raise _shared_error(key, self.node, err)  # the error of the transfer we waited for
-            try:
-                if key not in self.store:
-                    self._transfer_from_any(key, source, levels, block)
-                    self._dir(T.DIR_ADD, key, self.node_index)  # a new copy: others may fetch from here
-            except BaseException as exc:
-                migrations.finish(node, slot, f"{type(exc).__name__}:{exc}")
-                raise
-            migrations.finish(node, slot)
-            return
-        if key not in self.store:
-            raise errors.TransferError(f"transfer of {key!r} into node {self.node!r} kept being interrupted", key)
-
-    def _transfer_from_any(self, key: str, source: int | None, levels: Any, block: int) -> None:
-        """Transfer ``key`` from ``source``, else from a holder the directory names (one round trip to
-        the key's home, one to the holder); a holder without it is dropped from the directory."""
-        if source is not None:
-            candidates = [source]
-        else:
-            holders = [i for i in self._dir(T.DIR_GET, key) if i != self.node_index]
-            k = self.node_index % len(holders) if holders else 0
-            candidates = holders[k:] + holders[:k]  # nodes start at different holders: load spreads
-        for src in candidates:
-            _, reply = self._rpc(src, T.LOOKUP, key, T.INLINE_MAX)  # pins it there if found
-            if reply[0] != "missing":
-                return self._transfer(key, src, reply, levels, block)
-            if source is None:
-                self._dir(T.DIR_DROP, key, src)  # removed behind the directory's back
-        raise errors.ObjectNotFoundError(f"no node has {key!r} (nodes: {self.nodes})", key)
-
-    def _transfer(self, key: str, src: int, reply: tuple[Any, ...], levels: Any, block: int) -> None:
-        (kind, nbytes, nblobs, meta), inline, handle = reply[1], reply[2], reply[3]
-        order = parse_levels(levels, DEFAULT_PUT_LEVELS)
-        kernel = self.store.kernel
-        kb = encode_key(key)
-        try:
-            res = self.store._placement.place(
-                key, order, lambda level: (level,) + kernel.reserve(key, kb, kind, nbytes, nbytes, nblobs, meta,
-                                                                    level=level))
-        except errors.ObjectExistsError:  # put here meanwhile (an overwrite on this node): what we wanted
-            if handle:
-                self._rpc(src, T.RELEASE, handle)
-            return
-        except BaseException:
-            if handle:
-                self._rpc(src, T.RELEASE, handle)
-            raise
-        level, idx, off, stored, _, stripe = res
-        try:
-            self._receive(src, level, idx, off, stored, nbytes, inline, handle, block)
-        except BaseException:
-            kernel.abort(idx)
-            raise
-        kernel.seal(idx, stripe)
-        with kernel.node.admin:
-            L.add_transfer_stats(kernel.node.buf, transfers=1, received=nbytes)
-
-    def _receive(self, src: int, level: int, idx: int, off: int, stored: int, nbytes: int,
-                 inline: bytes | None, handle: int, block: int) -> None:
-        kernel = self.store.kernel
-        gen = L.entry_gen(kernel._buf, kernel._lay.entry(idx))
-        sink = kernel.node.levels[Level(level)].sink(idx, gen, off, nbytes, "incoming transfer")
-        try:
-            dst = sink.buffer()  # host memory MPI can receive into (the arena), or None
-            if dst is None and cuda_aware() and hasattr(sink, "cuda_buffer"):
-                dst = sink.cuda_buffer()  # the device array itself: CUDA-aware MPI receives into it
-            if inline is not None:
-                if isinstance(dst, np.ndarray):
-                    dst[:] = np.frombuffer(inline, np.uint8)
-                else:
-                    sink.write(np.frombuffer(inline, np.uint8), 0)
-            elif nbytes and dst is not None:
-                self._receive_frames(src, dst, nbytes, handle, block)
-            elif nbytes:  # a file or a device without CUDA-aware MPI: frames through host blocks
-                self._receive_frames(src, None, nbytes, handle, block, copy_in=lambda pos, n, b: sink.write(b, pos))
-            sink.close()
-        except BaseException:
-            sink.abort()
-            raise
-
-    def _receive_frames(self, src: int, dst: Any, nbytes: int, handle: int, block: int,
-                        copy_in: Callable[[int, int, np.ndarray], None] | None = None) -> None:
-        """Receive an object's frames into ``dst`` (host or device memory), or with ``copy_in`` through
-        host blocks handed to it; one thread per stream (this one runs the first)."""
-        streams = max(1, min(self.streams, len(self._bulk)))
-        tag, _ = self._rpc(src, T.DATA, handle, block, streams)
-        plan, peer = T.frames(nbytes, block, streams), self._leaders[src]
-        failed: list[BaseException] = []
-
-        def stream(i: int) -> None:
-            try:
-                if copy_in is not None:
-                    recv_staged(self._bulk[i], peer, tag, plan[i::streams], copy_in)
-                    return
-                for pos, n in plan[i::streams]:
-                    self._bulk[i].Recv([dst[pos: pos + n], MPI.BYTE], source=peer, tag=tag)
-            except BaseException as exc:  # re-raised on the calling thread
-                failed.append(exc)
-
-        threads = [threading.Thread(target=stream, args=(i,), name="shmstore-mpi-stream", daemon=True)
-                   for i in range(1, min(streams, len(plan)))]
-        for t in threads:
-            t.start()
-        stream(0)
-        for t in threads:
-            t.join()
-        if failed:
-            raise failed[0]
 
     def migrate(self, key: str, node: int | str, keep_source: bool = False) -> None:
         """Move (or with ``keep_source`` copy) ``key`` to ``node``; the copy keeps its key.
@@ -462,32 +253,32 @@ class Cluster:
         self._check()
         encode_key(key)
         dest = self._node_index(node)
-        holders = self._dir(T.DIR_GET, key)
+        holders = self._dir(W.DirGet([key]))[0]
         if not holders:
             raise errors.ObjectNotFoundError(f"no node has {key!r}", key)
         if dest not in holders:
             src = holders[0]
             if dest == self.node_index:
-                self._fetch_one(key, src, None, self.block_size)
+                self._fetcher.fetch_one(key, src, None, self.block_size)
             else:
-                self._rpc(dest, T.PULL, key, src, self.block_size)  # the pull registers the new copy
+                self._msg.call(dest, W.Pull(key, src, self.block_size))  # the pull registers the new copy
         if not keep_source:
             for n in holders:
                 if n != dest:
-                    self._dir(T.DIR_DROP, key, n)  # before the copy goes (see put)
+                    self._dir(W.DirDrop(key, n))  # before the copy goes (see put)
                     self._delete_on(n, key)
 
     def locate(self, key: str) -> list[str]:
         """Nodes holding a copy of ``key``, as the directory knows them (one round trip to its home)."""
         self._check()
         encode_key(key)
-        return [self.nodes[i] for i in sorted(self._dir(T.DIR_GET, key))]
+        return [self.nodes[i] for i in sorted(self._dir(W.DirGet([key]))[0])]
 
     def delete(self, key: str) -> int:
         """Delete every copy of ``key`` the directory knows; returns how many there were."""
         self._check()
         encode_key(key)
-        holders = self._dir(T.DIR_TAKE, key)
+        holders = self._dir(W.DirTake(key))
         return sum(self._delete_on(i, key) for i in holders)
 
     def _delete_on(self, node: int, key: str) -> bool:
@@ -497,7 +288,7 @@ class Cluster:
                 return True
             except errors.ObjectNotFoundError:
                 return False
-        return bool(self._rpc(node, T.DELETE, key)[1][1])
+        return bool(self._msg.call(node, W.Delete(key)))
 
     def open_reader(self, key: str, node: int | str | None = None) -> Any:
         """A reader of ``key`` on ``node`` (default: this node if it has it, else the first that has),
@@ -515,7 +306,7 @@ class Cluster:
         self._check()
         n = self.node_index if node is None else self._node_index(node)
         if n == self.node_index:
-            return _Published(self, self.store.open_writer(key, size), key)
+            return _Published(self, self.store.open_writer(key, size), key, size)
         return RemoteWriter(self, n, key, size)
 
     def stats(self) -> dict[str, int]:
@@ -549,34 +340,11 @@ class Cluster:
         return f"<shmstore.mpi.Cluster rank {self.rank}/{self.size} node {self.node!r} of {self.nodes}>"
 
 
-def _remote_error(cls: Any, message: str, key: Any, peer: int) -> Exception:
-    exc: Exception
-    if issubclass(cls, errors.TransferError):
-        exc = cls(message, key if isinstance(key, str) else None, peer)
-        return exc
-    try:
-        exc = cls(message, key) if isinstance(key, str) and cls in _KEYED else cls(message)
-        return exc
-    except TypeError:
-        return errors.TransferError(message, None, peer)
-
-
-def _shared_error(key: str, node: str, err: str) -> Exception:
-    name, _, msg = err.partition(":")
-    cls = getattr(errors, name, None)
-    if isinstance(cls, type) and issubclass(cls, errors.ObjectNotFoundError):
-        return cls(msg, key)
-    return errors.TransferError(f"transfer of {key!r} into node {node!r} failed: {msg or err}", key)
-
-
-_KEYED = (errors.ObjectNotFoundError, errors.ObjectExistsError, errors.ObjectLockedError, errors.SpillError)
-
-
 class _Published:
     """A local writer that registers its object in the directory once sealed."""
 
-    def __init__(self, cluster: Cluster, writer: Any, key: str) -> None:
-        self._cluster, self._writer, self.key = cluster, writer, key
+    def __init__(self, cluster: Cluster, writer: Any, key: str, size: int) -> None:
+        self._cluster, self._writer, self.key, self._size = cluster, writer, key, size
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._writer, name)
@@ -585,7 +353,7 @@ class _Published:
         closed = self._writer.closed
         self._writer.close()
         if not closed:
-            self._cluster._dir(T.DIR_ADD, self.key, self._cluster.node_index)
+            self._cluster._dir(W.DirAdd([self.key], self._cluster.node_index, [self._size]))
 
     def __enter__(self) -> "_Published":
         return self

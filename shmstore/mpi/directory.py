@@ -2,13 +2,24 @@
 
 Every key has a home node, ``crc32(key) % nodes``, whose leader keeps that
 key's entry in memory (a :class:`Directory`, served by the node's service).
-A get miss asks the home once (``DIR_GET``) and then one holder
-(``LOOKUP``): two round trips before bytes move, whatever the number of
-nodes; ``locate`` is one round trip, ``delete`` one to the home plus one
-per holder. Paths that make a copy register it (``Cluster.put``, a fetch
-or pull, a migration, a remote writer: ``DIR_ADD``, answered, so a key is
-locatable when ``put`` returns); paths that remove one unregister it
-(``Cluster.delete`` takes the whole entry, a migration drops its source).
+A get miss asks the home once (``DirSource``: which holder to fetch from)
+and then that holder (``Lookup``): two round trips before bytes move,
+whatever the number of nodes; ``locate`` is one round trip, ``delete`` one
+to the home plus one per holder. Paths that make a copy register it
+(``Cluster.put``, a migration, a remote writer: ``DirAdd``, answered, so a
+key is locatable when ``put`` returns; a fetch posts its ``DirDone``
+without waiting, so the new copy is listed a moment after the fetch
+returns, and before any later request of the same rank); paths that remove
+one unregister it (``Cluster.delete`` takes the whole entry, a migration
+drops its source).
+
+Hot objects spread as a tree. A holder of a large object (``SPREAD_MIN``
+bytes or more) sends to one fetcher at a time: the home answers each
+``DirSource`` with a holder that is not sending, and keeps the fetcher
+waiting while every holder is busy; a finished fetch (``DirDone``) frees its
+source and adds a holder. When every node asks for one object at once, the
+holders double each transfer time: all N nodes hold it after about
+log2(N) transfer times instead of the N-1 of one source sending to each.
 
 Ordering, so that concurrent operations never leave a copy the directory
 misses (which ``delete`` would then miss too): a copy is registered after
@@ -19,16 +30,23 @@ What the directory cannot see: objects put or deleted through a plain
 node-local ``shmstore.connect()`` (they are found on their own node only;
 ``Cluster.publish(keys)`` registers them), and copies removed behind its
 back. Such an entry is stale, never harmful: a fetcher that finds a holder
-without the object tells the home to drop it (``DIR_DROP``) and tries the
-next holder. Entries live as long as the job: the directory is in the
+without the object tells the home (``DirDone`` "stale"), which drops it,
+and asks again. Entries live as long as the job: the directory is in the
 leaders' memory, not in the stores (a job that dies takes it along).
 """
 from __future__ import annotations
 
 import threading
 import zlib
+from collections import deque
+from typing import Any, Callable
 
-__all__ = ["Directory", "home_of"]
+from . import wire as W
+
+__all__ = ["Directory", "home_of", "SPREAD_MIN", "WAIT"]
+
+SPREAD_MIN = 1 << 20  # objects of at least this many bytes are sent by each holder to one node at a time
+WAIT = object()       # a DirSource answer that comes later (every holder busy)
 
 
 def home_of(key: str, nnodes: int) -> int:
@@ -36,35 +54,123 @@ def home_of(key: str, nnodes: int) -> int:
     return zlib.crc32(key.encode("utf-8", "surrogatepass")) % nnodes
 
 
-class Directory:
-    """One node's share of the directory: key -> node indices holding a copy. Thread-safe."""
+class _Entry:
+    __slots__ = ("holders", "nbytes", "sending", "waiters")
 
     def __init__(self) -> None:
-        self._holders: dict[str, list[int]] = {}
+        self.holders: list[int] = []
+        self.nbytes = 0
+        self.sending: dict[int, int] = {}  # holder -> fetches it serves now (large objects)
+        self.waiters: deque[tuple[int, Callable[[Any], None]]] = deque()  # (node, answer) waiting for a holder
+
+
+class Directory:
+    """One node's share of the directory: key -> nodes holding a copy, and who is sending. Thread-safe.
+
+    :meth:`handle` answers the directory messages of :mod:`wire`; a
+    ``DirSource`` that must wait returns ``WAIT`` and is answered later
+    through the ``answer`` callable it came with.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
 
-    def add(self, key: str, node: int) -> None:
+    def handle(self, msg: Any, answer: Callable[[Any], None]) -> Any:
+        later: list[tuple[Callable[[Any], None], Any]] = []  # answers to send once the lock is dropped
         with self._lock:
-            holders = self._holders.setdefault(key, [])
-            if node not in holders:
-                holders.append(node)
+            result = self._handle(msg, answer, later)
+        for reply, value in later:
+            reply(value)
+        return result
 
-    def drop(self, key: str, node: int) -> None:
-        with self._lock:
-            holders = self._holders.get(key)
-            if holders is not None and node in holders:
-                holders.remove(node)
-                if not holders:
-                    del self._holders[key]
+    def _handle(self, msg: Any, answer: Callable[[Any], None], later: list[Any]) -> Any:
+        if isinstance(msg, W.DirGet):
+            return [list(e.holders) if (e := self._entries.get(k)) else [] for k in msg.keys]
+        if isinstance(msg, W.DirSource):
+            e = self._entries.get(msg.key)
+            others = [h for h in e.holders if h != msg.node] if e else []
+            if e is None or not others:
+                return None
+            if e.nbytes < SPREAD_MIN:  # small: no queueing; fetchers start at different holders
+                return others[msg.node % len(others)]
+            src = self._free_holder(e, msg.node)
+            if src is None:
+                e.waiters.append((msg.node, answer))
+                return WAIT
+            return src
+        if isinstance(msg, W.DirAdd):
+            for k, size in zip(msg.keys, msg.sizes):
+                self._add(k, msg.node, size)
+            return None
+        if isinstance(msg, W.DirDone):
+            e = self._entries.get(msg.key)
+            if e is not None and e.sending.get(msg.source, 0) > 0:
+                e.sending[msg.source] -= 1
+            if msg.outcome == "copied":
+                self._add(msg.key, msg.node, msg.nbytes)
+            elif msg.outcome == "stale":
+                self._drop(msg.key, msg.source)
+            self._serve(msg.key, later)
+            return None
+        if isinstance(msg, W.DirDrop):
+            self._drop(msg.key, msg.node)
+            self._serve(msg.key, later)
+            return None
+        if isinstance(msg, W.DirTake):
+            e = self._entries.pop(msg.key, None)
+            if e is None:
+                return []
+            later.extend((reply, None) for _, reply in e.waiters)  # the key is gone: nothing to fetch
+            return e.holders
+        raise TypeError(f"not a directory message: {type(msg).__name__}")
+
+    def _add(self, key: str, node: int, nbytes: int) -> None:
+        e = self._entries.get(key)
+        if e is None:
+            e = self._entries[key] = _Entry()
+        if node not in e.holders:
+            e.holders.append(node)
+        e.nbytes = max(e.nbytes, int(nbytes))
+
+    def _drop(self, key: str, node: int) -> None:
+        e = self._entries.get(key)
+        if e is not None and node in e.holders:
+            e.holders.remove(node)
+            e.sending.pop(node, None)
+
+    def _free_holder(self, e: _Entry, node: int) -> int | None:
+        """A holder of ``e`` other than ``node`` sending to nobody (marked as sending now), else None."""
+        free = [h for h in e.holders if h != node and e.sending.get(h, 0) == 0]
+        if not free:
+            return None
+        src = free[node % len(free)]
+        e.sending[src] = 1
+        return src
+
+    def _serve(self, key: str, later: list[Any]) -> None:
+        """Hand free holders to waiting fetchers; with no holder left, tell them there is none."""
+        e = self._entries.get(key)
+        if e is None:
+            return
+        while e.waiters:
+            node, reply = e.waiters[0]
+            if not [h for h in e.holders if h != node]:
+                e.waiters.popleft()
+                later.append((reply, None))
+                continue
+            src = self._free_holder(e, node)
+            if src is None:
+                break
+            e.waiters.popleft()
+            later.append((reply, src))
+        if not e.holders and not e.waiters:
+            del self._entries[key]
 
     def get(self, key: str) -> list[int]:
         with self._lock:
-            return list(self._holders.get(key, ()))
-
-    def take(self, key: str) -> list[int]:
-        """The holders of ``key``, forgetting the key (a delete of every copy)."""
-        with self._lock:
-            return self._holders.pop(key, [])
+            e = self._entries.get(key)
+            return list(e.holders) if e else []
 
     def __len__(self) -> int:
-        return len(self._holders)
+        return len(self._entries)

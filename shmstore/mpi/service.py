@@ -1,11 +1,14 @@
 """The service of one node: answers other ranks' requests for this node's objects.
 
 One per node, run as a daemon thread by the node's leader rank, on the
-cluster's private communicator. It probes for requests with exponential
-back-off (every 50 us while requests keep coming, every 2 ms after half a
-second without one), so an idle node costs next to no CPU, instead
-of spinning in a blocking receive (MPICH busy-polls, and a spinning thread
-would steal a core from every rank of the node).
+cluster's private communicator. It waits for requests in C with the GIL
+released (``poll.py``): probing back to back for a moment after each request
+(where the host has a core to spare), then every 50 us, and every 1 ms after
+half a second without one. An idle node so costs next to no CPU and never
+takes the GIL from the application, instead of spinning in a blocking receive
+(MPICH busy-polls, and a spinning thread would steal a core from every rank
+of the node). Bulk sends run in threads of their own, so lookups and
+directory requests are answered while large objects stream out.
 
 A bulk send pins the source object (a lease) from the LOOKUP that
 announced it until its frames are sent, so the spill process cannot move it
@@ -18,7 +21,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
@@ -26,19 +29,22 @@ from mpi4py import MPI
 from .. import errors
 from ..kernel import encode_key
 from ..kernel import layout as L
+from ..kernel.node import NodeStore
 from ..kernel import native
 from ..levels import Level
 from ..levels.gpu import GpuLevel, pin_token, to_host
 from . import tags as T
+from . import wire as W
 from .cuda import cuda_aware
-from .directory import Directory
+from .directory import WAIT, Directory
+from .poll import prober, python_prober
 from .staging import send_staged
 
 __all__ = ["Service", "HANDLE_TTL"]
 
 HANDLE_TTL = 120.0
 _NO_REPLY = object()
-_BUSY_PAUSE = 50e-6   # probe interval while requests came in recently
+_BUSY_PAUSE = 50e-6   # probe interval while requests came in recently (after the spin window)
 _IDLE_PAUSE = 1e-3    # probe interval of an idle node: the first request after a pause waits <= 1 ms
 _IDLE_AFTER = 0.5     # seconds without a request before backing off to _IDLE_PAUSE
 
@@ -49,28 +55,39 @@ class Service:
     Thread-safe towards the Cluster: it only uses the store's thread-safe API.
     """
 
-    def __init__(self, comm: MPI.Comm, cluster: Any) -> None:
+    def __init__(self, comm: MPI.Comm, cluster: Any, spin: float = 0.0) -> None:
         self.comm = comm
+        self.spin = spin
         self.cluster = cluster
         self.store = cluster.store
-        self.kernel = cluster.store._kernel
+        self.kernel = cluster.store.kernel
         self._ids = itertools.count(1)
         self._leases: dict[int, tuple[np.ndarray, float]] = {}
         self._writers: dict[int, Any] = {}
         self._stop = threading.Event()
-        self._pulls: list[threading.Thread] = []
+        self._workers: list[threading.Thread] = []  # pulls and bulk sends under way
         self.directory = Directory()  # this node's share of the location directory (see directory.py)
+        self._handlers: dict[type, Callable[[int, int, Any], Any]] = {
+            W.Lookup: self._on_lookup, W.LookupMany: self._on_lookup_many, W.Data: self._on_data,
+            W.Release: self._on_release, W.Has: self._on_has, W.Delete: self._on_delete, W.Pull: self._on_pull,
+            W.Read: self._on_read,
+            W.WriterOpen: self._on_writer_open, W.Write: self._on_write, W.WriterClose: self._on_writer_close}
+        for kind in (W.DirAdd, W.DirDrop, W.DirGet, W.DirTake, W.DirSource, W.DirDone):
+            self._handlers[kind] = self._on_directory
         self._thread = threading.Thread(target=self._loop, name="shmstore-mpi-service", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop serving; idempotent. Drops uncollected leases and aborts remote writers."""
-        self._stop.set()
-        if self._thread.is_alive():
+        """Stop serving (once nobody sends requests any more); idempotent. Drops uncollected leases and
+        aborts remote writers."""
+        if not self._stop.is_set() and self._thread.is_alive():
+            self._stop.set()
+            self.comm.send((0, W.Stop()), dest=self.comm.rank, tag=T.TAG_REQUEST)  # the loop ends on it
             self._thread.join(60)
-        for t in self._pulls:
+        self._stop.set()
+        for t in self._workers:
             t.join(60)
         self._leases.clear()
         for w in self._writers.values():
@@ -80,51 +97,84 @@ class Service:
     # ---- loop ------------------------------------------------------------------
     def _loop(self) -> None:
         native.set_timer_slack(2000)  # this thread's 50 us naps then last ~55 us, not ~105
+        probe = prober(self.comm)
         status = MPI.Status()
         last = time.monotonic()
-        while not self._stop.is_set():
-            if not self.comm.iprobe(MPI.ANY_SOURCE, T.TAG_REQUEST, status):
-                idle = time.monotonic() - last
-                time.sleep(_BUSY_PAUSE if idle < _IDLE_AFTER else _IDLE_PAUSE)
+        while True:
+            idle = time.monotonic() - last
+            try:
+                if idle < _IDLE_AFTER:
+                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, self.spin, _BUSY_PAUSE, _IDLE_AFTER - idle)
+                else:
+                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, 0.0, _IDLE_PAUSE, 1.0)
+            except (errors.TransferError, OverflowError, OSError):  # the C prober failed: probe from Python
+                probe = python_prober(self.comm)
+                continue
+            if not ready:
                 if idle > 1.0:
                     self._expire()
                 continue
             last = time.monotonic()
+            reply_tag, msg = self.comm.recv(source=MPI.ANY_SOURCE, tag=T.TAG_REQUEST, status=status)
             src = status.Get_source()
-            msg = self.comm.recv(source=src, tag=T.TAG_REQUEST)
-            kind, reply_tag, args = msg[0], msg[1], msg[2:]
-            try:
-                reply = getattr(self, "_on_" + kind)(src, reply_tag, *args)
-            except errors.ShmStoreError as exc:
-                reply = ("error", type(exc).__name__, str(exc))
-            except Exception as exc:  # a bad request must not kill the node's service
-                reply = ("error", "TransferError", f"{type(exc).__name__}: {exc}")
-            if reply is not _NO_REPLY:
+            if isinstance(msg, W.Stop):
+                self._drain(status)
+                return
+            reply = self.handle(src, reply_tag, msg)
+            if reply is not _NO_REPLY and reply_tag:
                 self.comm.send(reply, dest=src, tag=reply_tag)
+
+    def _drain(self, status: MPI.Status) -> None:
+        """Handle what was posted before the cluster's closing barrier (a fetch's DirDone) but came after
+        our own Stop: nothing is left unreceived on the communicator when it is freed."""
+        deadline = time.monotonic() + 0.05
+        while time.monotonic() < deadline:
+            if not self.comm.iprobe(MPI.ANY_SOURCE, T.TAG_REQUEST, status):
+                time.sleep(0.001)
+                continue
+            reply_tag, msg = self.comm.recv(source=status.Get_source(), tag=T.TAG_REQUEST)
+            if not reply_tag:
+                self.handle(status.Get_source(), 0, msg)
+
+    def handle(self, src: int, tag: int, msg: Any) -> Any:
+        """The reply to request ``msg`` from rank ``src`` (or ``_NO_REPLY``: answered elsewhere); a
+        :class:`wire.Failure` where it failed."""
+        try:
+            return self._handlers[type(msg)](src, tag, msg)
+        except Exception as exc:  # a bad request must not kill the node's service
+            return W.Failure.of(exc)
 
     def _expire(self) -> None:
         now = time.monotonic()
         for h in [h for h, (_, deadline) in self._leases.items() if deadline < now]:
             del self._leases[h]
-        self._pulls = [t for t in self._pulls if t.is_alive()]
+        self._workers = [t for t in self._workers if t.is_alive()]
+
+    def _spawn(self, name: str, run: Callable[[], None]) -> None:
+        """Run ``run`` in a thread of its own (a pull or a bulk send): this loop never waits on it."""
+        t = threading.Thread(target=run, name=name, daemon=True)
+        self._workers.append(t)
+        t.start()
 
     # ---- handlers --------------------------------------------------------------
-    def _on_lookup(self, src: int, tag: int, key: str, inline_max: int) -> tuple[Any, ...]:
+    def _on_lookup(self, src: int, tag: int, msg: W.Lookup) -> W.Found | None:
         k = self.kernel
         try:
-            idx, e, _ = k.lookup(key, encode_key(key), True)
+            idx, e, _ = k.lookup(msg.key, encode_key(msg.key), True)
         except errors.ObjectNotFoundError:
-            return ("missing",)
+            return None
         lease = self._device_lease(idx, e) if e[L.E_LEVEL] == L.LEVEL_GPU else k.lease(idx, e)
-        meta = (e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS],
-                L.entry_array_bytes(k._buf, k._lay.entry(idx)) if e[L.E_KIND] == L.KIND_NDARRAY else None)
-        if e[L.E_NBYTES] <= inline_max:
+        array = L.entry_array_bytes(k._buf, k._lay.entry(idx)) if e[L.E_KIND] == L.KIND_NDARRAY else None
+        if e[L.E_NBYTES] <= msg.inline_max:
             data = _host_bytes(lease)
             self._count_sent(len(data))
-            return ("ok", meta, data, 0)
+            return W.Found(e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS], array, data, 0)
         h = next(self._ids)
         self._leases[h] = (lease, time.monotonic() + HANDLE_TTL)
-        return ("ok", meta, None, h)
+        return W.Found(e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS], array, None, h)
+
+    def _on_lookup_many(self, src: int, tag: int, msg: W.LookupMany) -> list[W.Found | None]:
+        return [self._on_lookup(src, tag, W.Lookup(k, msg.inline_max)) for k in msg.keys]
 
     def _device_lease(self, idx: int, e: tuple[Any, ...]) -> Any:
         """The stored bytes of a GPU object (pinned by the caller) as a device array holding the pin."""
@@ -132,115 +182,94 @@ class Service:
         assert isinstance(gpu, GpuLevel)
         return gpu.array(e[L.E_OFFSET], e[L.E_NBYTES], pin_token(self.kernel._release, idx, e[L.E_GEN]))
 
-    def _on_data(self, src: int, tag: int, handle: int, block: int, streams: int = 1) -> Any:
-        entry = self._leases.pop(handle, None)
+    def _on_data(self, src: int, tag: int, msg: W.Data) -> Any:
+        entry = self._leases.pop(msg.handle, None)
         if entry is None:
-            return ("error", "TransferError", f"transfer handle {handle} expired (after {HANDLE_TTL:g} s)")
+            raise errors.TransferError(f"transfer handle {msg.handle} expired (after {HANDLE_TTL:g} s)")
         lease = entry[0]
-        streams = max(1, min(int(streams), len(self.cluster._bulk)))
-        self.comm.send(("ok", lease.nbytes), dest=src, tag=tag)
-        bulk = self.cluster._bulk
-        plan = T.frames(lease.nbytes, block, streams)
-        if hasattr(lease, "__cuda_array_interface__") and not cuda_aware():  # device bytes through host blocks
-            send_staged(bulk[:streams], src, tag, plan, lambda pos, n, b: to_host(b, lease[pos: pos + n]))
-        else:  # host memory, or device memory handed to a CUDA-aware MPI as it is
-            reqs = [bulk[i % streams].Isend([lease[pos: pos + n], MPI.BYTE], dest=src, tag=tag)
-                    for i, (pos, n) in enumerate(plan)]
-            wait_quietly(reqs)
-        self._count_sent(lease.nbytes)
+        streams = max(1, min(int(msg.streams), len(self.cluster._bulk)))
+        self.comm.send(lease.nbytes, dest=src, tag=tag)
+
+        def send() -> None:
+            bulk = self.cluster._bulk
+            plan = T.frames(lease.nbytes, msg.block, streams)
+            if hasattr(lease, "__cuda_array_interface__") and not cuda_aware():  # device bytes via host blocks
+                send_staged(bulk[:streams], src, tag, plan, lambda pos, n, b: to_host(b, lease[pos: pos + n]))
+            else:  # host memory, or device memory handed to a CUDA-aware MPI as it is
+                reqs = [bulk[i % streams].Isend([lease[pos: pos + n], MPI.BYTE], dest=src, tag=tag)
+                        for i, (pos, n) in enumerate(plan)]
+                wait_quietly(reqs)
+            self._count_sent(lease.nbytes)
+
+        self._spawn("shmstore-mpi-send", send)
         return _NO_REPLY
 
-    def _on_release(self, src: int, tag: int, handle: int) -> tuple[Any, ...]:
-        self._leases.pop(handle, None)
-        return ("ok",)
+    def _on_release(self, src: int, tag: int, msg: W.Release) -> None:
+        self._leases.pop(msg.handle, None)
 
-    def _on_has(self, src: int, tag: int, key: str) -> tuple[Any, ...]:
-        return ("ok", key in self.store)
+    def _on_has(self, src: int, tag: int, msg: W.Has) -> bool:
+        return msg.key in self.store
 
-    def _on_delete(self, src: int, tag: int, key: str) -> tuple[Any, ...]:
+    def _on_delete(self, src: int, tag: int, msg: W.Delete) -> bool:
         try:
-            self.store.delete(key)
-            return ("ok", True)
+            self.store.delete(msg.key)
+            return True
         except errors.ObjectNotFoundError:
-            return ("ok", False)
+            return False
 
-    def _on_pull(self, src: int, tag: int, key: str, from_node: int, block: int) -> Any:
+    def _on_pull(self, src: int, tag: int, msg: W.Pull) -> Any:
         def run() -> None:
             try:
-                self.cluster._fetch_one(key, from_node, None, block)
-                reply: tuple[Any, ...] = ("ok",)
-            except errors.ShmStoreError as exc:
-                reply = ("error", type(exc).__name__, str(exc))
+                self.cluster._fetcher.fetch_one(msg.key, msg.source, None, msg.block)
+                reply: Any = None
             except Exception as exc:
-                reply = ("error", "TransferError", f"{type(exc).__name__}: {exc}")
+                reply = W.Failure.of(exc)
             self.comm.send(reply, dest=src, tag=tag)
-        t = threading.Thread(target=run, name="shmstore-mpi-pull", daemon=True)
-        self._pulls.append(t)
-        t.start()
+        self._spawn("shmstore-mpi-pull", run)
         return _NO_REPLY
 
-    # ---- the directory: answered at once, never waiting on anyone ------------------------
-    def _on_dir_add(self, src: int, tag: int, key: str, node: int) -> tuple[Any, ...]:
-        self.directory.add(key, node)
-        return ("ok", None)
+    def _on_directory(self, src: int, tag: int, msg: Any) -> Any:
+        """A directory request: answered at once, or (a DirSource waiting for a free holder) later."""
+        def answer(value: Any) -> None:
+            if tag:
+                self.comm.send(value, dest=src, tag=tag)
+        result = self.directory.handle(msg, answer)
+        return _NO_REPLY if result is WAIT else result
 
-    def _on_dir_drop(self, src: int, tag: int, key: str, node: int) -> tuple[Any, ...]:
-        self.directory.drop(key, node)
-        return ("ok", None)
-
-    def _on_dir_get(self, src: int, tag: int, key: str) -> tuple[Any, ...]:
-        return ("ok", self.directory.get(key))
-
-    def _on_dir_take(self, src: int, tag: int, key: str) -> tuple[Any, ...]:
-        return ("ok", self.directory.take(key))
-
-    def _on_dir_get_many(self, src: int, tag: int, keys: list[str]) -> tuple[Any, ...]:
-        return ("ok", [self.directory.get(k) for k in keys])
-
-    def _on_dir_add_many(self, src: int, tag: int, keys: list[str], node: int) -> tuple[Any, ...]:
-        for k in keys:
-            self.directory.add(k, node)
-        return ("ok", None)
-
-    def _on_lookup_many(self, src: int, tag: int, keys: list[str], inline_max: int) -> tuple[Any, ...]:
-        return ("ok", [self._on_lookup(src, tag, k, inline_max) for k in keys])
-
-    def _on_read(self, src: int, tag: int, key: str, offset: int, n: int) -> tuple[Any, ...]:
-        with self.store.open_reader(key) as r:
-            r.seek(offset)
-            data = r.read(n)
+    def _on_read(self, src: int, tag: int, msg: W.Read) -> W.Chunk:
+        with self.store.open_reader(msg.key) as r:
+            r.seek(msg.offset)
+            data = r.read(msg.n)
             size = r.size
         self._count_sent(len(data))
-        return ("ok", size, data)
+        return W.Chunk(size, data)
 
-    def _on_wopen(self, src: int, tag: int, key: str, size: int) -> tuple[Any, ...]:
+    def _on_writer_open(self, src: int, tag: int, msg: W.WriterOpen) -> int:
         h = next(self._ids)
-        self._writers[h] = self.store.open_writer(key, size)
-        return ("ok", h)
+        self._writers[h] = self.store.open_writer(msg.key, msg.size)
+        return h
 
-    def _on_write(self, src: int, tag: int, handle: int, data: bytes) -> tuple[Any, ...]:
-        w = self._writers.get(handle)
+    def _on_write(self, src: int, tag: int, msg: W.Write) -> None:
+        w = self._writers.get(msg.handle)
         if w is None:
-            return ("error", "StoreClosedError", f"remote writer {handle} is closed")
+            raise errors.StoreClosedError(f"remote writer {msg.handle} is closed")
         try:
-            w.write(data)
+            w.write(msg.data)
         except errors.ShmStoreError:
-            self._writers.pop(handle, None).abort()
+            self._writers.pop(msg.handle).abort()
             raise
-        return ("ok",)
 
-    def _on_wclose(self, src: int, tag: int, handle: int, abort: bool) -> tuple[Any, ...]:
-        w = self._writers.pop(handle, None)
+    def _on_writer_close(self, src: int, tag: int, msg: W.WriterClose) -> None:
+        w = self._writers.pop(msg.handle, None)
         if w is None:
-            return ("ok",)
-        if abort:
+            return
+        if msg.abort:
             w.abort()
         else:
             w.close()
-        return ("ok",)
 
     def _count_sent(self, nbytes: int) -> None:
-        node = self.store._node
+        node: NodeStore = self.kernel.node
         with node.admin:
             L.add_transfer_stats(node.buf, sent=nbytes)
 

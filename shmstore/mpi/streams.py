@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import errors
-from . import tags as T
+from . import wire as W
 
 __all__ = ["RemoteReader", "RemoteWriter"]
 
@@ -17,8 +17,7 @@ class RemoteReader:
 
     def __init__(self, cluster: Any, node: int, key: str) -> None:
         self._cluster, self._node, self.key = cluster, node, key
-        _, reply = cluster._rpc(node, T.READ, key, 0, 0)
-        self.size = reply[1]
+        self.size = cluster._msg.call(node, W.Read(key, 0, 0)).size
         self._pos = 0
         self.closed = False
 
@@ -28,7 +27,7 @@ class RemoteReader:
         n = self.size - self._pos if n is None or n < 0 else min(n, self.size - self._pos)
         if n <= 0:
             return b""
-        data: bytes = self._cluster._rpc(self._node, T.READ, self.key, self._pos, n)[1][2]
+        data: bytes = self._cluster._msg.call(self._node, W.Read(self.key, self._pos, n)).data
         self._pos += len(data)
         return data
 
@@ -66,7 +65,7 @@ class RemoteWriter:
 
     def __init__(self, cluster: Any, node: int, key: str, size: int) -> None:
         self._cluster, self._node, self.key, self.size = cluster, node, key, size
-        self._handle = cluster._rpc(node, T.WOPEN, key, size)[1][1]
+        self._handle = cluster._msg.call(node, W.WriterOpen(key, size))
         self.closed = False
 
     def write(self, data: Any) -> int:
@@ -74,19 +73,19 @@ class RemoteWriter:
             raise errors.StoreClosedError(f"writer of {self.key!r} is closed")
         mv = memoryview(data).cast("B")
         for pos in range(0, len(mv), self.CHUNK):
-            self._cluster._rpc(self._node, T.WRITE, self._handle, bytes(mv[pos: pos + self.CHUNK]))
+            self._cluster._msg.call(self._node, W.Write(self._handle, bytes(mv[pos: pos + self.CHUNK])), self.key)
         return len(mv)
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self._cluster._rpc(self._node, T.WCLOSE, self._handle, False)
-            self._cluster._dir(T.DIR_ADD, self.key, self._node)  # sealed there: locatable from now on
+            self._cluster._msg.call(self._node, W.WriterClose(self._handle, False), self.key)
+            self._cluster._dir(W.DirAdd([self.key], self._node, [self.size]))  # sealed there: locatable now
 
     def abort(self) -> None:
         if not self.closed:
             self.closed = True
-            self._cluster._rpc(self._node, T.WCLOSE, self._handle, True)
+            self._cluster._msg.call(self._node, W.WriterClose(self._handle, True), self.key)
 
     def __enter__(self) -> "RemoteWriter":
         return self

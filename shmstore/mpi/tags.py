@@ -1,8 +1,8 @@
-"""Every tag and message kind of the transfer protocol, in one place.
+"""The tags, sizes and frame plan of the transfer protocol, in one place.
 
-Control messages are small pickled tuples ``(kind, reply_tag, *args)`` sent
-to a node's leader on ``TAG_REQUEST``; replies come back on the tag the
-requester chose. Bulk bytes go as raw ``MPI.BYTE`` frames, never pickled, in
+Control messages (named in ``wire.py``) are small pickled tuples
+``(reply_tag, message)`` sent to a node's leader on ``TAG_REQUEST``; replies
+come back on the tag the requester chose. Bulk bytes go as raw ``MPI.BYTE`` frames, never pickled, in
 blocks of at most ``block_size`` (below the 2 GiB count limit), on the
 cluster's bulk communicators: frame ``i`` of a transfer on stream
 ``i % streams``, with the reply tag.
@@ -22,24 +22,6 @@ TAG_REQUEST = 1
 TAG_REPLY_MIN = 1000
 TAG_REPLY_MAX = 30000
 
-# request kinds
-LOOKUP = "lookup"      # (key, inline_max) -> ("ok", meta, inline bytes | None, handle) or ("missing",)
-DATA = "data"          # (handle, block_size, streams) -> raw frames on the reply tag
-RELEASE = "release"    # (handle,) -> True
-HAS = "has"            # (key,) -> bool
-DELETE = "delete"      # (key,) -> bool
-PULL = "pull"          # (key, from_node, block_size) -> None or error string
-READ = "read"          # (key, offset, n) -> bytes | None
-WOPEN = "wopen"        # (key, size) -> handle | error string
-WRITE = "write"        # (handle, bytes) -> None | error string
-WCLOSE = "wclose"      # (handle, abort) -> None | error string
-DIR_ADD = "dir_add"    # (key, node) -> None: node holds a copy (to the key's home node)
-DIR_DROP = "dir_drop"  # (key, node) -> None: node holds none any more
-DIR_GET = "dir_get"    # (key,) -> [node, ...] holding a copy
-DIR_TAKE = "dir_take"  # (key,) -> [node, ...], and the key is forgotten (a delete of every copy)
-DIR_GET_MANY = "dir_get_many"  # (keys,) -> [[node, ...] per key]
-DIR_ADD_MANY = "dir_add_many"  # (keys, node) -> None
-LOOKUP_MANY = "lookup_many"    # (keys, inline_max) -> [LOOKUP's reply per key]
 BATCH = 64                     # keys per batched request (and per round of a batched fetch)
 
 INLINE_MAX = 64 << 10      # objects up to this size travel inside the reply

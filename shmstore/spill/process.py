@@ -39,6 +39,7 @@ from ..errors import ShmStoreError, StorageFullError
 from ..kernel import NodeStore
 from ..kernel import layout as L
 from ..kernel import migrations
+from ..kernel.segment import segment_exists
 from ..kernel.janitor import drop_lost_gpu_arenas, janitor_pass, sweep_deleted
 from ..levels import Level
 from ..levels.gpu import GpuLevel
@@ -49,6 +50,7 @@ from .mover import MoveError, Mover
 __all__ = ["main", "POLL"]
 
 POLL = 0.25  # seconds between janitor rounds; requests and departures wake it at once
+ORPHAN_EVERY = 8  # janitor rounds between checks that the store's segments still exist
 TERM_GRACE = 2.0  # seconds after SIGTERM to wait for the job's clients to die or leave
 log = logging.getLogger("shmstore.spill")
 
@@ -84,9 +86,13 @@ class _Spiller:
             rolled = 0
         if rolled:
             log.warning("%s: rolled back %d move(s) a previous spill process left half done", self.label, rolled)
+        beats = 0
         while self.owns_store():
             self.node.wake.wait(POLL)
             self._heartbeat()
+            beats += 1
+            if beats % ORPHAN_EVERY == 0 and self._orphaned():
+                return 0
             for step in (self.serve, self._janitor, self._relieve):
                 self._step(step)
             if self._destroy_if_unused():
@@ -164,6 +170,18 @@ class _Spiller:
             self.mover.make_room(req.nbytes, level=level)
         elif req.kind == L.REQ_MOVE:
             self.mover.move(req.idx, req.gen, level)
+
+    def _orphaned(self) -> bool:
+        """True when the store's segments were removed behind its back (an ``rm`` in /dev/shm, a cleaner
+        that unlinked them) and no client is left: nobody can attach any more, so this process would
+        serve nobody forever. Its spill files go (unless the name now names another store)."""
+        if self.node.meta.named() is not False or self.node.clients():
+            return False
+        replaced = segment_exists(self.node.meta.name)
+        files = 0 if replaced else self.node.disk.remove_all()
+        log.warning("%s: the store's shared memory was removed without shmstore (not by destroy or gc) and "
+                    "no client is left; exiting%s", self.label, f", removed {files} spill file(s)" if files else "")
+        return True
 
     def _destroy_if_unused(self) -> bool:
         files = self.node.remove_if_unused()

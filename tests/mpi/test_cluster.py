@@ -14,10 +14,11 @@ import shmstore
 from shmstore import Level
 from shmstore.kernel import layout as L
 from shmstore.mpi import tags as T
+from shmstore.mpi import wire as W
 
 
 def leader_of(cluster, node: int) -> int:
-    return cluster._leaders[node]
+    return cluster.leaders[node]
 
 
 def last_node(cluster) -> int:
@@ -410,7 +411,7 @@ def test_directory_stays_exact_under_concurrent_put_fetch_migrate_delete(cluster
     comm.Barrier()
     def truth(k):
         return [name for i, name in enumerate(cluster.nodes)
-                if (k in cluster.store if i == cluster.node_index else cluster._rpc(i, T.HAS, k)[1][1])]
+                if (k in cluster.store if i == cluster.node_index else cluster._msg.call(i, W.Has(k)))]
 
     for k in every[comm.rank::comm.size]:
         assert set(truth(k)) <= set(cluster.locate(k)), k
@@ -431,21 +432,21 @@ def test_get_many_fetches_small_objects_in_batched_round_trips(cluster, comm, ke
             cluster.put(k, np.full(16, i))
     comm.Barrier()
     calls: list[str] = []
-    rpc = cluster._rpc
+    call = cluster._msg.call
 
-    def counting(node, kind, *args):
-        calls.append(kind)
-        return rpc(node, kind, *args)
+    def counting(node, msg, key=None):
+        calls.append(type(msg).__name__)
+        return call(node, msg, key)
 
-    cluster._rpc = counting
+    cluster._msg.call = counting
     try:
         values = cluster.get_many(keys + keys[:3])  # repeats are fine
     finally:
-        del cluster._rpc
+        del cluster._msg.call
     assert [int(v[0]) for v in values] == list(range(n)) + [0, 1, 2]
     if cluster.node_index != 0:  # fetched: a few batched requests, not three per key
         rounds = -(-n // T.BATCH)  # each: holders per home node, lookups per source node, registration per home
-        assert calls.count(T.LOOKUP_MANY) <= rounds * (len(cluster.nodes) - 1)
+        assert calls.count("LookupMany") <= rounds * (len(cluster.nodes) - 1)
         assert len(calls) <= rounds * 3 * len(cluster.nodes) < n, calls
     comm.Barrier()
     assert cluster.node in cluster.locate(keys[17])  # the new copies are registered

@@ -15,11 +15,11 @@ from shmstore.kernel import layout as L
 from shmstore.mpi import Cluster
 
 with Cluster(name=sys.argv[1], capacity="1GiB", persist=True, prefault=0) as c:
-    if c.rank == c._leaders[0]:
+    if c.rank == c.leaders[0]:
         c.put("big", np.ones(512 << 20, np.uint8))
-    c._comm.Barrier()
-    if c.rank == c._leaders[-1]:
-        node = c.store._node
+    c.barrier()
+    if c.rank == c.leaders[-1]:
+        node = c.store.kernel.node
 
         def kill_when_under_way() -> None:
             while not any(L.unpack_migration(node.buf, node.layout, s).state == L.MIG_FLIGHT
@@ -32,4 +32,4 @@ with Cluster(name=sys.argv[1], capacity="1GiB", persist=True, prefault=0) as c:
         threading.Thread(target=kill_when_under_way, daemon=True).start()
         c.fetch("big", block_size=1 << 20)
         print("fetch finished before the kill", flush=True)
-    c._comm.Barrier()
+    c.barrier()

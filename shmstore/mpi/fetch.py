@@ -1,0 +1,233 @@
+"""Fetching objects into this node: one at a time, or in batches.
+
+A fetch goes through the node's migration map, so concurrent requests for
+one key on a node cause one transfer. It asks the key's home which holder
+to fetch from (``DirSource``; for a hot large object the answer may wait
+for a free holder, so copies spread as a tree), looks the object up there
+(``Lookup``: small objects come inline, larger ones are pinned there), makes
+room and reserves the entry here, then receives the bytes from the
+source's arena (or spill file) straight into this node's arena as a few raw
+frames, whatever the number of blobs, and posts ``DirDone`` to the home
+(the new copy is listed; the source is free for the next fetcher).
+
+A batch (``fetch(keys)``, ``get_many``) goes in rounds of ``T.BATCH``
+keys: holders asked once per home node, objects looked up once per source
+node (small ones inside the reply), new copies registered once per home.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import errors
+from ..kernel import encode_key
+from ..kernel import layout as L
+from ..kernel import migrations
+from ..levels import Level, parse_levels
+from ..placement import DEFAULT_PUT_LEVELS
+from . import tags as T
+from . import wire as W
+from .cuda import cuda_aware
+from .staging import recv_staged
+
+__all__ = ["Fetcher"]
+
+
+class Fetcher:
+    """The fetching half of a :class:`Cluster` (same thread-safety)."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+        self.store = cluster.store
+        self.kernel = cluster.store.kernel
+        self.me: int = cluster.node_index
+
+    # ---- one key ----------------------------------------------------------------
+    def fetch_one(self, key: str, source: int | None, levels: Any, block: int) -> None:
+        """One deduplicated transfer of ``key`` into this node (from ``source``, else a holder the
+        directory names)."""
+        c, kb = self.cluster, encode_key(key)
+        node, sid = self.kernel.node, self.kernel.sid
+        for _ in range(4):
+            if key in self.store:
+                return
+            owner, slot = migrations.begin(node, sid, kb)
+            if not owner:
+                err = migrations.wait(node, slot, sid, kb, self.store.config.spill_timeout * 2)
+                if err is None or err == "retry":
+                    continue
+                raise _shared_error(key, c.node, err)  # the error of the transfer we waited for
+            try:
+                if key not in self.store:
+                    if source is None:
+                        self._from_directory(key, levels, block)
+                    else:
+                        nbytes = self._from(source, key, levels, block)
+                        c._dir(W.DirAdd([key], self.me, [nbytes]))  # answered: a migration's copy is listed
+            except BaseException as exc:
+                migrations.finish(node, slot, f"{type(exc).__name__}:{exc}")
+                raise
+            migrations.finish(node, slot)
+            return
+        if key not in self.store:
+            raise errors.TransferError(f"transfer of {key!r} into node {c.node!r} kept being interrupted", key)
+
+    def _from_directory(self, key: str, levels: Any, block: int) -> None:
+        """Fetch from the holder the key's home names (one round trip to it, one to the holder); a holder
+        without the object is reported stale and the home asked again."""
+        c = self.cluster
+        for _ in range(len(c.nodes) + 1):
+            src = c._dir(W.DirSource(key, self.me))
+            if src is None:
+                if key in self.store:  # it came here meanwhile (a migration, a put)
+                    return
+                raise errors.ObjectNotFoundError(f"no node has {key!r} (nodes: {c.nodes})", key)
+            outcome, nbytes = "failed", 0
+            try:
+                nbytes = self._from(src, key, levels, block)
+                outcome = "copied" if nbytes >= 0 else "stale"
+            finally:
+                c._dir(W.DirDone(key, src, self.me, outcome, max(nbytes, 0)), post=True)
+            if outcome == "copied":
+                return
+        raise errors.TransferError(f"every node the directory names for {key!r} lost it while asked", key)
+
+    def _from(self, src: int, key: str, levels: Any, block: int) -> int:
+        """Transfer ``key`` from node ``src``: its size, or -1 where ``src`` has no copy."""
+        found = self.cluster._msg.call(src, W.Lookup(key, T.INLINE_MAX))  # pins it there if found
+        if found is None:
+            return -1
+        self._transfer(key, src, found, levels, block)
+        return int(found.nbytes)
+
+    # ---- batches ----------------------------------------------------------------
+    def fetch_batch(self, keys: list[str], levels: Any, block: int) -> None:
+        """Fetch the missing ``keys`` in rounds of ``T.BATCH``; keys another rank of this node is
+        fetching are left to it (and to the caller's check)."""
+        node, sid = self.kernel.node, self.kernel.sid
+        missing = [k for k in keys if k not in self.store]
+        for start in range(0, len(missing), T.BATCH):
+            chunk = missing[start: start + T.BATCH]
+            mine: list[tuple[str, int]] = []  # (key, migration slot) this rank transfers
+            try:
+                for k in chunk:
+                    owner, slot = migrations.begin(node, sid, encode_key(k))
+                    if owner:
+                        mine.append((k, slot))
+                done = self._round([k for k, _ in mine], levels, block)
+                for home, ks in self.cluster._by_home([k for k, _ in done]).items():
+                    sizes = dict(done)
+                    self.cluster._dir_at(home, W.DirAdd(ks, self.me, [sizes[k] for k in ks]))
+            finally:
+                for k, slot in mine:
+                    migrations.finish(node, slot, None if k in self.store else "retry")
+
+    def _round(self, keys: list[str], levels: Any, block: int) -> list[tuple[str, int]]:
+        """One round of a batched fetch; returns (key, size) of the keys now here."""
+        c = self.cluster
+        holders: dict[str, list[int]] = {}
+        for home, ks in c._by_home(keys).items():
+            holders.update(zip(ks, c._dir_at(home, W.DirGet(ks))))
+        by_src: dict[int, list[str]] = {}
+        for k in keys:
+            hs = [h for h in holders[k] if h != self.me]
+            if hs:
+                by_src.setdefault(hs[self.me % len(hs)], []).append(k)
+        done = []
+        for src, ks in by_src.items():
+            found = c._msg.call(src, W.LookupMany(ks, T.INLINE_MAX))  # pins each there
+            for k, f in zip(ks, found):
+                if f is not None:
+                    self._transfer(k, src, f, levels, block)
+                    done.append((k, int(f.nbytes)))
+        return done
+
+    # ---- the bytes ----------------------------------------------------------------
+    def _transfer(self, key: str, src: int, found: W.Found, levels: Any, block: int) -> None:
+        order = parse_levels(levels, DEFAULT_PUT_LEVELS)
+        kernel, kb, n = self.kernel, encode_key(key), found.nbytes
+        try:
+            res = self.store._placement.place(
+                key, order, lambda level: (level,) + kernel.reserve(key, kb, found.kind, n, n, found.nblobs,
+                                                                    found.array_meta, level=level))
+        except errors.ObjectExistsError:  # put here meanwhile (an overwrite on this node): what we wanted
+            if found.handle:
+                self.cluster._msg.call(src, W.Release(found.handle))
+            return
+        except BaseException:
+            if found.handle:
+                self.cluster._msg.call(src, W.Release(found.handle))
+            raise
+        level, idx, off, stored, _, stripe = res
+        try:
+            self._receive(src, level, idx, off, found, block)
+        except BaseException:
+            kernel.abort(idx)
+            raise
+        kernel.seal(idx, stripe)
+        with kernel.node.admin:
+            L.add_transfer_stats(kernel.node.buf, transfers=1, received=n)
+
+    def _receive(self, src: int, level: int, idx: int, off: int, found: W.Found, block: int) -> None:
+        kernel, nbytes = self.kernel, found.nbytes
+        gen = L.entry_gen(kernel._buf, kernel._lay.entry(idx))
+        sink = kernel.node.levels[Level(level)].sink(idx, gen, off, nbytes, "incoming transfer")
+        try:
+            dst = sink.buffer()  # host memory MPI can receive into (the arena), or None
+            if dst is None and cuda_aware() and hasattr(sink, "cuda_buffer"):
+                dst = sink.cuda_buffer()  # the device array itself: CUDA-aware MPI receives into it
+            if found.inline is not None:
+                if isinstance(dst, np.ndarray):
+                    dst[:] = np.frombuffer(found.inline, np.uint8)
+                else:
+                    sink.write(np.frombuffer(found.inline, np.uint8), 0)
+            elif nbytes and dst is not None:
+                self._frames(src, dst, nbytes, found.handle, block)
+            elif nbytes:  # a file or a device without CUDA-aware MPI: frames through host blocks
+                self._frames(src, None, nbytes, found.handle, block, copy_in=lambda pos, n, b: sink.write(b, pos))
+            sink.close()
+        except BaseException:
+            sink.abort()
+            raise
+
+    def _frames(self, src: int, dst: Any, nbytes: int, handle: int, block: int,
+                copy_in: Callable[[int, int, np.ndarray], None] | None = None) -> None:
+        """Receive an object's frames into ``dst`` (host or device memory), or with ``copy_in`` through
+        host blocks handed to it; one thread per stream (this one runs the first)."""
+        c = self.cluster
+        bulk = c._bulk
+        streams = max(1, min(c.streams, len(bulk)))
+        tag, _ = c._msg.call_tagged(src, W.Data(handle, block, streams))
+        plan, peer = T.frames(nbytes, block, streams), c._msg.leaders[src]
+        failed: list[BaseException] = []
+
+        def stream(i: int) -> None:
+            try:
+                if copy_in is not None:
+                    recv_staged(bulk[i], peer, tag, plan[i::streams], copy_in)
+                    return
+                for pos, n in plan[i::streams]:
+                    bulk[i].Recv([dst[pos: pos + n], MPI.BYTE], source=peer, tag=tag)
+            except BaseException as exc:  # re-raised on the calling thread
+                failed.append(exc)
+
+        threads = [threading.Thread(target=stream, args=(i,), name="shmstore-mpi-stream", daemon=True)
+                   for i in range(1, min(streams, len(plan)))]
+        for t in threads:
+            t.start()
+        stream(0)
+        for t in threads:
+            t.join()
+        if failed:
+            raise failed[0]
+
+
+def _shared_error(key: str, node: str, err: str) -> Exception:
+    name, _, msg = err.partition(":")
+    cls = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, errors.ObjectNotFoundError):
+        return cls(msg, key)
+    return errors.TransferError(f"transfer of {key!r} into node {node!r} failed: {msg or err}", key)

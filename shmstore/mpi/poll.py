@@ -1,0 +1,100 @@
+"""Waiting for requests without taxing the application: MPI_Iprobe in C, with the GIL released.
+
+A node's service must notice a request within microseconds while requests
+come in, and cost the application nothing while none do. A Python loop of
+``iprobe`` and ``sleep`` does neither well: every wake-up takes the GIL from
+the leader rank's own Python threads (a pure-Python loop there ran 1.16-1.8x
+slower beside an idle service), and a Python-level spin is slow to answer.
+:func:`prober` hands the loop to the kernel's C extension, which calls
+``MPI_Iprobe`` of the MPI library mpi4py loaded, with the GIL released:
+back to back (yielding the core between probes) for a short window after a
+request, then every ``nap`` seconds. Where the extension or the symbol is
+missing it falls back to the Python loop, with the same behaviour and the old
+costs.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from typing import Callable
+
+from mpi4py import MPI
+
+from .. import errors
+
+__all__ = ["prober", "python_prober", "spin_window"]
+
+Probe = Callable[[int, int, float, float, float], bool]
+
+
+def _iprobe_address() -> int | None:
+    """The address of ``MPI_Iprobe`` in the MPI library this process loaded, or None."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libmpi" in line and ".so" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            return ctypes.cast(ctypes.CDLL(path).MPI_Iprobe, ctypes.c_void_p).value
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def prober(comm: MPI.Comm) -> Probe:
+    """``probe(source, tag, spin, nap, limit) -> bool``: True once a message from ``source`` (or
+    ``MPI.ANY_SOURCE``) with ``tag`` waits on ``comm``, False after ``limit`` seconds without; probing back
+    to back for ``spin`` seconds, then every ``nap``. The GIL is released while it waits."""
+    try:
+        from ..kernel import _fast  # type: ignore[attr-defined]  # built by setup.py where a compiler is
+        probe_wait = _fast.probe_wait
+    except (ImportError, AttributeError):
+        return python_prober(comm)
+    addr = _iprobe_address()
+    if addr is None:
+        return python_prober(comm)
+    handle = MPI._handleof(comm)
+
+    def probe(source: int, tag: int, spin: float, nap: float, limit: float) -> bool:
+        rc = probe_wait(addr, source, tag, handle, int(spin * 1e9), int(nap * 1e9), int(min(limit, 1e9) * 1e9))
+        if rc < 0:
+            raise errors.TransferError(f"MPI_Iprobe failed with error code {-rc}")
+        return bool(rc == 1)
+
+    return probe
+
+
+def python_prober(comm: MPI.Comm) -> Probe:
+    """:func:`prober` in Python (where the C extension is missing): wakes take the GIL."""
+    def probe(source: int, tag: int, spin: float, nap: float, limit: float) -> bool:
+        deadline = time.monotonic() + limit
+        while not comm.iprobe(source, tag):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(nap)
+        return True
+
+    return probe
+
+
+def spin_window(ranks_on_host: int) -> float:
+    """Seconds a service probes back to back after a request: ``SHMSTORE_SERVICE_SPIN_US`` (microseconds),
+    else 200 us where the host has a core to spare for it, else 0 (ranks fill the cores: a spinning service
+    would take time from one of them).
+
+    Raises:
+        ConfigError: a bad ``SHMSTORE_SERVICE_SPIN_US``.
+    """
+    raw = os.environ.get("SHMSTORE_SERVICE_SPIN_US")
+    if raw is not None:
+        try:
+            us = float(raw)
+            if not 0 <= us <= 1e6:
+                raise ValueError
+        except ValueError:
+            raise errors.ConfigError(f"SHMSTORE_SERVICE_SPIN_US must be microseconds in 0..1000000, got {raw!r}") \
+                from None
+        return us * 1e-6
+    return 200e-6 if ranks_on_host < (os.cpu_count() or 1) else 0.0

@@ -1,0 +1,63 @@
+"""Requests and replies: a rank's calls to node services, and the replies it waits for.
+
+A call sends ``(reply_tag, message)`` to the node's leader and waits for
+the reply on its own tag. The wait probes in C with the GIL released
+(``poll.py``): back to back for a moment where the host has a core to spare
+(a reply usually comes within microseconds), then every 20 us, so a rank
+waiting long (for a busy holder of a hot object) takes no core from the
+others, as MPICH's busy-polling blocking receive would.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+from mpi4py import MPI
+
+from . import tags as T
+from . import wire as W
+from .poll import prober
+
+__all__ = ["Messenger"]
+
+_NAP = 20e-6
+
+
+class Messenger:
+    """Calls to the services of the nodes ``names`` (leaders ``leaders``) over ``comm``. Thread-safe."""
+
+    def __init__(self, comm: MPI.Comm, names: list[str], leaders: list[int], spin: float) -> None:
+        self.comm, self.names, self.leaders, self.spin = comm, names, leaders, spin
+        self._tags = itertools.count()
+        self._tag_lock = threading.Lock()
+        self._probe = prober(comm)
+
+    def next_tag(self) -> int:
+        with self._tag_lock:
+            return T.TAG_REPLY_MIN + next(self._tags) % (T.TAG_REPLY_MAX - T.TAG_REPLY_MIN)
+
+    def call(self, node: int, msg: Any, key: Any = None) -> Any:
+        """Send ``msg`` to ``node``'s service and return its reply.
+
+        Raises:
+            the exception the service reported (a :class:`wire.Failure`), naming the node.
+        """
+        return self.call_tagged(node, msg, key)[1]
+
+    def call_tagged(self, node: int, msg: Any, key: Any = None) -> tuple[int, Any]:
+        """:meth:`call`, also returning the reply tag (bulk frames follow a Data reply on it)."""
+        dest, tag = self.leaders[node], self.next_tag()
+        self.comm.send((tag, msg), dest=dest, tag=T.TAG_REQUEST)
+        while not self._probe(dest, tag, self.spin, _NAP, 3600.0):
+            pass
+        reply = self.comm.recv(source=dest, tag=tag)
+        if isinstance(reply, W.Failure):
+            raise reply.exception(f"node {self.names[node]!r}", key if key is not None else getattr(msg, "key", None),
+                                  dest)
+        return tag, reply
+
+    def post(self, node: int, msg: Any) -> None:
+        """Send ``msg`` to ``node``'s service without waiting for (or getting) a reply. Messages a rank
+        sends to one node arrive in the order sent."""
+        self.comm.send((0, msg), dest=self.leaders[node], tag=T.TAG_REQUEST)
