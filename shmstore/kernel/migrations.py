@@ -20,17 +20,31 @@ __all__ = ["begin", "finish", "wait", "clear_dead"]
 
 
 _KEY = L.MIGRATION.offset["key"]
+FAILED_KEEP = 1.0  # seconds a failed entry stays for the waiters of its transfer
 _ME = os.getpid()
 _MY_START = proc_start_time(_ME) or 0
 
 
 def _find(node: NodeStore, sid: int, key: bytes) -> tuple[int, int]:
-    """(slot holding ``key``, first free slot), -1 where none (ADMIN lock held)."""
+    """(slot holding ``key``, first free slot), -1 where none (ADMIN lock held).
+
+    Frees failed entries older than ``FAILED_KEEP`` seconds on the way: their
+    waiters (who look every 10 ms at most) have seen them. Kept longer, every
+    miss (a get of a key no node has) left one, and after 128 misses the map
+    was full: each fetch scanned it and went without deduplication.
+    """
     buf, lay = node.buf, node.layout
     states = L.migration_states(buf, lay)
-    free = states.find(L.MIG_FREE)
     if states.count(L.MIG_FREE) == len(states):
-        return -1, free  # the usual case: nothing in flight
+        return -1, 0  # the usual case: nothing in flight
+    if L.MIG_FAILED in states:
+        now = time.time()
+        for slot, state in enumerate(states):
+            at = lay.migration(slot)
+            if state == L.MIG_FAILED and now - L.MIGRATION.get(buf, at, "time") > FAILED_KEEP:
+                L.MIGRATION.set(buf, at, "state", L.MIG_FREE)
+        states = L.migration_states(buf, lay)
+    free = states.find(L.MIG_FREE)
     n = len(key)
     for slot, state in enumerate(states):
         if state != L.MIG_FREE:
@@ -109,7 +123,7 @@ def clear_dead(node: NodeStore) -> int:
     with node.admin:
         for slot in range(L.NMIGRATIONS):
             m = L.unpack_migration(node.buf, node.layout, slot)
-            stale_fail = m.state == L.MIG_FAILED and time.time() - m.time > 60
+            stale_fail = m.state == L.MIG_FAILED and time.time() - m.time > FAILED_KEEP
             if (m.state == L.MIG_FLIGHT and not pid_alive(m.pid, m.start)) or stale_fail:
                 L.pack_migration(node.buf, node.layout, slot, m._replace(state=L.MIG_FREE))
                 n += 1

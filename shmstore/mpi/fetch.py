@@ -67,6 +67,9 @@ class Fetcher:
                     else:
                         nbytes = self._from(source, key, levels, block)
                         c._dir(W.DirAdd([key], self.me, [nbytes]))  # answered: a migration's copy is listed
+            except errors.ObjectNotFoundError:
+                migrations.finish(node, slot)  # a miss leaves no entry: waiters look again and miss too
+                raise
             except BaseException as exc:
                 migrations.finish(node, slot, f"{type(exc).__name__}:{exc}")
                 raise

@@ -29,7 +29,7 @@ class Nodes:
     names: list[str]      # node names, by node index
     leaders: list[int]    # the leader rank of each node, by node index
     index: int            # this rank's node
-    host_ranks: int       # ranks on this rank's host (all its emulated nodes)
+    host_ranks: int       # ranks on this rank's host (all its emulated nodes, whatever MPI thinks)
 
     @property
     def name(self) -> str:
@@ -47,8 +47,9 @@ def identify(comm: MPI.Comm, kwargs: dict[str, Any]) -> Nodes:
     """Group the ranks of ``comm`` into nodes (same host and same label) and name each node; collective."""
     mine = label(kwargs)
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-    host_ranks = shared.size
-    warn_if_split_per_rank(comm.allgather((socket.gethostname(), mine, shared.size)))
+    ranks = comm.allgather((socket.gethostname(), mine, shared.size))
+    host_ranks = sum(host == socket.gethostname() for host, _, _ in ranks)
+    warn_if_split_per_rank(ranks)
     labels = shared.allgather(mine)
     node_comm = shared.Split(color=sorted(set(labels)).index(mine), key=comm.rank)
     leader = node_comm.allreduce(comm.rank, op=MPI.MIN)

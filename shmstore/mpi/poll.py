@@ -81,8 +81,8 @@ def python_prober(comm: MPI.Comm) -> Probe:
 
 def spin_window(ranks_on_host: int) -> float:
     """Seconds a service probes back to back after a request: ``SHMSTORE_SERVICE_SPIN_US`` (microseconds),
-    else 200 us where the host has a core to spare for it, else 0 (ranks fill the cores: a spinning service
-    would take time from one of them).
+    else 200 us where the host has a core per rank, else 0 (more ranks than cores: a spinning service or
+    waiting rank would take time from a rank that computes).
 
     Raises:
         ConfigError: a bad ``SHMSTORE_SERVICE_SPIN_US``.
@@ -97,4 +97,4 @@ def spin_window(ranks_on_host: int) -> float:
             raise errors.ConfigError(f"SHMSTORE_SERVICE_SPIN_US must be microseconds in 0..1000000, got {raw!r}") \
                 from None
         return us * 1e-6
-    return 200e-6 if ranks_on_host < (os.cpu_count() or 1) else 0.0
+    return 200e-6 if ranks_on_host <= (os.cpu_count() or 1) else 0.0
