@@ -459,19 +459,24 @@ static int64_t mono_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* probe_wait(iprobe_address, any_source, tag, comm_handle, spin_ns, nap_ns, max_ns) -> 1 when a message
+/* probe_wait(iprobe_address, any_source, tag, comm_handle, spin_ns, nap_ns, max_ns[, nap_max_ns])
+ * -> 1 when a message
  * with ``tag`` is waiting, 0 after max_ns without one, -rc when MPI_Iprobe failed.
  *
  * Calls MPI_Iprobe (its address from the loaded MPI library; the communicator handle is passed in a
  * register, an int for MPICH's ABI and a pointer for Open MPI's, both fit intptr_t) with the GIL released:
  * the application's Python threads never wait for a polling service. Probes back to back for spin_ns
- * (a short window), then every nap_ns. */
+ * (a short window), then after naps of nap_ns, each twice the last up to nap_max_ns (default nap_ns): a
+ * long wait wakes rarely (seven ranks waiting on two cores with 20 us naps left no time to the transfer
+ * they waited for). */
 static PyObject *probe_wait(PyObject *self, PyObject *args) {
     unsigned long long addr, comm;
     int any, tag;
-    long long spin_ns, nap_ns, max_ns;
-    if (!PyArg_ParseTuple(args, "KiiKLLL", &addr, &any, &tag, &comm, &spin_ns, &nap_ns, &max_ns))
+    long long spin_ns, nap_ns, max_ns, nap_max_ns = 0;
+    if (!PyArg_ParseTuple(args, "KiiKLLL|L", &addr, &any, &tag, &comm, &spin_ns, &nap_ns, &max_ns, &nap_max_ns))
         return NULL;
+    if (nap_max_ns < nap_ns)
+        nap_max_ns = nap_ns;
     iprobe_fn iprobe = (iprobe_fn)(uintptr_t)addr;
     int flag = 0, rc = 0;
     char status[256]; /* larger than any MPI_Status */
@@ -496,6 +501,11 @@ static PyObject *probe_wait(PyObject *self, PyObject *args) {
                 prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
         }
         nanosleep(&nap, NULL);
+        if (nap_ns < nap_max_ns) {
+            nap_ns = nap_ns * 2 < nap_max_ns ? nap_ns * 2 : nap_max_ns;
+            nap.tv_sec = (time_t)(nap_ns / 1000000000);
+            nap.tv_nsec = (long)(nap_ns % 1000000000);
+        }
     }
     if (slack > 0)
         prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);

@@ -212,8 +212,8 @@ class Fetcher:
                 if copy_in is not None:
                     recv_staged(bulk[i], peer, tag, plan[i::streams], copy_in)
                     return
-                for pos, n in plan[i::streams]:
-                    bulk[i].Recv([dst[pos: pos + n], MPI.BYTE], source=peer, tag=tag)
+                c._msg.wait([bulk[i].Irecv([dst[pos: pos + n], MPI.BYTE], source=peer, tag=tag)
+                             for pos, n in plan[i::streams]])
             except BaseException as exc:  # re-raised on the calling thread
                 failed.append(exc)
 

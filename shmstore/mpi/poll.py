@@ -25,7 +25,7 @@ from .. import errors
 
 __all__ = ["prober", "python_prober", "spin_window"]
 
-Probe = Callable[[int, int, float, float, float], bool]
+Probe = Callable[..., bool]
 
 
 def _iprobe_address() -> int | None:
@@ -44,9 +44,10 @@ def _iprobe_address() -> int | None:
 
 
 def prober(comm: MPI.Comm) -> Probe:
-    """``probe(source, tag, spin, nap, limit) -> bool``: True once a message from ``source`` (or
+    """``probe(source, tag, spin, nap, limit, nap_max=nap) -> bool``: True once a message from ``source`` (or
     ``MPI.ANY_SOURCE``) with ``tag`` waits on ``comm``, False after ``limit`` seconds without; probing back
-    to back for ``spin`` seconds, then every ``nap``. The GIL is released while it waits."""
+    to back for ``spin`` seconds, then after naps from ``nap`` seconds doubling up to ``nap_max``. The GIL is
+    released while it waits."""
     try:
         from ..kernel import _fast  # type: ignore[attr-defined]  # built by setup.py where a compiler is
         probe_wait = _fast.probe_wait
@@ -57,8 +58,9 @@ def prober(comm: MPI.Comm) -> Probe:
         return python_prober(comm)
     handle = MPI._handleof(comm)
 
-    def probe(source: int, tag: int, spin: float, nap: float, limit: float) -> bool:
-        rc = probe_wait(addr, source, tag, handle, int(spin * 1e9), int(nap * 1e9), int(min(limit, 1e9) * 1e9))
+    def probe(source: int, tag: int, spin: float, nap: float, limit: float, nap_max: float = 0.0) -> bool:
+        rc = probe_wait(addr, source, tag, handle, int(spin * 1e9), int(nap * 1e9), int(min(limit, 1e9) * 1e9),
+                        int(nap_max * 1e9))
         if rc < 0:
             raise errors.TransferError(f"MPI_Iprobe failed with error code {-rc}")
         return bool(rc == 1)
@@ -68,12 +70,13 @@ def prober(comm: MPI.Comm) -> Probe:
 
 def python_prober(comm: MPI.Comm) -> Probe:
     """:func:`prober` in Python (where the C extension is missing): wakes take the GIL."""
-    def probe(source: int, tag: int, spin: float, nap: float, limit: float) -> bool:
+    def probe(source: int, tag: int, spin: float, nap: float, limit: float, nap_max: float = 0.0) -> bool:
         deadline = time.monotonic() + limit
         while not comm.iprobe(source, tag):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(nap)
+            nap = min(nap * 2, max(nap, nap_max))
         return True
 
     return probe

@@ -3,14 +3,16 @@
 A call sends ``(reply_tag, message)`` to the node's leader and waits for
 the reply on its own tag. The wait probes in C with the GIL released
 (``poll.py``): back to back for a moment where the host has a core to spare
-(a reply usually comes within microseconds), then every 20 us, so a rank
-waiting long (for a busy holder of a hot object) takes no core from the
-others, as MPICH's busy-polling blocking receive would.
+(a reply usually comes within microseconds), then after naps from 20 us
+doubling up to 1 ms, so a rank waiting long (for a busy holder of a hot
+object) takes no core from the others, as MPICH's busy-polling blocking
+receive would.
 """
 from __future__ import annotations
 
 import itertools
 import threading
+import time
 from typing import Any
 
 from mpi4py import MPI
@@ -21,7 +23,8 @@ from .poll import prober
 
 __all__ = ["Messenger"]
 
-_NAP = 20e-6
+_NAP = 20e-6      # the first nap after the spin window
+_NAP_MAX = 1e-3   # naps double up to this
 
 
 class Messenger:
@@ -49,13 +52,25 @@ class Messenger:
         """:meth:`call`, also returning the reply tag (bulk frames follow a Data reply on it)."""
         dest, tag = self.leaders[node], self.next_tag()
         self.comm.send((tag, msg), dest=dest, tag=T.TAG_REQUEST)
-        while not self._probe(dest, tag, self.spin, _NAP, 3600.0):
+        while not self._probe(dest, tag, self.spin, _NAP, 3600.0, _NAP_MAX):
             pass
         reply = self.comm.recv(source=dest, tag=tag)
         if isinstance(reply, W.Failure):
             raise reply.exception(f"node {self.names[node]!r}", key if key is not None else getattr(msg, "key", None),
                                   dest)
         return tag, reply
+
+    def wait(self, reqs: list[MPI.Request]) -> None:
+        """Wait for ``reqs`` (bulk receives): in MPI's blocking wait where this rank has a core of its own,
+        else testing after naps (20 us doubling up to 1 ms), so that ranks sharing cores let the senders
+        and each other run."""
+        if self.spin > 0:
+            MPI.Request.Waitall(reqs)
+            return
+        nap = _NAP
+        while not MPI.Request.Testall(reqs):
+            time.sleep(nap)
+            nap = min(nap * 2, _NAP_MAX)
 
     def post(self, node: int, msg: Any) -> None:
         """Send ``msg`` to ``node``'s service without waiting for (or getting) a reply. Messages a rank
