@@ -82,7 +82,7 @@ def bench_small(n: int, repeats: int, name: str) -> dict:
     arrays = [np.full(8, i, np.float64) for i in range(n)]  # 64 bytes each
     puts, gets, solo_puts, solo_gets, two_puts, two_gets = [], [], [], [], [], []
     with shmstore.connect(name, capacity="256MiB", prefault="64MiB") as store:
-        store._node.prefault.wait(64 * MiB)
+        store.wait_prefaulted(64 * MiB)
         small_ops(store, [f"warm{i}" for i in range(2000)], arrays[:2000])
         workers = Workers(name, n)
         try:
@@ -167,7 +167,7 @@ def bench_sweep(n: int, repeats: int, name: str, counts: list[int]) -> list[dict
     """Aggregate small put/get rates of 1, 2, 4, ... worker processes at once, interleaved per repeat."""
     rows: dict[int, tuple[list[float], list[float]]] = {c: ([], []) for c in counts}
     with shmstore.connect(name, capacity="256MiB", prefault="64MiB") as store:
-        store._node.prefault.wait(64 * MiB)
+        store.wait_prefaulted(64 * MiB)
         workers = Workers(name, n, max(counts))
         try:
             workers.run(max(counts))  # warm-up
@@ -245,7 +245,7 @@ def bench_big(nbytes: int, repeats: int, name: str) -> dict:
         copy_cold = timed(lambda: np.copyto(dst, src))
         cold = timed(lambda: store.put("big", src))
     with shmstore.connect(name + "warm", capacity=cap, prefault=cap) as store:
-        if not store._node.prefault.wait(cap, timeout=120):
+        if not store.wait_prefaulted(cap, timeout=120):
             print("warning: arena not fully prefaulted", file=sys.stderr)
         copies, warm, gets = alternate(store, "big", src, lambda: np.copyto(dst, src), repeats,
                                        lambda view: view.nbytes == nbytes and view[12345] == src[12345])
@@ -286,7 +286,7 @@ def bench_state_dict(total: int, count: int, repeats: int, name: str) -> dict:
     dst = np.zeros_like(flat)
     cap = total + 64 * MiB
     with shmstore.connect(name, capacity=cap, prefault=cap) as store:
-        store._node.prefault.wait(cap, timeout=120)
+        store.wait_prefaulted(cap, timeout=120)
         copies, puts, gets = alternate(store, "sd", sd, lambda: np.copyto(dst, flat), repeats,
                                        lambda got: len(got) == count and got["layer7.weight"][3] == 7)
     return {"bytes": total, "arrays": count, "copyto_s": median(copies), "put_s": median(puts),

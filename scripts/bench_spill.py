@@ -110,7 +110,7 @@ def main() -> None:
     name = "bspill" + uuid.uuid4().hex[:6]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with shmstore.connect(name, capacity=total // 4 + 64 * MiB, spill_dir=spill_dir, prefault=total // 4) as s:
-        s._node.prefault.wait(total // 4, timeout=120)
+        s.wait_prefaulted(total // 4, timeout=120)
         probe = subprocess.Popen([sys.executable, "-c", _PROBE, root, name], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True)
         assert probe.stdout.readline().strip() == "ready"

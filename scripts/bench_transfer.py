@@ -145,7 +145,7 @@ def main() -> None:
             cluster.block_size = args.block_mib * MiB
         out = {"ranks": comm.size, "nodes": cluster.nodes}
         if cluster.rank in (src, dest):
-            cluster.store._node.prefault.wait(cap, timeout=300)
+            cluster.store.wait_prefaulted(cap, timeout=300)
         raw_big = raw_bandwidth(comm, src, dest, big, args.repeats)
         raw_arena = raw_arena_bandwidth(cluster, src, dest, big, args.repeats)
         raw_sd = raw_bandwidth(comm, src, dest, 256 * MiB, args.repeats)

@@ -47,7 +47,6 @@ sys.path.insert(0, ROOT)
 
 import shmstore  # noqa: E402
 from shmstore import Level  # noqa: E402
-from shmstore.kernel.layout import unpack_spill_state as spill_state  # noqa: E402
 
 MAGIC = 0x5EEDC0DE
 _HEADER = np.dtype([("magic", "<u4"), ("crc", "<u4"), ("length", "<u8")])
@@ -357,7 +356,7 @@ class Chaos:
         self._spawn(wid)
 
     def _kill_spill(self, sig: int) -> None:
-        pid = self.store._node.spill_pid() if self.store is not None else 0
+        pid = self.store.status()["spill"]["pid"] if self.store is not None else 0
         if pid > 0:
             try:
                 os.kill(pid, sig)
@@ -403,9 +402,8 @@ class Chaos:
             _ = store.spill_pid  # restarts it if it was killed
             st = store.status()
             busy = [c for c in st["clients"] if c["pid"] != os.getpid()]
-            if not busy and st["spill"]["alive"] and store._node.spill_pid() > 0:
-                beat = spill_state(store._node.meta.mm).heartbeat
-                if time.time() - beat < 0.5:
+            if not busy and st["spill"]["alive"] and st["spill"]["pid"] > 0:
+                if time.time() - st["spill"]["heartbeat"] < 0.5:
                     return
             if time.monotonic() > deadline:
                 raise AssertionError(f"dead workers not reclaimed within 60 s (seed {self.seed}): {st}")

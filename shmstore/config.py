@@ -110,7 +110,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[], Any]]] = {
     "low_watermark": (_parse_fraction, lambda: 0.75),
     "lock_timeout": (_parse_positive_float, lambda: 10.0),
     "spill_timeout": (_parse_positive_float, lambda: 60.0),
-    "max_objects": (_parse_count, lambda: 65536),
+    "max_objects": (_parse_count, lambda: 0),  # 0: derived from capacity (see objects_for)
     "max_clients": (_parse_count, lambda: 320),  # a 256-rank node and its tools
     "prefault": (parse_size, lambda: 1 << 30),
     "disk_capacity": (_parse_optional_size, lambda: None),
@@ -162,7 +162,19 @@ class Config:
         if values["capacity"] < 1 << 20:
             raise ConfigError(f"capacity must be at least 1 MiB, got {values['capacity']} B "
                               f"(capacity= / SHMSTORE_CAPACITY)")
+        if not values["max_objects"]:
+            values["max_objects"] = objects_for(values["capacity"])
         return cls(**values)
+
+
+OBJECTS_MIN, OBJECTS_MAX = 65536, 1 << 22
+
+
+def objects_for(capacity: int) -> int:
+    """The default ``max_objects`` of a store of ``capacity`` bytes: one entry per 16 KiB of memory, at least
+    65,536 and at most 4,194,304. The entry table is touched only as entries are handed out, so a large
+    default costs no memory until a job puts that many objects."""
+    return max(OBJECTS_MIN, min(OBJECTS_MAX, capacity // (16 << 10)))
 
 
 def env(name: str, parser: Callable[[str], Any], default: Any = None) -> Any:

@@ -194,7 +194,7 @@ class Placement:
         k._check()
         buf = node.buf
         t = L.entry_table(buf, node.layout)
-        pins = node.table.pin_counts()
+        pins = node.table.pin_counts(len(t))
         s = L.unpack_spill_state(buf)
         live = (t["state"] != L.FREE) & (t["state"] != L.RESERVED)
         out = {}

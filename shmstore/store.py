@@ -87,6 +87,12 @@ class Store:
         """Pid of this node store's spill process (restarted here if it died)."""
         return self._node_checked().ensure_spill()
 
+    def wait_prefaulted(self, nbytes: int, timeout: float = 60.0) -> bool:
+        """Wait until the first ``nbytes`` of the arena are faulted in (by the background thread of the
+        process that created the store: ``prefault=``); False after ``timeout`` seconds, or where this
+        process did not create the store. For benchmarks and jobs that want warm pages before timing."""
+        return self._node_checked().prefault.wait(nbytes, timeout)
+
     @property
     def closed(self) -> bool:
         return self._kernel is None or self._kernel._closed
@@ -270,7 +276,8 @@ class Store:
             "moving": _moving(node),
             "clients": [{"pid": pid, "alive": pid_alive(pid, start), "slot": slot}
                         for slot, pid, start in node.clients()],
-            "spill": {"pid": spill, "alive": pid_alive(spill)},
+            "spill": {"pid": spill, "alive": pid_alive(spill),
+                      "heartbeat": L.unpack_spill_state(node.buf).heartbeat},  # time.time() of its last round
         }
 
     # ---- lifecycle ------------------------------------------------------

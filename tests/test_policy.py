@@ -14,7 +14,7 @@ def table(rows):
     for i, (state, level, flags, atime) in enumerate(rows):
         L.pack_entry(buf, lay.entry(i), L.EntryHead(0, 64, 64, atime, 0.0, 0, 0, 0, 0, 0, 0, 0, 1, 0, state,
                                                        L.KIND_RAW, level, flags, 0))
-    return L.entry_table(buf, lay)
+    return L.entry_table(buf, lay, len(rows))
 
 
 def test_least_recently_used_sealed_memory_objects_first():

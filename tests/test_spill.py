@@ -29,11 +29,15 @@ def level_of(store, key) -> Level:
 
 
 def check_accounting(store) -> None:
-    """Each level's used bytes equal the sum of the objects on it."""
-    cap = store.get_capacity()
-    infos = store._kernel.list(all_sessions=True)
-    for level in (Level.MEMORY, Level.DISK):
-        assert cap[level].used == sum(i.stored for i in infos if i.level == level), level
+    """Each level's used bytes equal the sum of the objects on it (once the background spill, which moves
+    objects between the two readings, is quiet)."""
+    def differences():
+        cap = store.get_capacity()
+        infos = store._kernel.list(all_sessions=True)
+        return {level: (cap[level].used, sum(i.stored for i in infos if i.level == level))
+                for level in (Level.MEMORY, Level.DISK)
+                if cap[level].used != sum(i.stored for i in infos if i.level == level)}
+    assert wait_for(lambda: not differences(), timeout=10), differences()
 
 
 def spill_files(store) -> list[str]:

@@ -60,14 +60,16 @@ def frozen(node: "NodeStore") -> Iterator[None]:
         yield
 
 
+_BEYOND = 4096  # entries past the never-used cursor checked to be untouched (the tail is never scanned)
+
 def check(node: "NodeStore") -> list[str]:
     """Every inconsistency of ``node``'s metadata, spill files and counters (see the module notes)."""
     with frozen(node):
         buf, lay = node.buf, node.layout
-        t = L.entry_table(buf, lay).copy()
+        t = L.entry_table(buf, lay).copy()  # the entries ever handed out (see _check_entries for the rest)
         ext = L.extent_table(buf, lay).copy()
         clients = L.client_table(buf, lay).copy()
-        pins = L.pin_table(buf, lay).copy()
+        pins = L.pin_table(buf, lay)[:, :len(t)].copy()
         stats = L.stats_table(buf, lay).copy()
         problems: list[str] = []
         linked = _check_chains(buf, lay, t, problems)
@@ -87,8 +89,8 @@ def _check_chains(buf: Any, lay: L.Layout, t: np.ndarray, problems: list[str]) -
         rec, steps = int(heads[b]), 0
         while rec:
             idx = rec - 1
-            if not 0 <= idx < lay.max_objects or idx in linked or steps > lay.max_objects:
-                problems.append(f"bucket {b}: chain loops or points outside the table (entry {idx})")
+            if not 0 <= idx < len(t) or idx in linked or steps > len(t):
+                problems.append(f"bucket {b}: chain loops or points outside the entries in use (entry {idx})")
                 break
             linked.add(idx)
             steps += 1
@@ -120,9 +122,9 @@ def _check_entries(buf: Any, lay: L.Layout, t: np.ndarray, linked: set[int], cli
     next_unused, head = L.entry_cursor(buf)
     free_list: list[int] = []
     rec = head
-    while rec and len(free_list) <= lay.max_objects:
+    while rec and len(free_list) <= len(t):
         free_list.append(rec - 1)
-        rec = int(t["next"][rec - 1]) if 0 < rec <= lay.max_objects else 0
+        rec = int(t["next"][rec - 1]) if 0 < rec <= len(t) else 0
     free_set = set(free_list)
     expect = set(np.flatnonzero(state[:next_unused] == L.FREE).tolist())
     if len(free_set) != len(free_list):
@@ -130,8 +132,11 @@ def _check_entries(buf: Any, lay: L.Layout, t: np.ndarray, linked: set[int], cli
     if free_set != expect:
         problems.append(f"entry free list: {len(expect - free_set)} free entries missing from it, "
                         f"{len(free_set - expect)} entries on it that are not free")
-    if (state[next_unused:] != L.FREE).any():
+    beyond = L.entry_table(buf, lay, next_unused + _BEYOND)[next_unused:]  # a window, not the whole tail
+    if (beyond["state"] != L.FREE).any() or beyond["next"].any():
         problems.append("entries beyond the never-used cursor are in use")
+    if (L.pin_table(buf, lay)[:, next_unused: next_unused + _BEYOND] != 0).any():
+        problems.append("entries beyond the never-used cursor are pinned")
     attached = set(np.flatnonzero(clients["state"] == 1).tolist())
     for idx in np.flatnonzero((state == L.RESERVED) | (state == L.WRITING)):
         if int(t["writer"][idx]) not in attached:

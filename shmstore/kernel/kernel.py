@@ -339,7 +339,7 @@ class Kernel:
             mask &= t["session"] == self.sid
         if level is not None:
             mask &= t["level"] == int(level)
-        pins = self._table.pin_counts()
+        pins = self._table.pin_counts(len(t))
         out = []
         for idx in np.flatnonzero(mask):
             eoff = self._lay.entry(int(idx))
@@ -354,7 +354,7 @@ class Kernel:
         self._check()
         t = L.entry_table(self._buf, self._lay)
         mem = (t["state"] != L.FREE) & (t["level"] == _MEMORY)
-        pinned = int(t["size"][mem & (self._table.pin_counts() > 0)].sum())
+        pinned = int(t["size"][mem & (self._table.pin_counts(len(t)) > 0)].sum())
         used, total = self.node.used(_MEMORY), self.node.capacity
         return {Level.MEMORY: Capacity(total, used, pinned, total - used, int(mem.sum()))}
 

@@ -757,9 +757,17 @@ def entry_array_bytes(buf: Any, eoff: int) -> bytes:
     return bytes(buf[eoff + ENTRY_ARRAY_OFFSET: eoff + ENTRY_ARRAY_OFFSET + ENTRY_ARRAY.struct.size])
 
 
-def entry_table(buf: Any, layout: Layout) -> np.ndarray:
-    """Structured numpy view of the whole entry table (no copy)."""
-    return np.ndarray((layout.max_objects,), ENTRY_DTYPE, buffer=buf, offset=layout.entries)
+def entry_table(buf: Any, layout: Layout, n: int | None = None) -> np.ndarray:
+    """Structured numpy view of the entry table (no copy): its first ``n`` entries, by default those ever
+    handed out (below the never-used cursor; every entry beyond it is FREE and untouched).
+
+    Scans never touch the table's unused tail, so a large ``max_objects`` costs memory only as entries are
+    used. Callers that combine several arrays (pins, masks) take their length from this one view: the
+    cursor may grow meanwhile.
+    """
+    if n is None:
+        n = entry_cursor(buf)[0]
+    return np.ndarray((min(n, layout.max_objects),), ENTRY_DTYPE, buffer=buf, offset=layout.entries)
 
 
 # ---- extents ----------------------------------------------------------------

@@ -95,7 +95,7 @@ class NodeStore:
         self.disk = SpillDir(L.spill_dir(self.buf), self.prefix.lstrip("/"))
         self.levels = open_levels(self)  # every registered level, as this process reaches it
         self.wake = Wakeup(self.prefix + "-wake", create=False)  # the creator made it (see _create)
-        self.prefault = Prefaulter(meta, arena, self.capacity)
+        self.prefault = Prefaulter(meta, arena, self.capacity, self.layout)
 
     # ---- open / create / attach -------------------------------------------
     @classmethod

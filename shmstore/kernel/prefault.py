@@ -3,7 +3,9 @@
 Fresh tmpfs pages cost about 0.65 s per GiB to fault in whoever touches them
 first. A background thread of the creating process faults the metadata and
 then the arena in with ``MADV_POPULATE_WRITE``, keeping ``prefault`` bytes
-ahead of the allocator's frontier; a writer that reaches past what is
+ahead of the allocator's frontier and ``META_AHEAD`` entries (and extent
+records) ahead of the entries handed out, never the rest of a large table
+(a store sized for millions of objects costs memory only as they come); a writer that reaches past what is
 populated faults its range in first, so a full /dev/shm is a
 ``StorageFullError``, never a SIGBUS.
 """
@@ -21,6 +23,7 @@ from .segment import Segment
 __all__ = ["Prefaulter"]
 
 _POPULATE_CHUNK = 32 << 20
+META_AHEAD = 65536  # entry and extent records kept faulted in ahead of those handed out
 
 
 class Prefaulter:
@@ -34,8 +37,9 @@ class Prefaulter:
         capacity: bytes of the arena.
     """
 
-    def __init__(self, meta: Segment, arena: Segment, capacity: int) -> None:
-        self.meta, self.arena, self.capacity = meta, arena, capacity
+    def __init__(self, meta: Segment, arena: Segment, capacity: int, layout: L.Layout) -> None:
+        self.meta, self.arena, self.capacity, self.layout = meta, arena, capacity, layout
+        self._meta_done: dict[int, int] = {}  # section start -> bytes of it faulted in
         self.populated = 0  # the first ``populated`` bytes of the arena are faulted in, here
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
@@ -55,12 +59,29 @@ class Prefaulter:
                 self._thread.join(10)
             self._stop = None
 
+    def _meta(self, stop: threading.Event) -> bool:
+        """Fault in the metadata in use and ahead of use (first touches cost ~10 us a page in a put);
+        False where /dev/shm refused."""
+        lay = self.layout
+        ahead = L.entry_cursor(self.meta.mm)[0] + META_AHEAD
+        sections = [(0, lay.entries),  # header, locks, clients, counters, buckets
+                    (lay.entries, min(lay.max_objects, ahead) * L.ENTRY_SIZE),
+                    (lay.extents, min(lay.nextents, 2 * ahead) * L.EXTENT.size),
+                    (lay.migrations, self.meta.size - lay.migrations)]  # pin rows: touched as pins come
+        for start, length in sections:
+            done = self._meta_done.get(start, 0)
+            while done < length and not stop.is_set():
+                n = min(_POPULATE_CHUNK, length - done)
+                if self.meta.populate(start + done, n):
+                    return False
+                done += n
+                self._meta_done[start] = done
+        return True
+
     def _loop(self, prefault: int, stop: threading.Event) -> None:
-        # the metadata first: first touches of its pages cost ~10 us each in a put
-        for off in range(0, self.meta.size, _POPULATE_CHUNK):
-            if stop.is_set() or self.meta.populate(off, min(_POPULATE_CHUNK, self.meta.size - off)):
-                break
+        self._meta(stop)
         while not stop.is_set():
+            self._meta(stop)
             target = min(self.capacity, max(prefault, L.frontier(self.meta.mm) + prefault))
             if self.populated >= target:
                 stop.wait(0.2)

@@ -43,18 +43,18 @@ def valid_extents(buf: Any, lay: L.Layout) -> tuple[np.ndarray, np.ndarray]:
     chunk no client names any more is kept as a retired chunk while an
     object still lives in it, and dropped otherwise.
     """
-    t = L.entry_table(buf, lay)
+    t = L.entry_table(buf, lay, max(1, L.entry_cursor(buf)[0]))  # never empty: owners index into it
     c = L.client_table(buf, lay)
     n, _ = L.extent_cursor(buf)
     ext = L.extent_table(buf, lay)[:n]
     recs = np.arange(1, n + 1, dtype=np.int64)
     flags, owner = ext["flags"], ext["owner"].astype(np.int64)
     taken = t["state"] != L.FREE
-    own = np.clip(owner - 1, 0, lay.max_objects - 1)
+    own = np.clip(owner - 1, 0, max(len(t) - 1, 0))
     moving = (t["flags"][own] & L.FLAG_MOVING) != 0
     names = (((t["extent"][own] == recs) & ((t["flags"][own] & L.FLAG_IN_CHUNK) == 0))
              | (moving & (t["target_extent"][own] == recs)))  # the new copy of a move in flight
-    used = (flags == L.EXT_USED) & (owner > 0) & (owner <= lay.max_objects) & taken[own] & names
+    used = (flags == L.EXT_USED) & (owner > 0) & (owner <= len(t)) & taken[own] & names
     slot = np.clip(-owner - 1, 0, lay.max_clients - 1)
     chunk = (flags == L.EXT_CHUNK) & (owner < 0) & (-owner <= lay.max_clients) & (c["chunk"][slot] == recs)
     refs = t["extent"][taken & ((t["flags"] & L.FLAG_IN_CHUNK) != 0)]
@@ -101,12 +101,12 @@ def repair_stripe(node: "NodeStore", stripe: int) -> int:
     linked = table.prune_chains(stripe)
     t = L.entry_table(buf, lay)
     shadow = (t["state"] == L.WRITING) & ((t["flags"] & L.FLAG_SHADOW) != 0)  # an overwrite's, in no chain yet
-    mine = table.stripe_mask(stripe) & (((t["state"] == L.WRITING) & ~shadow) | (t["state"] == L.SEALED))
+    mine = table.stripe_mask(stripe, t) & (((t["state"] == L.WRITING) & ~shadow) | (t["state"] == L.SEALED))
     ghosts = np.setdiff1d(np.flatnonzero(mine), linked)
     for idx in ghosts:
         table.mark_deleted(int(idx))
     table.repair_stats(stripe)
-    deleted = table.stripe_mask(stripe) & (t["state"] == L.DELETED) & ((t["flags"] & L.FLAG_MOVING) == 0)
+    deleted = table.stripe_mask(stripe, t) & (t["state"] == L.DELETED) & ((t["flags"] & L.FLAG_MOVING) == 0)
     for idx in np.flatnonzero(deleted):  # ghosts, and a delete killed between hiding and freeing
         node.free_if_unpinned(int(idx))  # the last pin frees a pinned one; the mover a moving one
     return len(ghosts)

@@ -59,9 +59,8 @@ class Table:
     def stripe_of(self, idx: int) -> int:
         return L.entry_hash(self.buf, self.layout.entry(idx)) & self._bucket_mask & self._stripe_mask
 
-    def stripe_mask(self, stripe: int) -> np.ndarray:
-        """Boolean mask of the entries whose key hashes to ``stripe`` (any state)."""
-        t = L.entry_table(self.buf, self.layout)
+    def stripe_mask(self, stripe: int, t: np.ndarray) -> np.ndarray:
+        """Boolean mask of the entries of ``t`` (an entry table view) whose key hashes to ``stripe``."""
         mask: np.ndarray = (t["hash"] & self._bucket_mask & self._stripe_mask) == stripe
         return mask
 
@@ -69,7 +68,7 @@ class Table:
         """Recompute one stripe's usage from its entries (stripe lock held)."""
         t = L.entry_table(self.buf, self.layout)
         live = ((t["state"] == L.WRITING) | (t["state"] == L.SEALED) | (t["state"] == L.DELETED))
-        mine = live & self.stripe_mask(stripe)
+        mine = live & self.stripe_mask(stripe, t)
         used = [int(t["size"][mine & (t["level"] == lv)].sum()) for lv in range(3)]
         deleted = int((mine & (t["state"] == L.DELETED)).sum())
         L.STRIPE_STATS.pack(self.buf, self.layout.stripe_stats(stripe), used=used, objects=int(mine.sum()),
@@ -235,14 +234,15 @@ class Table:
         """Number of client processes pinning ``idx`` (rows of slots never taken hold no pins)."""
         return int(np.count_nonzero(self._pins[:L.slots_high(self.buf), idx]))
 
-    def pin_counts(self) -> np.ndarray:
-        """Pinning processes per entry (uint8 per client summed over the slots ever taken)."""
-        counts: np.ndarray = np.count_nonzero(self._pins[:L.slots_high(self.buf)], axis=0)
+    def pin_counts(self, n: int) -> np.ndarray:
+        """Pinning processes of each of the first ``n`` entries (pass ``len`` of the entry table view it
+        goes with; summed over the client slots ever taken)."""
+        counts: np.ndarray = np.count_nonzero(self._pins[:L.slots_high(self.buf), :n], axis=0)
         return counts
 
     def pinned_by(self, slot: int) -> np.ndarray:
-        """Entry indices that client ``slot`` pins."""
-        return np.flatnonzero(self._pins[slot])
+        """Entry indices that client ``slot`` pins (only entries ever handed out can be pinned)."""
+        return np.flatnonzero(self._pins[slot, :L.entry_cursor(self.buf)[0]])
 
     def clear_pins(self, slot: int) -> None:
-        self._pins[slot] = 0
+        self._pins[slot, :L.entry_cursor(self.buf)[0]] = 0

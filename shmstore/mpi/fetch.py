@@ -35,6 +35,8 @@ from .staging import recv_staged
 
 __all__ = ["Fetcher"]
 
+_ASK = object()  # no lookup answer yet: ask the source
+
 
 class Fetcher:
     """The fetching half of a :class:`Cluster` (same thread-safety)."""
@@ -83,24 +85,29 @@ class Fetcher:
         without the object is reported stale and the home asked again."""
         c = self.cluster
         for _ in range(len(c.nodes) + 1):
-            src = c._dir(W.DirSource(key, self.me))
+            answer = c._dir(W.DirSource(key, self.me, T.INLINE_MAX))
+            src, found = (answer.node, answer.found) if isinstance(answer, W.Sourced) else (answer, _ASK)
             if src is None:
                 if key in self.store:  # it came here meanwhile (a migration, a put)
                     return
                 raise errors.ObjectNotFoundError(f"no node has {key!r} (nodes: {c.nodes})", key)
             outcome, nbytes = "failed", 0
             try:
-                nbytes = self._from(src, key, levels, block)
+                nbytes = self._from(src, key, levels, block, found)
                 outcome = "copied" if nbytes >= 0 else "stale"
             finally:
-                c._dir(W.DirDone(key, src, self.me, outcome, max(nbytes, 0)), post=True)
+                # a new copy is registered before the fetch returns (so a delete after a barrier finds it);
+                # a stale or failed source is only reported: this rank's next request comes after it
+                c._dir(W.DirDone(key, src, self.me, outcome, max(nbytes, 0)), post=outcome != "copied")
             if outcome == "copied":
                 return
         raise errors.TransferError(f"every node the directory names for {key!r} lost it while asked", key)
 
-    def _from(self, src: int, key: str, levels: Any, block: int) -> int:
-        """Transfer ``key`` from node ``src``: its size, or -1 where ``src`` has no copy."""
-        found = self.cluster._msg.call(src, W.Lookup(key, T.INLINE_MAX))  # pins it there if found
+    def _from(self, src: int, key: str, levels: Any, block: int, found: Any = _ASK) -> int:
+        """Transfer ``key`` from node ``src`` (what its lookup ``found``, else asked now): its size, or -1
+        where ``src`` has no copy."""
+        if found is _ASK:
+            found = self.cluster._msg.call(src, W.Lookup(key, T.INLINE_MAX))  # pins it there if found
         if found is None:
             return -1
         self._transfer(key, src, found, levels, block)

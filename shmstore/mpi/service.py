@@ -234,7 +234,11 @@ class Service:
             if tag:
                 self.comm.send(value, dest=src, tag=tag)
         result = self.directory.handle(msg, answer)
-        return _NO_REPLY if result is WAIT else result
+        if result is WAIT:
+            return _NO_REPLY
+        if isinstance(msg, W.DirSource) and msg.inline_max and result == self.cluster.node_index:
+            return W.Sourced(result, self._on_lookup(src, tag, W.Lookup(msg.key, msg.inline_max)))
+        return result
 
     def _on_read(self, src: int, tag: int, msg: W.Read) -> W.Chunk:
         with self.store.open_reader(msg.key) as r:

@@ -16,7 +16,7 @@ from .. import errors
 __all__ = [
     "Lookup", "LookupMany", "Data", "Release", "Has", "Delete", "Pull", "Read", "WriterOpen", "Write", "WriterClose",
     "DirAdd", "DirDrop", "DirGet", "DirTake", "DirSource", "DirDone", "Stop",
-    "Found", "Chunk", "Failure",
+    "Found", "Sourced", "Chunk", "Failure",
 ]
 
 
@@ -116,9 +116,12 @@ class DirTake(NamedTuple):
 
 class DirSource(NamedTuple):
     """The holder node ``node`` should fetch ``key`` from (None: no node has it). A large object's holder
-    sends to one node at a time: the answer waits for a free holder, so copies spread as a tree."""
+    sends to one node at a time: the answer waits for a free holder, so copies spread as a tree. Where the
+    home itself is that holder it looks the object up at once (``inline_max`` as in :class:`Lookup`) and
+    answers a :class:`Sourced`: one round trip saved."""
     key: str
     node: int
+    inline_max: int = 0
 
 
 class DirDone(NamedTuple):
@@ -141,6 +144,13 @@ class Found(NamedTuple):
     array_meta: Any
     inline: bytes | None
     handle: int
+
+
+class Sourced(NamedTuple):
+    """A :class:`DirSource` answer from a home that holds the object: the holder (the home) and what its
+    :class:`Lookup` found (None: its copy is gone)."""
+    node: int
+    found: Found | None
 
 
 class Chunk(NamedTuple):

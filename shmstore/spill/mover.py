@@ -225,8 +225,8 @@ class Mover:
         spilled = 0
         while self.largest_free(level) < nbytes:
             entries = L.entry_table(self.buf, self.lay)
-            cands = spill_candidates(entries, self.node.table.pin_counts(), exclude, whole_extents_first=True,
-                                     level=int(level))
+            cands = spill_candidates(entries, self.node.table.pin_counts(len(entries)), exclude,
+                                     whole_extents_first=True, level=int(level))
             if not len(cands):
                 raise MoveError(L.ERR_FULL, f"cannot make {format_size(nbytes)} of room on {level}: the rest of "
                                             f"its {format_size(lv.total())} is pinned, being written or fragmented "
@@ -261,7 +261,7 @@ class Mover:
                 continue
             done = 0
             entries = L.entry_table(self.buf, self.lay)
-            for idx in spill_candidates(entries, self.node.table.pin_counts(), level=int(level)):
+            for idx in spill_candidates(entries, self.node.table.pin_counts(len(entries)), level=int(level)):
                 if done >= need or time.monotonic() > deadline or interrupt():
                     break
                 done += self._spill_quietly(int(idx), lv.spill_to)
