@@ -1,7 +1,10 @@
 """The ``shmstore`` command: look into and manage node stores.
 
     shmstore [--name NAME] [--node NODE] [--session S] [--json]
-             status | ls | info KEY | rm KEY | move KEY memory|disk | check | gc | destroy [NAME]
+             stores | status | ls | info KEY | rm KEY | move KEY memory|disk | check | gc | destroy [NAME]
+
+``stores``, ``status``, ``ls``, ``info`` and ``check`` only look: they start no
+spill process and remove nothing, even on a store whose job is gone.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from typing import Any
 from .errors import ShmStoreError
 from .levels import Level, ObjectInfo
 from .placement import spill_progress_line
-from .store import Store, collect_stale, connect, destroy
+from .store import Store, collect_stale, connect, destroy, list_stores, observe
 from .units import format_size
 
 __all__ = ["main"]
@@ -25,7 +28,8 @@ def _common(suppress: bool) -> argparse.ArgumentParser:
     c = argparse.ArgumentParser(add_help=False)
     kw: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
     c.add_argument("--name", help="store name (default: $SHMSTORE_NAME, job-$SLURM_JOB_ID or 'default')", **kw)
-    c.add_argument("--node", help="node id (default: $SHMSTORE_NODE or the host name)", **kw)
+    c.add_argument("--node", help="node id (default: $SHMSTORE_NODE, else $PMI_HOSTNAME, else $SLURMD_NODENAME, "
+                                  "else the host name: as shmstore.mpi names nodes)", **kw)
     c.add_argument("--session", help="session whose objects ls/info/rm see (default: '')", **kw)
     c.add_argument("--json", action="store_true", help="machine-readable output", **kw)
     return c
@@ -36,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
                                 parents=[_common(False)])
     sub = p.add_subparsers(dest="cmd", required=True)
     common = [_common(True)]
+    st = sub.add_parser("stores", parents=common, help="the stores on this host (name, node, clients, stale or not)")
+    st.add_argument("--all-users", action="store_true", help="every user's stores, not only yours")
     sub.add_parser("status", parents=common, help="capacity and usage per level, clients, spill process")
     sub.add_parser("ls", parents=common, help="objects of the session")
     sub.add_parser("info", parents=common, help="one object").add_argument("key")
@@ -46,15 +52,20 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("level", choices=["memory", "disk"])
     sub.add_parser("check", parents=common,
                    help="check the store's invariants (table, allocator, counters, spill files); exit 1 on a problem")
-    sub.add_parser("gc", parents=common, help="remove this user's stores that no live process uses (for job epilogs)")
+    g = sub.add_parser("gc", parents=common,
+                       help="remove stores that no live process uses (job epilogs): yours, or as root every user's")
+    g.add_argument("--all-users", action="store_true", help="every user's stale stores (root: a Slurm epilog)")
+    g.add_argument("--uid", type=int, help="that user's stale stores (root)")
     d = sub.add_parser("destroy", parents=common, help="remove a store's segments and spill files")
     d.add_argument("store", nargs="?", help="store name (default: --name)")
     d.add_argument("--force", action="store_true", help="even while clients are attached")
     return p
 
 
-def _open(args: argparse.Namespace) -> Store:
+def _open(args: argparse.Namespace, look: bool) -> Store:
     kw = {k: v for k, v in (("node", args.node), ("session", args.session)) if v is not None}
+    if look:
+        return observe(args.name, **kw)
     return connect(args.name, create=False, prefault=0, **kw)
 
 
@@ -81,8 +92,20 @@ def _info_dict(info: ObjectInfo) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.cmd == "stores":
+        found = list_stores(all_users=args.all_users)
+        if args.json:
+            print(json.dumps(found, indent=2))
+        for s in [] if args.json else found:
+            state = "persistent" if s["persistent"] else "stale" if s["stale"] else \
+                f"{s['clients']} client(s), spill process {'running' if s['spill_alive'] else 'gone'}"
+            owner = f"  uid {s['uid']}" if args.all_users else ""
+            print(f"{s['name']}\tnode {s['node']}\t{format_size(s['capacity'])}\t{state}{owner}")
+        if not found and not args.json:
+            print("no stores on this host")
+        return 0
     if args.cmd == "gc":
-        removed = collect_stale()
+        removed = collect_stale(uid=args.uid, all_users=args.all_users)
         print(json.dumps({"removed": removed}) if args.json else
               ("removed " + ", ".join(removed) if removed else "no stale stores"))
         return 0
@@ -90,7 +113,7 @@ def _run(args: argparse.Namespace) -> int:
         gone = destroy(args.store or args.name, force=args.force, node=args.node)
         print(json.dumps({"removed": gone}) if args.json else ("removed" if gone else "nothing to remove"))
         return 0
-    with _open(args) as store:
+    with _open(args, look=args.cmd in ("status", "ls", "info", "check")) as store:
         if args.cmd == "status":
             st = store.status()
             st["clients"] = [c for c in st["clients"] if c["pid"] != _own_pid()]

@@ -47,7 +47,12 @@ def _default_spill_dir() -> str:
 
 
 def _default_node() -> str:
-    return socket.gethostname().split(".")[0] or "localhost"
+    """The node's name as the launcher knows it: ``PMI_HOSTNAME`` (MPICH's hydra), else ``SLURMD_NODENAME``
+    (Slurm's name for the node, also in prologs and epilogs), else the host name; the same order
+    ``shmstore.mpi`` names nodes in, so a plain ``connect()``, a Cluster and the CLI find one store."""
+    raw = os.environ.get("PMI_HOSTNAME") or os.environ.get("SLURMD_NODENAME") \
+        or socket.gethostname().split(".")[0] or "localhost"
+    return "".join(c if c.isalnum() or c in "_.-" else "-" for c in raw)[:48] or "node"
 
 
 def _parse_bool(text: str) -> bool:
@@ -212,6 +217,21 @@ def _parse_streams(text: str) -> int:
 def stream_count() -> int | None:
     """``SHMSTORE_STREAMS``: bulk streams per cluster transfer (1 or 2), None when unset."""
     value: int | None = env("STREAMS", _parse_streams)
+    return value
+
+
+def log_level() -> int:
+    """``SHMSTORE_LOG``: how much the spill process logs (``warning`` by default: problems only;
+    ``info`` adds every client reclaimed and store removed; ``debug``)."""
+    import logging
+    names = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+    def parse(text: str) -> int:
+        if text.strip().lower() not in names:
+            raise ValueError(f"must be one of {', '.join(names)}, got {text!r}")
+        return names[text.strip().lower()]
+
+    value: int = env("LOG", parse, logging.WARNING)
     return value
 
 

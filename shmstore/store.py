@@ -7,19 +7,21 @@ kernel leaves out (priority lists of levels, waiting for the spill process).
 from __future__ import annotations
 
 import builtins
+import mmap
 import os
+import struct
 import time
 from typing import Any, Iterable
 
 import numpy as np
 
 from .config import Config
-from .errors import ShmStoreError, StorageFullError, StoreClosedError, StoreInUseError
+from .errors import PermissionDeniedError, ShmStoreError, StorageFullError, StoreClosedError, StoreInUseError
 from .kernel import Kernel, NodeStore
 from .kernel import layout as L
 from .kernel.check import check as check_node
 from .kernel.node import pid_alive, reap_children, store_prefix
-from .kernel.segment import Segment, list_segments, unlink_segment, unlink_semaphore
+from .kernel.segment import list_segments, unlink_segment, unlink_semaphore
 from .levels import Capacity, Level, ObjectInfo, parse_levels
 from .placement import DEFAULT_PUT_LEVELS, DEVICE_PUT_LEVELS, Placement
 from .streams import Reader, Writer
@@ -40,8 +42,9 @@ class Store:
     _kernel: Kernel | None = None
     _node: NodeStore | None = None
 
-    def __init__(self, config: Config, create: bool = True) -> None:
+    def __init__(self, config: Config, create: bool = True, observe: bool = False) -> None:
         self.config = config
+        self._observe = observe
         deadline = time.monotonic() + 10
         while True:
             node = NodeStore.open(config, create)
@@ -57,8 +60,9 @@ class Store:
         try:
             self._kernel = Kernel(node, slot, config.session, on_detach=self._on_detach)
             self._placement = Placement(self._kernel, node, config)
-            node.ensure_spill()
-            node.prefault.start(config.prefault)
+            if not observe:
+                node.ensure_spill()
+                node.prefault.start(config.prefault)
         except BaseException:
             node.deregister(slot)
             node.close()
@@ -293,7 +297,7 @@ class Store:
     def _on_detach(self, remaining: int) -> None:
         node, self._node = self._node, None
         if node is not None:
-            if remaining == 0:
+            if remaining == 0 and not self._observe:
                 if node.spill_alive():
                     node.wake.post()  # the janitor removes the store now rather than at its next round
                 else:
@@ -354,6 +358,17 @@ def connect(name: str | None = None, *, create: bool = True, **kwargs: Any) -> S
     return Store(Config.from_kwargs(name=name, **kwargs), create)
 
 
+def observe(name: str | None = None, **kwargs: Any) -> Store:
+    """Attach to an existing store only to look at it (the CLI's status, ls, info, check): starts no spill
+    process and removes nothing when it closes, even where the store's job is gone, so a look changes
+    nothing. ``kwargs``: ``node``, ``session``.
+
+    Raises:
+        StoreNotFoundError: no such store on this node.
+    """
+    return Store(Config.from_kwargs(name=name, prefault=0, **kwargs), create=False, observe=True)
+
+
 def destroy(name: str | None = None, force: bool = False, node: str | None = None) -> bool:
     """Remove a store's segments and spill files.
 
@@ -385,38 +400,132 @@ def destroy(name: str | None = None, force: bool = False, node: str | None = Non
     return True
 
 
-def collect_stale() -> list[str]:
-    """Remove this user's stores on this host that nobody uses any more.
+def list_stores(uid: int | None = None, all_users: bool = False) -> list[dict[str, Any]]:
+    """The stores on this host: this user's, another ``uid``'s, or (``all_users``) everyone's.
+
+    Each as a dict: ``name``, ``node``, ``uid``, ``persistent``, ``capacity``,
+    ``clients`` (attached and alive), ``spill_pid``, ``spill_alive``,
+    ``stale`` (nobody alive uses it: ``shmstore gc`` would remove it),
+    ``segment``. Reads the stores' headers only; changes nothing.
+    """
+    out = []
+    prefix = "/shmstore-" if all_users else f"/shmstore-{os.getuid() if uid is None else uid}-"
+    for meta in list_segments(prefix):
+        if not meta.endswith("-meta"):
+            continue
+        try:
+            fd = os.open("/dev/shm/" + meta.lstrip("/"), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            owner = st.st_uid
+            if not meta.startswith(f"/shmstore-{owner}-") or st.st_size < L.HEADER_SIZE:
+                continue  # named for another user than its owner, or being created
+            mm = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ)  # a look: read-only, any owner
+        except (OSError, ValueError):
+            os.close(fd)
+            continue
+        try:
+            h = L.unpack_header(mm)
+            if h.magic != L.MAGIC:
+                continue
+            lay = L.Layout.from_header(h)
+            if lay.size > st.st_size:
+                continue
+            clients = L.client_table(mm, lay)
+            alive = sum(1 for p, st, state in zip(clients["pid"], clients["start"], clients["state"])
+                        if state == 1 and pid_alive(int(p), int(st)))
+            spill = pid_alive(h.spill_pid)
+            out.append({"name": h.name, "node": h.node, "uid": owner, "persistent": bool(h.flags & L.FLAG_PERSIST),
+                        "capacity": int(h.capacity), "clients": alive, "spill_pid": int(h.spill_pid),
+                        "spill_alive": spill, "stale": not alive and not spill and not h.flags & L.FLAG_PERSIST,
+                        "segment": meta, "spill_dir": L.spill_dir(mm)})
+            del clients
+        except (ValueError, TypeError, struct.error):
+            continue  # not a store of this layout
+        finally:
+            _close_quietly(mm)
+            os.close(fd)
+    return out
+
+
+def _close_quietly(mm: mmap.mmap) -> None:
+    try:
+        mm.close()
+    except BufferError:
+        pass  # a view is still alive: unmapped with it
+
+
+def collect_stale(uid: int | None = None, all_users: bool = False) -> list[str]:
+    """Remove the stores on this host that nobody uses any more: this user's, another ``uid``'s, or
+    (``all_users``) everyone's (root, in a Slurm epilog).
 
     A store is stale when none of its clients and not its spill process is
     alive (say every process of a job was SIGKILLed, the spill process too,
     as a batch system's cleanup does). Persistent stores are kept. Meant for
-    a job epilog: ``shmstore gc``.
+    a job epilog: ``shmstore gc`` (``--all-users`` as root).
 
     Returns:
         The ``name@node`` of every store removed.
+
+    Raises:
+        PermissionDeniedError: another user's stores asked for without being root.
     """
+    me = os.getuid()
+    if (all_users or (uid is not None and uid != me)) and me != 0:
+        raise PermissionDeniedError("only root can remove other users' stores (shmstore gc --all-users / --uid "
+                                    "in a Slurm epilog, which runs as root)")
     removed = []
-    for meta in list_segments(f"/shmstore-{os.getuid()}-"):
-        if not meta.endswith("-meta"):
+    for st in list_stores(uid, all_users):
+        if not st["stale"]:
             continue
-        try:
-            seg = Segment.attach(meta)
-        except (OSError, ShmStoreError):
-            continue
-        try:
-            h = L.unpack_header(seg.mm)
-            if h.magic != L.MAGIC or h.flags & L.FLAG_PERSIST or pid_alive(h.spill_pid):
-                continue
-            lay = L.Layout.from_header(h)
-            clients = L.client_table(seg.mm, lay)
-            if any(pid_alive(int(p), int(st))
-                   for p, st, state in zip(clients["pid"], clients["start"], clients["state"])
-                   if state == 1):
-                continue
-            name, node = h.name, h.node
-        finally:
-            seg.close()
-        destroy(name, force=True, node=node)
-        removed.append(f"{name}@{node}")
+        if st["uid"] == me:
+            destroy(st["name"], force=True, node=st["node"])
+        else:
+            _remove_foreign(st)
+        removed.append(f"{st['name']}@{st['node']}" + (f" (uid {st['uid']})" if st["uid"] != me else ""))
     return removed
+
+
+def _segment_uid(name: str) -> int | None:
+    try:
+        return os.stat("/dev/shm/" + name.lstrip("/")).st_uid
+    except OSError:
+        return None
+
+
+def _remove_foreign(st: dict[str, Any]) -> None:
+    """Remove another user's stale store as root: its segments, semaphore and spill files. Touches only
+    what that user owns, under names made from the store's own prefix (never following a link)."""
+    uid = st["uid"]
+    prefix = store_prefix(st["name"], st["node"], uid)
+    for seg in list_segments(prefix + "-"):
+        if _segment_uid(seg) == uid:
+            unlink_segment(seg)
+    sem = "/dev/shm/sem." + prefix.lstrip("/") + "-wake"
+    try:
+        if os.lstat(sem).st_uid == uid:
+            os.unlink(sem)
+    except OSError:
+        pass
+    folder = os.path.join(st["spill_dir"], prefix.lstrip("/"))
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        if os.fstat(fd).st_uid != uid:
+            return
+        for entry in os.listdir(fd):
+            try:
+                if os.stat(entry, dir_fd=fd, follow_symlinks=False).st_uid == uid:
+                    os.unlink(entry, dir_fd=fd)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass

@@ -82,3 +82,23 @@ def test_bad_switch_fails_at_import_naming_it():
     r = subprocess.run([sys.executable, "-c", "import shmstore"], capture_output=True, text=True,
                        env=dict(os.environ, SHMSTORE_PURE_PYTHON="perhaps"))
     assert r.returncode != 0 and "SHMSTORE_PURE_PYTHON" in r.stderr
+
+
+def test_default_node_and_max_objects_follow_the_launcher_and_the_capacity(monkeypatch):
+    """A plain connect(), a Cluster and the CLI name a node alike (under Slurm the CLI used the host name
+    while the job's stores were named after SLURMD_NODENAME); max_objects grows with capacity."""
+    import socket
+    from shmstore.config import Config
+    for var in ("SHMSTORE_NODE", "PMI_HOSTNAME", "SLURMD_NODENAME", "SHMSTORE_MAX_OBJECTS"):
+        monkeypatch.delenv(var, raising=False)
+    assert Config.from_kwargs().node == socket.gethostname().split(".")[0]
+    monkeypatch.setenv("SLURMD_NODENAME", "cn042")
+    assert Config.from_kwargs().node == "cn042"
+    monkeypatch.setenv("PMI_HOSTNAME", "n1")
+    assert Config.from_kwargs().node == "n1"
+    monkeypatch.setenv("SHMSTORE_NODE", "emu0")
+    assert Config.from_kwargs().node == "emu0" and Config.from_kwargs(node="x").node == "x"
+    assert Config.from_kwargs(capacity="64MiB").max_objects == 65536
+    assert Config.from_kwargs(capacity="8GiB").max_objects == 524288
+    assert Config.from_kwargs(capacity="1TiB").max_objects == 1 << 22
+    assert Config.from_kwargs(capacity="8GiB", max_objects=1000).max_objects == 1000

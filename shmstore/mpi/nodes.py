@@ -10,7 +10,6 @@ service.
 """
 from __future__ import annotations
 
-import os
 import socket
 import warnings
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from ..config import _default_node as default_node
 from ..config import node_label
 
 __all__ = ["Nodes", "identify", "label"]
@@ -38,8 +38,7 @@ class Nodes:
 
 def label(kwargs: dict[str, Any]) -> str:
     """This rank's node label (see the module's docstring), made safe for segment names."""
-    raw = kwargs.get("node") or node_label() or os.environ.get("PMI_HOSTNAME") \
-        or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    raw = kwargs.get("node") or node_label() or default_node()
     return "".join(c if c.isalnum() or c in "_.-" else "-" for c in str(raw))[:48] or "node"
 
 

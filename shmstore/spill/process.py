@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Callable
 
-from ..config import Config
+from ..config import Config, log_level
 from ..errors import ShmStoreError, StorageFullError
 from ..kernel import NodeStore
 from ..kernel import layout as L
@@ -198,7 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node", required=True)
     parser.add_argument("--spill-dir", required=True)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="shmstore-spill[%(process)d]: %(message)s", stream=sys.stderr)
+    try:
+        level, bad = log_level(), None
+    except ShmStoreError as exc:  # a bad setting must not cost the node its spill process
+        level, bad = logging.WARNING, exc
+    logging.basicConfig(level=level, format="shmstore-spill[%(process)d]: %(message)s", stream=sys.stderr)
+    if bad is not None:
+        log.warning("%s; logging warnings only", bad)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         node = NodeStore.open(Config.from_kwargs(name=args.name, node=args.node, spill_dir=args.spill_dir,
