@@ -45,6 +45,7 @@ __all__ = ["Service", "HANDLE_TTL"]
 
 HANDLE_TTL = 120.0
 _NO_REPLY = object()
+_SENDER = "shmstore-mpi-send"  # the name of bulk-send threads
 _BUSY_PAUSE = 50e-6   # the first nap after the spin window; naps double up to _IDLE_PAUSE
 _IDLE_PAUSE = 1e-3    # probe interval of an idle node: the first request after a pause waits <= 1 ms
 _IDLE_AFTER = 0.5     # seconds without a request before backing off to _IDLE_PAUSE
@@ -104,7 +105,11 @@ class Service:
         while True:
             idle = time.monotonic() - last
             try:
-                if idle < _IDLE_AFTER:
+                if any(t.name == _SENDER and t.is_alive() for t in self._workers):
+                    # a transfer's next request (its registration) comes as soon as the bytes are out
+                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, self.spin, _BUSY_PAUSE, 0.002)
+                    last = time.monotonic()
+                elif idle < _IDLE_AFTER:
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, self.spin, _BUSY_PAUSE, _IDLE_AFTER - idle,
                                   _IDLE_PAUSE)
                 else:
@@ -203,7 +208,7 @@ class Service:
                 wait_quietly(reqs)
             self._count_sent(lease.nbytes)
 
-        self._spawn("shmstore-mpi-send", send)
+        self._spawn(_SENDER, send)
         return _NO_REPLY
 
     def _on_release(self, src: int, tag: int, msg: W.Release) -> None:

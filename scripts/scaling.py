@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""The scaling suite: sweep nodes, ranks per node and object sizes; one CSV row per measurement; PNG plots.
+
+    python scripts/scaling.py --quick                 # emulated nodes on this machine, under 2 minutes here
+    python scripts/scaling.py --nodes 1,2,4 --ranks 1,2,4 --sizes 1,16,256 --out results/
+    sbatch mpi/slurm/scaling.sbatch                   # real nodes: srun inside the allocation
+
+Each run is one MPI job (``scripts/scaling_job.py``) over NODES nodes with
+RANKS ranks each: emulated nodes on this machine (MPICH's hydra,
+``-launcher fork`` with fake host names), or real ones inside a Slurm
+allocation (``srun --mpi=pmi2 -N NODES --ntasks-per-node RANKS``; nodes
+beyond the allocation are skipped). Every row of ``scaling.csv`` carries
+the raw baseline measured in the same job (``np.copyto``, MPI
+``Send``/``Recv``, an 8 B round trip, ``MPI_Bcast``, a file write, or ideal
+scaling) and the ratio to it. With matplotlib (``pip install
+'shmstore[plots]'``) it draws ``throughput_vs_ranks.png``,
+``bandwidth_vs_size.png``, ``latency_vs_nodes.png`` and
+``broadcast_vs_nodes.png``, baselines dashed.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIELDS = ["workload", "nodes", "ranks_per_node", "size", "value", "unit", "baseline", "baseline_value",
+          "ratio_to_baseline"]
+
+
+def launcher(nodes: int, rpn: int) -> list[str] | None:
+    """The command that starts ``nodes`` x ``rpn`` ranks, or None where that many nodes are not at hand."""
+    py = [sys.executable, "-m", "mpi4py", os.path.join(ROOT, "scripts", "scaling_job.py")]
+    allocated = int(os.environ.get("SLURM_NNODES", "0") or 0)
+    if allocated > 1 and shutil.which("srun"):
+        if nodes > allocated:
+            return None
+        return ["srun", "--mpi=pmi2", "-K", "-N", str(nodes), "-n", str(nodes * rpn), "--ntasks-per-node",
+                str(rpn), "--overcommit", *py]
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    if mpiexec is None:
+        raise SystemExit("scaling: no mpiexec (pip install 'shmstore[mpich]') and no Slurm allocation")
+    hosts = ",".join(f"n{i}:{rpn}" for i in range(nodes))
+    return [mpiexec, "-launcher", "fork", "-hosts", hosts, "-n", str(nodes * rpn), *py]
+
+
+def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
+    combos = [(n, r) for n in args.nodes for r in args.ranks if n * r <= args.max_ranks]
+    rows: list[dict[str, Any]] = []
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.setdefault("MPIEXEC_TIMEOUT", str(args.timeout))
+    start = time.monotonic()
+    for i, (nodes, rpn) in enumerate(combos):
+        cmd = launcher(nodes, rpn)
+        label = f"[{i + 1}/{len(combos)}] {nodes} node(s) x {rpn} rank(s)"
+        if cmd is None:
+            print(f"scaling: {label}: skipped (the allocation has fewer nodes)", file=sys.stderr, flush=True)
+            continue
+        print(f"scaling: {label} ... ({time.monotonic() - start:.0f} s so far)", file=sys.stderr, flush=True)
+        with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as tmp:
+            out = tmp.name
+        try:
+            r = subprocess.run(cmd + ["--out", out, "--sizes", ",".join(map(str, args.sizes)), "--ops",
+                                      str(args.ops), "--repeats", str(args.repeats)],
+                               env=env, capture_output=True, text=True, timeout=args.timeout + 30)
+            if r.returncode != 0:
+                raise SystemExit(f"scaling: {label} failed (exit {r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
+            with open(out) as f:
+                got = [json.loads(line) for line in f if line.strip()]
+        finally:
+            os.unlink(out)
+        rows += got
+        print(f"scaling: {label}: {len(got)} measurement(s)", file=sys.stderr, flush=True)
+    return rows
+
+
+def write_csv(rows: list[dict[str, Any]], path: str) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r[k] for k in FIELDS})
+
+
+def plot(rows: list[dict[str, Any]], outdir: str) -> list[str]:
+    """Draw the plots (matplotlib, optional); returns the files written."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("scaling: no matplotlib: CSV only (pip install 'shmstore[plots]' for the plots)", file=sys.stderr)
+        return []
+    written = []
+
+    def pick(workload: str, **fixed: Any) -> list[dict[str, Any]]:
+        return [r for r in rows if r["workload"] == workload and all(r[k] == v for k, v in fixed.items())]
+
+    def figure(name: str, title: str, xlabel: str, ylabel: str, series: list[tuple[str, str, list, str]],
+               logx: bool = False) -> None:
+        if not any(pts for _, _, pts, _ in series):
+            return
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for label, style, pts, color in series:
+            if pts:
+                xs, ys = zip(*sorted(pts))
+                ax.plot(xs, ys, style, label=label, color=color, marker="o" if style == "-" else None)
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if logx:
+            ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(outdir, name)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    series = []
+    for verb, color in (("put", "tab:blue"), ("get", "tab:orange")):
+        pts = pick(f"local_{verb}_ops", nodes=1)
+        series.append((f"{verb}s (64 B) on one node", "-", [(r["ranks_per_node"], r["value"]) for r in pts], color))
+        series.append((f"{verb}s: one rank x ranks (ideal)", "--",
+                       [(r["ranks_per_node"], r["baseline_value"]) for r in pts], color))
+    figure("throughput_vs_ranks.png", "Small-object throughput against ranks per node", "ranks per node",
+           "operations per second (node)", series)
+
+    rpn = min((r["ranks_per_node"] for r in rows), default=1)
+    two = max((r["nodes"] for r in rows if r["workload"] == "fetch_bw"), default=2)
+    series = [("local put", "-", [(r["size"] / 2**20, r["value"]) for r in pick("local_put_bw", nodes=1,
+                                                                                   ranks_per_node=rpn)], "tab:blue"),
+              ("np.copyto (baseline)", "--", [(r["size"] / 2**20, r["baseline_value"])
+                                              for r in pick("local_put_bw", nodes=1, ranks_per_node=rpn)],
+               "tab:blue"),
+              ("fetch from another node", "-", [(r["size"] / 2**20, r["value"])
+                                                for r in pick("fetch_bw", nodes=two, ranks_per_node=rpn)],
+               "tab:orange"),
+              ("many-blob migration", "-", [(r["size"] / 2**20, r["value"])
+                                            for r in pick("migrate_blobs_bw", nodes=two, ranks_per_node=rpn)],
+               "tab:green"),
+              ("MPI Send/Recv (baseline)", "--", [(r["size"] / 2**20, r["baseline_value"])
+                                                  for r in pick("fetch_bw", nodes=two, ranks_per_node=rpn)],
+               "tab:orange"),
+              ("spill to disk", "-", [(r["size"] / 2**20, r["value"]) for r in pick("spill_bw", nodes=1,
+                                                                                     ranks_per_node=rpn)], "tab:red"),
+              ("file write (baseline)", "--", [(r["size"] / 2**20, r["baseline_value"])
+                                               for r in pick("spill_bw", nodes=1, ranks_per_node=rpn)], "tab:red")]
+    figure("bandwidth_vs_size.png", f"Bandwidth against object size ({rpn} rank(s) per node)", "object size (MiB)",
+           "GiB/s", series, logx=True)
+
+    series = [("remote 64 B get", "-", [(r["nodes"], r["value"]) for r in pick("remote_get_lat",
+                                                                             ranks_per_node=rpn)], "tab:blue"),
+              ("locate", "-", [(r["nodes"], r["value"]) for r in pick("locate_lat", ranks_per_node=rpn)],
+               "tab:green"),
+              ("MPI 8 B round trip (baseline)", "--", [(r["nodes"], r["baseline_value"])
+                                                       for r in pick("remote_get_lat", ranks_per_node=rpn)],
+               "black")]
+    figure("latency_vs_nodes.png", f"Lookup latency against node count ({rpn} rank(s) per node)", "nodes",
+           "microseconds", series)
+
+    size = max((r["size"] for r in rows if r["workload"] == "broadcast"), default=0)
+    series = [("every node gets one object", "-", [(r["nodes"], r["value"]) for r in pick(
+                  "broadcast", ranks_per_node=rpn, size=size)], "tab:blue"),
+              ("MPI_Bcast (baseline)", "--", [(r["nodes"], r["baseline_value"]) for r in pick(
+                  "broadcast", ranks_per_node=rpn, size=size)], "black")]
+    figure("broadcast_vs_nodes.png", f"One {size / 2**20:g} MiB object to every node", "nodes", "seconds", series)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a small sweep (under two minutes on a laptop)")
+    ap.add_argument("--nodes", default="1,2,4", help="node counts")
+    ap.add_argument("--ranks", default="1,2,4", help="ranks per node")
+    ap.add_argument("--sizes", default="1,16,128", help="object sizes in MiB")
+    ap.add_argument("--ops", type=int, default=5000, help="small objects per rank")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-ranks", type=int, default=16, help="skip runs with more ranks in all")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
+    ap.add_argument("--out", default="scaling-results", help="directory for scaling.csv and the plots")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.nodes, args.ranks, args.sizes, args.ops, args.repeats = "1,2,4", "1,2", "1,8,32", 3000, 3
+        args.max_ranks = min(args.max_ranks, 4)
+    args.nodes = [int(x) for x in str(args.nodes).split(",")]
+    args.ranks = [int(x) for x in str(args.ranks).split(",")]
+    args.sizes = [float(x) for x in str(args.sizes).split(",")]
+    os.makedirs(args.out, exist_ok=True)
+    rows = run_all(args)
+    path = os.path.join(args.out, "scaling.csv")
+    write_csv(rows, path)
+    plots = plot(rows, args.out)
+    print(f"scaling: {len(rows)} rows in {path}" + (f"; plots: {', '.join(plots)}" if plots else ""), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
