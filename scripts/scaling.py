@@ -104,7 +104,7 @@ def plot(rows: list[dict[str, Any]], outdir: str) -> list[str]:
         return [r for r in rows if r["workload"] == workload and all(r[k] == v for k, v in fixed.items())]
 
     def figure(name: str, title: str, xlabel: str, ylabel: str, series: list[tuple[str, str, list, str]],
-               logx: bool = False) -> None:
+               logx: bool = False, logy: bool = False) -> None:
         if not any(pts for _, _, pts, _ in series):
             return
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -117,6 +117,10 @@ def plot(rows: list[dict[str, Any]], outdir: str) -> list[str]:
         ax.set_ylabel(ylabel)
         if logx:
             ax.set_xscale("log", base=2)
+        else:
+            ax.xaxis.get_major_locator().set_params(integer=True)
+        if logy:
+            ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -165,31 +169,36 @@ def plot(rows: list[dict[str, Any]], outdir: str) -> list[str]:
                                                        for r in pick("remote_get_lat", ranks_per_node=rpn)],
                "black")]
     figure("latency_vs_nodes.png", f"Lookup latency against node count ({rpn} rank(s) per node)", "nodes",
-           "microseconds", series)
+           "microseconds (log)", series, logy=True)
 
     size = max((r["size"] for r in rows if r["workload"] == "broadcast"), default=0)
     series = [("every node gets one object", "-", [(r["nodes"], r["value"]) for r in pick(
                   "broadcast", ranks_per_node=rpn, size=size)], "tab:blue"),
               ("MPI_Bcast (baseline)", "--", [(r["nodes"], r["baseline_value"]) for r in pick(
                   "broadcast", ranks_per_node=rpn, size=size)], "black")]
-    figure("broadcast_vs_nodes.png", f"One {size / 2**20:g} MiB object to every node", "nodes", "seconds", series)
+    figure("broadcast_vs_nodes.png", f"One {size / 2**20:g} MiB object to every node", "nodes", "seconds (log)",
+           series, logy=True)
     return written
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="a small sweep (under two minutes on a laptop)")
-    ap.add_argument("--nodes", default="1,2,4", help="node counts")
-    ap.add_argument("--ranks", default="1,2,4", help="ranks per node")
-    ap.add_argument("--sizes", default="1,16,128", help="object sizes in MiB")
-    ap.add_argument("--ops", type=int, default=5000, help="small objects per rank")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--nodes", help="node counts (default 1,2,4)")
+    ap.add_argument("--ranks", help="ranks per node (default 1,2,4; --quick 1,2)")
+    ap.add_argument("--sizes", help="object sizes in MiB (default 1,16,128; --quick 1,8,32)")
+    ap.add_argument("--ops", type=int, help="small objects per rank (default 5000; --quick 3000)")
+    ap.add_argument("--repeats", type=int, help="repeats of each measurement (median; default 3)")
     ap.add_argument("--max-ranks", type=int, default=16, help="skip runs with more ranks in all")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
     ap.add_argument("--out", default="scaling-results", help="directory for scaling.csv and the plots")
     args = ap.parse_args(argv)
+    defaults = {"nodes": "1,2,4", "ranks": "1,2" if args.quick else "1,2,4",
+                "sizes": "1,8,32" if args.quick else "1,16,128", "ops": 3000 if args.quick else 5000, "repeats": 3}
+    for key, value in defaults.items():  # what is given explicitly wins, also with --quick
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.quick:
-        args.nodes, args.ranks, args.sizes, args.ops, args.repeats = "1,2,4", "1,2", "1,8,32", 3000, 3
         args.max_ranks = min(args.max_ranks, 4)
     args.nodes = [int(x) for x in str(args.nodes).split(",")]
     args.ranks = [int(x) for x in str(args.ranks).split(",")]

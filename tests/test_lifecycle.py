@@ -203,7 +203,8 @@ def test_spill_process_is_quiet_by_default_and_says_more_with_shmstore_log(name,
                            capture_output=True, text=True, timeout=60)  # until the spill process (same stderr) ends
         assert r.returncode == 0, r.stderr
         assert ("removed the store" in r.stderr) == expect, r.stderr
-        assert wait_for(lambda: gone(f"{name}{level or ''}"), timeout=10)
+        store = f"{name}{level or ''}"
+        assert wait_for(lambda store=store: gone(store), timeout=10)
     env = dict(os.environ, PYTHONPATH=ROOT, SHMSTORE_LOG="loud")  # a bad value: said, and the store still works
     r = subprocess.run([sys.executable, "-c", code, name + "x", str(tmp_path)], env=env, capture_output=True,
                        text=True, timeout=60)

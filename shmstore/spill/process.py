@@ -131,7 +131,7 @@ class _Spiller:
 
     def _janitor(self) -> None:
         for slot, pid, dropped, freed in janitor_pass(self.node):
-            log.warning("%s: reclaimed client pid %d (slot %d): %d unsealed/deleted object(s), %s",
+            log.info("%s: reclaimed client pid %d (slot %d): %d unsealed/deleted object(s), %s",
                         self.label, pid, slot, dropped, format_size(freed))
         sweep_deleted(self.node)
         migrations.clear_dead(self.node)
