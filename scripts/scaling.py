@@ -145,6 +145,12 @@ def plot(rows: list[dict[str, Any]], outdir: str) -> list[str]:
               ("np.copyto (baseline)", "--", [(r["size"] / 2**20, r["baseline_value"])
                                               for r in pick("local_put_bw", nodes=1, ranks_per_node=rpn)],
                "tab:blue"),
+              ("local get + one pass over it", "-", [(r["size"] / 2**20, r["value"])
+                                                     for r in pick("local_get_bw", nodes=1, ranks_per_node=rpn)],
+               "tab:purple"),
+              ("pass over a private array (baseline)", "--", [(r["size"] / 2**20, r["baseline_value"]) for r in
+                                                              pick("local_get_bw", nodes=1, ranks_per_node=rpn)],
+               "tab:purple"),
               ("fetch from another node", "-", [(r["size"] / 2**20, r["value"])
                                                 for r in pick("fetch_bw", nodes=two, ranks_per_node=rpn)],
                "tab:orange"),

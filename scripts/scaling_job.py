@@ -8,6 +8,9 @@ Every rank opens one Cluster; rank 0 appends one JSON line per measurement to
   every rank of node 0 at once, against the rate of one rank alone times the
   ranks (ideal scaling);
 - ``local_put_bw``: a put of SIZE bytes against one ``np.copyto`` of them;
+- ``local_get_bw``: a get of a SIZE-byte array and one pass over its bytes
+  (``sum``: a get is a zero-copy view) against the same pass over a private
+  array;
 - ``fetch_bw``: a get on node 1 of an object of SIZE bytes put on node 0,
   against a raw ``Send``/``Recv`` of SIZE bytes between the same ranks;
 - ``migrate_blobs_bw``: a dict of 64 arrays (SIZE bytes in all) migrated to
@@ -128,6 +131,11 @@ def local_bandwidth(c: Cluster, rec: Recorder, size: int, repeats: int) -> None:
         c.store.delete(f"bw-{i}")
     put = statistics.median(times)
     rec.row("local_put_bw", size, size / put / 2**30, "GiB/s", "np.copyto", size / copy / 2**30)
+    c.store.put("bw-get", src)
+    read = median_time(lambda: int(src.sum(dtype=np.uint64)), repeats)
+    get = median_time(lambda: int(c.store.get("bw-get").sum(dtype=np.uint64)), repeats)
+    c.store.delete("bw-get")
+    rec.row("local_get_bw", size, size / get / 2**30, "GiB/s", "sum over a private array", size / read / 2**30)
 
 
 def raw_send_recv(c: Cluster, a: int, b: int, buf: np.ndarray, repeats: int) -> float:
