@@ -142,6 +142,8 @@ class Store:
 
         Raises:
             ObjectExistsError: ``key`` is present (delete it first, or pass ``overwrite=True``).
+            ObjectLockedError: ``key`` is being written by another writer right now (another put of it, or
+                a transfer of it into this node); retry, or order the writers.
             StorageFullError: no level of ``levels`` has room.
             SpillError: making room failed (disk full, I/O error).
             SerializationError, InvalidKeyError: bad input; nothing changes.
