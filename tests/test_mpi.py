@@ -213,3 +213,32 @@ def test_kill_mid_update_leaves_every_node_store_consistent(victim, role, seed):
         shmstore.destroy(name, force=True, node="n0")
         shmstore.destroy(name, force=True, node="n1")
         _remove_orphaned_mpich_segments(mpich)
+
+
+@pytest.mark.timeout(200)
+def test_a_hot_object_spreads_as_a_tree_over_four_nodes():
+    """Every node asks for one large object at once: node 0 (its only holder) sends two copies, not three;
+    the third comes from a node that got its copy first (four emulated nodes, one rank each)."""
+    code = ("import uuid, numpy as np\n"
+            "from mpi4py import MPI\n"
+            "from shmstore.mpi import Cluster\n"
+            "name = MPI.COMM_WORLD.bcast('h' + uuid.uuid4().hex[:8])\n"
+            "size = 48 << 20\n"
+            "with Cluster(name=name, capacity='256MiB', prefault=0) as c:\n"
+            "    if c.node_index == 0:\n"
+            "        c.put('model', np.arange(size, dtype=np.uint8))\n"
+            "    c.barrier()\n"
+            "    if c.node_index:\n"
+            "        assert int(c.get('model')[size - 1]) == (size - 1) % 256\n"
+            "    c.barrier()\n"
+            "    sent = c.comm.gather(c.stats()['bytes_sent'] // size)\n"
+            "    if c.rank == 0:\n"
+            "        print('copies sent per node', sent, sorted(c.locate('model')), flush=True)\n")
+    r = subprocess.run([MPIEXEC, "-launcher", "fork", "-hosts", "n0:1,n1:1,n2:1,n3:1", "-n", "4", sys.executable,
+                        "-m", "mpi4py", "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=150)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    line = next(x for x in r.stdout.splitlines() if x.startswith("copies sent per node"))
+    import ast
+    sent = ast.literal_eval(line.split("node ", 1)[1].rsplit(" [", 1)[0])
+    assert sum(sent) == 3 and sent[0] <= 2, line  # a tree (1, then 2 at once), not 3 from node 0
+    assert "['n0', 'n1', 'n2', 'n3']" in line

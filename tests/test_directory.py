@@ -1,0 +1,86 @@
+"""The location directory's share on one node (directory.py), driven with its messages: holders, stale
+entries, and hot large objects handed out one holder per fetcher so that copies spread as a tree."""
+from __future__ import annotations
+
+from shmstore.mpi import wire as W
+from shmstore.mpi.directory import SPREAD_MIN, WAIT, Directory, home_of
+
+BIG = SPREAD_MIN * 8
+
+
+def ask(d: Directory, msg, answers: list):
+    return d.handle(msg, answers.append)
+
+
+def test_holders_are_added_dropped_listed_and_taken():
+    d, out = Directory(), []
+    assert ask(d, W.DirGet(["k"]), out) == [[]]
+    ask(d, W.DirAdd(["k", "j"], 0, [10, 20]), out)
+    ask(d, W.DirAdd(["k"], 2, [10]), out)
+    ask(d, W.DirAdd(["k"], 2, [10]), out)  # twice: listed once
+    assert ask(d, W.DirGet(["k", "j", "x"]), out) == [[0, 2], [0], []]
+    ask(d, W.DirDrop("k", 0), out)
+    assert ask(d, W.DirGet(["k"]), out) == [[2]]
+    assert ask(d, W.DirTake("k"), out) == [2] and ask(d, W.DirGet(["k"]), out) == [[]]
+    assert ask(d, W.DirTake("k"), out) == [] and out == []
+    ask(d, W.DirDrop("j", 0), out)
+    assert len(d) == 0  # a key without holders is forgotten
+
+
+def test_small_objects_are_never_queued_and_fetchers_start_at_different_holders():
+    d, out = Directory(), []
+    ask(d, W.DirAdd(["s"], 0, [100]), out)
+    ask(d, W.DirAdd(["s"], 1, [100]), out)
+    assert {ask(d, W.DirSource("s", n), out) for n in (2, 3)} == {0, 1}
+    assert [ask(d, W.DirSource("s", 5), out) for _ in range(5)] == [1] * 5  # no queue, however many ask
+    assert ask(d, W.DirSource("s", 0), out) == 1  # never itself
+    assert ask(d, W.DirSource("nobody", 2), out) is None and out == []
+
+
+def test_a_hot_large_object_spreads_as_a_tree():
+    """Seven nodes ask for one large object at once: each holder sends to one node at a time, each finished
+    copy becomes a holder, so the copies are made in three rounds (1, 2, 4), not seven."""
+    d = Directory()
+    answers: dict[int, list] = {n: [] for n in range(1, 8)}
+    d.handle(W.DirAdd(["m"], 0, [BIG]), lambda v: None)
+    first = {n: d.handle(W.DirSource("m", n), answers[n].append) for n in range(1, 8)}
+    sending = {n: src for n, src in first.items() if src is not WAIT}
+    assert list(sending.values()) == [0]  # one holder, one transfer
+    rounds = []
+    holders = {0}
+    while sending:
+        rounds.append(len(sending))
+        assert len(set(sending.values())) == len(sending)  # no holder sends twice at once
+        assert set(sending.values()) <= holders
+        done, sending = sending, {}
+        for node, src in done.items():
+            d.handle(W.DirDone("m", src, node, "copied", BIG), lambda v: None)
+            holders.add(node)
+        for node, got in answers.items():
+            if got:
+                sending[node] = got.pop()
+    assert rounds == [1, 2, 4] and holders == set(range(8))
+    assert sorted(d.get("m")) == list(range(8))
+
+
+def test_waiters_learn_of_a_failed_or_stale_source_and_of_a_delete():
+    d, got = Directory(), {n: [] for n in range(4)}
+    d.handle(W.DirAdd(["m"], 0, [BIG]), lambda v: None)
+    assert d.handle(W.DirSource("m", 1), got[1].append) == 0
+    assert d.handle(W.DirSource("m", 2), got[2].append) is WAIT
+    d.handle(W.DirDone("m", 0, 1, "failed", 0), lambda v: None)  # node 1's fetch failed: node 0 is free again
+    assert got[2] == [0] and d.get("m") == [0]
+    assert d.handle(W.DirSource("m", 3), got[3].append) is WAIT
+    d.handle(W.DirDone("m", 0, 2, "stale", 0), lambda v: None)  # node 0 had lost it: no holder is left
+    assert got[3] == [None] and d.get("m") == []
+    d.handle(W.DirAdd(["m"], 1, [BIG]), lambda v: None)
+    assert d.handle(W.DirSource("m", 2), got[2].append) == 1
+    assert d.handle(W.DirSource("m", 3), got[3].append) is WAIT
+    assert d.handle(W.DirTake("m"), lambda v: None) == [1]  # deleted everywhere: the waiter hears "nobody"
+    assert got[3] == [None, None]
+
+
+def test_homes_are_stable_and_spread():
+    homes = [home_of(f"key-{i}", 8) for i in range(4000)]
+    assert homes == [home_of(f"key-{i}", 8) for i in range(4000)]
+    assert min(homes.count(h) for h in range(8)) > 350
