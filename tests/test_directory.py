@@ -3,7 +3,7 @@ entries, and hot large objects handed out one holder per fetcher so that copies 
 from __future__ import annotations
 
 from shmstore.mpi import wire as W
-from shmstore.mpi.directory import SPREAD_MIN, WAIT, Directory, home_of
+from shmstore.mpi.directory import SPREAD_MIN, WAIT, Directory
 
 BIG = SPREAD_MIN * 8
 
@@ -79,8 +79,3 @@ def test_waiters_learn_of_a_failed_or_stale_source_and_of_a_delete():
     assert d.handle(W.DirTake("m"), lambda v: None) == [1]  # deleted everywhere: the waiter hears "nobody"
     assert got[3] == [None, None]
 
-
-def test_homes_are_stable_and_spread():
-    homes = [home_of(f"key-{i}", 8) for i in range(4000)]
-    assert homes == [home_of(f"key-{i}", 8) for i in range(4000)]
-    assert min(homes.count(h) for h in range(8)) > 350

@@ -91,11 +91,14 @@ def finish(node: NodeStore, slot: int, error: str | None = None) -> None:
     if slot < 0:
         return
     with node.admin:
-        m = L.unpack_migration(node.buf, node.layout, slot)
-        if m.pid != os.getpid():
+        at = node.layout.migration(slot)
+        if L.MIGRATION.get(node.buf, at, "pid") != os.getpid():
             return
-        state = L.MIG_FAILED if error else L.MIG_FREE
-        L.pack_migration(node.buf, node.layout, slot, m._replace(state=state, error=error or "", time=time.time()))
+        if not error:  # the usual case: one field, not the whole record (a third of a small fetch's map cost)
+            L.MIGRATION.set(node.buf, at, "state", L.MIG_FREE)
+            return
+        m = L.unpack_migration(node.buf, node.layout, slot)
+        L.pack_migration(node.buf, node.layout, slot, m._replace(state=L.MIG_FAILED, error=error, time=time.time()))
 
 
 def wait(node: NodeStore, slot: int, sid: int, key: bytes, timeout: float) -> str | None:
