@@ -38,13 +38,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mpi4py import MPI  # noqa: E402
 
-from shmstore.mpi import Cluster  # noqa: E402
+from shmstore.mpi import Cluster, quiet_barrier  # noqa: E402
 
-
-def quiet_barrier(comm: MPI.Comm) -> None:
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(0.0002)
 
 
 def main(argv: list[str] | None = None) -> int:

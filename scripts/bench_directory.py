@@ -31,13 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mpi4py import MPI  # noqa: E402
 
 import shmstore  # noqa: E402
-from shmstore.mpi import Cluster  # noqa: E402
+from shmstore.mpi import Cluster, quiet_barrier  # noqa: E402
 
-
-def quiet_barrier(comm) -> None:
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(0.0005)
 
 
 def main(argv: list[str] | None = None) -> int:

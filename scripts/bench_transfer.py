@@ -40,15 +40,10 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from shmstore.mpi import Cluster  # noqa: E402
+from shmstore.mpi import Cluster, quiet_barrier  # noqa: E402
 
 MiB = 1 << 20
 
-
-def quiet_barrier(comm: MPI.Comm) -> None:
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(0.0005)
 
 
 def raw_bandwidth(comm: MPI.Comm, a: int, b: int, nbytes: int, repeats: int) -> float:

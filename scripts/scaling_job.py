@@ -39,15 +39,10 @@ from mpi4py import MPI  # noqa: E402
 
 import shmstore  # noqa: E402
 from shmstore import Level  # noqa: E402
-from shmstore.mpi import Cluster  # noqa: E402
+from shmstore.mpi import Cluster, quiet_barrier  # noqa: E402
 
 MiB = 1 << 20
 
-
-def quiet_barrier(comm: MPI.Comm) -> None:
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(0.0002)
 
 
 class Recorder:

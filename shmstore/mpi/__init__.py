@@ -6,5 +6,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       "for a self-contained MPICH)") from exc
 
 from .cluster import Cluster
+from .poll import quiet_barrier
 
-__all__ = ["Cluster"]
+__all__ = ["Cluster", "quiet_barrier"]

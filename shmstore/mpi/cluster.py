@@ -100,9 +100,10 @@ class Cluster:
         return self._comm
 
     def barrier(self) -> None:
-        """A barrier over every rank of the cluster."""
+        """A barrier over every rank of the cluster; where ranks outnumber the cores it waits without spinning
+        (MPICH's blocking barrier busy-polls)."""
         self._check()
-        self._comm.Barrier()
+        self._msg.wait([self._comm.Ibarrier()])
 
     @classmethod
     def opened(cls, name: str | None = None) -> "Cluster | None":

@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from .. import errors
 
-__all__ = ["prober", "python_prober", "spin_window"]
+__all__ = ["prober", "python_prober", "spin_window", "quiet_wait", "quiet_barrier"]
 
 Probe = Callable[..., bool]
 
@@ -82,6 +82,21 @@ def python_prober(comm: MPI.Comm) -> Probe:
         return True
 
     return probe
+
+
+def quiet_wait(reqs: list[MPI.Request], first_nap: float = 20e-6, nap_max: float = 1e-3) -> None:
+    """Wait for ``reqs`` without spinning: test after naps from ``first_nap`` doubling to ``nap_max`` seconds
+    (MPICH's blocking waits busy-poll, taking a core from ranks that share it)."""
+    nap = first_nap
+    while not MPI.Request.Testall(reqs):
+        time.sleep(nap)
+        nap = min(nap * 2, nap_max)
+
+
+def quiet_barrier(comm: MPI.Comm) -> None:
+    """A barrier over ``comm`` that waits without spinning (see :func:`quiet_wait`): for ranks that wait
+    long while others work, e.g. beside a benchmark on a machine with fewer cores than ranks."""
+    quiet_wait([comm.Ibarrier()])
 
 
 def spin_window(ranks_on_host: int) -> float:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from typing import Any
 
 from mpi4py import MPI
 
 from . import tags as T
 from . import wire as W
-from .poll import prober
+from .poll import prober, quiet_wait
 
 __all__ = ["Messenger"]
 
@@ -67,10 +66,7 @@ class Messenger:
         if self.spin > 0:
             MPI.Request.Waitall(reqs)
             return
-        nap = _NAP
-        while not MPI.Request.Testall(reqs):
-            time.sleep(nap)
-            nap = min(nap * 2, _NAP_MAX)
+        quiet_wait(reqs, _NAP, _NAP_MAX)
 
     def post(self, node: int, msg: Any) -> None:
         """Send ``msg`` to ``node``'s service without waiting for (or getting) a reply. Messages a rank
