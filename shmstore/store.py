@@ -21,7 +21,7 @@ from .kernel import Kernel, NodeStore
 from .kernel import layout as L
 from .kernel.check import check as check_node
 from .kernel.node import pid_alive, reap_children, store_prefix
-from .kernel.segment import list_segments, unlink_segment, unlink_semaphore
+from .kernel.segment import list_segments, segment_path, unlink_segment, unlink_semaphore
 from .levels import Capacity, Level, ObjectInfo, parse_levels
 from .placement import DEFAULT_PUT_LEVELS, DEVICE_PUT_LEVELS, Placement
 from .streams import Reader, Writer
@@ -416,7 +416,7 @@ def list_stores(uid: int | None = None, all_users: bool = False) -> list[dict[st
         if not meta.endswith("-meta"):
             continue
         try:
-            fd = os.open("/dev/shm/" + meta.lstrip("/"), os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(segment_path(meta), os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             continue
         try:
@@ -492,7 +492,7 @@ def collect_stale(uid: int | None = None, all_users: bool = False) -> list[str]:
 
 def _segment_uid(name: str) -> int | None:
     try:
-        return os.stat("/dev/shm/" + name.lstrip("/")).st_uid
+        return os.stat(segment_path(name)).st_uid
     except OSError:
         return None
 
@@ -505,7 +505,7 @@ def _remove_foreign(st: dict[str, Any]) -> None:
     for seg in list_segments(prefix + "-"):
         if _segment_uid(seg) == uid:
             unlink_segment(seg)
-    sem = "/dev/shm/sem." + prefix.lstrip("/") + "-wake"
+    sem = segment_path(prefix + "-wake", semaphore=True)
     try:
         if os.lstat(sem).st_uid == uid:
             os.unlink(sem)

@@ -225,6 +225,11 @@ def segment_exists(name: str) -> bool:
     return os.path.exists(_shm_path(name))
 
 
+def segment_path(name: str, semaphore: bool = False) -> str:
+    """The file behind a segment (or semaphore) of that name."""
+    return _shm_path(name, semaphore)
+
+
 def unlink_segment(name: str) -> bool:
     """Remove a segment name of this user; False if it was already gone or is not ours."""
     try:

@@ -127,9 +127,8 @@ class Fetcher:
                     owner, slot = migrations.begin(node, sid, encode_key(k))
                     if owner:
                         mine.append((k, slot))
-                done = self._round([k for k, _ in mine], levels, block)
-                for home, ks in self.cluster._by_home([k for k, _ in done]).items():
-                    sizes = dict(done)
+                sizes = dict(self._round([k for k, _ in mine], levels, block))
+                for home, ks in self.cluster._by_home(list(sizes)).items():
                     self.cluster._dir_at(home, W.DirAdd(ks, self.me, [sizes[k] for k in ks]))
             finally:
                 for k, slot in mine:

@@ -38,7 +38,7 @@ from . import tags as T
 from . import wire as W
 from .cuda import cuda_aware
 from .directory import WAIT, Directory
-from .poll import prober, python_prober
+from .poll import prober, python_prober, quiet_wait
 from .staging import send_staged
 
 __all__ = ["Service", "HANDLE_TTL"]
@@ -155,12 +155,12 @@ class Service:
         now = time.monotonic()
         for h in [h for h, (_, deadline) in self._leases.items() if deadline < now]:
             del self._leases[h]
-        self._workers = [t for t in self._workers if t.is_alive()]
 
     def _spawn(self, name: str, run: Callable[[], None]) -> None:
-        """Run ``run`` in a thread of its own (a pull or a bulk send): this loop never waits on it."""
+        """Run ``run`` in a thread of its own (a pull or a bulk send): this loop never waits on it. The list
+        keeps only live threads: the loop scans it for senders before every probe."""
         t = threading.Thread(target=run, name=name, daemon=True)
-        self._workers.append(t)
+        self._workers = [w for w in self._workers if w.is_alive()] + [t]
         t.start()
 
     # ---- handlers --------------------------------------------------------------
@@ -205,7 +205,7 @@ class Service:
             else:  # host memory, or device memory handed to a CUDA-aware MPI as it is
                 reqs = [bulk[i % streams].Isend([lease[pos: pos + n], MPI.BYTE], dest=src, tag=tag)
                         for i, (pos, n) in enumerate(plan)]
-                wait_quietly(reqs)
+                quiet_wait(reqs, _BUSY_PAUSE, _BUSY_PAUSE)  # the receivers copy; this end sees them finish
             self._count_sent(lease.nbytes)
 
         self._spawn(_SENDER, send)
@@ -283,13 +283,6 @@ class Service:
         node: NodeStore = self.kernel.node
         with node.admin:
             L.add_transfer_stats(node.buf, sent=nbytes)
-
-
-def wait_quietly(reqs: list[Any]) -> None:
-    """Wait for ``reqs`` without spinning: the receiving ranks copy the frames (MPICH's blocking
-    calls busy-poll, which would take a core from them), this end only sees them finish."""
-    while not MPI.Request.Testall(reqs):
-        time.sleep(_BUSY_PAUSE)
 
 
 def _host_bytes(lease: Any) -> bytes:
