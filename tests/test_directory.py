@@ -76,6 +76,41 @@ def test_waiters_learn_of_a_failed_or_stale_source_and_of_a_delete():
     d.handle(W.DirAdd(["m"], 1, [BIG]), lambda v: None)
     assert d.handle(W.DirSource("m", 2), got[2].append) == 1
     assert d.handle(W.DirSource("m", 3), got[3].append) is WAIT
-    assert d.handle(W.DirTake("m"), lambda v: None) == [1]  # deleted everywhere: the waiter hears "nobody"
+    # deleted everywhere: node 2's fetch in flight is taken too, the waiter hears "nobody"
+    assert d.handle(W.DirTake("m"), lambda v: None) == [1, 2]
     assert got[3] == [None, None]
+
+
+def test_a_fetch_in_flight_is_pending_and_a_delete_meanwhile_refuses_its_copy():
+    """The home registers a fetch when it names the source: a delete while the bytes move takes the
+    fetching node too, and the fetch's DirDone is refused (its copy must go), so no copy outlives a
+    delete. A fetch that ends normally is listed."""
+    d, out = Directory(), []
+    ask(d, W.DirAdd(["k", "j"], 0, [64, 64]), out)
+    assert ask(d, W.DirSource("k", 1), out) == 0
+    assert ask(d, W.DirGet(["k"]), out) == [[0]]  # pending is not a holder: locate does not name it yet
+    assert ask(d, W.DirDone("k", 0, 1, "copied", 64, 7), out) is True
+    assert ask(d, W.DirGet(["k"]), out) == [[0, 1]]
+    assert ask(d, W.DirSource("j", 2), out) == 0
+    assert ask(d, W.DirTake("j"), out) == [0, 2]  # the delete finds the fetch in flight
+    assert ask(d, W.DirDone("j", 0, 2, "copied", 64, 8), out) is False  # its copy of the deleted key must go
+    assert ask(d, W.DirGet(["j"]), out) == [[]] and len(d) == 1
+    assert ask(d, W.DirSource("k", 3), out) in (0, 1)
+    assert ask(d, W.DirDone("k", 0, 3, "failed", 0), out) is True and 3 not in d.get("k")
+    assert ask(d, W.DirDone("k", 0, 3, "copied", 64, 9), out) is False  # never named a source: not listed
+
+
+def test_an_overwrite_replaces_the_entry_and_refuses_fetches_of_the_old_object():
+    d, out = Directory(), []
+    ask(d, W.DirAdd(["k"], 0, [64]), out)
+    ask(d, W.DirAdd(["k"], 1, [64]), out)
+    assert ask(d, W.DirSource("k", 2), out) in (0, 1)
+    assert ask(d, W.DirSource("k", 3), out) in (0, 1)
+    # node 3 overwrites: the old holders and node 2's fetch in flight are to go (node 3's own fetch is moot)
+    assert sorted(ask(d, W.DirReplace("k", 3, 80), out)) == [0, 1, 2]
+    assert d.get("k") == [3]
+    assert ask(d, W.DirDone("k", 0, 2, "copied", 64, 5), out) is False  # the old object's copy is refused
+    assert ask(d, W.DirDone("k", 0, 3, "copied", 64, None), out) is True  # node 3 holds the key: listed
+    assert ask(d, W.DirDone("k", 3, 1, "stale", 0), out) is True and d.get("k") == [3]  # old news: no drop
+    assert ask(d, W.DirReplace("new", 2, 10), out) == [] and d.get("new") == [2]
 

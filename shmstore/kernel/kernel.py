@@ -117,6 +117,13 @@ class Kernel:
         """An invisible ``writing`` entry with ``size`` bytes on ``level`` (see :meth:`Puts.reserve`)."""
         return self.puts.reserve(key, kb, kind, size, nbytes, nblobs, meta, level)
 
+    def put_stored(self, key: str, kb: bytes, kind: int, nbytes: int, nblobs: int, meta: bytes | None,
+                   data: bytes) -> int | None:
+        """A small object from its stored bytes (as another node's store holds them) in one C call, sealed at
+        once: its :func:`copy_id`; None (nothing changed) where it must go the general way (see
+        :meth:`Puts.put_stored`)."""
+        return self.puts.put_stored(key, kb, kind, nbytes, nblobs, meta, data)
+
     def seal(self, idx: int, stripe: int | None = None) -> None:
         """Make a reserved entry visible."""
         self.puts.seal(idx, stripe)
@@ -283,9 +290,19 @@ class Kernel:
         view._release = (self._release, idx, e[L.E_GEN])
         return view
 
+    def copy_pinned(self, idx: int, e: tuple[Any, ...]) -> bytes:
+        """The bytes of entry ``idx`` (pinned by the caller, in MEMORY), copied out; the pin is dropped: a
+        small object sent inside a message, without a lease to build and collect."""
+        try:
+            off, n = e[L.E_OFFSET], e[L.E_NBYTES]
+            return bytes(self._ro[off: off + n]) if n else b""
+        finally:
+            self._release(idx, e[L.E_GEN])
+
     # ---- delete / query ---------------------------------------------------
-    def delete(self, key: str, missing_ok: bool = False) -> None:
-        """Hide ``key`` at once; its space is freed when the last pin goes.
+    def delete(self, key: str, missing_ok: bool = False, copy: int | None = None) -> None:
+        """Hide ``key`` at once; its space is freed when the last pin goes. With ``copy`` (a :func:`copy_id`)
+        only that very object: a newer one under the key stays (like a missing key, it counts as missing).
 
         Raises:
             ObjectNotFoundError: no such object (unless ``missing_ok``).
@@ -296,7 +313,7 @@ class Kernel:
         b = h & self._bmask
         with self._stripes[b & self._smask]:
             idx, _, e = L.find_entry(buf, lay, b, h, self.sid, kb)
-            if e is None or e[L.E_STATE] != L.SEALED:
+            if e is None or e[L.E_STATE] != L.SEALED or (copy is not None and copy != copy_id(idx, e[L.E_GEN])):
                 if missing_ok:
                     return
                 raise ObjectNotFoundError(f"no object {key!r} to delete", key)
@@ -410,6 +427,11 @@ class Kernel:
         remaining = self.node.deregister(self.slot)
         if self._on_detach is not None:  # the Store closes its mappings
             self._on_detach(remaining)
+
+
+def copy_id(idx: int, gen: int) -> int:
+    """One stored object for good: its entry and the entry's generation (bumped whenever it is reused)."""
+    return (gen << 32) | idx
 
 
 def _session_id(node: NodeStore, name: str) -> int:

@@ -444,9 +444,10 @@ def unpack_transfer_stats(buf: Any) -> tuple[int, int, int, int]:
 
 
 def add_transfer_stats(buf: Any, transfers: int = 0, received: int = 0, sent: int = 0, dedup: int = 0) -> None:
-    t = TRANSFER_STATS.unpack(buf, TRANSFER_STATS_OFFSET)
-    TRANSFER_STATS.pack(buf, TRANSFER_STATS_OFFSET, transfers=t.transfers + transfers, received=t.received + received,
-                        sent=t.sent + sent, dedup=t.dedup + dedup)
+    """Add to this node's transfer counters (ADMIN lock held); on every small fetch: one struct, no records."""
+    st, at = TRANSFER_STATS.struct, TRANSFER_STATS_OFFSET
+    t = st.unpack_from(buf, at)
+    buf[at: at + st.size] = st.pack(t[0] + transfers, t[1] + received, t[2] + sent, t[3] + dedup)
 
 
 # ---- requests and migrations --------------------------------------------------

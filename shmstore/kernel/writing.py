@@ -129,6 +129,36 @@ class Puts:
                 return None
             return self._new_info(key, enc, Level.MEMORY, stored, done[3])
 
+    def put_stored(self, key: str, kb: bytes, kind: int, nbytes: int, nblobs: int, meta: bytes | None,
+                   data: bytes) -> int | None:
+        """A small MEMORY object from its stored bytes ``data`` (a fetched copy), copied and sealed in one
+        call of the C fast path (as :meth:`_fast_put`): its copy id, ``(generation << 32) | entry``.
+
+        Returns None (nothing changed) where the general path (reserve,
+        write, seal) must do it: no C extension, larger than a chunk's
+        cut, empty, no room, a busy stripe lock.
+
+        Raises:
+            ObjectExistsError: the key is present. ObjectLockedError: it is being written.
+        """
+        if self._fast is None or not 0 < nbytes <= self._cache.small_max or len(data) != nbytes:
+            return None
+        stored = L.align(nbytes)
+        h = _crc32(kb, self.sid)
+        b = h & self._bmask
+        enc = serialize.Encoded(kind, nbytes, nbytes, nblobs, meta, np.frombuffer(data, np.uint8))
+        while True:
+            idx, gen = self._cache.take_entry(key)
+            try:
+                done = self._fast_reserve(key, kb, idx, gen, h, b, b & self._smask, kind, stored, nbytes, nblobs,
+                                          meta, enc)
+            except EntryStolen:
+                continue
+            if done is None:
+                self._cache.entries.append((idx, gen))
+                return None
+            return (gen << 32) | idx
+
     def _new_info(self, key: str, enc: serialize.Encoded, level: Level, stored: int, ctime: float) -> ObjectInfo:
         """ObjectInfo of an object this process just sealed (nobody pins it yet)."""
         return ObjectInfo(key, enc.nbytes, level, False, True, enc.nblobs, serialize.KIND_NAMES[enc.kind],

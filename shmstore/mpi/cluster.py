@@ -100,9 +100,12 @@ class Cluster:
         return self._comm
 
     def barrier(self) -> None:
-        """A barrier over every rank of the cluster; where ranks outnumber the cores it waits without spinning
+        """A barrier over every rank of the cluster. After it, every copy any rank fetched before it is
+        listed in the directory (``locate`` names it; a fetch registers its copy by a posted message, which
+        ``barrier`` waits to see handled). Where ranks outnumber the cores it waits without spinning
         (MPICH's blocking barrier busy-polls)."""
         self._check()
+        self._msg.flush()  # what this rank posted (a fetch's registration) is in the directory when it returns
         self._msg.wait([self._comm.Ibarrier()])
 
     @classmethod
@@ -170,12 +173,11 @@ class Cluster:
         """
         self._check()
         info = self.store.put(key, obj, levels, overwrite)
-        if overwrite:
-            for i in self._dir(W.DirGet([key]))[0]:
-                if i != self.node_index:
-                    self._dir(W.DirDrop(key, i))  # before the copy goes: never a copy the directory misses
-                    self._delete_on(i, key)
-        self._dir(W.DirAdd([key], self.node_index, [info.size]))
+        if overwrite:  # this copy replaces the entry; the others (and fetches in flight) go after, not before
+            for i in self._dir(W.DirReplace(key, self.node_index, info.size)):
+                self._delete_on(i, key)
+        else:
+            self._dir(W.DirAdd([key], self.node_index, [info.size]))
         return info
 
     def publish(self, keys: Iterable[str] | str) -> None:
@@ -202,13 +204,14 @@ class Cluster:
             TransferError: the transfer failed.
         """
         self._check()
-        try:
-            return self.store.get(key, conditions)
-        except errors.ObjectNotFoundError:
-            if not fetch:
-                raise
-        self._fetcher.fetch_one(key, None, levels, self.block_size)
-        return self.store.get(key, conditions)
+        for attempt in range(3):
+            try:
+                return self.store.get(key, conditions)
+            except errors.ObjectNotFoundError:
+                if not fetch or attempt == 2:
+                    raise  # (fetched twice and deleted each time before it was read: deleted)
+            self._fetcher.fetch_one(key, None, levels, self.block_size, missed=True)
+        raise AssertionError("unreachable")
 
     def fetch(self, keys: Iterable[str] | str, levels: Iterable[Level] | Level | None = None,
               block_size: int | None = None) -> None:

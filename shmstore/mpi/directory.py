@@ -2,16 +2,25 @@
 
 Every key has a home node, ``crc32(key) % nodes``, whose leader keeps that
 key's entry in memory (a :class:`Directory`, served by the node's service).
-A get miss asks the home once (``DirSource``: which holder to fetch from)
-and then that holder (``Lookup``): two round trips before bytes move,
-whatever the number of nodes; ``locate`` is one round trip, ``delete`` one
-to the home plus one per holder. Paths that make a copy register it
-(``Cluster.put``, a migration, a remote writer: ``DirAdd``, answered, so a
-key is locatable when ``put`` returns; a fetch posts its ``DirDone``
-without waiting, so the new copy is listed a moment after the fetch
-returns, and before any later request of the same rank); paths that remove
-one unregister it (``Cluster.delete`` takes the whole entry, a migration
-drops its source).
+A get miss asks the home once (``DirSource``: which holder to fetch from;
+where the home holds the object itself, small objects come in its answer)
+and then that holder (``Lookup``): at most two round trips before bytes
+move, whatever the number of nodes; ``locate`` is one round trip,
+``delete`` one to the home plus one per holder. Paths that make a copy
+register it (``Cluster.put``, a migration, a remote writer: ``DirAdd``,
+answered, so a key is locatable when ``put`` returns); paths that remove one
+unregister it (``Cluster.delete`` takes the whole entry, an overwrite
+replaces it, a migration drops its source).
+
+A fetch is registered when the home names its source: the fetching node is
+*pending* in the entry until its ``DirDone`` comes (posted, no reply
+awaited), which lists the new copy. A ``delete`` or an overwrite meanwhile
+takes the pending nodes with the holders, and a ``DirDone`` that finds its
+node no longer pending (the entry was taken or replaced while the bytes
+moved) is refused: the copy of the deleted or replaced object is removed
+(the home posts a ``Delete`` to that node). So a fetch in flight never lets
+an old copy outlive a delete or an overwrite, and a copy fetched before a
+barrier is found by a delete after it.
 
 Hot objects spread as a tree. A holder of a large object (``SPREAD_MIN``
 bytes or more) sends to one fetcher at a time: the home answers each
@@ -55,11 +64,12 @@ def home_of(key: str, nnodes: int) -> int:
 
 
 class _Entry:
-    __slots__ = ("holders", "nbytes", "sending", "waiters")
+    __slots__ = ("holders", "nbytes", "sending", "waiters", "pending")
 
     def __init__(self) -> None:
         self.holders: list[int] = []
         self.nbytes = 0
+        self.pending: dict[int, int] = {}  # node -> fetches named a source and not done yet
         self.sending: dict[int, int] = {}  # holder -> fetches it serves now (large objects)
         self.waiters: deque[tuple[int, Callable[[Any], None]]] = deque()  # (node, answer) waiting for a holder
 
@@ -69,7 +79,8 @@ class Directory:
 
     :meth:`handle` answers the directory messages of :mod:`wire`; a
     ``DirSource`` that must wait returns ``WAIT`` and is answered later
-    through the ``answer`` callable it came with.
+    through the ``answer`` callable it came with. A ``DirDone`` returns
+    whether its copy is listed (False: refused, the copy must go).
     """
 
     def __init__(self) -> None:
@@ -92,12 +103,13 @@ class Directory:
             others = [h for h in e.holders if h != msg.node] if e else []
             if e is None or not others:
                 return None
-            if e.nbytes < SPREAD_MIN:  # small: no queueing; fetchers start at different holders
-                return others[msg.node % len(others)]
-            src = self._free_holder(e, msg.node)
-            if src is None:
-                e.waiters.append((msg.node, answer))
-                return WAIT
+            src: int | None = others[msg.node % len(others)]  # small: no queueing; fetchers start apart
+            if e.nbytes >= SPREAD_MIN:
+                src = self._free_holder(e, msg.node)
+                if src is None:
+                    e.waiters.append((msg.node, answer))
+                    return WAIT
+            e.pending[msg.node] = e.pending.get(msg.node, 0) + 1
             return src
         if isinstance(msg, W.DirAdd):
             for k, size in zip(msg.keys, msg.sizes):
@@ -105,14 +117,23 @@ class Directory:
             return None
         if isinstance(msg, W.DirDone):
             e = self._entries.get(msg.key)
-            if e is not None and e.sending.get(msg.source, 0) > 0:
-                e.sending[msg.source] -= 1
-            if msg.outcome == "copied":
+            was_pending = e is not None and e.pending.get(msg.node, 0) > 0
+            if was_pending:
+                assert e is not None
+                e.pending[msg.node] -= 1
+                if not e.pending[msg.node]:
+                    del e.pending[msg.node]
+                if e.sending.get(msg.source, 0) > 0:
+                    e.sending[msg.source] -= 1
+            if msg.outcome == "copied" and was_pending:
                 self._add(msg.key, msg.node, msg.nbytes)
-            elif msg.outcome == "stale":
+            elif msg.outcome == "stale" and was_pending:  # else: news of an entry taken or replaced since
                 self._drop(msg.key, msg.source)
             self._serve(msg.key, later)
-            return None
+            if msg.outcome != "copied" or was_pending:
+                return True
+            e = self._entries.get(msg.key)
+            return e is not None and msg.node in e.holders  # listed anyway (put there meanwhile), else refused
         if isinstance(msg, W.DirDrop):
             self._drop(msg.key, msg.node)
             self._serve(msg.key, later)
@@ -122,7 +143,16 @@ class Directory:
             if e is None:
                 return []
             later.extend((reply, None) for _, reply in e.waiters)  # the key is gone: nothing to fetch
-            return e.holders
+            return e.holders + [n for n in e.pending if n not in e.holders]
+        if isinstance(msg, W.DirReplace):
+            old = self._entries.pop(msg.key, None)
+            e = self._entries[msg.key] = _Entry()
+            e.holders, e.nbytes = [msg.node], int(msg.nbytes)
+            if old is None:
+                return []
+            e.waiters = old.waiters  # fetchers waiting for a holder get the new object
+            self._serve(msg.key, later)
+            return [n for n in old.holders + [p for p in old.pending if p not in old.holders] if n != msg.node]
         raise TypeError(f"not a directory message: {type(msg).__name__}")
 
     def _add(self, key: str, node: int, nbytes: int) -> None:
@@ -163,8 +193,9 @@ class Directory:
             if src is None:
                 break
             e.waiters.popleft()
+            e.pending[node] = e.pending.get(node, 0) + 1
             later.append((reply, src))
-        if not e.holders and not e.waiters:
+        if not e.holders and not e.waiters and not e.pending:
             del self._entries[key]
 
     def get(self, key: str) -> list[int]:

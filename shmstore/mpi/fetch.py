@@ -24,6 +24,7 @@ from mpi4py import MPI
 
 from .. import errors
 from ..kernel import encode_key
+from ..kernel.kernel import copy_id
 from ..kernel import layout as L
 from ..kernel import migrations
 from ..levels import Level, parse_levels
@@ -48,14 +49,15 @@ class Fetcher:
         self.me: int = cluster.node_index
 
     # ---- one key ----------------------------------------------------------------
-    def fetch_one(self, key: str, source: int | None, levels: Any, block: int) -> None:
+    def fetch_one(self, key: str, source: int | None, levels: Any, block: int, missed: bool = False) -> None:
         """One deduplicated transfer of ``key`` into this node (from ``source``, else a holder the
-        directory names)."""
+        directory names); ``missed``: the caller just found it missing here."""
         c, kb = self.cluster, encode_key(key)
         node, sid = self.kernel.node, self.kernel.sid
         for _ in range(4):
-            if key in self.store:
+            if not missed and key in self.store:
                 return
+            missed = False
             owner, slot = migrations.begin(node, sid, kb)
             if not owner:
                 err = migrations.wait(node, slot, sid, kb, self.store.config.spill_timeout * 2)
@@ -67,7 +69,7 @@ class Fetcher:
                     if source is None:
                         self._from_directory(key, levels, block)
                     else:
-                        nbytes = self._from(source, key, levels, block)
+                        nbytes, _ = self._from(source, key, levels, block)
                         c._dir(W.DirAdd([key], self.me, [nbytes]))  # answered: a migration's copy is listed
             except errors.ObjectNotFoundError:
                 migrations.finish(node, slot)  # a miss leaves no entry: waiters look again and miss too
@@ -81,37 +83,39 @@ class Fetcher:
             raise errors.TransferError(f"transfer of {key!r} into node {c.node!r} kept being interrupted", key)
 
     def _from_directory(self, key: str, levels: Any, block: int) -> None:
-        """Fetch from the holder the key's home names (one round trip to it, one to the holder); a holder
-        without the object is reported stale and the home asked again."""
+        """Fetch from the holder the key's home names (one round trip to it, one to the holder; one in all
+        where the home holds it); a holder without the object is reported stale and the home asked again."""
         c = self.cluster
-        for _ in range(len(c.nodes) + 1):
+        for _ in range(len(c.nodes) + 2):
             answer = c._dir(W.DirSource(key, self.me, T.INLINE_MAX))
             src, found = (answer.node, answer.found) if isinstance(answer, W.Sourced) else (answer, _ASK)
             if src is None:
                 if key in self.store:  # it came here meanwhile (a migration, a put)
                     return
                 raise errors.ObjectNotFoundError(f"no node has {key!r} (nodes: {c.nodes})", key)
-            outcome, nbytes = "failed", 0
+            outcome, nbytes, copy = "failed", 0, None
             try:
-                nbytes = self._from(src, key, levels, block, found)
+                nbytes, copy = self._from(src, key, levels, block, found)
                 outcome = "copied" if nbytes >= 0 else "stale"
             finally:
-                # a new copy is registered before the fetch returns (so a delete after a barrier finds it);
-                # a stale or failed source is only reported: this rank's next request comes after it
-                c._dir(W.DirDone(key, src, self.me, outcome, max(nbytes, 0)), post=outcome != "copied")
+                # posted, no reply awaited: the home made this node pending when it named the source, so a
+                # delete meanwhile finds it; this rank's later requests to the home come after this one
+                listed = c._dir(W.DirDone(key, src, self.me, outcome, max(nbytes, 0), copy), post=True)
             if outcome == "copied":
+                if listed is False and copy is not None:  # refused by our own directory: deleted or replaced
+                    self.kernel.delete(key, True, copy)  # while it came; the old copy goes, ask again
+                    continue
                 return
         raise errors.TransferError(f"every node the directory names for {key!r} lost it while asked", key)
 
-    def _from(self, src: int, key: str, levels: Any, block: int, found: Any = _ASK) -> int:
-        """Transfer ``key`` from node ``src`` (what its lookup ``found``, else asked now): its size, or -1
-        where ``src`` has no copy."""
+    def _from(self, src: int, key: str, levels: Any, block: int, found: Any = _ASK) -> tuple[int, int | None]:
+        """Transfer ``key`` from node ``src`` (what its lookup ``found``, else asked now): its size (-1 where
+        ``src`` has no copy) and the copy id of the object made here (None: it was put here meanwhile)."""
         if found is _ASK:
             found = self.cluster._msg.call(src, W.Lookup(key, T.INLINE_MAX))  # pins it there if found
         if found is None:
-            return -1
-        self._transfer(key, src, found, levels, block)
-        return int(found.nbytes)
+            return -1, None
+        return int(found.nbytes), self._transfer(key, src, found, levels, block)
 
     # ---- batches ----------------------------------------------------------------
     def fetch_batch(self, keys: list[str], levels: Any, block: int) -> None:
@@ -147,7 +151,7 @@ class Fetcher:
                 by_src.setdefault(hs[self.me % len(hs)], []).append(k)
         done = []
         for src, ks in by_src.items():
-            found = c._msg.call(src, W.LookupMany(ks, T.INLINE_MAX))  # pins each there
+            found = c._msg.call(src, W.LookupMany(ks, T.INLINE_MAX)).items  # pins each there
             for k, f in zip(ks, found):
                 if f is not None:
                     self._transfer(k, src, f, levels, block)
@@ -155,9 +159,20 @@ class Fetcher:
         return done
 
     # ---- the bytes ----------------------------------------------------------------
-    def _transfer(self, key: str, src: int, found: W.Found, levels: Any, block: int) -> None:
+    def _transfer(self, key: str, src: int, found: W.Found, levels: Any, block: int) -> int | None:
+        """Make ``key`` here from what node ``src`` ``found``: the new object's copy id, None where it was put
+        here meanwhile (an overwrite on this node: what we wanted)."""
         order = parse_levels(levels, DEFAULT_PUT_LEVELS)
         kernel, kb, n = self.kernel, encode_key(key), found.nbytes
+        if found.inline is not None and order[0] == Level.MEMORY:  # small: one C call copies and seals it
+            try:
+                copy: int | None = kernel.put_stored(key, kb, found.kind, n, found.nblobs, found.array_meta,
+                                                     found.inline)
+            except errors.ObjectExistsError:
+                return None
+            if copy is not None:
+                self._count(n)
+                return copy
         try:
             res = self.store._placement.place(
                 key, order, lambda level: (level,) + kernel.reserve(key, kb, found.kind, n, n, found.nblobs,
@@ -165,7 +180,7 @@ class Fetcher:
         except errors.ObjectExistsError:  # put here meanwhile (an overwrite on this node): what we wanted
             if found.handle:
                 self.cluster._msg.call(src, W.Release(found.handle))
-            return
+            return None
         except BaseException:
             if found.handle:
                 self.cluster._msg.call(src, W.Release(found.handle))
@@ -176,9 +191,15 @@ class Fetcher:
         except BaseException:
             kernel.abort(idx)
             raise
+        gen = L.entry_gen(kernel._buf, kernel._lay.entry(idx))
         kernel.seal(idx, stripe)
-        with kernel.node.admin:
-            L.add_transfer_stats(kernel.node.buf, transfers=1, received=n)
+        self._count(n)
+        return copy_id(idx, gen)
+
+    def _count(self, nbytes: int) -> None:
+        node = self.kernel.node
+        with node.admin:
+            L.add_transfer_stats(node.buf, transfers=1, received=nbytes)
 
     def _receive(self, src: int, level: int, idx: int, off: int, found: W.Found, block: int) -> None:
         kernel, nbytes = self.kernel, found.nbytes

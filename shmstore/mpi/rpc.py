@@ -34,6 +34,7 @@ class Messenger:
         self._tags = itertools.count()
         self._tag_lock = threading.Lock()
         self._probe = prober(comm)
+        self._posted: set[int] = set()  # nodes posted to since the last flush
 
     def next_tag(self) -> int:
         with self._tag_lock:
@@ -50,10 +51,10 @@ class Messenger:
     def call_tagged(self, node: int, msg: Any, key: Any = None) -> tuple[int, Any]:
         """:meth:`call`, also returning the reply tag (bulk frames follow a Data reply on it)."""
         dest, tag = self.leaders[node], self.next_tag()
-        self.comm.send((tag, msg), dest=dest, tag=T.TAG_REQUEST)
+        W.request(self.comm, msg, dest, tag)
         while not self._probe(dest, tag, self.spin, _NAP, 3600.0, _NAP_MAX):
             pass
-        reply = self.comm.recv(source=dest, tag=tag)
+        reply = W.receive_reply(self.comm, dest, tag)
         if isinstance(reply, W.Failure):
             raise reply.exception(f"node {self.names[node]!r}", key if key is not None else getattr(msg, "key", None),
                                   dest)
@@ -70,5 +71,15 @@ class Messenger:
 
     def post(self, node: int, msg: Any) -> None:
         """Send ``msg`` to ``node``'s service without waiting for (or getting) a reply. Messages a rank
-        sends to one node arrive in the order sent."""
-        self.comm.send((0, msg), dest=self.leaders[node], tag=T.TAG_REQUEST)
+        sends to one node arrive in the order sent (and are handled in that order)."""
+        W.post(self.comm, msg, self.leaders[node])
+        with self._tag_lock:
+            self._posted.add(node)
+
+    def flush(self) -> None:
+        """Return once every node this thread's rank posted to since the last flush has handled those
+        messages: one round trip to each (a request answered after them)."""
+        with self._tag_lock:
+            nodes, self._posted = self._posted, set()
+        for node in sorted(nodes):
+            self.call(node, W.DirGet([]))

@@ -74,7 +74,7 @@ class Service:
             W.Release: self._on_release, W.Has: self._on_has, W.Delete: self._on_delete, W.Pull: self._on_pull,
             W.Read: self._on_read,
             W.WriterOpen: self._on_writer_open, W.Write: self._on_write, W.WriterClose: self._on_writer_close}
-        for kind in (W.DirAdd, W.DirDrop, W.DirGet, W.DirTake, W.DirSource, W.DirDone):
+        for kind in (W.DirAdd, W.DirDrop, W.DirGet, W.DirTake, W.DirReplace, W.DirSource, W.DirDone):
             self._handlers[kind] = self._on_directory
         self._thread = threading.Thread(target=self._loop, name="shmstore-mpi-service", daemon=True)
 
@@ -86,7 +86,7 @@ class Service:
         aborts remote writers."""
         if not self._stop.is_set() and self._thread.is_alive():
             self._stop.set()
-            self.comm.send((0, W.Stop()), dest=self.comm.rank, tag=T.TAG_REQUEST)  # the loop ends on it
+            W.post(self.comm, W.Stop(), self.comm.rank)  # the loop ends on it
             self._thread.join(60)
         self._stop.set()
         for t in self._workers:
@@ -122,14 +122,14 @@ class Service:
                     self._expire()
                 continue
             last = time.monotonic()
-            reply_tag, msg = self.comm.recv(source=MPI.ANY_SOURCE, tag=T.TAG_REQUEST, status=status)
+            reply_tag, msg = W.receive(self.comm, MPI.ANY_SOURCE, T.TAG_REQUEST, status)
             src = status.Get_source()
             if isinstance(msg, W.Stop):
                 self._drain(status)
                 return
             reply = self.handle(src, reply_tag, msg)
             if reply is not _NO_REPLY and reply_tag:
-                self.comm.send(reply, dest=src, tag=reply_tag)
+                W.reply(self.comm, reply, src, reply_tag)
 
     def _drain(self, status: MPI.Status) -> None:
         """Handle what was posted before the cluster's closing barrier (a fetch's DirDone) but came after
@@ -139,7 +139,7 @@ class Service:
             if not self.comm.iprobe(MPI.ANY_SOURCE, T.TAG_REQUEST, status):
                 time.sleep(0.001)
                 continue
-            reply_tag, msg = self.comm.recv(source=status.Get_source(), tag=T.TAG_REQUEST)
+            reply_tag, msg = W.receive(self.comm, status.Get_source(), T.TAG_REQUEST)
             if not reply_tag:
                 self.handle(status.Get_source(), 0, msg)
 
@@ -170,8 +170,12 @@ class Service:
             idx, e, _ = k.lookup(msg.key, encode_key(msg.key), True)
         except errors.ObjectNotFoundError:
             return None
-        lease = self._device_lease(idx, e) if e[L.E_LEVEL] == L.LEVEL_GPU else k.lease(idx, e)
         array = L.entry_array_bytes(k._buf, k._lay.entry(idx)) if e[L.E_KIND] == L.KIND_NDARRAY else None
+        if e[L.E_NBYTES] <= msg.inline_max and e[L.E_LEVEL] == L.LEVEL_MEMORY:  # the usual small case
+            data = k.copy_pinned(idx, e)
+            self._count_sent(len(data))
+            return W.Found(e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS], array, data, 0)
+        lease = self._device_lease(idx, e) if e[L.E_LEVEL] == L.LEVEL_GPU else k.lease(idx, e)
         if e[L.E_NBYTES] <= msg.inline_max:
             data = _host_bytes(lease)
             self._count_sent(len(data))
@@ -180,8 +184,8 @@ class Service:
         self._leases[h] = (lease, time.monotonic() + HANDLE_TTL)
         return W.Found(e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS], array, None, h)
 
-    def _on_lookup_many(self, src: int, tag: int, msg: W.LookupMany) -> list[W.Found | None]:
-        return [self._on_lookup(src, tag, W.Lookup(k, msg.inline_max)) for k in msg.keys]
+    def _on_lookup_many(self, src: int, tag: int, msg: W.LookupMany) -> W.FoundMany:
+        return W.FoundMany([self._on_lookup(src, tag, W.Lookup(k, msg.inline_max)) for k in msg.keys])
 
     def _device_lease(self, idx: int, e: tuple[Any, ...]) -> Any:
         """The stored bytes of a GPU object (pinned by the caller) as a device array holding the pin."""
@@ -195,7 +199,7 @@ class Service:
             raise errors.TransferError(f"transfer handle {msg.handle} expired (after {HANDLE_TTL:g} s)")
         lease = entry[0]
         streams = max(1, min(int(msg.streams), len(self.cluster._bulk)))
-        self.comm.send(lease.nbytes, dest=src, tag=tag)
+        W.reply(self.comm, lease.nbytes, src, tag)
 
         def send() -> None:
             bulk = self.cluster._bulk
@@ -219,7 +223,7 @@ class Service:
 
     def _on_delete(self, src: int, tag: int, msg: W.Delete) -> bool:
         try:
-            self.store.delete(msg.key)
+            self.kernel.delete(msg.key, False, msg.copy)
             return True
         except errors.ObjectNotFoundError:
             return False
@@ -231,7 +235,7 @@ class Service:
                 reply: Any = None
             except Exception as exc:
                 reply = W.Failure.of(exc)
-            self.comm.send(reply, dest=src, tag=tag)
+            W.reply(self.comm, reply, src, tag)
         self._spawn("shmstore-mpi-pull", run)
         return _NO_REPLY
 
@@ -239,13 +243,23 @@ class Service:
         """A directory request: answered at once, or (a DirSource waiting for a free holder) later."""
         def answer(value: Any) -> None:
             if tag:
-                self.comm.send(value, dest=src, tag=tag)
+                W.reply(self.comm, value, src, tag)
         result = self.directory.handle(msg, answer)
         if result is WAIT:
             return _NO_REPLY
+        if result is False and isinstance(msg, W.DirDone) and msg.copy is not None:
+            self._drop_copy(msg.node, msg.key, msg.copy)  # a copy of a key deleted or replaced while it came
         if isinstance(msg, W.DirSource) and msg.inline_max and result == self.cluster.node_index:
             return W.Sourced(result, self._on_lookup(src, tag, W.Lookup(msg.key, msg.inline_max)))
         return result
+
+    def _drop_copy(self, node: int, key: str, copy: int) -> None:
+        """Delete the object ``copy`` of ``key`` on node ``node`` without waiting: here at once, elsewhere by a
+        posted Delete (never a newer object under the key)."""
+        if node == self.cluster.node_index:
+            self.kernel.delete(key, True, copy)
+        else:
+            W.post(self.comm, W.Delete(key, copy), self.cluster.leaders[node])
 
     def _on_read(self, src: int, tag: int, msg: W.Read) -> W.Chunk:
         with self.store.open_reader(msg.key) as r:

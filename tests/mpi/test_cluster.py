@@ -41,11 +41,11 @@ def test_put_is_locatable_everywhere_and_fetch_keeps_the_key(cluster, comm, key)
     got = cluster.get(key)
     assert got.sum() == sum(range(100_000)) and not got.flags.writeable
     del got
-    comm.Barrier()  # every rank's transfer is done: node-wide counters are still now
+    cluster.barrier()  # every rank's transfer is done (and listed): node-wide counters are still now
     assert cluster.store.get_info(key).size == 800_000  # a local copy under the same key
     again = cluster.stats()["transfers"]
     cluster.get(key)  # a local hit now: no transfer
-    comm.Barrier()
+    cluster.barrier()
     assert cluster.stats()["transfers"] == again
     assert sorted(cluster.locate(key)) == sorted(cluster.nodes)
     comm.Barrier()  # everyone looked before rank 0 deletes it
@@ -367,7 +367,7 @@ def test_directory_knows_published_and_fetched_copies_and_heals_stale_entries(cl
     comm.Barrier()
     if cluster.node_index == last:
         assert int(cluster.get(key).sum()) == 45
-    comm.Barrier()
+    cluster.barrier()  # the fetched copy is listed after it
     assert cluster.locate(key) == sorted({cluster.nodes[0], cluster.nodes[last]}, key=cluster.nodes.index)
     comm.Barrier()
     if last and comm.rank == leader_of(cluster, 0):
@@ -408,7 +408,7 @@ def test_directory_stays_exact_under_concurrent_put_fetch_migrate_delete(cluster
                 cluster.put(k, np.full(1000, -1), overwrite=True)
         except (shmstore.ObjectNotFoundError, shmstore.ObjectLockedError):
             pass  # deleted or being written by another rank meanwhile
-    comm.Barrier()
+    cluster.barrier()  # every fetch's registration handled
     def truth(k):
         return [name for i, name in enumerate(cluster.nodes)
                 if (k in cluster.store if i == cluster.node_index else cluster._msg.call(i, W.Has(k)))]
