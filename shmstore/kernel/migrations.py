@@ -13,11 +13,12 @@ from __future__ import annotations
 import os
 import struct
 import time
+from typing import Iterator
 
 from . import layout as L
 from .node import NodeStore, pid_alive, proc_start_time
 
-__all__ = ["begin", "finish", "wait", "clear_dead"]
+__all__ = ["begin", "begin_many", "finish", "finish_many", "wait", "clear_dead"]
 
 
 _KEY = L.MIGRATION.offset["key"]
@@ -32,20 +33,20 @@ _ME = os.getpid()
 _MY_START = proc_start_time(_ME) or 0
 
 
-def _find(node: NodeStore, sid: int, key: bytes) -> tuple[int, int]:
-    """(slot holding ``key``, first free slot), -1 where none (ADMIN lock held).
+def _scan(node: NodeStore) -> tuple[dict[tuple[int, bytes], int], Iterator[int]]:
+    """The map's busy entries by (session, key), and its free slots in order (ADMIN lock held).
 
     Frees failed entries older than ``FAILED_KEEP`` seconds on the way: their
     waiters (who look every 10 ms at most) have seen them. Kept longer, every
     miss (a get of a key no node has) left one, and after 128 misses the map
-    was full: each fetch scanned it and went without deduplication. The key
-    is searched in one copy of the map (a batched fetch fills it: a scan
-    slot by slot in Python cost each of its keys 70 us).
+    was full: each fetch scanned it and went without deduplication. One pass
+    over the busy slots serves a whole batch (a scan per key cost a batched
+    fetch 70 us a key).
     """
     buf, lay = node.buf, node.layout
     states = L.migration_states(buf, lay)
     if states == _ALL_FREE:
-        return -1, 0  # the usual case: nothing in flight
+        return {}, iter(range(L.NMIGRATIONS))  # the usual case: nothing in flight
     if L.MIG_FAILED in states:
         now = time.time()
         for slot, state in enumerate(states):
@@ -53,19 +54,13 @@ def _find(node: NodeStore, sid: int, key: bytes) -> tuple[int, int]:
             if state == L.MIG_FAILED and now - L.MIGRATION.get(buf, at, "time") > FAILED_KEEP:
                 L.MIGRATION.set(buf, at, "state", L.MIG_FREE)
         states = L.migration_states(buf, lay)
-    free = states.find(L.MIG_FREE)
-    start, size = lay.migrations, L.MIGRATION.size
-    region = bytes(buf[start: start + L.NMIGRATIONS * size])
-    pos = region.find(key, _KEY)
-    while pos >= 0:
-        slot, rest = divmod(pos - _KEY, size)
-        if rest == 0 and states[slot] != L.MIG_FREE:
-            at = slot * size
-            if _KEYLEN.unpack_from(region, at + _KEYLEN_AT)[0] == len(key) \
-                    and _SESSION.unpack_from(region, at + _SESSION_AT)[0] == sid:
-                return slot, free
-        pos = region.find(key, pos + 1)
-    return -1, free
+    busy = {}
+    for slot, state in enumerate(states):
+        if state != L.MIG_FREE:
+            at = lay.migration(slot)
+            n = _KEYLEN.unpack_from(buf, at + _KEYLEN_AT)[0]
+            busy[(_SESSION.unpack_from(buf, at + _SESSION_AT)[0], bytes(buf[at + _KEY: at + _KEY + n]))] = slot
+    return busy, (slot for slot, state in enumerate(states) if state == L.MIG_FREE)
 
 
 def _identity() -> tuple[int, int]:
@@ -80,24 +75,38 @@ def begin(node: NodeStore, sid: int, key: bytes) -> tuple[bool, int]:
 
     Returns:
         (True, slot) if the caller must do the transfer, (False, slot) if one
-        is in flight already (wait on ``slot``), (False, -1) if the map is
+        is in flight already (wait on ``slot``), (True, -1) if the map is
         full (transfer without deduplication).
     """
+    return begin_many(node, sid, [key])[0]
+
+
+def begin_many(node: NodeStore, sid: int, keys: list[bytes]) -> list[tuple[bool, int]]:
+    """:func:`begin` for each of ``keys`` (distinct), under one lock and one pass over the map."""
     me, start = _identity()
+    out = []
     with node.admin:
-        found, free = _find(node, sid, key)
-        if found >= 0:
-            m = L.unpack_migration(node.buf, node.layout, found)
-            if m.state == L.MIG_FLIGHT and pid_alive(m.pid, m.start):
-                L.add_transfer_stats(node.buf, dedup=1)
-                return False, found
-            free = found  # failed, or its process died: take it over
-        if free < 0:
-            return True, -1
-        at = node.layout.migration(free)  # one write: the head, no error, the key (its length says where it ends)
-        node.buf[at: at + _KEY + len(key)] = _HEAD.pack(L.MIG_FLIGHT, sid, len(key), me, start, time.time()) \
-            + _NO_ERROR + key
-        return True, free
+        busy, free = _scan(node)
+        for key in keys:
+            found = busy.get((sid, key), -1)
+            if found >= 0:
+                m = L.unpack_migration(node.buf, node.layout, found)
+                if m.state == L.MIG_FLIGHT and pid_alive(m.pid, m.start):
+                    L.add_transfer_stats(node.buf, dedup=1)
+                    out.append((False, found))
+                    continue
+                slot = found  # failed, or its process died: take it over
+            else:
+                slot = next(free, -1)
+            if slot < 0:
+                out.append((True, -1))
+                continue
+            at = node.layout.migration(slot)  # one write: the head, no error, the key (its length ends it)
+            node.buf[at: at + _KEY + len(key)] = _HEAD.pack(L.MIG_FLIGHT, sid, len(key), me, start, time.time()) \
+                + _NO_ERROR + key
+            busy[(sid, key)] = slot
+            out.append((True, slot))
+    return out
 
 
 def finish(node: NodeStore, slot: int, error: str | None = None) -> None:
@@ -105,14 +114,27 @@ def finish(node: NodeStore, slot: int, error: str | None = None) -> None:
     if slot < 0:
         return
     with node.admin:
-        at = node.layout.migration(slot)
-        if L.MIGRATION.get(node.buf, at, "pid") != os.getpid():
-            return
-        if not error:  # the usual case: one field, not the whole record (a third of a small fetch's map cost)
-            L.MIGRATION.set(node.buf, at, "state", L.MIG_FREE)
-            return
-        m = L.unpack_migration(node.buf, node.layout, slot)
-        L.pack_migration(node.buf, node.layout, slot, m._replace(state=L.MIG_FAILED, error=error, time=time.time()))
+        _finish_locked(node, slot, error)
+
+
+def _finish_locked(node: NodeStore, slot: int, error: str | None) -> None:
+    if slot < 0:
+        return
+    at = node.layout.migration(slot)
+    if L.MIGRATION.get(node.buf, at, "pid") != os.getpid():
+        return
+    if not error:  # the usual case: one field, not the whole record (a third of a small fetch's map cost)
+        L.MIGRATION.set(node.buf, at, "state", L.MIG_FREE)
+        return
+    m = L.unpack_migration(node.buf, node.layout, slot)
+    L.pack_migration(node.buf, node.layout, slot, m._replace(state=L.MIG_FAILED, error=error, time=time.time()))
+
+
+def finish_many(node: NodeStore, slots: list[tuple[int, str | None]]) -> None:
+    """:func:`finish` of each (slot, error), under one lock."""
+    with node.admin:
+        for slot, error in slots:
+            _finish_locked(node, slot, error)
 
 
 def wait(node: NodeStore, slot: int, sid: int, key: bytes, timeout: float) -> str | None:

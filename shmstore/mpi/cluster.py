@@ -139,9 +139,10 @@ class Cluster:
         key = msg.key if hasattr(msg, "key") else msg.keys[0]
         return self._dir_at(home_of(key, len(self.nodes)), msg, post)
 
-    def _dir_at(self, home: int, msg: Any, post: bool = False) -> Any:
+    def _dir_at(self, home: int, msg: Any, post: bool = False, linger: float = 0.0) -> Any:
         """A directory request to node ``home``; answered by this rank's own service's directory where it
-        keeps it (no message), else by a call (or with ``post`` a message without a reply)."""
+        keeps it (no message), else by a call (or with ``post`` a message without a reply; ``linger``: see
+        :meth:`Messenger.call`)."""
         if home == self.node_index and self._service is not None:
             box: queue.SimpleQueue[Any] = queue.SimpleQueue()
             result = self._service.directory.handle(msg, box.put)
@@ -149,7 +150,7 @@ class Cluster:
         if post:
             self._msg.post(home, msg)
             return None
-        return self._msg.call(home, msg)
+        return self._msg.call(home, msg, linger=linger)
 
     def _by_home(self, keys: list[str]) -> dict[int, list[str]]:
         out: dict[int, list[str]] = {}
@@ -224,10 +225,9 @@ class Cluster:
         self._check()
         block = self._block(block_size)
         keys = [keys] if isinstance(keys, str) else list(dict.fromkeys(keys))
-        if len(keys) > 1:
-            self._fetcher.fetch_batch(keys, levels, block)
+        landed = self._fetcher.fetch_batch(keys, levels, block) if len(keys) > 1 else set()
         for key in keys:  # what the batch left (being fetched by another rank of this node, stale, large)
-            if key not in self.store:
+            if key not in landed and key not in self.store:
                 self._fetcher.fetch_one(key, None, levels, block)
 
     def get_many(self, keys: Iterable[str], levels: Iterable[Level] | Level | None = None) -> list[Any]:

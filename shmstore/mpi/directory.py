@@ -89,71 +89,89 @@ class Directory:
 
     def handle(self, msg: Any, answer: Callable[[Any], None]) -> Any:
         later: list[tuple[Callable[[Any], None], Any]] = []  # answers to send once the lock is dropped
+        try:
+            on = self._on[type(msg)]
+        except KeyError:
+            raise TypeError(f"not a directory message: {type(msg).__name__}") from None
         with self._lock:
-            result = self._handle(msg, answer, later)
+            result = on(self, msg, answer, later)
         for reply, value in later:
             reply(value)
         return result
 
-    def _handle(self, msg: Any, answer: Callable[[Any], None], later: list[Any]) -> Any:
-        if isinstance(msg, W.DirGet):
-            return [list(e.holders) if (e := self._entries.get(k)) else [] for k in msg.keys]
-        if isinstance(msg, W.DirSource):
-            e = self._entries.get(msg.key)
-            others = [h for h in e.holders if h != msg.node] if e else []
-            if e is None or not others:
-                return None
-            src: int | None = others[msg.node % len(others)]  # small: no queueing; fetchers start apart
-            if e.nbytes >= SPREAD_MIN:
-                src = self._free_holder(e, msg.node)
-                if src is None:
-                    e.waiters.append((msg.node, answer))
-                    return WAIT
-            e.pending[msg.node] = e.pending.get(msg.node, 0) + 1
-            return src
-        if isinstance(msg, W.DirAdd):
-            for k, size in zip(msg.keys, msg.sizes):
-                self._add(k, msg.node, size)
+    def _get(self, msg: W.DirGet, answer: Any, later: list[Any]) -> list[list[int]]:
+        return [list(e.holders) if (e := self._entries.get(k)) else [] for k in msg.keys]
+
+    def _source(self, msg: W.DirSource, answer: Callable[[Any], None], later: list[Any]) -> Any:
+        e = self._entries.get(msg.key)
+        if e is None:
             return None
-        if isinstance(msg, W.DirDone):
-            e = self._entries.get(msg.key)
-            was_pending = e is not None and e.pending.get(msg.node, 0) > 0
-            if was_pending:
-                assert e is not None
-                e.pending[msg.node] -= 1
-                if not e.pending[msg.node]:
-                    del e.pending[msg.node]
-                if e.sending.get(msg.source, 0) > 0:
-                    e.sending[msg.source] -= 1
-            if msg.outcome == "copied" and was_pending:
-                self._add(msg.key, msg.node, msg.nbytes)
-            elif msg.outcome == "stale" and was_pending:  # else: news of an entry taken or replaced since
-                self._drop(msg.key, msg.source)
-            self._serve(msg.key, later)
-            if msg.outcome != "copied" or was_pending:
-                return True
-            e = self._entries.get(msg.key)
-            return e is not None and msg.node in e.holders  # listed anyway (put there meanwhile), else refused
-        if isinstance(msg, W.DirDrop):
-            self._drop(msg.key, msg.node)
-            self._serve(msg.key, later)
+        node, holders = msg.node, e.holders
+        others = holders if node not in holders else [h for h in holders if h != node]
+        if not others:
             return None
-        if isinstance(msg, W.DirTake):
-            e = self._entries.pop(msg.key, None)
-            if e is None:
-                return []
-            later.extend((reply, None) for _, reply in e.waiters)  # the key is gone: nothing to fetch
-            return e.holders + [n for n in e.pending if n not in e.holders]
-        if isinstance(msg, W.DirReplace):
-            old = self._entries.pop(msg.key, None)
-            e = self._entries[msg.key] = _Entry()
-            e.holders, e.nbytes = [msg.node], int(msg.nbytes)
-            if old is None:
-                return []
-            e.waiters = old.waiters  # fetchers waiting for a holder get the new object
+        if msg.small_only and e.nbytes > msg.inline_max:
+            return W.LARGE
+        src: int | None = others[node % len(others)]  # small: no queueing; fetchers start at different holders
+        if e.nbytes >= SPREAD_MIN:
+            src = self._free_holder(e, node)
+            if src is None:
+                e.waiters.append((node, answer))
+                return WAIT
+        e.pending[node] = e.pending.get(node, 0) + 1
+        return src
+
+    def _add_many(self, msg: W.DirAdd, answer: Any, later: list[Any]) -> None:
+        for k, size in zip(msg.keys, msg.sizes):
+            self._add(k, msg.node, size)
+
+    def _done(self, msg: W.DirDone, answer: Any, later: list[Any]) -> bool:
+        e = self._entries.get(msg.key)
+        was_pending = e is not None and e.pending.get(msg.node, 0) > 0
+        if was_pending:
+            assert e is not None
+            left = e.pending[msg.node] - 1
+            if left:
+                e.pending[msg.node] = left
+            else:
+                del e.pending[msg.node]
+            if e.sending.get(msg.source, 0) > 0:
+                e.sending[msg.source] -= 1
+        if msg.outcome == "copied" and was_pending:
+            self._add(msg.key, msg.node, msg.nbytes)
+        elif msg.outcome == "stale" and was_pending:  # else: news of an entry taken or replaced since
+            self._drop(msg.key, msg.source)
+        if e is not None and (e.waiters or not e.holders):
             self._serve(msg.key, later)
-            return [n for n in old.holders + [p for p in old.pending if p not in old.holders] if n != msg.node]
-        raise TypeError(f"not a directory message: {type(msg).__name__}")
+        if msg.outcome != "copied" or was_pending:
+            return True
+        e = self._entries.get(msg.key)
+        return e is not None and msg.node in e.holders  # listed anyway (put there meanwhile), else refused
+
+    def _drop_one(self, msg: W.DirDrop, answer: Any, later: list[Any]) -> None:
+        self._drop(msg.key, msg.node)
+        self._serve(msg.key, later)
+
+    def _take(self, msg: W.DirTake, answer: Any, later: list[Any]) -> list[int]:
+        e = self._entries.pop(msg.key, None)
+        if e is None:
+            return []
+        later.extend((reply, None) for _, reply in e.waiters)  # the key is gone: nothing to fetch
+        return e.holders + [n for n in e.pending if n not in e.holders]
+
+    def _replace(self, msg: W.DirReplace, answer: Any, later: list[Any]) -> list[int]:
+        old = self._entries.pop(msg.key, None)
+        e = self._entries[msg.key] = _Entry()
+        e.holders, e.nbytes = [msg.node], int(msg.nbytes)
+        if old is None:
+            return []
+        e.waiters = old.waiters  # fetchers waiting for a holder get the new object
+        self._serve(msg.key, later)
+        return [n for n in old.holders + [p for p in old.pending if p not in old.holders] if n != msg.node]
+
+    _on: dict[type, Callable[..., Any]] = {
+        W.DirGet: _get, W.DirSource: _source, W.DirAdd: _add_many, W.DirDone: _done, W.DirDrop: _drop_one,
+        W.DirTake: _take, W.DirReplace: _replace}
 
     def _add(self, key: str, node: int, nbytes: int) -> None:
         e = self._entries.get(key)

@@ -1,14 +1,22 @@
 """Fetching objects into this node: one at a time, or in batches.
 
-A fetch goes through the node's migration map, so concurrent requests for
-one key on a node cause one transfer. It asks the key's home which holder
-to fetch from (``DirSource``; for a hot large object the answer may wait
-for a free holder, so copies spread as a tree), looks the object up there
-(``Lookup``: small objects come inline, larger ones are pinned there), makes
-room and reserves the entry here, then receives the bytes from the
-source's arena (or spill file) straight into this node's arena as a few raw
-frames, whatever the number of blobs, and posts ``DirDone`` to the home
-(the new copy is listed; the source is free for the next fetcher).
+A get that misses asks the key's home which holder to fetch from
+(``DirSource``; the home makes this node *pending* in the key's entry, see
+directory.py). A small object (up to ``T.INLINE_MAX``) comes inside a reply
+(the home's, where it holds the object, else the holder's ``Lookup``) and
+lands in one C call; then the fetch posts ``DirDone`` to the home (the new
+copy is listed) without waiting for an answer. One round trip in all where
+the home or this node holds the entry, two otherwise.
+
+A larger object goes through the node's migration map first, so that
+concurrent requests for one key on a node cause one transfer: the home
+answers ``LARGE`` to the first question, the fetcher takes the map entry
+and asks again (for a hot object the answer may wait for a free holder, so
+copies spread as a tree), the holder pins the object (``Lookup``), room is
+made and the entry reserved here, and the bytes go from the source's arena
+(or spill file) straight into this node's arena as a few raw frames,
+whatever the number of blobs; ``DirDone`` then also frees the source for
+the next fetcher.
 
 A batch (``fetch(keys)``, ``get_many``) goes in rounds of ``T.BATCH``
 keys: holders asked once per home node, objects looked up once per source
@@ -37,6 +45,7 @@ from .staging import recv_staged
 __all__ = ["Fetcher"]
 
 _ASK = object()  # no lookup answer yet: ask the source
+_LINGER = 1e-3  # a batch's requests ask the services to wait for the next one without naps this long
 
 
 class Fetcher:
@@ -54,6 +63,8 @@ class Fetcher:
         directory names); ``missed``: the caller just found it missing here."""
         c, kb = self.cluster, encode_key(key)
         node, sid = self.kernel.node, self.kernel.sid
+        if source is None and missed and self._from_directory(key, levels, block, small_only=True):
+            return  # a small object: come inline, no migration entry (two ranks at once both land it: harmless)
         for _ in range(4):
             if not missed and key in self.store:
                 return
@@ -82,16 +93,19 @@ class Fetcher:
         if key not in self.store:
             raise errors.TransferError(f"transfer of {key!r} into node {c.node!r} kept being interrupted", key)
 
-    def _from_directory(self, key: str, levels: Any, block: int) -> None:
+    def _from_directory(self, key: str, levels: Any, block: int, small_only: bool = False) -> bool:
         """Fetch from the holder the key's home names (one round trip to it, one to the holder; one in all
-        where the home holds it); a holder without the object is reported stale and the home asked again."""
+        where the home holds it); a holder without the object is reported stale and the home asked again.
+        With ``small_only``, False (nothing done) where the object is larger than ``T.INLINE_MAX``."""
         c = self.cluster
         for _ in range(len(c.nodes) + 2):
-            answer = c._dir(W.DirSource(key, self.me, T.INLINE_MAX))
+            answer = c._dir(W.DirSource(key, self.me, T.INLINE_MAX, small_only))
             src, found = (answer.node, answer.found) if isinstance(answer, W.Sourced) else (answer, _ASK)
+            if src == W.LARGE:
+                return False
             if src is None:
                 if key in self.store:  # it came here meanwhile (a migration, a put)
-                    return
+                    return True
                 raise errors.ObjectNotFoundError(f"no node has {key!r} (nodes: {c.nodes})", key)
             outcome, nbytes, copy = "failed", 0, None
             try:
@@ -105,7 +119,7 @@ class Fetcher:
                 if listed is False and copy is not None:  # refused by our own directory: deleted or replaced
                     self.kernel.delete(key, True, copy)  # while it came; the old copy goes, ask again
                     continue
-                return
+                return True
         raise errors.TransferError(f"every node the directory names for {key!r} lost it while asked", key)
 
     def _from(self, src: int, key: str, levels: Any, block: int, found: Any = _ASK) -> tuple[int, int | None]:
@@ -118,32 +132,33 @@ class Fetcher:
         return int(found.nbytes), self._transfer(key, src, found, levels, block)
 
     # ---- batches ----------------------------------------------------------------
-    def fetch_batch(self, keys: list[str], levels: Any, block: int) -> None:
-        """Fetch the missing ``keys`` in rounds of ``T.BATCH``; keys another rank of this node is
-        fetching are left to it (and to the caller's check)."""
+    def fetch_batch(self, keys: list[str], levels: Any, block: int) -> set[str]:
+        """Fetch the missing ``keys`` in rounds of ``T.BATCH``: the keys this rank brought here. Keys another
+        rank of this node is fetching are left to it (and to the caller's check)."""
         node, sid = self.kernel.node, self.kernel.sid
         missing = [k for k in keys if k not in self.store]
+        landed: set[str] = set()
         for start in range(0, len(missing), T.BATCH):
             chunk = missing[start: start + T.BATCH]
             mine: list[tuple[str, int]] = []  # (key, migration slot) this rank transfers
             try:
-                for k in chunk:
-                    owner, slot = migrations.begin(node, sid, encode_key(k))
-                    if owner:
-                        mine.append((k, slot))
+                begun = migrations.begin_many(node, sid, [encode_key(k) for k in chunk])
+                mine = [(k, slot) for k, (owner, slot) in zip(chunk, begun) if owner]
                 sizes = dict(self._round([k for k, _ in mine], levels, block))
                 for home, ks in self.cluster._by_home(list(sizes)).items():
-                    self.cluster._dir_at(home, W.DirAdd(ks, self.me, [sizes[k] for k in ks]))
+                    self.cluster._dir_at(home, W.DirAdd(ks, self.me, [sizes[k] for k in ks]), linger=_LINGER)
+                landed.update(sizes)
             finally:
-                for k, slot in mine:
-                    migrations.finish(node, slot, None if k in self.store else "retry")
+                migrations.finish_many(node, [(slot, None if k in landed or k in self.store else "retry")
+                                              for k, slot in mine])
+        return landed
 
     def _round(self, keys: list[str], levels: Any, block: int) -> list[tuple[str, int]]:
         """One round of a batched fetch; returns (key, size) of the keys now here."""
         c = self.cluster
         holders: dict[str, list[int]] = {}
         for home, ks in c._by_home(keys).items():
-            holders.update(zip(ks, c._dir_at(home, W.DirGet(ks))))
+            holders.update(zip(ks, c._dir_at(home, W.DirGet(ks), linger=_LINGER)))
         by_src: dict[int, list[str]] = {}
         for k in keys:
             hs = [h for h in holders[k] if h != self.me]
@@ -151,7 +166,8 @@ class Fetcher:
                 by_src.setdefault(hs[self.me % len(hs)], []).append(k)
         done = []
         for src, ks in by_src.items():
-            found = c._msg.call(src, W.LookupMany(ks, T.INLINE_MAX)).items  # pins each there
+            spin = c._msg.spin and c._msg.spin + 10e-6 * len(ks)  # a few us a key there: wait without naps
+            found = c._msg.call(src, W.LookupMany(ks, T.INLINE_MAX), spin=spin, linger=_LINGER).items  # pins each
             for k, f in zip(ks, found):
                 if f is not None:
                     self._transfer(k, src, f, levels, block)

@@ -40,19 +40,23 @@ class Messenger:
         with self._tag_lock:
             return T.TAG_REPLY_MIN + next(self._tags) % (T.TAG_REPLY_MAX - T.TAG_REPLY_MIN)
 
-    def call(self, node: int, msg: Any, key: Any = None) -> Any:
-        """Send ``msg`` to ``node``'s service and return its reply.
+    def call(self, node: int, msg: Any, key: Any = None, spin: float | None = None, linger: float = 0.0) -> Any:
+        """Send ``msg`` to ``node``'s service and return its reply; ``spin``: seconds to wait for it without
+        napping (default :attr:`spin`; longer for a request that takes the service long); ``linger``:
+        seconds the service should wait for this rank's next request without napping (more follow soon).
 
         Raises:
             the exception the service reported (a :class:`wire.Failure`), naming the node.
         """
-        return self.call_tagged(node, msg, key)[1]
+        return self.call_tagged(node, msg, key, spin, linger)[1]
 
-    def call_tagged(self, node: int, msg: Any, key: Any = None) -> tuple[int, Any]:
+    def call_tagged(self, node: int, msg: Any, key: Any = None, spin: float | None = None,
+                    linger: float = 0.0) -> tuple[int, Any]:
         """:meth:`call`, also returning the reply tag (bulk frames follow a Data reply on it)."""
         dest, tag = self.leaders[node], self.next_tag()
-        W.request(self.comm, msg, dest, tag)
-        while not self._probe(dest, tag, self.spin, _NAP, 3600.0, _NAP_MAX):
+        W.request(self.comm, msg, dest, tag, linger if self.spin else 0.0)
+        spin = self.spin if spin is None else spin
+        while not self._probe(dest, tag, spin, _NAP, 3600.0, _NAP_MAX):
             pass
         reply = W.receive_reply(self.comm, dest, tag)
         if isinstance(reply, W.Failure):

@@ -46,9 +46,12 @@ __all__ = ["Service", "HANDLE_TTL"]
 HANDLE_TTL = 120.0
 _NO_REPLY = object()
 _SENDER = "shmstore-mpi-send"  # the name of bulk-send threads
-_BUSY_PAUSE = 50e-6   # the first nap after the spin window; naps double up to _IDLE_PAUSE
+_BUSY_PAUSE = 50e-6   # the first nap after the spin window; naps double up to _ACTIVE_PAUSE
+_ACTIVE_PAUSE = 200e-6  # the longest nap while requests came within _IDLE_AFTER (a batched fetch's ranks land
+                        # 64 objects between requests: with naps up to 1 ms its next request waited ~0.8 ms)
 _IDLE_PAUSE = 1e-3    # probe interval of an idle node: the first request after a pause waits <= 1 ms
 _IDLE_AFTER = 0.5     # seconds without a request before backing off to _IDLE_PAUSE
+_LINGER_MAX = 0.005   # the longest spin a request may ask for (its linger)
 
 
 class Service:
@@ -68,6 +71,7 @@ class Service:
         self._writers: dict[int, Any] = {}
         self._stop = threading.Event()
         self._workers: list[threading.Thread] = []  # pulls and bulk sends under way
+        self._out: list[MPI.Request] = []  # replies not yet taken by their requesters
         self.directory = Directory()  # this node's share of the location directory (see directory.py)
         self._handlers: dict[type, Callable[[int, int, Any], Any]] = {
             W.Lookup: self._on_lookup, W.LookupMany: self._on_lookup_many, W.Data: self._on_data,
@@ -102,46 +106,58 @@ class Service:
         probe = prober(self.comm)
         status = MPI.Status()
         last = time.monotonic()
+        spin = self.spin
         while True:
             idle = time.monotonic() - last
+            if self._out and MPI.Request.Testall(self._out):
+                self._out.clear()
             try:
-                if any(t.name == _SENDER and t.is_alive() for t in self._workers):
+                if self._out or any(t.name == _SENDER and t.is_alive() for t in self._workers):
                     # a transfer's next request (its registration) comes as soon as the bytes are out
-                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, self.spin, _BUSY_PAUSE, 0.002)
+                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, 0.002)
                     last = time.monotonic()
                 elif idle < _IDLE_AFTER:
-                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, self.spin, _BUSY_PAUSE, _IDLE_AFTER - idle,
-                                  _IDLE_PAUSE)
+                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, _IDLE_AFTER - idle,
+                                  _ACTIVE_PAUSE)
                 else:
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, 0.0, _IDLE_PAUSE, 1.0)
             except (errors.TransferError, OverflowError, OSError):  # the C prober failed: probe from Python
                 probe = python_prober(self.comm)
                 continue
             if not ready:
+                spin = self.spin
                 if idle > 1.0:
                     self._expire()
                 continue
             last = time.monotonic()
-            reply_tag, msg = W.receive(self.comm, MPI.ANY_SOURCE, T.TAG_REQUEST, status)
+            reply_tag, msg, linger = W.receive(self.comm, MPI.ANY_SOURCE, T.TAG_REQUEST, status)
+            spin = max(self.spin, min(float(linger), _LINGER_MAX)) if self.spin else 0.0
             src = status.Get_source()
             if isinstance(msg, W.Stop):
                 self._drain(status)
                 return
             reply = self.handle(src, reply_tag, msg)
             if reply is not _NO_REPLY and reply_tag:
-                W.reply(self.comm, reply, src, reply_tag)
+                # without waiting for the requester to take it: a reply over MPI's eager size (a batch's
+                # lookups) held this loop ~1 ms until the requester's receive, and every request behind it
+                self._out.append(W.reply_nowait(self.comm, reply, src, reply_tag))
 
     def _drain(self, status: MPI.Status) -> None:
         """Handle what was posted before the cluster's closing barrier (a fetch's DirDone) but came after
-        our own Stop: nothing is left unreceived on the communicator when it is freed."""
+        our own Stop: nothing is left unreceived on the communicator when it is freed; and see the last
+        replies out (their requesters took them before the barrier)."""
         deadline = time.monotonic() + 0.05
         while time.monotonic() < deadline:
             if not self.comm.iprobe(MPI.ANY_SOURCE, T.TAG_REQUEST, status):
                 time.sleep(0.001)
                 continue
-            reply_tag, msg = W.receive(self.comm, status.Get_source(), T.TAG_REQUEST)
+            reply_tag, msg, _ = W.receive(self.comm, status.Get_source(), T.TAG_REQUEST)
             if not reply_tag:
                 self.handle(status.Get_source(), 0, msg)
+        deadline = time.monotonic() + 10.0
+        while self._out and not MPI.Request.Testall(self._out) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        self._out.clear()
 
     def handle(self, src: int, tag: int, msg: Any) -> Any:
         """The reply to request ``msg`` from rank ``src`` (or ``_NO_REPLY``: answered elsewhere); a
@@ -165,27 +181,39 @@ class Service:
 
     # ---- handlers --------------------------------------------------------------
     def _on_lookup(self, src: int, tag: int, msg: W.Lookup) -> W.Found | None:
-        k = self.kernel
-        try:
-            idx, e, _ = k.lookup(msg.key, encode_key(msg.key), True)
-        except errors.ObjectNotFoundError:
-            return None
-        array = L.entry_array_bytes(k._buf, k._lay.entry(idx)) if e[L.E_KIND] == L.KIND_NDARRAY else None
-        if e[L.E_NBYTES] <= msg.inline_max and e[L.E_LEVEL] == L.LEVEL_MEMORY:  # the usual small case
-            data = k.copy_pinned(idx, e)
-            self._count_sent(len(data))
-            return W.Found(e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS], array, data, 0)
-        lease = self._device_lease(idx, e) if e[L.E_LEVEL] == L.LEVEL_GPU else k.lease(idx, e)
-        if e[L.E_NBYTES] <= msg.inline_max:
-            data = _host_bytes(lease)
-            self._count_sent(len(data))
-            return W.Found(e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS], array, data, 0)
-        h = next(self._ids)
-        self._leases[h] = (lease, time.monotonic() + HANDLE_TTL)
-        return W.Found(e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS], array, None, h)
+        found, sent = self._lookup(msg.key, msg.inline_max)
+        if sent:
+            self._count_sent(sent)
+        return found
 
     def _on_lookup_many(self, src: int, tag: int, msg: W.LookupMany) -> W.FoundMany:
-        return W.FoundMany([self._on_lookup(src, tag, W.Lookup(k, msg.inline_max)) for k in msg.keys])
+        out, sent = [], 0
+        for key in msg.keys:
+            found, n = self._lookup(key, msg.inline_max)
+            out.append(found)
+            sent += n
+        if sent:
+            self._count_sent(sent)
+        return W.FoundMany(out)
+
+    def _lookup(self, key: str, inline_max: int) -> tuple[W.Found | None, int]:
+        """What a Lookup of ``key`` finds (None: nothing), and the bytes it carries inline."""
+        k = self.kernel
+        try:
+            idx, e, _ = k.lookup(key, encode_key(key), True)
+        except errors.ObjectNotFoundError:
+            return None, 0
+        array = L.entry_array_bytes(k._buf, k._lay.entry(idx)) if e[L.E_KIND] == L.KIND_NDARRAY else None
+        if e[L.E_NBYTES] <= inline_max and e[L.E_LEVEL] == L.LEVEL_MEMORY:  # the usual small case
+            data = k.copy_pinned(idx, e)
+            return W.Found(e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS], array, data, 0), len(data)
+        lease = self._device_lease(idx, e) if e[L.E_LEVEL] == L.LEVEL_GPU else k.lease(idx, e)
+        if e[L.E_NBYTES] <= inline_max:
+            data = _host_bytes(lease)
+            return W.Found(e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS], array, data, 0), len(data)
+        h = next(self._ids)
+        self._leases[h] = (lease, time.monotonic() + HANDLE_TTL)
+        return W.Found(e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS], array, None, h), 0
 
     def _device_lease(self, idx: int, e: tuple[Any, ...]) -> Any:
         """The stored bytes of a GPU object (pinned by the caller) as a device array holding the pin."""

@@ -24,8 +24,8 @@ from . import tags as T
 __all__ = [
     "Lookup", "LookupMany", "Data", "Release", "Has", "Delete", "Pull", "Read", "WriterOpen", "Write", "WriterClose",
     "DirAdd", "DirDrop", "DirGet", "DirTake", "DirReplace", "DirSource", "DirDone", "Stop",
-    "Found", "FoundMany", "Sourced", "Chunk", "Failure",
-    "encode", "decode", "request", "post", "reply", "receive", "receive_reply",
+    "Found", "FoundMany", "Sourced", "Chunk", "Failure", "LARGE",
+    "encode", "decode", "request", "post", "reply", "reply_nowait", "receive", "receive_reply",
 ]
 
 
@@ -138,10 +138,15 @@ class DirSource(NamedTuple):
     entry until its :class:`DirDone`. A large object's holder
     sends to one node at a time: the answer waits for a free holder, so copies spread as a tree. Where the
     home itself is that holder it looks the object up at once (``inline_max`` as in :class:`Lookup`) and
-    answers a :class:`Sourced`: one round trip saved."""
+    answers a :class:`Sourced`: one round trip saved. With ``small_only`` an object larger than ``inline_max``
+    gets the answer :data:`LARGE` instead (the fetcher deduplicates large transfers on its node first)."""
     key: str
     node: int
     inline_max: int = 0
+    small_only: bool = False  # objects over inline_max: answer LARGE, nothing registered (see fetch.py)
+
+
+LARGE = -1  # a DirSource(small_only=True) answer: the object is larger than inline_max
 
 
 class DirDone(NamedTuple):
@@ -247,9 +252,11 @@ def decode(frame: tuple[int, Any]) -> Any:
     return _TYPES[code]._make(fields)
 
 
-def request(comm: MPI.Comm, msg: Any, dest: int, reply_tag: int) -> None:
-    """Send request ``msg`` to the service on rank ``dest``; it answers on ``reply_tag`` (0: no answer)."""
-    comm.send((reply_tag, encode(msg)), dest=dest, tag=T.TAG_REQUEST)
+def request(comm: MPI.Comm, msg: Any, dest: int, reply_tag: int, linger: float = 0.0) -> None:
+    """Send request ``msg`` to the service on rank ``dest``; it answers on ``reply_tag`` (0: no answer).
+    ``linger``: seconds the service should keep probing without naps after it (more requests follow soon:
+    a batched fetch's rounds)."""
+    comm.send((reply_tag, encode(msg), linger), dest=dest, tag=T.TAG_REQUEST)
 
 
 def post(comm: MPI.Comm, msg: Any, dest: int) -> None:
@@ -262,10 +269,16 @@ def reply(comm: MPI.Comm, value: Any, dest: int, tag: int) -> None:
     comm.send(encode(value), dest=dest, tag=tag)
 
 
-def receive(comm: MPI.Comm, source: int, tag: int, status: MPI.Status | None = None) -> tuple[int, Any]:
-    """A request waiting from ``source``: (its reply tag, the message)."""
-    reply_tag, frame = comm.recv(source=source, tag=tag, status=status)
-    return reply_tag, decode(frame)
+def reply_nowait(comm: MPI.Comm, value: Any, dest: int, tag: int) -> MPI.Request:
+    """:func:`reply` without waiting for the requester to take it (a reply over MPI's eager size waits for
+    that): the request, which holds the reply's bytes, must be kept until it completes."""
+    return comm.isend(encode(value), dest=dest, tag=tag)
+
+
+def receive(comm: MPI.Comm, source: int, tag: int, status: MPI.Status | None = None) -> tuple[int, Any, float]:
+    """A request waiting from ``source``: (its reply tag, the message, its linger)."""
+    reply_tag, frame, linger = comm.recv(source=source, tag=tag, status=status)
+    return reply_tag, decode(frame), linger
 
 
 def receive_reply(comm: MPI.Comm, source: int, tag: int) -> Any:

@@ -434,9 +434,9 @@ def test_get_many_fetches_small_objects_in_batched_round_trips(cluster, comm, ke
     calls: list[str] = []
     call = cluster._msg.call
 
-    def counting(node, msg, key=None):
+    def counting(node, msg, key=None, **kw):
         calls.append(type(msg).__name__)
-        return call(node, msg, key)
+        return call(node, msg, key, **kw)
 
     cluster._msg.call = counting
     try:
