@@ -8,12 +8,17 @@
 
 One rank per emulated node. Before the Cluster exists, rank 0 and the last
 rank time an 8-byte ``Send``/``Recv`` round trip (the raw baseline). Then
-rank 0 times, for keys put on the last node: a 64-byte ``get`` that fetches,
+rank 0 gets ``--warmup`` keys untimed (the first gets fault pages in), and
+times, for keys put on the last node: a 64-byte ``get`` that fetches,
 ``locate``, a ``get`` of a key no node has, and 1,000 small keys fetched one
-by one against ``get_many`` of 1,000 others. With the location directory each costs a bounded number of
-round trips whatever the node count (a miss: one to the key's home; a
-remote get: one to the home, one to the holder), so the ratios should stay
-flat from 2 to 8 nodes. Other ranks wait without spinning (MPICH
+by one against ``get_many`` of 1,000 others. It also counts the messages
+each operation sent and received (``cluster.requests``: a call is two, a
+posted registration one). With the location directory each costs a bounded
+number of messages whatever the node count (a miss: one round trip to the
+key's home; a remote get: one to the home, and one to the holder unless
+the home or this node keeps the entry, then a posted registration), so the
+counts are the same from 2 to 8 nodes, and the times too where every rank
+has a core of its own. Other ranks wait without spinning (MPICH
 busy-polls in blocking calls; 8 ranks share 2 cores here). Medians.
 """
 from __future__ import annotations
@@ -37,7 +42,8 @@ from shmstore.mpi import Cluster, quiet_barrier  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=1000)
+    ap.add_argument("--warmup", type=int, default=500, help="gets before the timed ones (not timed)")
     ap.add_argument("--batch", type=int, default=1000, help="small keys fetched one by one, then with get_many")
     args = ap.parse_args(argv)
     world = MPI.COMM_WORLD
@@ -58,25 +64,43 @@ def main(argv: list[str] | None = None) -> int:
     name = world.bcast(name)
     with Cluster(name=name, capacity="64MiB", prefault=0) as cluster:
         keys = [f"k{i}" for i in range(args.repeats)]
+        warm = [f"w{i}" for i in range(args.warmup)]  # not timed: the first gets fault pages in, fill caches
+        fkeys = [f"f{i}" for i in range(args.repeats)]
         if world.rank == last:
-            for k in keys:
+            for k in keys + warm + fkeys:
                 cluster.put(k, np.full(8, 1, np.int64))  # 64 bytes
         quiet_barrier(world)
-        gets, locates, misses = [], [], []
+        gets, locates, misses, fetches = [], [], [], []
+        msgs = {"get": 0, "locate": 0, "miss": 0, "fetch": 0}  # messages sent and received by rank 0, per op
+
+        def sent() -> int:
+            r = cluster.requests
+            return 2 * r["calls"] + r["posts"]  # a call: the request and its reply; a post: one message
+
         if world.rank == 0:
+            for k in warm:
+                cluster.get(k)
             for k in keys:
-                t = time.perf_counter()
+                m, t = sent(), time.perf_counter()
                 cluster.get(k)
                 gets.append(time.perf_counter() - t)
-                t = time.perf_counter()
+                m2, t = sent(), time.perf_counter()
                 cluster.locate(k)
                 locates.append(time.perf_counter() - t)
-                t = time.perf_counter()
+                m3, t = sent(), time.perf_counter()
                 try:
                     cluster.get(k + "-missing")
                 except shmstore.ObjectNotFoundError:
                     pass
                 misses.append(time.perf_counter() - t)
+                msgs["get"] += m2 - m
+                msgs["locate"] += m3 - m2
+                msgs["miss"] += sent() - m3
+            for k in fkeys:  # fetch: bring it here (what get does on a miss, without reading it after)
+                m, t = sent(), time.perf_counter()
+                cluster.fetch(k)
+                fetches.append(time.perf_counter() - t)
+                msgs["fetch"] += sent() - m
         batch = [f"b{i}" for i in range(args.batch)]
         single = [f"s{i}" for i in range(args.batch)]
         if world.rank == last:
@@ -99,8 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     if world.rank == 0:
         r = statistics.median(rtts)
         g, lo, m = statistics.median(gets), statistics.median(locates), statistics.median(misses)
-        print(f"{world.size} nodes: raw 8 B round trip {r * 1e6:.1f} us | remote 64 B get {g * 1e6:.0f} us "
-              f"({g / r:.0f}x) | locate {lo * 1e6:.0f} us ({lo / r:.0f}x) | miss {m * 1e6:.0f} us ({m / r:.0f}x)",
+        f = statistics.median(fetches)
+        print(f"{world.size} nodes: raw 8 B round trip {r * 1e6:.1f} us | 64 B fetch {f * 1e6:.0f} us ({f / r:.1f}x) "
+              f"| remote 64 B get {g * 1e6:.0f} us "
+              f"({g / r:.1f}x) | locate {lo * 1e6:.0f} us ({lo / r:.1f}x) | miss {m * 1e6:.0f} us ({m / r:.1f}x)",
+              flush=True)
+        n = len(gets)
+        print(f"{world.size} nodes: messages per operation (this rank's requests and their replies): "
+              f"fetch {msgs['fetch'] / n:.2f}, get {msgs['get'] / n:.2f}, locate {msgs['locate'] / n:.2f}, "
+              f"miss {msgs['miss'] / n:.2f}",
               flush=True)
     return 0
 

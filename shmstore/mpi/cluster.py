@@ -228,7 +228,7 @@ class Cluster:
         landed = self._fetcher.fetch_batch(keys, levels, block) if len(keys) > 1 else set()
         for key in keys:  # what the batch left (being fetched by another rank of this node, stale, large)
             if key not in landed and key not in self.store:
-                self._fetcher.fetch_one(key, None, levels, block)
+                self._fetcher.fetch_one(key, None, levels, block, missed=True)
 
     def get_many(self, keys: Iterable[str], levels: Iterable[Level] | Level | None = None) -> list[Any]:
         """The values of ``keys``: local hits, and the rest fetched in batches (one round trip per home node
@@ -312,6 +312,13 @@ class Cluster:
         if n == self.node_index:
             return _Published(self, self.store.open_writer(key, size), key, size)
         return RemoteWriter(self, n, key, size)
+
+    @property
+    def requests(self) -> dict[str, int]:
+        """Requests this rank sent to node services so far: ``calls`` (each a message and its reply) and
+        ``posts`` (one message, no reply). What an operation costs in messages, whatever the node count:
+        see mpi/README.md."""
+        return {"calls": self._msg.calls, "posts": self._msg.posts}
 
     def stats(self) -> dict[str, int]:
         """Node-wide counters: transfers into this node, bytes received and sent, deduplicated requests."""

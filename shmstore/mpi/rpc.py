@@ -35,9 +35,12 @@ class Messenger:
         self._tag_lock = threading.Lock()
         self._probe = prober(comm)
         self._posted: set[int] = set()  # nodes posted to since the last flush
+        self.calls = self.posts = 0  # requests sent by this rank (calls answered, posts not), for the benchmarks
 
     def next_tag(self) -> int:
+        """A reply tag for a new call (counted in :attr:`calls`)."""
         with self._tag_lock:
+            self.calls += 1
             return T.TAG_REPLY_MIN + next(self._tags) % (T.TAG_REPLY_MAX - T.TAG_REPLY_MIN)
 
     def call(self, node: int, msg: Any, key: Any = None, spin: float | None = None, linger: float = 0.0) -> Any:
@@ -79,6 +82,7 @@ class Messenger:
         W.post(self.comm, msg, self.leaders[node])
         with self._tag_lock:
             self._posted.add(node)
+            self.posts += 1
 
     def flush(self) -> None:
         """Return once every node this thread's rank posted to since the last flush has handled those
