@@ -114,3 +114,26 @@ def test_an_overwrite_replaces_the_entry_and_refuses_fetches_of_the_old_object()
     assert ask(d, W.DirDone("k", 3, 1, "stale", 0), out) is True and d.get("k") == [3]  # old news: no drop
     assert ask(d, W.DirReplace("new", 2, 10), out) == [] and d.get("new") == [2]
 
+
+
+def test_a_batch_is_pending_key_by_key_and_refused_where_a_key_went_meanwhile():
+    d, out = Directory(), []
+    ask(d, W.DirAdd(["a", "b", "c"], 0, [8, 8, 8]), out)
+    assert ask(d, W.DirSourceMany(["a", "b", "c", "none"], 1), out) == [[0], [0], [0], []]
+    assert sorted(ask(d, W.DirTake("b"), out)) == [0, 1]  # deleted while the batch runs: node 1 is taken too
+    refused = ask(d, W.DirDoneMany(1, [("a", 0, "copied", 8, 11), ("b", 0, "copied", 8, 12),
+                                       ("c", 0, "stale", 0, None)]), out)
+    assert refused == [("b", 12)]  # the copy of the deleted key must go; the others stand
+    assert d.get("a") == [0, 1] and d.get("b") == [] and d.get("c") == []  # c: node 0 had lost it
+
+
+def test_a_migration_is_pending_at_its_chosen_source_and_refused_after_a_delete():
+    d, out = Directory(), []
+    ask(d, W.DirAdd(["m"], 0, [BIG]), out)
+    ask(d, W.DirAdd(["m"], 2, [BIG]), out)
+    assert ask(d, W.DirSource("m", 1, source=2), out) == 2  # no queueing, no choice: the caller's source
+    assert ask(d, W.DirDone("m", 2, 1, "copied", BIG, 3), out) is True and sorted(d.get("m")) == [0, 1, 2]
+    assert ask(d, W.DirSource("m", 3, source=0), out) == 0
+    assert sorted(ask(d, W.DirTake("m"), out)) == [0, 1, 2, 3]
+    assert ask(d, W.DirDone("m", 0, 3, "copied", BIG, 4), out) is False
+    assert ask(d, W.DirSource("m", 3, source=0), out) is None  # gone: nothing to pull

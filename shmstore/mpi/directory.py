@@ -107,6 +107,9 @@ class Directory:
         if e is None:
             return None
         node, holders = msg.node, e.holders
+        if msg.source >= 0:  # a migration's pull from a holder the caller chose: pending, nothing to choose
+            e.pending[node] = e.pending.get(node, 0) + 1
+            return msg.source
         others = holders if node not in holders else [h for h in holders if h != node]
         if not others:
             return None
@@ -120,6 +123,25 @@ class Directory:
                 return WAIT
         e.pending[node] = e.pending.get(node, 0) + 1
         return src
+
+    def _source_many(self, msg: W.DirSourceMany, answer: Any, later: list[Any]) -> list[list[int]]:
+        out = []
+        for key in msg.keys:
+            e = self._entries.get(key)
+            others = [h for h in e.holders if h != msg.node] if e else []
+            if others:
+                assert e is not None
+                e.pending[msg.node] = e.pending.get(msg.node, 0) + 1
+            out.append(others)
+        return out
+
+    def _done_many(self, msg: W.DirDoneMany, answer: Any, later: list[Any]) -> list[tuple[str, int]]:
+        refused = []
+        for key, source, outcome, nbytes, copy in msg.items:
+            if not self._done(W.DirDone(key, source, msg.node, outcome, nbytes, copy), answer, later) \
+                    and copy is not None:
+                refused.append((key, copy))
+        return refused
 
     def _add_many(self, msg: W.DirAdd, answer: Any, later: list[Any]) -> None:
         for k, size in zip(msg.keys, msg.sizes):
@@ -171,7 +193,7 @@ class Directory:
 
     _on: dict[type, Callable[..., Any]] = {
         W.DirGet: _get, W.DirSource: _source, W.DirAdd: _add_many, W.DirDone: _done, W.DirDrop: _drop_one,
-        W.DirTake: _take, W.DirReplace: _replace}
+        W.DirTake: _take, W.DirReplace: _replace, W.DirSourceMany: _source_many, W.DirDoneMany: _done_many}
 
     def _add(self, key: str, node: int, nbytes: int) -> None:
         e = self._entries.get(key)

@@ -80,8 +80,7 @@ class Fetcher:
                     if source is None:
                         self._from_directory(key, levels, block)
                     else:
-                        nbytes, _ = self._from(source, key, levels, block)
-                        c._dir(W.DirAdd([key], self.me, [nbytes]))  # answered: a migration's copy is listed
+                        self._pull(key, source, levels, block)
             except errors.ObjectNotFoundError:
                 migrations.finish(node, slot)  # a miss leaves no entry: waiters look again and miss too
                 raise
@@ -122,6 +121,29 @@ class Fetcher:
                 return True
         raise errors.TransferError(f"every node the directory names for {key!r} lost it while asked", key)
 
+    def _pull(self, key: str, source: int, levels: Any, block: int) -> None:
+        """A migration's transfer from node ``source``: pending at the home while the bytes move, the new copy
+        listed before it returns (the registration is answered).
+
+        Raises:
+            ObjectNotFoundError: the key was deleted meanwhile (or ``source`` has no copy).
+        """
+        c = self.cluster
+        if c._dir(W.DirSource(key, self.me, source=source)) is None:
+            raise errors.ObjectNotFoundError(f"no node has {key!r} any more (it was deleted)", key)
+        outcome, nbytes, copy = "failed", 0, None
+        try:
+            nbytes, copy = self._from(source, key, levels, block)
+            outcome = "copied" if nbytes >= 0 else "stale"
+        finally:
+            listed = c._dir(W.DirDone(key, source, self.me, outcome, max(nbytes, 0), copy))
+        if outcome == "stale":
+            raise errors.ObjectNotFoundError(f"node {c.nodes[source]!r} has no copy of {key!r} to move", key)
+        if listed is False:
+            if copy is not None:
+                self.kernel.delete(key, True, copy)
+            raise errors.ObjectNotFoundError(f"{key!r} was deleted or replaced while it moved", key)
+
     def _from(self, src: int, key: str, levels: Any, block: int, found: Any = _ASK) -> tuple[int, int | None]:
         """Transfer ``key`` from node ``src`` (what its lookup ``found``, else asked now): its size (-1 where
         ``src`` has no copy) and the copy id of the object made here (None: it was put here meanwhile)."""
@@ -144,35 +166,45 @@ class Fetcher:
             try:
                 begun = migrations.begin_many(node, sid, [encode_key(k) for k in chunk])
                 mine = [(k, slot) for k, (owner, slot) in zip(chunk, begun) if owner]
-                sizes = dict(self._round([k for k, _ in mine], levels, block))
-                for home, ks in self.cluster._by_home(list(sizes)).items():
-                    self.cluster._dir_at(home, W.DirAdd(ks, self.me, [sizes[k] for k in ks]), linger=_LINGER)
-                landed.update(sizes)
+                landed.update(self._round([k for k, _ in mine], levels, block))
             finally:
                 migrations.finish_many(node, [(slot, None if k in landed or k in self.store else "retry")
                                               for k, slot in mine])
         return landed
 
-    def _round(self, keys: list[str], levels: Any, block: int) -> list[tuple[str, int]]:
-        """One round of a batched fetch; returns (key, size) of the keys now here."""
+    def _round(self, keys: list[str], levels: Any, block: int) -> set[str]:
+        """One round of a batched fetch: holders asked per home (this node pending in each entry), objects
+        looked up per source, outcomes posted per home. Returns the keys now here."""
         c = self.cluster
         holders: dict[str, list[int]] = {}
         for home, ks in c._by_home(keys).items():
-            holders.update(zip(ks, c._dir_at(home, W.DirGet(ks), linger=_LINGER)))
+            holders.update(zip(ks, c._dir_at(home, W.DirSourceMany(ks, self.me), linger=_LINGER)))
         by_src: dict[int, list[str]] = {}
         for k in keys:
-            hs = [h for h in holders[k] if h != self.me]
+            hs = holders[k]
             if hs:
                 by_src.setdefault(hs[self.me % len(hs)], []).append(k)
-        done = []
-        for src, ks in by_src.items():
-            spin = c._msg.spin and c._msg.spin + 10e-6 * len(ks)  # a few us a key there: wait without naps
-            found = c._msg.call(src, W.LookupMany(ks, T.INLINE_MAX), spin=spin, linger=_LINGER).items  # pins each
-            for k, f in zip(ks, found):
-                if f is not None:
-                    self._transfer(k, src, f, levels, block)
-                    done.append((k, int(f.nbytes)))
-        return done
+        # every key the homes made pending gets an outcome, whatever happens here
+        outcome: dict[str, tuple[int, str, int, int | None]] = {
+            k: (src, "failed", 0, None) for src, ks in by_src.items() for k in ks}
+        landed: set[str] = set()
+        try:
+            for src, ks in by_src.items():
+                spin = c._msg.spin and c._msg.spin + 10e-6 * len(ks)  # a few us a key there: wait without naps
+                found = c._msg.call(src, W.LookupMany(ks, T.INLINE_MAX), spin=spin, linger=_LINGER).items
+                for k, f in zip(ks, found):  # each found is pinned there until sent
+                    if f is None:
+                        outcome[k] = (src, "stale", 0, None)
+                        continue
+                    outcome[k] = (src, "copied", int(f.nbytes), self._transfer(k, src, f, levels, block))
+                    landed.add(k)
+        finally:
+            for home, ks in c._by_home(list(outcome)).items():
+                refused = c._dir_at(home, W.DirDoneMany(self.me, [(k, *outcome[k]) for k in ks]), post=True)
+                for k, copy in refused or ():  # our own directory refused it: deleted or replaced meanwhile
+                    self.kernel.delete(k, True, copy)
+                    landed.discard(k)
+        return landed
 
     # ---- the bytes ----------------------------------------------------------------
     def _transfer(self, key: str, src: int, found: W.Found, levels: Any, block: int) -> int | None:

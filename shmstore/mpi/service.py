@@ -78,7 +78,8 @@ class Service:
             W.Release: self._on_release, W.Has: self._on_has, W.Delete: self._on_delete, W.Pull: self._on_pull,
             W.Read: self._on_read,
             W.WriterOpen: self._on_writer_open, W.Write: self._on_write, W.WriterClose: self._on_writer_close}
-        for kind in (W.DirAdd, W.DirDrop, W.DirGet, W.DirTake, W.DirReplace, W.DirSource, W.DirDone):
+        for kind in (W.DirAdd, W.DirDrop, W.DirGet, W.DirTake, W.DirReplace, W.DirSource, W.DirDone,
+                     W.DirSourceMany, W.DirDoneMany):
             self._handlers[kind] = self._on_directory
         self._thread = threading.Thread(target=self._loop, name="shmstore-mpi-service", daemon=True)
 
@@ -275,8 +276,12 @@ class Service:
         result = self.directory.handle(msg, answer)
         if result is WAIT:
             return _NO_REPLY
-        if result is False and isinstance(msg, W.DirDone) and msg.copy is not None:
-            self._drop_copy(msg.node, msg.key, msg.copy)  # a copy of a key deleted or replaced while it came
+        if not tag:  # a posted registration: the copies of keys deleted or replaced while they came go here
+            if result is False and isinstance(msg, W.DirDone) and msg.copy is not None:
+                self._drop_copy(msg.node, msg.key, msg.copy)
+            elif isinstance(msg, W.DirDoneMany):
+                for key, copy in result:
+                    self._drop_copy(msg.node, key, copy)
         if isinstance(msg, W.DirSource) and msg.inline_max and result == self.cluster.node_index:
             return W.Sourced(result, self._on_lookup(src, tag, W.Lookup(msg.key, msg.inline_max)))
         return result

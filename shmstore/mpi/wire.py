@@ -23,7 +23,8 @@ from . import tags as T
 
 __all__ = [
     "Lookup", "LookupMany", "Data", "Release", "Has", "Delete", "Pull", "Read", "WriterOpen", "Write", "WriterClose",
-    "DirAdd", "DirDrop", "DirGet", "DirTake", "DirReplace", "DirSource", "DirDone", "Stop",
+    "DirAdd", "DirDrop", "DirGet", "DirTake", "DirReplace", "DirSource", "DirDone", "DirSourceMany",
+    "DirDoneMany", "Stop",
     "Found", "FoundMany", "Sourced", "Chunk", "Failure", "LARGE",
     "encode", "decode", "request", "post", "reply", "reply_nowait", "receive", "receive_reply",
 ]
@@ -144,9 +145,17 @@ class DirSource(NamedTuple):
     node: int
     inline_max: int = 0
     small_only: bool = False  # objects over inline_max: answer LARGE, nothing registered (see fetch.py)
+    source: int = -1  # >= 0: a migration pulling from this node: answered at once (None: no entry any more)
 
 
 LARGE = -1  # a DirSource(small_only=True) answer: the object is larger than inline_max
+
+
+class DirSourceMany(NamedTuple):
+    """For a batch: the holders of each key other than ``node`` (a list per key); ``node`` is pending in
+    every entry with one, until the batch's :class:`DirDoneMany`. No queueing (batches are of small objects)."""
+    keys: list[str]
+    node: int
 
 
 class DirDone(NamedTuple):
@@ -160,6 +169,13 @@ class DirDone(NamedTuple):
     outcome: str
     nbytes: int
     copy: int | None = None  # the fetched object's copy id on ``node`` (what a refusal deletes), None: none made
+
+
+class DirDoneMany(NamedTuple):
+    """:class:`DirDone` of each of a batch's keys from node ``node``: ``items`` of (key, source, outcome,
+    nbytes, copy). Posted; where the home answers it, the (key, copy) of the copies it refused."""
+    node: int
+    items: list[tuple[str, int, str, int, int | None]]
 
 
 # ---- replies ----------------------------------------------------------------------
@@ -223,7 +239,8 @@ class Failure(NamedTuple):
 # ---- on the wire ------------------------------------------------------------------
 _TYPES: tuple[Any, ...] = (
     Lookup, LookupMany, Data, Release, Has, Delete, Pull, Read, WriterOpen, Write, WriterClose, Stop,
-    DirAdd, DirDrop, DirGet, DirTake, DirReplace, DirSource, DirDone, Found, FoundMany, Sourced, Chunk, Failure)
+    DirAdd, DirDrop, DirGet, DirTake, DirReplace, DirSource, DirDone, Found, FoundMany, Sourced, Chunk, Failure,
+    DirSourceMany, DirDoneMany)
 _CODE = {t: i for i, t in enumerate(_TYPES)}
 _PLAIN, _SOURCED, _FOUND_MANY = -1, _CODE[Sourced], _CODE[FoundMany]
 
