@@ -21,7 +21,7 @@ def test_holders_are_added_dropped_listed_and_taken():
     assert ask(d, W.DirGet(["k", "j", "x"]), out) == [[0, 2], [0], []]
     ask(d, W.DirDrop("k", 0), out)
     assert ask(d, W.DirGet(["k"]), out) == [[2]]
-    assert ask(d, W.DirTake("k"), out) == [2] and ask(d, W.DirGet(["k"]), out) == [[]]
+    assert ask(d, W.DirTake("k"), out) == [(2, None)] and ask(d, W.DirGet(["k"]), out) == [[]]
     assert ask(d, W.DirTake("k"), out) == [] and out == []
     ask(d, W.DirDrop("j", 0), out)
     assert len(d) == 0  # a key without holders is forgotten
@@ -76,9 +76,10 @@ def test_waiters_learn_of_a_failed_or_stale_source_and_of_a_delete():
     d.handle(W.DirAdd(["m"], 1, [BIG]), lambda v: None)
     assert d.handle(W.DirSource("m", 2), got[2].append) == 1
     assert d.handle(W.DirSource("m", 3), got[3].append) is WAIT
-    # deleted everywhere: node 2's fetch in flight is taken too, the waiter hears "nobody"
-    assert d.handle(W.DirTake("m"), lambda v: None) == [1, 2]
+    # deleted everywhere: the waiter hears "nobody"; node 2's fetch in flight is refused when it ends
+    assert d.handle(W.DirTake("m"), lambda v: None) == [(1, None)]
     assert got[3] == [None, None]
+    assert d.handle(W.DirDone("m", 1, 2, "copied", BIG, 5.0), lambda v: None) is False
 
 
 def test_a_fetch_in_flight_is_pending_and_a_delete_meanwhile_refuses_its_copy():
@@ -92,8 +93,8 @@ def test_a_fetch_in_flight_is_pending_and_a_delete_meanwhile_refuses_its_copy():
     assert ask(d, W.DirDone("k", 0, 1, "copied", 64, 7), out) is True
     assert ask(d, W.DirGet(["k"]), out) == [[0, 1]]
     assert ask(d, W.DirSource("j", 2), out) == 0
-    assert ask(d, W.DirTake("j"), out) == [0, 2]  # the delete finds the fetch in flight
-    assert ask(d, W.DirDone("j", 0, 2, "copied", 64, 8), out) is False  # its copy of the deleted key must go
+    assert ask(d, W.DirTake("j"), out) == [(0, None)]  # the fetch in flight is not a copy yet...
+    assert ask(d, W.DirDone("j", 0, 2, "copied", 64, 8), out) is False  # ...and refused: its copy must go
     assert ask(d, W.DirGet(["j"]), out) == [[]] and len(d) == 1
     assert ask(d, W.DirSource("k", 3), out) in (0, 1)
     assert ask(d, W.DirDone("k", 0, 3, "failed", 0), out) is True and 3 not in d.get("k")
@@ -106,13 +107,29 @@ def test_an_overwrite_replaces_the_entry_and_refuses_fetches_of_the_old_object()
     ask(d, W.DirAdd(["k"], 1, [64]), out)
     assert ask(d, W.DirSource("k", 2), out) in (0, 1)
     assert ask(d, W.DirSource("k", 3), out) in (0, 1)
-    # node 3 overwrites: the old holders and node 2's fetch in flight are to go (node 3's own fetch is moot)
-    assert sorted(ask(d, W.DirReplace("k", 3, 80), out)) == [0, 1, 2]
-    assert d.get("k") == [3]
+    # node 3 overwrites: the old holders' copies are to go; node 2's fetch in flight is refused when it ends
+    assert sorted(ask(d, W.DirReplace("k", 3, 80, 9.0), out)) == [(0, None), (1, None)]
+    assert d.get("k") == [3] and ask(d, W.DirCopies("k"), out) == [(3, 9.0)]
     assert ask(d, W.DirDone("k", 0, 2, "copied", 64, 5), out) is False  # the old object's copy is refused
     assert ask(d, W.DirDone("k", 0, 3, "copied", 64, None), out) is True  # node 3 holds the key: listed
     assert ask(d, W.DirDone("k", 3, 1, "stale", 0), out) is True and d.get("k") == [3]  # old news: no drop
     assert ask(d, W.DirReplace("new", 2, 10), out) == [] and d.get("new") == [2]
+
+
+def test_copies_are_named_so_that_a_later_object_is_never_dropped():
+    """Each holder's copy is named by its creation time: a migration that drops the copies it moved from,
+    or an overwrite deleting the old copies, never drops a later object put there meanwhile."""
+    d, out = Directory(), []
+    ask(d, W.DirAdd(["k"], 0, [64], [1.5]), out)
+    ask(d, W.DirAdd(["k"], 1, [64], [2.5]), out)
+    assert ask(d, W.DirCopies("k"), out) == [(0, 1.5), (1, 2.5)]
+    ask(d, W.DirAdd(["k"], 0, [64], [3.5]), out)  # node 0 holds a later object now (an overwrite there)
+    assert ask(d, W.DirDrop("k", 0, 1.5), out) is False and d.get("k") == [0, 1]  # not the copy moved from
+    assert ask(d, W.DirDrop("k", 1, 2.5), out) is True and ask(d, W.DirCopies("k"), out) == [(0, 3.5)]
+    assert ask(d, W.DirDrop("k", 5), out) is False
+    assert ask(d, W.DirSource("k", 2), out) == 0
+    assert ask(d, W.DirDone("k", 0, 2, "copied", 64, 4.5), out) is True
+    assert ask(d, W.DirTake("k"), out) == [(0, 3.5), (2, 4.5)]  # a delete removes exactly these
 
 
 
@@ -120,7 +137,7 @@ def test_a_batch_is_pending_key_by_key_and_refused_where_a_key_went_meanwhile():
     d, out = Directory(), []
     ask(d, W.DirAdd(["a", "b", "c"], 0, [8, 8, 8]), out)
     assert ask(d, W.DirSourceMany(["a", "b", "c", "none"], 1), out) == [[0], [0], [0], []]
-    assert sorted(ask(d, W.DirTake("b"), out)) == [0, 1]  # deleted while the batch runs: node 1 is taken too
+    assert ask(d, W.DirTake("b"), out) == [(0, None)]  # deleted while the batch runs
     refused = ask(d, W.DirDoneMany(1, [("a", 0, "copied", 8, 11), ("b", 0, "copied", 8, 12),
                                        ("c", 0, "stale", 0, None)]), out)
     assert refused == [("b", 12)]  # the copy of the deleted key must go; the others stand
@@ -134,6 +151,6 @@ def test_a_migration_is_pending_at_its_chosen_source_and_refused_after_a_delete(
     assert ask(d, W.DirSource("m", 1, source=2), out) == 2  # no queueing, no choice: the caller's source
     assert ask(d, W.DirDone("m", 2, 1, "copied", BIG, 3), out) is True and sorted(d.get("m")) == [0, 1, 2]
     assert ask(d, W.DirSource("m", 3, source=0), out) == 0
-    assert sorted(ask(d, W.DirTake("m"), out)) == [0, 1, 2, 3]
+    assert sorted(ask(d, W.DirTake("m"), out)) == [(0, None), (1, 3), (2, None)]
     assert ask(d, W.DirDone("m", 0, 3, "copied", BIG, 4), out) is False
     assert ask(d, W.DirSource("m", 3, source=0), out) is None  # gone: nothing to pull

@@ -118,9 +118,9 @@ class Kernel:
         return self.puts.reserve(key, kb, kind, size, nbytes, nblobs, meta, level)
 
     def put_stored(self, key: str, kb: bytes, kind: int, nbytes: int, nblobs: int, meta: bytes | None,
-                   data: bytes) -> int | None:
+                   data: bytes) -> float | None:
         """A small object from its stored bytes (as another node's store holds them) in one C call, sealed at
-        once: its :func:`copy_id`; None (nothing changed) where it must go the general way (see
+        once: its creation time (``ObjectInfo.created``); None (nothing changed) where it must go the general way (see
         :meth:`Puts.put_stored`)."""
         return self.puts.put_stored(key, kb, kind, nbytes, nblobs, meta, data)
 
@@ -300,9 +300,10 @@ class Kernel:
             self._release(idx, e[L.E_GEN])
 
     # ---- delete / query ---------------------------------------------------
-    def delete(self, key: str, missing_ok: bool = False, copy: int | None = None) -> None:
-        """Hide ``key`` at once; its space is freed when the last pin goes. With ``copy`` (a :func:`copy_id`)
-        only that very object: a newer one under the key stays (like a missing key, it counts as missing).
+    def delete(self, key: str, missing_ok: bool = False, copy: float | None = None) -> None:
+        """Hide ``key`` at once; its space is freed when the last pin goes. With ``copy`` (the object's
+        creation time, ``ObjectInfo.created``: what tells one object under a key from the next on a node) only
+        that very object: a newer one under the key stays (like a missing key, it counts as missing).
 
         Raises:
             ObjectNotFoundError: no such object (unless ``missing_ok``).
@@ -313,7 +314,7 @@ class Kernel:
         b = h & self._bmask
         with self._stripes[b & self._smask]:
             idx, _, e = L.find_entry(buf, lay, b, h, self.sid, kb)
-            if e is None or e[L.E_STATE] != L.SEALED or (copy is not None and copy != copy_id(idx, e[L.E_GEN])):
+            if e is None or e[L.E_STATE] != L.SEALED or (copy is not None and copy != e[L.E_CTIME]):
                 if missing_ok:
                     return
                 raise ObjectNotFoundError(f"no object {key!r} to delete", key)
@@ -427,11 +428,6 @@ class Kernel:
         remaining = self.node.deregister(self.slot)
         if self._on_detach is not None:  # the Store closes its mappings
             self._on_detach(remaining)
-
-
-def copy_id(idx: int, gen: int) -> int:
-    """One stored object for good: its entry and the entry's generation (bumped whenever it is reused)."""
-    return (gen << 32) | idx
 
 
 def _session_id(node: NodeStore, name: str) -> int:

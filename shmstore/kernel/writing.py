@@ -130,9 +130,9 @@ class Puts:
             return self._new_info(key, enc, Level.MEMORY, stored, done[3])
 
     def put_stored(self, key: str, kb: bytes, kind: int, nbytes: int, nblobs: int, meta: bytes | None,
-                   data: bytes) -> int | None:
+                   data: bytes) -> float | None:
         """A small MEMORY object from its stored bytes ``data`` (a fetched copy), copied and sealed in one
-        call of the C fast path (as :meth:`_fast_put`): its copy id, ``(generation << 32) | entry``.
+        call of the C fast path (as :meth:`_fast_put`): its creation time (``ctime``).
 
         Returns None (nothing changed) where the general path (reserve,
         write, seal) must do it: no C extension, larger than a chunk's
@@ -157,7 +157,7 @@ class Puts:
             if done is None:
                 self._cache.entries.append((idx, gen))
                 return None
-            return (gen << 32) | idx
+            return float(done[3])
 
     def _new_info(self, key: str, enc: serialize.Encoded, level: Level, stored: int, ctime: float) -> ObjectInfo:
         """ObjectInfo of an object this process just sealed (nobody pins it yet)."""

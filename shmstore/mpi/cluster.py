@@ -174,11 +174,11 @@ class Cluster:
         """
         self._check()
         info = self.store.put(key, obj, levels, overwrite)
-        if overwrite:  # this copy replaces the entry; the others (and fetches in flight) go after, not before
-            for i in self._dir(W.DirReplace(key, self.node_index, info.size)):
-                self._delete_on(i, key)
+        if overwrite:  # this copy replaces the entry; the old copies go after (each exactly: never a later one)
+            for i, copy in self._dir(W.DirReplace(key, self.node_index, info.size, info.created)):
+                self._delete_on(i, key, copy)
         else:
-            self._dir(W.DirAdd([key], self.node_index, [info.size]))
+            self._dir(W.DirAdd([key], self.node_index, [info.size], [info.created]))
         return info
 
     def publish(self, keys: Iterable[str] | str) -> None:
@@ -190,11 +190,11 @@ class Cluster:
         self._check()
         for key in [keys] if isinstance(keys, str) else list(keys):
             try:
-                nbytes = self.store.get_info(key).size
+                info = self.store.get_info(key)
             except errors.ObjectNotFoundError:
                 raise errors.ObjectNotFoundError(f"no object {key!r} on node {self.node!r} to publish", key) \
                     from None
-            self._dir(W.DirAdd([key], self.node_index, [nbytes]))
+            self._dir(W.DirAdd([key], self.node_index, [info.size], [info.created]))
 
     def get(self, key: str, fetch: bool = True, conditions: Any = None,
             levels: Iterable[Level] | Level | None = None) -> Any:
@@ -257,7 +257,8 @@ class Cluster:
         self._check()
         encode_key(key)
         dest = self._node_index(node)
-        holders = self._dir(W.DirGet([key]))[0]
+        copies = self._dir(W.DirCopies(key))
+        holders = [n for n, _ in copies]
         if not holders:
             raise errors.ObjectNotFoundError(f"no node has {key!r}", key)
         if dest not in holders:
@@ -266,11 +267,10 @@ class Cluster:
                 self._fetcher.fetch_one(key, src, None, self.block_size)
             else:
                 self._msg.call(dest, W.Pull(key, src, self.block_size))  # the pull registers the new copy
-        if not keep_source:
-            for n in holders:
-                if n != dest:
-                    self._dir(W.DirDrop(key, n))  # before the copy goes (see put)
-                    self._delete_on(n, key)
+        if not keep_source:  # the copies moved from, each unlisted before it goes (an overwrite since stays)
+            for n, copy in copies:
+                if n != dest and self._dir(W.DirDrop(key, n, copy)):
+                    self._delete_on(n, key, copy)
 
     def locate(self, key: str) -> list[str]:
         """Nodes holding a copy of ``key``, as the directory knows them (one round trip to its home)."""
@@ -282,17 +282,17 @@ class Cluster:
         """Delete every copy of ``key`` the directory knows; returns how many there were."""
         self._check()
         encode_key(key)
-        holders = self._dir(W.DirTake(key))
-        return sum(self._delete_on(i, key) for i in holders)
+        return sum(self._delete_on(i, key, copy) for i, copy in self._dir(W.DirTake(key)))
 
-    def _delete_on(self, node: int, key: str) -> bool:
+    def _delete_on(self, node: int, key: str, copy: float | None = None) -> bool:
+        """Delete node ``node``'s copy of ``key`` (only the object ``copy`` where given): True if it went."""
         if node == self.node_index:
             try:
-                self.store.delete(key)
+                self.store.kernel.delete(key, False, copy)
                 return True
             except errors.ObjectNotFoundError:
                 return False
-        return bool(self._msg.call(node, W.Delete(key)))
+        return bool(self._msg.call(node, W.Delete(key, copy)))
 
     def open_reader(self, key: str, node: int | str | None = None) -> Any:
         """A reader of ``key`` on ``node`` (default: this node if it has it, else the first that has),
@@ -364,7 +364,11 @@ class _Published:
         closed = self._writer.closed
         self._writer.close()
         if not closed:
-            self._cluster._dir(W.DirAdd([self.key], self._cluster.node_index, [self._size]))
+            try:
+                ctime: float | None = self._cluster.store.get_info(self.key).created
+            except errors.ObjectNotFoundError:
+                return  # deleted already
+            self._cluster._dir(W.DirAdd([self.key], self._cluster.node_index, [self._size], [ctime]))
 
     def __enter__(self) -> "_Published":
         return self

@@ -64,10 +64,11 @@ def home_of(key: str, nnodes: int) -> int:
 
 
 class _Entry:
-    __slots__ = ("holders", "nbytes", "sending", "waiters", "pending")
+    __slots__ = ("holders", "copies", "nbytes", "sending", "waiters", "pending")
 
     def __init__(self) -> None:
         self.holders: list[int] = []
+        self.copies: dict[int, float | None] = {}  # holder -> its copy (creation time there), None: unknown
         self.nbytes = 0
         self.pending: dict[int, int] = {}  # node -> fetches named a source and not done yet
         self.sending: dict[int, int] = {}  # holder -> fetches it serves now (large objects)
@@ -135,7 +136,7 @@ class Directory:
             out.append(others)
         return out
 
-    def _done_many(self, msg: W.DirDoneMany, answer: Any, later: list[Any]) -> list[tuple[str, int]]:
+    def _done_many(self, msg: W.DirDoneMany, answer: Any, later: list[Any]) -> list[tuple[str, float]]:
         refused = []
         for key, source, outcome, nbytes, copy in msg.items:
             if not self._done(W.DirDone(key, source, msg.node, outcome, nbytes, copy), answer, later) \
@@ -144,8 +145,13 @@ class Directory:
         return refused
 
     def _add_many(self, msg: W.DirAdd, answer: Any, later: list[Any]) -> None:
-        for k, size in zip(msg.keys, msg.sizes):
-            self._add(k, msg.node, size)
+        copies = msg.copies or [None] * len(msg.keys)
+        for k, size, copy in zip(msg.keys, msg.sizes, copies):
+            self._add(k, msg.node, size, copy)
+
+    def _copies(self, msg: W.DirCopies, answer: Any, later: list[Any]) -> list[tuple[int, float | None]]:
+        e = self._entries.get(msg.key)
+        return [(h, e.copies.get(h)) for h in e.holders] if e else []
 
     def _done(self, msg: W.DirDone, answer: Any, later: list[Any]) -> bool:
         e = self._entries.get(msg.key)
@@ -160,7 +166,7 @@ class Directory:
             if e.sending.get(msg.source, 0) > 0:
                 e.sending[msg.source] -= 1
         if msg.outcome == "copied" and was_pending:
-            self._add(msg.key, msg.node, msg.nbytes)
+            self._add(msg.key, msg.node, msg.nbytes, msg.copy)
         elif msg.outcome == "stale" and was_pending:  # else: news of an entry taken or replaced since
             self._drop(msg.key, msg.source)
         if e is not None and (e.waiters or not e.holders):
@@ -170,43 +176,50 @@ class Directory:
         e = self._entries.get(msg.key)
         return e is not None and msg.node in e.holders  # listed anyway (put there meanwhile), else refused
 
-    def _drop_one(self, msg: W.DirDrop, answer: Any, later: list[Any]) -> None:
+    def _drop_one(self, msg: W.DirDrop, answer: Any, later: list[Any]) -> bool:
+        e = self._entries.get(msg.key)
+        if e is None or msg.node not in e.holders or (msg.copy is not None and e.copies.get(msg.node) != msg.copy):
+            return False  # not listed, or a later object is (put there meanwhile): that one stays
         self._drop(msg.key, msg.node)
         self._serve(msg.key, later)
+        return True
 
-    def _take(self, msg: W.DirTake, answer: Any, later: list[Any]) -> list[int]:
+    def _take(self, msg: W.DirTake, answer: Any, later: list[Any]) -> list[tuple[int, float | None]]:
         e = self._entries.pop(msg.key, None)
         if e is None:
             return []
         later.extend((reply, None) for _, reply in e.waiters)  # the key is gone: nothing to fetch
-        return e.holders + [n for n in e.pending if n not in e.holders]
+        return [(h, e.copies.get(h)) for h in e.holders]  # fetches in flight: refused when they end
 
-    def _replace(self, msg: W.DirReplace, answer: Any, later: list[Any]) -> list[int]:
+    def _replace(self, msg: W.DirReplace, answer: Any, later: list[Any]) -> list[tuple[int, float | None]]:
         old = self._entries.pop(msg.key, None)
         e = self._entries[msg.key] = _Entry()
-        e.holders, e.nbytes = [msg.node], int(msg.nbytes)
+        e.holders, e.nbytes, e.copies = [msg.node], int(msg.nbytes), {msg.node: msg.copy}
         if old is None:
             return []
         e.waiters = old.waiters  # fetchers waiting for a holder get the new object
         self._serve(msg.key, later)
-        return [n for n in old.holders + [p for p in old.pending if p not in old.holders] if n != msg.node]
+        return [(h, old.copies.get(h)) for h in old.holders if h != msg.node]  # in flight: refused at the end
 
     _on: dict[type, Callable[..., Any]] = {
         W.DirGet: _get, W.DirSource: _source, W.DirAdd: _add_many, W.DirDone: _done, W.DirDrop: _drop_one,
-        W.DirTake: _take, W.DirReplace: _replace, W.DirSourceMany: _source_many, W.DirDoneMany: _done_many}
+        W.DirTake: _take, W.DirReplace: _replace, W.DirSourceMany: _source_many, W.DirDoneMany: _done_many,
+        W.DirCopies: _copies}
 
-    def _add(self, key: str, node: int, nbytes: int) -> None:
+    def _add(self, key: str, node: int, nbytes: int, copy: float | None = None) -> None:
         e = self._entries.get(key)
         if e is None:
             e = self._entries[key] = _Entry()
         if node not in e.holders:
             e.holders.append(node)
+        e.copies[node] = copy  # the latest registration names the node's copy
         e.nbytes = max(e.nbytes, int(nbytes))
 
     def _drop(self, key: str, node: int) -> None:
         e = self._entries.get(key)
         if e is not None and node in e.holders:
             e.holders.remove(node)
+            e.copies.pop(node, None)
             e.sending.pop(node, None)
 
     def _free_holder(self, e: _Entry, node: int) -> int | None:

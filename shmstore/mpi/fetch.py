@@ -25,6 +25,7 @@ node (small ones inside the reply), new copies registered once per home.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -32,7 +33,6 @@ from mpi4py import MPI
 
 from .. import errors
 from ..kernel import encode_key
-from ..kernel.kernel import copy_id
 from ..kernel import layout as L
 from ..kernel import migrations
 from ..levels import Level, parse_levels
@@ -144,7 +144,7 @@ class Fetcher:
                 self.kernel.delete(key, True, copy)
             raise errors.ObjectNotFoundError(f"{key!r} was deleted or replaced while it moved", key)
 
-    def _from(self, src: int, key: str, levels: Any, block: int, found: Any = _ASK) -> tuple[int, int | None]:
+    def _from(self, src: int, key: str, levels: Any, block: int, found: Any = _ASK) -> tuple[int, float | None]:
         """Transfer ``key`` from node ``src`` (what its lookup ``found``, else asked now): its size (-1 where
         ``src`` has no copy) and the copy id of the object made here (None: it was put here meanwhile)."""
         if found is _ASK:
@@ -185,7 +185,7 @@ class Fetcher:
             if hs:
                 by_src.setdefault(hs[self.me % len(hs)], []).append(k)
         # every key the homes made pending gets an outcome, whatever happens here
-        outcome: dict[str, tuple[int, str, int, int | None]] = {
+        outcome: dict[str, tuple[int, str, int, float | None]] = {
             k: (src, "failed", 0, None) for src, ks in by_src.items() for k in ks}
         landed: set[str] = set()
         try:
@@ -207,42 +207,54 @@ class Fetcher:
         return landed
 
     # ---- the bytes ----------------------------------------------------------------
-    def _transfer(self, key: str, src: int, found: W.Found, levels: Any, block: int) -> int | None:
-        """Make ``key`` here from what node ``src`` ``found``: the new object's copy id, None where it was put
-        here meanwhile (an overwrite on this node: what we wanted)."""
+    def _transfer(self, key: str, src: int, found: W.Found, levels: Any, block: int) -> float | None:
+        """Make ``key`` here from what node ``src`` ``found``: the new object's creation time (its copy id:
+        what a refusal deletes), None where it was put here meanwhile (another rank of this node landed the
+        same small object, or put or overwrote the key: what we wanted)."""
         order = parse_levels(levels, DEFAULT_PUT_LEVELS)
         kernel, kb, n = self.kernel, encode_key(key), found.nbytes
-        if found.inline is not None and order[0] == Level.MEMORY:  # small: one C call copies and seals it
+        deadline, nap = time.monotonic() + self.store.config.spill_timeout, 20e-6
+        while True:
             try:
-                copy: int | None = kernel.put_stored(key, kb, found.kind, n, found.nblobs, found.array_meta,
-                                                     found.inline)
+                if found.inline is not None and order[0] == Level.MEMORY:  # small: one C call copies and seals
+                    copy: float | None = kernel.put_stored(key, kb, found.kind, n, found.nblobs, found.array_meta,
+                                                         found.inline)
+                    if copy is not None:
+                        self._count(n)
+                        return copy
+                res = self.store._placement.place(
+                    key, order, lambda level: (level,) + kernel.reserve(key, kb, found.kind, n, n, found.nblobs,
+                                                                        found.array_meta, level=level))
+                break
             except errors.ObjectExistsError:
+                self._release(src, found)
                 return None
-            if copy is not None:
-                self._count(n)
-                return copy
-        try:
-            res = self.store._placement.place(
-                key, order, lambda level: (level,) + kernel.reserve(key, kb, found.kind, n, n, found.nblobs,
-                                                                    found.array_meta, level=level))
-        except errors.ObjectExistsError:  # put here meanwhile (an overwrite on this node): what we wanted
-            if found.handle:
-                self.cluster._msg.call(src, W.Release(found.handle))
-            return None
-        except BaseException:
-            if found.handle:
-                self.cluster._msg.call(src, W.Release(found.handle))
-            raise
-        level, idx, off, stored, _, stripe = res
+            except errors.ObjectLockedError:  # being written here: wait for the writer (a fetch of the same
+                if key in self.store:         # small object by another rank, which is not deduplicated)
+                    self._release(src, found)
+                    return None
+                if time.monotonic() > deadline:
+                    self._release(src, found)
+                    raise
+                time.sleep(nap)
+                nap = min(nap * 2, 1e-3)
+            except BaseException:
+                self._release(src, found)
+                raise
+        level, idx, off, stored, ctime, stripe = res
         try:
             self._receive(src, level, idx, off, found, block)
         except BaseException:
             kernel.abort(idx)
             raise
-        gen = L.entry_gen(kernel._buf, kernel._lay.entry(idx))
         kernel.seal(idx, stripe)
         self._count(n)
-        return copy_id(idx, gen)
+        return float(ctime)
+
+    def _release(self, src: int, found: W.Found) -> None:
+        """Let the source unpin what it pinned for us (a large object we will not take)."""
+        if found.handle:
+            self.cluster._msg.call(src, W.Release(found.handle))
 
     def _count(self, nbytes: int) -> None:
         node = self.kernel.node

@@ -79,7 +79,7 @@ class Service:
             W.Read: self._on_read,
             W.WriterOpen: self._on_writer_open, W.Write: self._on_write, W.WriterClose: self._on_writer_close}
         for kind in (W.DirAdd, W.DirDrop, W.DirGet, W.DirTake, W.DirReplace, W.DirSource, W.DirDone,
-                     W.DirSourceMany, W.DirDoneMany):
+                     W.DirSourceMany, W.DirDoneMany, W.DirCopies):
             self._handlers[kind] = self._on_directory
         self._thread = threading.Thread(target=self._loop, name="shmstore-mpi-service", daemon=True)
 
@@ -286,7 +286,7 @@ class Service:
             return W.Sourced(result, self._on_lookup(src, tag, W.Lookup(msg.key, msg.inline_max)))
         return result
 
-    def _drop_copy(self, node: int, key: str, copy: int) -> None:
+    def _drop_copy(self, node: int, key: str, copy: float) -> None:
         """Delete the object ``copy`` of ``key`` on node ``node`` without waiting: here at once, elsewhere by a
         posted Delete (never a newer object under the key)."""
         if node == self.cluster.node_index:
@@ -317,14 +317,19 @@ class Service:
             self._writers.pop(msg.handle).abort()
             raise
 
-    def _on_writer_close(self, src: int, tag: int, msg: W.WriterClose) -> None:
+    def _on_writer_close(self, src: int, tag: int, msg: W.WriterClose) -> float | None:
+        """Seal or drop the writer's object: the sealed object's creation time (None: aborted, or gone)."""
         w = self._writers.pop(msg.handle, None)
         if w is None:
-            return
+            return None
         if msg.abort:
             w.abort()
-        else:
-            w.close()
+            return None
+        w.close()
+        try:
+            return float(self.store.get_info(w.key).created)
+        except errors.ObjectNotFoundError:
+            return None
 
     def _count_sent(self, nbytes: int) -> None:
         node: NodeStore = self.kernel.node

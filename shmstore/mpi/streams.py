@@ -79,8 +79,8 @@ class RemoteWriter:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self._cluster._msg.call(self._node, W.WriterClose(self._handle, False), self.key)
-            self._cluster._dir(W.DirAdd([self.key], self._node, [self.size]))  # sealed there: locatable now
+            copy = self._cluster._msg.call(self._node, W.WriterClose(self._handle, False), self.key)
+            self._cluster._dir(W.DirAdd([self.key], self._node, [self.size], [copy]))  # sealed there: locatable
 
     def abort(self) -> None:
         if not self.closed:

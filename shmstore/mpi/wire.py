@@ -24,7 +24,7 @@ from . import tags as T
 __all__ = [
     "Lookup", "LookupMany", "Data", "Release", "Has", "Delete", "Pull", "Read", "WriterOpen", "Write", "WriterClose",
     "DirAdd", "DirDrop", "DirGet", "DirTake", "DirReplace", "DirSource", "DirDone", "DirSourceMany",
-    "DirDoneMany", "Stop",
+    "DirDoneMany", "DirCopies", "Stop",
     "Found", "FoundMany", "Sourced", "Chunk", "Failure", "LARGE",
     "encode", "decode", "request", "post", "reply", "reply_nowait", "receive", "receive_reply",
 ]
@@ -61,10 +61,10 @@ class Has(NamedTuple):
 
 
 class Delete(NamedTuple):
-    """Delete this node's copy of ``key``: True if there was one. With ``copy`` (a ``kernel.copy_id``) only
-    that very object (a refused fetch's copy), never a newer one under the key."""
+    """Delete this node's copy of ``key``: True if there was one. With ``copy`` (its creation time) only
+    that very object (a copy the directory listed or refused), never a later one under the key."""
     key: str
-    copy: int | None = None
+    copy: float | None = None
 
 
 class Pull(NamedTuple):
@@ -104,16 +104,25 @@ class Stop(NamedTuple):
 
 # ---- requests to a key's home node: the location directory ------------------------
 class DirAdd(NamedTuple):
-    """Node ``node`` holds complete copies of ``keys`` (of ``sizes`` bytes)."""
+    """Node ``node`` holds complete copies of ``keys`` (of ``sizes`` bytes; ``copies``: each object's creation
+    time there, what tells it from a later object under the key, None where unknown)."""
     keys: list[str]
     node: int
     sizes: list[int]
+    copies: list[float | None] | None = None
 
 
 class DirDrop(NamedTuple):
-    """Node ``node`` holds no copy of ``key`` any more (sent before the copy is deleted)."""
+    """Node ``node`` is to hold no copy of ``key`` (sent before the copy is deleted); with ``copy``, only if
+    its listed copy is that one (not a later object put there meanwhile). True if it was dropped."""
     key: str
     node: int
+    copy: float | None = None
+
+
+class DirCopies(NamedTuple):
+    """The holders of ``key`` with their copies: a list of (node, copy)."""
+    key: str
 
 
 class DirGet(NamedTuple):
@@ -122,16 +131,19 @@ class DirGet(NamedTuple):
 
 
 class DirTake(NamedTuple):
-    """The holders of ``key``, forgetting the key (a delete of every copy)."""
+    """The holders of ``key`` with their copies, a list of (node, copy), forgetting the key (a delete of every
+    copy; fetches in flight are refused when they end)."""
     key: str
 
 
 class DirReplace(NamedTuple):
-    """Node ``node`` holds the only copy of ``key`` now (``nbytes``; an overwrite): the other holders and the
-    nodes with a fetch in flight, which the overwriter then deletes (their fetches' ``DirDone`` is refused)."""
+    """Node ``node`` holds the only copy of ``key`` now (``nbytes``, its ``copy``; an overwrite): the other
+    holders with their copies, a list of (node, copy), which the overwriter then deletes (fetches in flight
+    are refused when they end)."""
     key: str
     node: int
     nbytes: int
+    copy: float | None = None
 
 
 class DirSource(NamedTuple):
@@ -168,14 +180,14 @@ class DirDone(NamedTuple):
     node: int
     outcome: str
     nbytes: int
-    copy: int | None = None  # the fetched object's copy id on ``node`` (what a refusal deletes), None: none made
+    copy: float | None = None  # the fetched object's creation time on ``node`` (what a refusal deletes); None: none
 
 
 class DirDoneMany(NamedTuple):
     """:class:`DirDone` of each of a batch's keys from node ``node``: ``items`` of (key, source, outcome,
     nbytes, copy). Posted; where the home answers it, the (key, copy) of the copies it refused."""
     node: int
-    items: list[tuple[str, int, str, int, int | None]]
+    items: list[tuple[str, int, str, int, float | None]]
 
 
 # ---- replies ----------------------------------------------------------------------
@@ -240,7 +252,7 @@ class Failure(NamedTuple):
 _TYPES: tuple[Any, ...] = (
     Lookup, LookupMany, Data, Release, Has, Delete, Pull, Read, WriterOpen, Write, WriterClose, Stop,
     DirAdd, DirDrop, DirGet, DirTake, DirReplace, DirSource, DirDone, Found, FoundMany, Sourced, Chunk, Failure,
-    DirSourceMany, DirDoneMany)
+    DirSourceMany, DirDoneMany, DirCopies)
 _CODE = {t: i for i, t in enumerate(_TYPES)}
 _PLAIN, _SOURCED, _FOUND_MANY = -1, _CODE[Sourced], _CODE[FoundMany]
 

@@ -457,3 +457,75 @@ def test_get_many_fetches_small_objects_in_batched_round_trips(cluster, comm, ke
         for k in keys:
             cluster.delete(k)
     comm.Barrier()
+
+
+def test_racing_overwrites_deletes_fetches_and_migrations_keep_the_last_write(cluster, comm, key):
+    """One rank overwrites and deletes a few keys as fast as it can while every other rank gets them one by
+    one and in batches and migrates them between nodes. Every value read is whole; when the writer stops,
+    the last write of each live key is on some node, and soon no node holds a copy of a deleted key or an
+    older value of a live one (the copies of fetches refused at the end go by posted deletes), and the
+    directory lists every copy there is. Before fetches were pending at the home, a fetch in flight across
+    a delete kept its copy, and a migration across an overwrite deleted the new object."""
+    import random
+    import time
+    keys = [f"{key}-{i}" for i in range(5)]
+    writer = leader_of(cluster, 0)
+    rng = random.Random(7 + comm.rank)
+    final: dict[str, int | None] = {}
+    if comm.rank == writer:
+        version = 0
+        for _ in range(150):
+            k = rng.choice(keys)
+            if rng.random() < 0.25:
+                cluster.delete(k)
+                final[k] = None
+            else:
+                version += 1
+                cluster.put(k, np.full(16, version, np.int64), overwrite=True)
+                final[k] = version
+    done = comm.Ibarrier()
+    reads = 0
+    while not done.Test():
+        k = rng.choice(keys)
+        op = rng.random()
+        try:
+            if op < 0.6:
+                v = cluster.get(k)
+                assert len(v) == 16 and v.min() == v.max(), v  # whole: one write, never a mix
+                reads += 1
+                del v
+            elif op < 0.8:
+                for v in cluster.get_many(rng.sample(keys, 3)):
+                    assert v.min() == v.max()
+            else:
+                cluster.migrate(k, rng.randrange(len(cluster.nodes)), keep_source=rng.random() < 0.5)
+        except (shmstore.ObjectNotFoundError, shmstore.ObjectLockedError):
+            pass  # deleted meanwhile, or being written here by another rank
+    final = comm.bcast(final, root=writer)
+    cluster.barrier()
+    leader = comm.rank == leader_of(cluster, cluster.node_index)
+    deadline = time.monotonic() + 20
+    while True:
+        here: dict[str, int] = {}
+        if leader:
+            for k in keys:
+                try:
+                    here[k] = int(cluster.store.get(k)[0])
+                except shmstore.ObjectNotFoundError:
+                    pass
+        every = comm.allgather(here)  # by rank: each node's leader reports its node's copies
+        wrong = [(k, r, v) for r, h in enumerate(every) for k, v in h.items() if v != final.get(k)]
+        lost = [k for k in keys if final.get(k) is not None and not any(h.get(k) == final[k] for h in every)]
+        assert not lost, f"the last write of {lost} is gone (final {final}, held {every})"
+        if not wrong:
+            break
+        assert time.monotonic() < deadline, f"old or deleted copies stayed: {wrong} (final {final})"
+        time.sleep(0.1)
+    for k in keys[comm.rank::comm.size]:  # the directory lists every copy there is
+        held = {cluster.nodes[n] for n in range(len(cluster.nodes)) if k in every[leader_of(cluster, n)]}
+        assert held <= set(cluster.locate(k)), (k, held, cluster.locate(k))
+    comm.Barrier()
+    if comm.rank == 0:
+        for k in keys:
+            cluster.delete(k)
+    comm.Barrier()
