@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -33,6 +33,12 @@ _MEMORY = int(Level.MEMORY)
 _monotonic = time.monotonic
 _crc32 = zlib.crc32
 _EXISTS = "{!r} already exists (delete it first, pass overwrite=True, or use another key)"
+
+
+class _Stored(NamedTuple):
+    """An object's stored bytes for :meth:`Puts._fast_insert` to copy (what it reads of an Encoded)."""
+    size: int
+    src: bytes
 
 
 class Puts:
@@ -146,12 +152,12 @@ class Puts:
         stored = L.align(nbytes)
         h = _crc32(kb, self.sid)
         b = h & self._bmask
-        enc = serialize.Encoded(kind, nbytes, nbytes, nblobs, meta, np.frombuffer(data, np.uint8))
+        raw = _Stored(nbytes, data)  # what the C call copies (no Encoded, no array: a fetch's hot path)
         while True:
             idx, gen = self._cache.take_entry(key)
             try:
                 done = self._fast_reserve(key, kb, idx, gen, h, b, b & self._smask, kind, stored, nbytes, nblobs,
-                                          meta, enc)
+                                          meta, raw)
             except EntryStolen:
                 continue
             if done is None:
@@ -248,7 +254,7 @@ class Puts:
 
     def _fast_reserve(self, key: str, kb: bytes, idx: int, gen: int, h: int, b: int, stripe: int, kind: int,
                       stored: int, nbytes: int, nblobs: int, meta: bytes | None,
-                      enc: serialize.Encoded | None = None) -> tuple[Any, ...] | None:
+                      enc: serialize.Encoded | _Stored | None = None) -> tuple[Any, ...] | None:
         """``reserve`` through the C fast path: place first, then one locked C call.
 
         With ``enc`` (a contiguous array or bytes value) its bytes are copied
@@ -275,7 +281,8 @@ class Puts:
                                  off, 0)
 
     def _fast_insert(self, key: str, kb: bytes, idx: int, gen: int, h: int, b: int, stripe: int, kind: int,
-                     stored: int, nbytes: int, nblobs: int, meta: bytes | None, enc: serialize.Encoded | None,
+                     stored: int, nbytes: int, nblobs: int, meta: bytes | None,
+                     enc: serialize.Encoded | _Stored | None,
                      rec: int, off: int, flags: int) -> tuple[Any, ...] | None:
         lay = self._lay
         try:
