@@ -432,6 +432,41 @@ static PyObject *get_entry(PyObject *self, PyObject *args) {
                          (unsigned long long)nbytes, kind, eoff);
 }
 
+/* has(ctx, key) -> 1 when key has a sealed entry, 0 when it has none (RC codes are negative); RC_BUSY /
+ * RC_OWNER_DEAD as get_entry; None for a key this path does not take. The test a fetch makes first (is it
+ * here already?) without a pin and in one call. */
+static PyObject *has(PyObject *self, PyObject *args) {
+    PyObject *cap, *key;
+    if (!configured) {
+        PyErr_SetString(PyExc_RuntimeError, "_fast.configure() was not called");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OU", &cap, &key))
+        return NULL;
+    Ctx *c = PyCapsule_GetPointer(cap, "shmstore.ctx");
+    if (c == NULL)
+        return NULL;
+    Py_ssize_t klen;
+    const char *kb = PyUnicode_AsUTF8AndSize(key, &klen);
+    if (kb == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (klen <= 0 || klen > MAX_KEY)
+        Py_RETURN_NONE;
+    unsigned long h = crc32_seeded((uint32_t)c->sid, (const unsigned char *)kb, klen);
+    Py_ssize_t b = (Py_ssize_t)(h & c->bmask);
+    pthread_mutex_t *m = c->stripes[b & c->smask];
+    int rc = try_take(m);
+    if (rc)
+        return PyLong_FromLong(rc);
+    Py_ssize_t eoff = 0;
+    Py_ssize_t idx = find(c->meta, c->buckets, c->entries, b, h, c->sid, kb, klen, &eoff);
+    int sealed = idx >= 0 && (unsigned char)(c->meta + eoff)[STATE_OFF] == SEALED;
+    pthread_mutex_unlock(m);
+    return PyLong_FromLong(sealed);
+}
+
 /* release(ctx, idx) -> 0 when this process still pins idx, 1 when that was its last pin,
  * 2 when it was the last and the entry is deleted (the caller frees it). */
 static PyObject *release(PyObject *self, PyObject *args) {
@@ -521,6 +556,7 @@ static PyMethodDef methods[] = {
     {"unpin", unpin, METH_VARARGS, "Drop one local pin; True when it was the last."},
     {"context", context, METH_VARARGS, "A kernel's constants for get_entry and release."},
     {"get_entry", get_entry, METH_VARARGS, "Find, pin and touch a sealed entry; its fields."},
+    {"has", has, METH_VARARGS, "Whether a key has a sealed entry (no pin)."},
     {"release", release, METH_VARARGS, "Drop one local pin: 0, 1 (last) or 2 (last, entry deleted)."},
     {"probe_wait", probe_wait, METH_VARARGS, "Wait for an MPI message with the GIL released (see above)."},
     {NULL, NULL, 0, NULL},

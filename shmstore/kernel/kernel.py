@@ -326,6 +326,13 @@ class Kernel:
                 self.node.release(idx, cache=self._cache)
 
     def contains(self, key: str) -> bool:
+        if _fast is not None and type(key) is str and not self._closed and not self._deferred \
+                and self._fork == _FORKS[0] and hasattr(_fast, "has"):
+            r = _fast.has(self._ctx, key)  # one C call, no pin: what a fetch asks first
+            if r == 1 or r == 0:
+                return bool(r)
+            if r == _codes.OWNER_DEAD:  # the stripe lock's holder died: we hold it now and must repair it
+                self._stripes[_crc32(key.encode(), self.sid) & self._bmask & self._smask].recover_held()
         kb = self._begin(key)
         h = _crc32(kb, self.sid)
         b = h & self._bmask
