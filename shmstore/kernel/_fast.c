@@ -372,14 +372,14 @@ static PyObject *context(PyObject *self, PyObject *args) {
     return cap;
 }
 
-/* get_entry(ctx, key) -> (idx, gen, offset, level, nbytes, kind, eoff) of the sealed entry of
- * key, pinned for this process, its access time refreshed when older than the grain;
- * RC_MISSING when there is none, RC_BUSY when its stripe lock is busy, RC_OWNER_DEAD when
- * that lock's holder died (the caller then holds it, made consistent, and must repair and
- * release it);
- * None for a key this path does not take (not UTF-8, empty or too long). */
-static PyObject *get_entry(PyObject *self, PyObject *args) {
+/* The start of get_entry and has: parse (ctx, key), take the key's stripe lock without waiting, find its
+ * entry. Returns the held lock, with *cp, *idx (-1: no entry) and *eoff set; or NULL, with *early what the
+ * caller returns at once: NULL (an exception is set), None (a key this path does not take) or an RC code
+ * (the lock was busy, or its holder died). */
+static pthread_mutex_t *find_locked(PyObject *args, Ctx **cp, Py_ssize_t *idx, Py_ssize_t *eoff,
+                                    PyObject **early) {
     PyObject *cap, *key;
+    *early = NULL;
     if (!configured) {
         PyErr_SetString(PyExc_RuntimeError, "_fast.configure() was not called");
         return NULL;
@@ -391,20 +391,39 @@ static PyObject *get_entry(PyObject *self, PyObject *args) {
         return NULL;
     Py_ssize_t klen;
     const char *kb = PyUnicode_AsUTF8AndSize(key, &klen);
-    if (kb == NULL) {
+    if (kb == NULL || klen <= 0 || klen > MAX_KEY) {
         PyErr_Clear();
-        Py_RETURN_NONE;
+        Py_INCREF(Py_None);
+        *early = Py_None;
+        return NULL;
     }
-    if (klen <= 0 || klen > MAX_KEY)
-        Py_RETURN_NONE;
     unsigned long h = crc32_seeded((uint32_t)c->sid, (const unsigned char *)kb, klen);
     Py_ssize_t b = (Py_ssize_t)(h & c->bmask);
     pthread_mutex_t *m = c->stripes[b & c->smask];
     int rc = try_take(m);
-    if (rc)
-        return PyLong_FromLong(rc);
-    Py_ssize_t eoff = 0;
-    Py_ssize_t idx = find(c->meta, c->buckets, c->entries, b, h, c->sid, kb, klen, &eoff);
+    if (rc) {
+        *early = PyLong_FromLong(rc);
+        return NULL;
+    }
+    *eoff = 0;
+    *idx = find(c->meta, c->buckets, c->entries, b, h, c->sid, kb, klen, eoff);
+    *cp = c;
+    return m;
+}
+
+/* get_entry(ctx, key) -> (idx, gen, offset, level, nbytes, kind, eoff) of the sealed entry of
+ * key, pinned for this process, its access time refreshed when older than the grain;
+ * RC_MISSING when there is none, RC_BUSY when its stripe lock is busy, RC_OWNER_DEAD when
+ * that lock's holder died (the caller then holds it, made consistent, and must repair and
+ * release it);
+ * None for a key this path does not take (not UTF-8, empty or too long). */
+static PyObject *get_entry(PyObject *self, PyObject *args) {
+    Ctx *c = NULL;
+    Py_ssize_t idx = -1, eoff = 0;
+    PyObject *early;
+    pthread_mutex_t *m = find_locked(args, &c, &idx, &eoff, &early);
+    if (m == NULL)
+        return early;
     char *e = c->meta + eoff;
     if (idx < 0 || (unsigned char)e[STATE_OFF] != SEALED) {
         pthread_mutex_unlock(m);
@@ -436,32 +455,12 @@ static PyObject *get_entry(PyObject *self, PyObject *args) {
  * RC_OWNER_DEAD as get_entry; None for a key this path does not take. The test a fetch makes first (is it
  * here already?) without a pin and in one call. */
 static PyObject *has(PyObject *self, PyObject *args) {
-    PyObject *cap, *key;
-    if (!configured) {
-        PyErr_SetString(PyExc_RuntimeError, "_fast.configure() was not called");
-        return NULL;
-    }
-    if (!PyArg_ParseTuple(args, "OU", &cap, &key))
-        return NULL;
-    Ctx *c = PyCapsule_GetPointer(cap, "shmstore.ctx");
-    if (c == NULL)
-        return NULL;
-    Py_ssize_t klen;
-    const char *kb = PyUnicode_AsUTF8AndSize(key, &klen);
-    if (kb == NULL) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    if (klen <= 0 || klen > MAX_KEY)
-        Py_RETURN_NONE;
-    unsigned long h = crc32_seeded((uint32_t)c->sid, (const unsigned char *)kb, klen);
-    Py_ssize_t b = (Py_ssize_t)(h & c->bmask);
-    pthread_mutex_t *m = c->stripes[b & c->smask];
-    int rc = try_take(m);
-    if (rc)
-        return PyLong_FromLong(rc);
-    Py_ssize_t eoff = 0;
-    Py_ssize_t idx = find(c->meta, c->buckets, c->entries, b, h, c->sid, kb, klen, &eoff);
+    Ctx *c = NULL;
+    Py_ssize_t idx = -1, eoff = 0;
+    PyObject *early;
+    pthread_mutex_t *m = find_locked(args, &c, &idx, &eoff, &early);
+    if (m == NULL)
+        return early;
     int sealed = idx >= 0 && (unsigned char)(c->meta + eoff)[STATE_OFF] == SEALED;
     pthread_mutex_unlock(m);
     return PyLong_FromLong(sealed);

@@ -14,13 +14,20 @@ replaces it, a migration drops its source).
 
 A fetch is registered when the home names its source: the fetching node is
 *pending* in the entry until its ``DirDone`` comes (posted, no reply
-awaited), which lists the new copy. A ``delete`` or an overwrite meanwhile
-takes the pending nodes with the holders, and a ``DirDone`` that finds its
-node no longer pending (the entry was taken or replaced while the bytes
-moved) is refused: the copy of the deleted or replaced object is removed
-(the home posts a ``Delete`` to that node). So a fetch in flight never lets
-an old copy outlive a delete or an overwrite, and a copy fetched before a
-barrier is found by a delete after it.
+awaited; a batch's ``DirSourceMany``/``DirDoneMany`` and a migration's pull
+alike), which lists the new copy. A ``delete`` or an overwrite meanwhile
+takes or replaces the entry, and a ``DirDone`` that finds its node no
+longer pending is refused: the copy of the deleted or replaced object is
+removed (the home posts a ``Delete`` to that node). So a fetch in flight
+never lets an old copy outlive a delete or an overwrite.
+
+Every holder's copy is named by the object's creation time on that node
+(``DirAdd``/``DirDone`` carry it), and every deletion the cluster makes
+names the copy it means (``Delete(key, copy)``): a delete removes exactly
+the listed copies, an overwrite exactly the old ones (``DirReplace``
+returns them), a migration drops only the copies it moved from
+(``DirDrop(key, node, copy)``). A later object put under the key meanwhile
+is never dropped.
 
 Hot objects spread as a tree. A holder of a large object (``SPREAD_MIN``
 bytes or more) sends to one fetcher at a time: the home answers each
