@@ -72,6 +72,7 @@ class Service:
         self._stop = threading.Event()
         self._workers: list[threading.Thread] = []  # pulls and bulk sends under way
         self._out: list[MPI.Request] = []  # replies not yet taken by their requesters
+        self._sent_later = 0  # bytes sent inside replies, counted once the reply is out (off the reply's path)
         self.directory = Directory()  # this node's share of the location directory (see directory.py)
         self._handlers: dict[type, Callable[[int, int, Any], Any]] = {
             W.Lookup: self._on_lookup, W.LookupMany: self._on_lookup_many, W.Data: self._on_data,
@@ -143,6 +144,9 @@ class Service:
                     self._out.append(W.reply_nowait(self.comm, reply, src, reply_tag))  # ~1 ms, and all behind it
                 else:
                     W.reply(self.comm, reply, src, reply_tag)  # small: buffered at once, 0.5 us less
+            if self._sent_later:
+                self._count_sent(self._sent_later)
+                self._sent_later = 0
 
     def _drain(self, status: MPI.Status) -> None:
         """Handle what was posted before the cluster's closing barrier (a fetch's DirDone) but came after
@@ -184,8 +188,7 @@ class Service:
     # ---- handlers --------------------------------------------------------------
     def _on_lookup(self, src: int, tag: int, msg: W.Lookup) -> W.Found | None:
         found, sent = self._lookup(msg.key, msg.inline_max)
-        if sent:
-            self._count_sent(sent)
+        self._sent_later += sent
         return found
 
     def _on_lookup_many(self, src: int, tag: int, msg: W.LookupMany) -> W.FoundMany:
@@ -194,8 +197,7 @@ class Service:
             found, n = self._lookup(key, msg.inline_max)
             out.append(found)
             sent += n
-        if sent:
-            self._count_sent(sent)
+        self._sent_later += sent
         return W.FoundMany(out)
 
     def _lookup(self, key: str, inline_max: int) -> tuple[W.Found | None, int]:
@@ -284,7 +286,9 @@ class Service:
                 for key, copy in result:
                     self._drop_copy(msg.node, key, copy)
         if isinstance(msg, W.DirSource) and msg.inline_max and result == self.cluster.node_index:
-            return W.Sourced(result, self._on_lookup(src, tag, W.Lookup(msg.key, msg.inline_max)))
+            found, sent = self._lookup(msg.key, msg.inline_max)
+            self._sent_later += sent
+            return W.Sourced(result, found)
         return result
 
     def _drop_copy(self, node: int, key: str, copy: float) -> None:
