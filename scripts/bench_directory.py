@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=1000)
     ap.add_argument("--warmup", type=int, default=500, help="gets before the timed ones (not timed)")
+    ap.add_argument("--blocks", type=int, default=10, help="blocks of operations, each with its raw round trip")
     ap.add_argument("--batch", type=int, default=1000, help="small keys fetched one by one, then with get_many")
     args = ap.parse_args(argv)
     world = MPI.COMM_WORLD
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         quiet_barrier(world)
         gets, locates, misses, fetches = [], [], [], []
         msgs = {"get": 0, "locate": 0, "miss": 0, "fetch": 0}  # messages sent and received by rank 0, per op
+        blocks: list[tuple[float, ...]] = []  # per block: its raw round trip, fetch, get, locate, miss medians
 
         def sent() -> int:
             r = cluster.requests
@@ -80,26 +82,45 @@ def main(argv: list[str] | None = None) -> int:
         if world.rank == 0:
             for k in warm:
                 cluster.get(k)
-            for k, fk in zip(keys, fkeys):  # side by side: a noisy moment hits every operation alike
-                m, t = sent(), time.perf_counter()
-                cluster.fetch(fk)  # bring it here (what get does on a miss, without reading it after)
-                fetches.append(time.perf_counter() - t)
-                msgs["fetch"] += sent() - m
-                m, t = sent(), time.perf_counter()
-                cluster.get(k)
-                gets.append(time.perf_counter() - t)
-                m2, t = sent(), time.perf_counter()
-                cluster.locate(k)
-                locates.append(time.perf_counter() - t)
-                m3, t = sent(), time.perf_counter()
-                try:
-                    cluster.get(k + "-missing")
-                except shmstore.ObjectNotFoundError:
-                    pass
-                misses.append(time.perf_counter() - t)
-                msgs["get"] += m2 - m
-                msgs["locate"] += m3 - m2
-                msgs["miss"] += sent() - m3
+        quiet_barrier(world)
+        per = max(1, args.repeats // args.blocks)
+        for b in range(0, args.repeats, per):
+            # a block: the raw round trip again (this machine has noisy spells of seconds), then the operations
+            block_rtt = []
+            for _ in range(100):
+                if world.rank == 0:
+                    t = time.perf_counter()
+                    world.Send(buf, dest=last)
+                    world.Recv(buf, source=last)
+                    block_rtt.append(time.perf_counter() - t)
+                elif world.rank == last:
+                    world.Recv(buf, source=0)
+                    world.Send(buf, dest=0)
+            if world.rank == 0:
+                n0 = len(gets)
+                for k, fk in zip(keys[b: b + per], fkeys[b: b + per]):  # side by side: noise hits all alike
+                    m, t = sent(), time.perf_counter()
+                    cluster.fetch(fk)  # bring it here (what get does on a miss, without reading it after)
+                    fetches.append(time.perf_counter() - t)
+                    msgs["fetch"] += sent() - m
+                    m, t = sent(), time.perf_counter()
+                    cluster.get(k)
+                    gets.append(time.perf_counter() - t)
+                    m2, t = sent(), time.perf_counter()
+                    cluster.locate(k)
+                    locates.append(time.perf_counter() - t)
+                    m3, t = sent(), time.perf_counter()
+                    try:
+                        cluster.get(k + "-missing")
+                    except shmstore.ObjectNotFoundError:
+                        pass
+                    misses.append(time.perf_counter() - t)
+                    msgs["get"] += m2 - m
+                    msgs["locate"] += m3 - m2
+                    msgs["miss"] += sent() - m3
+                blocks.append(tuple(statistics.median(x) for x in (
+                    block_rtt, fetches[n0:], gets[n0:], locates[n0:], misses[n0:])))
+            quiet_barrier(world)
         batch = [f"b{i}" for i in range(args.batch)]
         single = [f"s{i}" for i in range(args.batch)]
         if world.rank == last:
@@ -127,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
               f"| remote 64 B get {g * 1e6:.0f} us "
               f"({g / r:.1f}x) | locate {lo * 1e6:.0f} us ({lo / r:.1f}x) | miss {m * 1e6:.0f} us ({m / r:.1f}x)",
               flush=True)
+        ratios = [[blk[i] / blk[0] for blk in blocks] for i in range(1, 5)]
+        print(f"{world.size} nodes: per block of {per} (raw round trip taken again in each, median of "
+              f"{len(blocks)} blocks and their range): " + ", ".join(
+                  f"{name} {statistics.median(r):.1f}x ({min(r):.1f}-{max(r):.1f})"
+                  for name, r in zip(("fetch", "get", "locate", "miss"), ratios)), flush=True)
         n = len(gets)
         print(f"{world.size} nodes: messages per operation (this rank's requests and their replies): "
               f"fetch {msgs['fetch'] / n:.2f}, get {msgs['get'] / n:.2f}, locate {msgs['locate'] / n:.2f}, "

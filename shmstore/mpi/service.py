@@ -348,7 +348,7 @@ def _large(reply: Any) -> bool:
         reply = reply.found
     if isinstance(reply, W.Found):
         return reply.inline is not None and len(reply.inline) > 1024
-    return isinstance(reply, (W.FoundMany, W.Chunk, list))
+    return isinstance(reply, (W.FoundMany, W.Chunk))
 
 
 def _host_bytes(lease: Any) -> bytes:
