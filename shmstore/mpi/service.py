@@ -3,13 +3,17 @@
 One per node, run as a daemon thread by the node's leader rank, on the
 cluster's private communicator. It waits for requests in C with the GIL
 released (``poll.py``): probing back to back for a moment after each request
-(where the host has a core to spare), then after naps from 50 us doubling
-to 1 ms (a rank that computes beside a service answering now and then
-loses nothing to 20,000 wake-ups a second). An idle node so costs next to no CPU and never
-takes the GIL from the application, instead of spinning in a blocking receive
-(MPICH busy-polls, and a spinning thread would steal a core from every rank
-of the node). Bulk sends run in threads of their own, so lookups and
-directory requests are answered while large objects stream out.
+(where the host has a core to spare; longer where the request asks it to
+linger: a batch's next request comes soon), then after naps from 50 us
+doubling to 200 us while requests came within the last half second, and
+every 1 ms after that (a rank that computes beside a service answering now
+and then loses nothing to 20,000 wake-ups a second). An idle node so costs
+next to no CPU and never takes the GIL from the application, instead of
+spinning in a blocking receive (MPICH busy-polls, and a spinning thread
+would steal a core from every rank of the node). Bulk sends run in threads
+of their own, and replies that may pass MPI's eager size go out without
+waiting for their requester, so lookups and directory requests are
+answered while large objects stream out.
 
 A bulk send pins the source object (a lease) from the LOOKUP that
 announced it until its frames are sent, so the spill process cannot move it
