@@ -137,24 +137,25 @@ def main(argv: list[str] | None = None) -> int:
             cluster.get_many(batch)
             many = time.perf_counter() - t
         quiet_barrier(world)
+        where = f"{len(cluster.nodes)} nodes" + (f" ({world.size} ranks)" if world.size != len(cluster.nodes) else "")
     if world.rank == 0 and args.batch:
-        print(f"{world.size} nodes: {args.batch} remote 64 B objects: get one by one {one_by_one * 1e3:.0f} ms, "
+        print(f"{where}: {args.batch} remote 64 B objects: get one by one {one_by_one * 1e3:.0f} ms, "
               f"get_many {many * 1e3:.0f} ms ({one_by_one / many:.0f}x faster)", flush=True)
     if world.rank == 0:
         r = statistics.median(rtts)
         g, lo, m = statistics.median(gets), statistics.median(locates), statistics.median(misses)
         f = statistics.median(fetches)
-        print(f"{world.size} nodes: raw 8 B round trip {r * 1e6:.1f} us | 64 B fetch {f * 1e6:.0f} us ({f / r:.1f}x) "
+        print(f"{where}: raw 8 B round trip {r * 1e6:.1f} us | 64 B fetch {f * 1e6:.0f} us ({f / r:.1f}x) "
               f"| remote 64 B get {g * 1e6:.0f} us "
               f"({g / r:.1f}x) | locate {lo * 1e6:.0f} us ({lo / r:.1f}x) | miss {m * 1e6:.0f} us ({m / r:.1f}x)",
               flush=True)
         ratios = [[blk[i] / blk[0] for blk in blocks] for i in range(1, 5)]
-        print(f"{world.size} nodes: per block of {per} (raw round trip taken again in each, median of "
+        print(f"{where}: per block of {per} (raw round trip taken again in each, median of "
               f"{len(blocks)} blocks and their range): " + ", ".join(
                   f"{name} {statistics.median(r):.1f}x ({min(r):.1f}-{max(r):.1f})"
                   for name, r in zip(("fetch", "get", "locate", "miss"), ratios)), flush=True)
         n = len(gets)
-        print(f"{world.size} nodes: messages per operation (this rank's requests and their replies): "
+        print(f"{where}: messages per operation (this rank's requests and their replies): "
               f"fetch {msgs['fetch'] / n:.2f}, get {msgs['get'] / n:.2f}, locate {msgs['locate'] / n:.2f}, "
               f"miss {msgs['miss'] / n:.2f}",
               flush=True)
