@@ -466,6 +466,65 @@ static PyObject *has(PyObject *self, PyObject *args) {
     return PyLong_FromLong(sealed);
 }
 
+/* read_small(ctx, key, max_bytes, arena_addr, memory_level, array_kind, array_len) ->
+ *   (kind, nbytes, nblobs, array, data) of the sealed entry of key when it lies in memory (level
+ *   memory_level, at arena_addr + its offset) and holds at most max_bytes: data its bytes, array its
+ *   array_len ENTRY_ARRAY bytes where kind is array_kind (else None), copied under the stripe lock, which
+ *   every delete and every move of the object takes first (so no pin is needed); its access time refreshed
+ *   as get_entry does. 0 when it lies elsewhere or is larger (the caller goes the general way); RC_MISSING
+ *   when there is none; RC_BUSY/RC_OWNER_DEAD as get_entry; None for a key this path does not take. A node
+ *   service answers a remote read of a small object with it: one call, no lease. */
+static PyObject *read_small(PyObject *self, PyObject *args) {
+    PyObject *cap, *key;
+    unsigned long long max_bytes, arena;
+    int memory_level, array_kind;
+    Py_ssize_t array_len;
+    if (!PyArg_ParseTuple(args, "OUKKiin", &cap, &key, &max_bytes, &arena, &memory_level, &array_kind,
+                          &array_len))
+        return NULL;
+    PyObject *early, *pair = PyTuple_Pack(2, cap, key);
+    if (pair == NULL)
+        return NULL;
+    Ctx *c = NULL;
+    Py_ssize_t idx = -1, eoff = 0;
+    pthread_mutex_t *m = find_locked(pair, &c, &idx, &eoff, &early);
+    Py_DECREF(pair);
+    if (m == NULL)
+        return early;
+    char *e = c->meta + eoff;
+    if (idx < 0 || (unsigned char)e[STATE_OFF] != SEALED) {
+        pthread_mutex_unlock(m);
+        return PyLong_FromLong(RC_MISSING);
+    }
+    uint64_t off, nbytes;
+    uint32_t nblobs;
+    double atime, now;
+    struct timespec ts;
+    memcpy(&off, e + OFFSET_OFF, 8);
+    memcpy(&nbytes, e + NBYTES_OFF, 8);
+    memcpy(&nblobs, e + NBLOBS_OFF, 4);
+    int kind = (unsigned char)e[KIND_OFF], level = (unsigned char)e[LEVEL_OFF];
+    if (level != memory_level || nbytes > max_bytes) {
+        pthread_mutex_unlock(m);
+        return PyLong_FromLong(0);
+    }
+    PyObject *data = PyBytes_FromStringAndSize(nbytes ? (const char *)(uintptr_t)(arena + off) : "",
+                                               (Py_ssize_t)nbytes);
+    PyObject *array = kind == array_kind ? PyBytes_FromStringAndSize(e + ARRAY_OFF, array_len) : Py_NewRef(Py_None);
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock */
+    now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    memcpy(&atime, e + ATIME_OFF, 8);
+    if (now - atime > c->grain)
+        memcpy(e + ATIME_OFF, &now, 8);
+    pthread_mutex_unlock(m);
+    if (data == NULL || array == NULL) {
+        Py_XDECREF(data);
+        Py_XDECREF(array);
+        return NULL;
+    }
+    return Py_BuildValue("(iKkNN)", kind, (unsigned long long)nbytes, (unsigned long)nblobs, array, data);
+}
+
 /* release(ctx, idx) -> 0 when this process still pins idx, 1 when that was its last pin,
  * 2 when it was the last and the entry is deleted (the caller frees it). */
 static PyObject *release(PyObject *self, PyObject *args) {
@@ -556,6 +615,7 @@ static PyMethodDef methods[] = {
     {"context", context, METH_VARARGS, "A kernel's constants for get_entry and release."},
     {"get_entry", get_entry, METH_VARARGS, "Find, pin and touch a sealed entry; its fields."},
     {"has", has, METH_VARARGS, "Whether a key has a sealed entry (no pin)."},
+    {"read_small", read_small, METH_VARARGS, "A small object in memory, copied under its stripe lock."},
     {"release", release, METH_VARARGS, "Drop one local pin: 0, 1 (last) or 2 (last, entry deleted)."},
     {"probe_wait", probe_wait, METH_VARARGS, "Wait for an MPI message with the GIL released (see above)."},
     {NULL, NULL, 0, NULL},

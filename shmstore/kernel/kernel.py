@@ -290,6 +290,28 @@ class Kernel:
         view._release = (self._release, idx, e[L.E_GEN])
         return view
 
+    def read_small(self, key: str, max_bytes: int) -> tuple[int, int, int, bytes | None, bytes] | None:
+        """(kind, nbytes, nblobs, ENTRY_ARRAY bytes of an array else None, the stored bytes) of a MEMORY
+        object of at most ``max_bytes``, copied in one C call under its stripe lock (no pin, no lease: what a
+        node service sends for a remote read of a small object); None where the general way must do it
+        (larger, on another level, no C extension, a busy lock).
+
+        Raises:
+            ObjectNotFoundError: no sealed object has this key.
+        """
+        if _fast is None or type(key) is not str or self._closed or self._deferred or self._fork != _FORKS[0] \
+                or not hasattr(_fast, "read_small"):
+            return None
+        r = _fast.read_small(self._ctx, key, max_bytes, self._at.arena_addr, _MEMORY, L.KIND_NDARRAY,
+                             L.ENTRY_ARRAY.struct.size)
+        if type(r) is tuple:
+            return r
+        if r == _codes.MISSING:
+            raise self._not_found(key)
+        if r == _codes.OWNER_DEAD:  # the stripe lock's holder died: we hold it now and must repair it
+            self._stripes[_crc32(key.encode(), self.sid) & self._bmask & self._smask].recover_held()
+        return None
+
     def copy_pinned(self, idx: int, e: tuple[Any, ...]) -> bytes:
         """The bytes of entry ``idx`` (pinned by the caller, in MEMORY), copied out; the pin is dropped: a
         small object sent inside a message, without a lease to build and collect."""

@@ -208,6 +208,10 @@ class Service:
         """What a Lookup of ``key`` finds (None: nothing), and the bytes it carries inline."""
         k = self.kernel
         try:
+            small = k.read_small(key, inline_max)  # the usual case: one C call, no pin
+            if small is not None:
+                kind, nbytes, nblobs, array, data = small
+                return W.Found(kind, nbytes, nblobs, array, data, 0), nbytes
             idx, e, _ = k.lookup(key, encode_key(key), True)
         except errors.ObjectNotFoundError:
             return None, 0
