@@ -48,6 +48,8 @@ _DTYPES: dict[bytes, np.dtype] = {}
 _FORKS = [0]
 os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
 _MEMORY = int(Level.MEMORY)
+_RAISE = object()  # get's default: raise ObjectNotFoundError on a miss
+_MISS = object()   # _get_fast's answer for a key with no object
 _ARRAY_CACHE = 65536  # (dtype, shape, order) of arrays this process got recently
 _monotonic = time.monotonic
 _crc32 = zlib.crc32
@@ -210,20 +212,30 @@ class Kernel:
             self._arrays[(idx, gen)] = array
         return array
 
-    def get(self, key: str, conditions: Any = None) -> Any:
-        """The value of ``key``: zero-copy read-only views for arrays and bytes.
+    def get(self, key: str, conditions: Any = None, default: Any = _RAISE) -> Any:
+        """The value of ``key``: zero-copy read-only views for arrays and bytes; ``default`` where there is
+        none, if given (a cluster's get, for which a miss is the start of a fetch, not an error).
 
         Raises:
-            ObjectNotFoundError: no sealed object has this key.
+            ObjectNotFoundError: no sealed object has this key (and no ``default``).
             InvalidArgumentError: ``conditions`` on a value that is not an array.
         """
         if _fast is not None and type(key) is str and not self._closed and not self._deferred \
                 and self._fork == _FORKS[0]:
             obj = self._get_fast(key)  # the hot path: a small array in memory
+            if obj is _MISS:
+                if default is _RAISE:
+                    raise self._not_found(key)
+                return default
             if obj is not None:
                 return obj if conditions is None else apply_conditions(key, obj, conditions)
         kb = self._begin(key)
-        idx, e, array = self.lookup(key, kb, True)
+        try:
+            idx, e, array = self.lookup(key, kb, True)
+        except ObjectNotFoundError:
+            if default is _RAISE:
+                raise
+            return default
         if e[L.E_LEVEL] == L.LEVEL_GPU:
             obj = self._device_value(idx, e, array)
         elif array is not None:
@@ -246,12 +258,12 @@ class Kernel:
 
     def _get_fast(self, key: str) -> Any:
         """``get`` of an array in memory through the C fast path: one C call finds, pins and
-        touches the entry (the steps of lookup and _pinned); None for anything else, which
-        then goes the general way."""
+        touches the entry (the steps of lookup and _pinned); ``_MISS`` where the key has no
+        object; None for anything else, which then goes the general way."""
         r = _fast.get_entry(self._ctx, key)
         if type(r) is not tuple:
             if r == _codes.MISSING:
-                raise self._not_found(key)
+                return _MISS
             if r == _codes.OWNER_DEAD:  # the stripe lock's holder died: we hold it now and must repair it
                 self._stripes[_crc32(key.encode(), self.sid) & self._bmask & self._smask].recover_held()
             return None

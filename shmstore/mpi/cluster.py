@@ -207,14 +207,15 @@ class Cluster:
             TransferError: the transfer failed.
         """
         self._check()
-        for attempt in range(3):
-            try:
-                return self.store.get(key, conditions)
-            except errors.ObjectNotFoundError:
-                if not fetch or attempt == 2:
-                    raise  # (fetched twice and deleted each time before it was read: deleted)
+        kernel = self.store.kernel
+        for _ in range(3):
+            value = kernel.get(key, conditions, _MISSED)  # a miss starts a fetch: no exception to raise
+            if value is not _MISSED:
+                return value
+            if not fetch:
+                break
             self._fetcher.fetch_one(key, None, levels, self.block_size, missed=True)
-        raise AssertionError("unreachable")
+        return kernel.get(key, conditions)  # raises (fetched thrice and deleted each time before it was read)
 
     def fetch(self, keys: Iterable[str] | str, levels: Iterable[Level] | Level | None = None,
               block_size: int | None = None) -> None:
@@ -351,6 +352,9 @@ class Cluster:
 
     def __repr__(self) -> str:
         return f"<shmstore.mpi.Cluster rank {self.rank}/{self.size} node {self.node!r} of {self.nodes}>"
+
+
+_MISSED = object()  # Cluster.get's default for a local miss
 
 
 def _no_answer(value: Any) -> None:
