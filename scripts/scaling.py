@@ -14,8 +14,9 @@ the raw baseline measured in the same job (``np.copyto``, MPI
 ``Send``/``Recv``, an 8 B round trip, ``MPI_Bcast``, a file write, or ideal
 scaling) and the ratio to it. With matplotlib (``pip install
 'shmstore[plots]'``) it draws ``throughput_vs_ranks.png``,
-``bandwidth_vs_size.png``, ``latency_vs_nodes.png`` and
-``broadcast_vs_nodes.png``, baselines dashed.
+``bandwidth_vs_size.png``, ``latency_vs_nodes.png``,
+``messages_vs_nodes.png`` and ``broadcast_vs_nodes.png``, baselines
+dashed.
 """
 from __future__ import annotations
 
@@ -121,6 +122,8 @@ def plot(rows: list[dict[str, Any]], outdir: str) -> list[str]:
             ax.xaxis.get_major_locator().set_params(integer=True)
         if logy:
             ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -176,6 +179,19 @@ def plot(rows: list[dict[str, Any]], outdir: str) -> list[str]:
                "black")]
     figure("latency_vs_nodes.png", f"Lookup latency against node count ({rpn} rank(s) per node)", "nodes",
            "microseconds (log)", series, logy=True)
+
+    series = [("remote 64 B get", "-", [(r["nodes"], r["value"]) for r in pick("remote_get_msgs",
+                                                                             ranks_per_node=rpn)], "tab:blue"),
+              ("get: bound for any node count", "--", [(r["nodes"], r["baseline_value"])
+                                                       for r in pick("remote_get_msgs", ranks_per_node=rpn)],
+               "tab:blue"),
+              ("locate", "-", [(r["nodes"], r["value"]) for r in pick("locate_msgs", ranks_per_node=rpn)],
+               "tab:green"),
+              ("locate: bound for any node count", "--", [(r["nodes"], r["baseline_value"])
+                                                          for r in pick("locate_msgs", ranks_per_node=rpn)],
+               "tab:green")]
+    figure("messages_vs_nodes.png", f"Messages per lookup against node count ({rpn} rank(s) per node)", "nodes",
+           "messages (requests and replies)", series)
 
     size = max((r["size"] for r in rows if r["workload"] == "broadcast"), default=0)
     series = [("every node gets one object", "-", [(r["nodes"], r["value"]) for r in pick(

@@ -16,7 +16,9 @@ Every rank opens one Cluster; rank 0 appends one JSON line per measurement to
 - ``migrate_blobs_bw``: a dict of 64 arrays (SIZE bytes in all) migrated to
   node 1, against the same raw ``Send``/``Recv``;
 - ``remote_get_lat`` / ``locate_lat``: a 64 B get from another node and a
-  ``locate``, against a raw 8 B round trip;
+  ``locate``, against a raw 8 B round trip; ``remote_get_msgs`` /
+  ``locate_msgs``: the messages each cost (``cluster.requests``), against
+  the bound that holds for any node count (5 and 2);
 - ``broadcast``: every node gets one SIZE-byte object, against ``MPI_Bcast``;
 - ``spill_bw``: SIZE-byte puts into a store four times smaller than what is
   put (spilling to disk), against writing the same bytes to a file.
@@ -206,16 +208,27 @@ def latency(c: Cluster, rec: Recorder, n: int) -> None:
         for k in keys[:20]:
             c.get(k)
             c.locate(k)
+        msgs = {"get": 0, "locate": 0}
+
+        def sent() -> int:
+            r = c.requests
+            return 2 * r["calls"] + r["posts"]  # a call is a request and its reply; a post one message
+
         for k in keys[20:]:
-            t = time.perf_counter()
+            m, t = sent(), time.perf_counter()
             c.get(k)
             gets.append(time.perf_counter() - t)
-            t = time.perf_counter()
+            m2, t = sent(), time.perf_counter()
             c.locate(k)
             locs.append(time.perf_counter() - t)
+            msgs["get"] += m2 - m
+            msgs["locate"] += sent() - m2
         rtt = statistics.median(rtts)
         rec.row("remote_get_lat", 64, statistics.median(gets) * 1e6, "us", "MPI 8 B round trip", rtt * 1e6)
         rec.row("locate_lat", 64, statistics.median(locs) * 1e6, "us", "MPI 8 B round trip", rtt * 1e6)
+        # what carries to any machine: messages per operation, bounded whatever the node count
+        rec.row("remote_get_msgs", 64, msgs["get"] / n, "messages", "bound for any node count", 5.0)
+        rec.row("locate_msgs", 64, msgs["locate"] / n, "messages", "bound for any node count", 2.0)
     quiet_barrier(comm)
     if c.rank == last:
         for k in keys:

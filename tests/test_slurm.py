@@ -77,7 +77,8 @@ def test_quick_scaling_job_writes_its_csv_and_plots_and_leaves_nothing(slurm, tm
     assert all(float(r["value"]) > 0 and float(r["baseline_value"]) > 0 for r in rows)
     try:
         import matplotlib  # noqa: F401
-        for png in ("throughput_vs_ranks", "bandwidth_vs_size", "latency_vs_nodes", "broadcast_vs_nodes"):
+        for png in ("throughput_vs_ranks", "bandwidth_vs_size", "latency_vs_nodes", "messages_vs_nodes",
+                    "broadcast_vs_nodes"):
             assert (out / f"{png}.png").stat().st_size > 10_000
     except ImportError:
         assert "no matplotlib" in log
