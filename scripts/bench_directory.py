@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def sent() -> int:
             r = cluster.requests
-            return 2 * r["calls"] + r["posts"]  # a call: the request and its reply; a post: one message
+            return 2 * r["calls"] + r["posts"] + r["forwarded"]  # call: request, reply; post: one; forward: one
 
         if world.rank == 0:
             for k in warm:

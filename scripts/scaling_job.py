@@ -212,7 +212,7 @@ def latency(c: Cluster, rec: Recorder, n: int) -> None:
 
         def sent() -> int:
             r = c.requests
-            return 2 * r["calls"] + r["posts"]  # a call is a request and its reply; a post one message
+            return 2 * r["calls"] + r["posts"] + r["forwarded"]  # call: request, reply; post: one; forward: one
 
         for k in keys[20:]:
             m, t = sent(), time.perf_counter()

@@ -127,6 +127,9 @@ def test_copies_are_named_so_that_a_later_object_is_never_dropped():
     assert ask(d, W.DirDrop("k", 0, 1.5), out) is False and d.get("k") == [0, 1]  # not the copy moved from
     assert ask(d, W.DirDrop("k", 1, 2.5), out) is True and ask(d, W.DirCopies("k"), out) == [(0, 3.5)]
     assert ask(d, W.DirDrop("k", 5), out) is False
+    ask(d, W.DirAdd(["k"], 0, [64], [None]), out)  # a registration that cannot name the copy keeps the name
+    assert ask(d, W.DirCopies("k"), out) == [(0, 3.5)]
+    assert ask(d, W.DirDrop("k", 0, None), out) is False  # "whatever is there" drops nothing named
     assert ask(d, W.DirSource("k", 2), out) == 0
     assert ask(d, W.DirDone("k", 0, 2, "copied", 64, 4.5), out) is True
     assert ask(d, W.DirTake("k"), out) == [(0, 3.5), (2, 4.5)]  # a delete removes exactly these
@@ -154,3 +157,21 @@ def test_a_migration_is_pending_at_its_chosen_source_and_refused_after_a_delete(
     assert sorted(ask(d, W.DirTake("m"), out)) == [(0, None), (1, 3), (2, None)]
     assert ask(d, W.DirDone("m", 0, 3, "copied", BIG, 4), out) is False
     assert ask(d, W.DirSource("m", 3, source=0), out) is None  # gone: nothing to pull
+
+
+def test_a_stale_report_drops_only_the_copy_that_was_listed_when_the_source_was_named():
+    """Node 3 is told to fetch from node 2; node 2's copy goes (a migration moved it) and node 2 lands a new
+    one and registers it; then node 3 reports node 2 empty. Dropping node 2 then would leave its new copy
+    unlisted: a later delete or overwrite would miss it, and readers there would get an old value."""
+    d, out = Directory(), []
+    ask(d, W.DirAdd(["k"], 0, [64], [1.0]), out)
+    ask(d, W.DirAdd(["k"], 2, [64], [2.0]), out)
+    assert ask(d, W.DirSource("k", 3), out) == 2  # named with node 2's copy 2.0
+    assert ask(d, W.DirDrop("k", 2, 2.0, keep=0), out) is True  # moved away from node 2...
+    assert ask(d, W.DirSource("k", 2), out) == 0
+    assert ask(d, W.DirDone("k", 0, 2, "copied", 64, 5.0), out) is True  # ...and landed there again
+    assert ask(d, W.DirDone("k", 2, 3, "stale", 0), out) is True
+    assert ask(d, W.DirCopies("k"), out) == [(0, 1.0), (2, 5.0)]  # the new copy stays listed
+    src = ask(d, W.DirSource("k", 3), out)
+    assert ask(d, W.DirDone("k", src, 3, "stale", 0), out) is True
+    assert src not in d.get("k") and len(d.get("k")) == 1  # a stale report of the copy that was listed drops it

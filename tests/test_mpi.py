@@ -38,6 +38,20 @@ def test_mpi_suite_on_two_emulated_nodes():
     assert wait_for(lambda: set(shm_segments()) <= before, timeout=15), set(shm_segments()) - before
 
 
+@pytest.mark.timeout(200)
+def test_the_mpi_tests_that_need_three_nodes_on_three_emulated_nodes():
+    """A key's home on a third node (neither the fetcher's nor the holder's): the home forwards a small
+    fetch's question and the holder answers (tests/mpi, skipped on two nodes)."""
+    before = set(shm_segments())
+    r = subprocess.run(["bash", os.path.join(ROOT, "mpi", "run-tests.sh"), "-k", "third"], cwd=ROOT,
+                       env=dict(_env(), NP="3", HOSTS="n0:1,n1:1,n2:1"), capture_output=True, text=True,
+                       timeout=180)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    assert out.count("1 passed") >= 3 and "skipped" not in out and " failed" not in out, out[-6000:]
+    assert wait_for(lambda: set(shm_segments()) <= before, timeout=15), set(shm_segments()) - before
+
+
 @pytest.mark.timeout(300)
 def test_rank_killed_mid_transfer_leaves_no_pins_reservations_or_migrations():
     name = "k" + uuid.uuid4().hex[:10]

@@ -134,12 +134,13 @@ class Cluster:
             raise errors.StoreClosedError("cluster is closed")
 
     # ---- the directory ---------------------------------------------------------
-    def _dir(self, msg: Any, post: bool = False) -> Any:
-        """A request to the home node of ``msg``'s key (or of its first key: all must share the home)."""
+    def _dir(self, msg: Any, post: bool = False, any_source: bool = False) -> Any:
+        """A request to the home node of ``msg``'s key (or of its first key: all must share the home);
+        ``any_source``: its answer may come from another node (a forwarded DirSource)."""
         key = msg.key if hasattr(msg, "key") else msg.keys[0]
-        return self._dir_at(home_of(key, len(self.nodes)), msg, post)
+        return self._dir_at(home_of(key, len(self.nodes)), msg, post, any_source=any_source)
 
-    def _dir_at(self, home: int, msg: Any, post: bool = False, linger: float = 0.0) -> Any:
+    def _dir_at(self, home: int, msg: Any, post: bool = False, linger: float = 0.0, any_source: bool = False) -> Any:
         """A directory request to node ``home``; answered by this rank's own service's directory where it
         keeps it (no message), else by a call (or with ``post`` a message without a reply; ``linger``: see
         :meth:`Messenger.call`)."""
@@ -152,7 +153,7 @@ class Cluster:
         if post:
             self._msg.post(home, msg)
             return None
-        return self._msg.call(home, msg, linger=linger)
+        return self._msg.call(home, msg, linger=linger, any_source=any_source)
 
     def _by_home(self, keys: list[str]) -> dict[int, list[str]]:
         out: dict[int, list[str]] = {}
@@ -265,14 +266,14 @@ class Cluster:
         if not holders:
             raise errors.ObjectNotFoundError(f"no node has {key!r}", key)
         if dest not in holders:
-            src = holders[0]
+            src, src_copy = copies[0]
             if dest == self.node_index:
-                self._fetcher.fetch_one(key, src, None, self.block_size)
+                self._fetcher.fetch_one(key, src, None, self.block_size, source_copy=src_copy)
             else:
-                self._msg.call(dest, W.Pull(key, src, self.block_size))  # the pull registers the new copy
-        if not keep_source:  # the copies moved from, each unlisted before it goes (an overwrite since stays)
-            for n, copy in copies:
-                if n != dest and self._dir(W.DirDrop(key, n, copy)):
+                self._msg.call(dest, W.Pull(key, src, self.block_size, src_copy))  # it registers the new copy
+        if not keep_source:  # the copies moved from, each unlisted before it goes (an overwrite since stays;
+            for n, copy in copies:  # a copy the directory cannot name stays too: never a later write dropped)
+                if n != dest and copy is not None and self._dir(W.DirDrop(key, n, copy, keep=dest)):
                     self._delete_on(n, key, copy)
 
     def locate(self, key: str) -> list[str]:
@@ -318,10 +319,11 @@ class Cluster:
 
     @property
     def requests(self) -> dict[str, int]:
-        """Requests this rank sent to node services so far: ``calls`` (each a message and its reply) and
-        ``posts`` (one message, no reply). What an operation costs in messages, whatever the node count:
-        see mpi/README.md."""
-        return {"calls": self._msg.calls, "posts": self._msg.posts}
+        """Requests this rank sent to node services so far: ``calls`` (each a message and its reply),
+        ``posts`` (one message, no reply) and ``forwarded`` (calls whose node sent the request on to another,
+        which answered: one message more each). What an operation costs in messages, whatever the node
+        count: see mpi/README.md."""
+        return {"calls": self._msg.calls, "posts": self._msg.posts, "forwarded": self._msg.forwarded}
 
     def stats(self) -> dict[str, int]:
         """Node-wide counters: transfers into this node, bytes received and sent, deduplicated requests."""

@@ -52,6 +52,7 @@ leaders' memory, not in the stores (a job that dies takes it along).
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import zlib
 from collections import deque
@@ -70,6 +71,10 @@ def home_of(key: str, nnodes: int) -> int:
     return zlib.crc32(key.encode("utf-8", "surrogatepass")) % nnodes
 
 
+_NONE = object()  # no copy seen: never equal to a listed copy
+_ANON = itertools.count()  # pending fetches without a token (unit tests drive the directory by hand)
+
+
 class _Entry:
     __slots__ = ("holders", "copies", "nbytes", "sending", "waiters", "pending")
 
@@ -77,9 +82,12 @@ class _Entry:
         self.holders: list[int] = []
         self.copies: dict[int, float | None] = {}  # holder -> its copy (creation time there), None: unknown
         self.nbytes = 0
-        self.pending: dict[int, int] = {}  # node -> fetches named a source and not done yet
+        # fetches named a source and not done yet, by token: (node, the copies of the sources it may use as
+        # they were listed then: a report that one was empty drops it only if it still lists that copy)
+        self.pending: dict[Any, tuple[int, dict[int, float | None]]] = {}
         self.sending: dict[int, int] = {}  # holder -> fetches it serves now (large objects)
-        self.waiters: deque[tuple[int, Callable[[Any], None]]] = deque()  # (node, answer) waiting for a holder
+        # (node, answer, token) waiting for a holder
+        self.waiters: deque[tuple[int, Callable[[Any], None], int]] = deque()
 
 
 class Directory:
@@ -115,21 +123,24 @@ class Directory:
         if e is None:
             return None
         node, holders = msg.node, e.holders
-        if msg.source >= 0:  # a migration's pull from a holder the caller chose: pending, nothing to choose
-            e.pending[node] = e.pending.get(node, 0) + 1
+        if msg.source >= 0:  # a migration's pull from the holder it chose: pending, nothing to choose
+            if msg.source not in holders or e.copies.get(msg.source) != msg.source_copy:
+                return None  # replaced or moved since the caller looked: its source is not the key's now
+            _pend(e, msg.token, node, [msg.source])
             return msg.source
         others = holders if node not in holders else [h for h in holders if h != node]
         if not others:
             return None
         if msg.small_only and e.nbytes > msg.inline_max:
             return W.LARGE
-        src: int | None = others[node % len(others)]  # small: no queueing; fetchers start at different holders
+        src = others[node % len(others)]  # small: no queueing; fetchers start at different holders
         if e.nbytes >= SPREAD_MIN:
-            src = self._free_holder(e, node)
-            if src is None:
-                e.waiters.append((node, answer))
+            free = self._free_holder(e, node)
+            if free is None:
+                e.waiters.append((node, answer, msg.token))
                 return WAIT
-        e.pending[node] = e.pending.get(node, 0) + 1
+            src = free
+        _pend(e, msg.token, node, [src])
         return src
 
     def _source_many(self, msg: W.DirSourceMany, answer: Any, later: list[Any]) -> list[list[int]]:
@@ -139,14 +150,14 @@ class Directory:
             others = [h for h in e.holders if h != msg.node] if e else []
             if others:
                 assert e is not None
-                e.pending[msg.node] = e.pending.get(msg.node, 0) + 1
+                _pend(e, msg.token, msg.node, others)
             out.append(others)
         return out
 
     def _done_many(self, msg: W.DirDoneMany, answer: Any, later: list[Any]) -> list[tuple[str, float]]:
         refused = []
         for key, source, outcome, nbytes, copy in msg.items:
-            if not self._done(W.DirDone(key, source, msg.node, outcome, nbytes, copy), answer, later) \
+            if not self._done(W.DirDone(key, source, msg.node, outcome, nbytes, copy, msg.token), answer, later) \
                     and copy is not None:
                 refused.append((key, copy))
         return refused
@@ -162,19 +173,15 @@ class Directory:
 
     def _done(self, msg: W.DirDone, answer: Any, later: list[Any]) -> bool:
         e = self._entries.get(msg.key)
-        was_pending = e is not None and e.pending.get(msg.node, 0) > 0
-        if was_pending:
-            assert e is not None
-            left = e.pending[msg.node] - 1
-            if left:
-                e.pending[msg.node] = left
-            else:
-                del e.pending[msg.node]
-            if e.sending.get(msg.source, 0) > 0:
-                e.sending[msg.source] -= 1
+        seen = _unpend(e, msg.token, msg.node, msg.source) if e is not None else None
+        was_pending = seen is not None
+        if e is not None and was_pending and e.sending.get(msg.source, 0) > 0:
+            e.sending[msg.source] -= 1
         if msg.outcome == "copied" and was_pending:
             self._add(msg.key, msg.node, msg.nbytes, msg.copy)
-        elif msg.outcome == "stale" and was_pending:  # else: news of an entry taken or replaced since
+        elif msg.outcome == "stale" and was_pending and e is not None and msg.source in e.holders \
+                and e.copies.get(msg.source) == seen.get(msg.source, _NONE):  # type: ignore[union-attr]
+            # the copy found missing is the one listed when the source was named: not a copy landed since
             self._drop(msg.key, msg.source)
         if e is not None and (e.waiters or not e.holders):
             self._serve(msg.key, later)
@@ -185,8 +192,10 @@ class Directory:
 
     def _drop_one(self, msg: W.DirDrop, answer: Any, later: list[Any]) -> bool:
         e = self._entries.get(msg.key)
-        if e is None or msg.node not in e.holders or (msg.copy is not None and e.copies.get(msg.node) != msg.copy):
-            return False  # not listed, or a later object is (put there meanwhile): that one stays
+        if e is None or msg.node not in e.holders or e.copies.get(msg.node) != msg.copy:
+            return False  # not listed, or another object is (put there meanwhile): that one stays
+        if msg.keep >= 0 and msg.keep not in e.holders:
+            return False  # the move's destination lost its copy meanwhile: this one is the key's last
         self._drop(msg.key, msg.node)
         self._serve(msg.key, later)
         return True
@@ -195,7 +204,7 @@ class Directory:
         e = self._entries.pop(msg.key, None)
         if e is None:
             return []
-        later.extend((reply, None) for _, reply in e.waiters)  # the key is gone: nothing to fetch
+        later.extend((reply, None) for _, reply, _ in e.waiters)  # the key is gone: nothing to fetch
         return [(h, e.copies.get(h)) for h in e.holders]  # fetches in flight: refused when they end
 
     def _replace(self, msg: W.DirReplace, answer: Any, later: list[Any]) -> list[tuple[int, float | None]]:
@@ -219,7 +228,9 @@ class Directory:
             e = self._entries[key] = _Entry()
         if node not in e.holders:
             e.holders.append(node)
-        e.copies[node] = copy  # the latest registration names the node's copy
+        if copy is not None or node not in e.copies:  # the latest registration that knows names the copy: a
+            e.copies[node] = copy  # fetch that found the key put there meanwhile knows none, and the put's own
+            # registration names it (clobbered with "unknown", a move's source drop deleted a later write)
         e.nbytes = max(e.nbytes, int(nbytes))
 
     def _drop(self, key: str, node: int) -> None:
@@ -244,7 +255,7 @@ class Directory:
         if e is None:
             return
         while e.waiters:
-            node, reply = e.waiters[0]
+            node, reply, token = e.waiters[0]
             if not [h for h in e.holders if h != node]:
                 e.waiters.popleft()
                 later.append((reply, None))
@@ -253,7 +264,7 @@ class Directory:
             if src is None:
                 break
             e.waiters.popleft()
-            e.pending[node] = e.pending.get(node, 0) + 1
+            _pend(e, token, node, [src])
             later.append((reply, src))
         if not e.holders and not e.waiters and not e.pending:
             del self._entries[key]
@@ -265,3 +276,23 @@ class Directory:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _pend(e: _Entry, token: int, node: int, sources: list[int]) -> None:
+    """Node ``node`` fetches from one of ``sources`` now, named ``token``: pending, with their copies as
+    listed. (Token 0, from callers that name none, is told apart by node and source only.)"""
+    e.pending[token or ("node", node, next(_ANON))] = (node, {h: e.copies.get(h) for h in sources})
+
+
+def _unpend(e: _Entry, token: int, node: int, source: int) -> dict[int, float | None] | None:
+    """End the pending fetch ``token`` of ``node`` (with token 0: one of ``node``'s that could use ``source``):
+    the copies it saw, or None where it is not pending here (the entry was taken or replaced since its
+    source was named: a fetch named in the new entry is another one)."""
+    if token:
+        found = e.pending.pop(token, None)
+        return found[1] if found is not None and found[0] == node else None
+    for k, (n, seen) in list(e.pending.items()):
+        if n == node and source in seen and not isinstance(k, int):
+            del e.pending[k]
+            return seen
+    return None

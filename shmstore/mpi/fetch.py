@@ -24,6 +24,7 @@ node (small ones inside the reply), new copies registered once per home.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any, Callable
@@ -56,11 +57,20 @@ class Fetcher:
         self.store = cluster.store
         self.kernel = cluster.store.kernel
         self.me: int = cluster.node_index
+        self._tokens = itertools.count(1)
+        self._token_lock = threading.Lock()
+
+    def _token(self) -> int:
+        """A name for one fetch while it is pending at a home, unique in the job (this rank's, counted)."""
+        with self._token_lock:
+            return (int(self.cluster.rank) << 40) | next(self._tokens)
 
     # ---- one key ----------------------------------------------------------------
-    def fetch_one(self, key: str, source: int | None, levels: Any, block: int, missed: bool = False) -> None:
-        """One deduplicated transfer of ``key`` into this node (from ``source``, else a holder the
-        directory names); ``missed``: the caller just found it missing here."""
+    def fetch_one(self, key: str, source: int | None, levels: Any, block: int, missed: bool = False,
+                  source_copy: float | None = None) -> None:
+        """One deduplicated transfer of ``key`` into this node (from ``source``, whose copy the directory
+        listed as ``source_copy``, else from a holder the directory names); ``missed``: the caller just found
+        it missing here."""
         c, kb = self.cluster, encode_key(key)
         node, sid = self.kernel.node, self.kernel.sid
         if source is None and missed and self._from_directory(key, levels, block, small_only=True):
@@ -80,7 +90,7 @@ class Fetcher:
                     if source is None:
                         self._from_directory(key, levels, block)
                     else:
-                        self._pull(key, source, levels, block)
+                        self._pull(key, source, source_copy, levels, block)
             except errors.ObjectNotFoundError:
                 migrations.finish(node, slot)  # a miss leaves no entry: waiters look again and miss too
                 raise
@@ -98,7 +108,10 @@ class Fetcher:
         With ``small_only``, False (nothing done) where the object is larger than ``T.INLINE_MAX``."""
         c = self.cluster
         for _ in range(len(c.nodes) + 2):
-            answer = c._dir(W.DirSource(key, self.me, T.INLINE_MAX, small_only))
+            # small: where a third node holds it, the home forwards the question and the holder answers
+            token = self._token()
+            answer = c._dir(W.DirSource(key, self.me, T.INLINE_MAX, small_only, forward=small_only, token=token),
+                            any_source=small_only)
             src, found = (answer.node, answer.found) if isinstance(answer, W.Sourced) else (answer, _ASK)
             if src == W.LARGE:
                 return False
@@ -113,7 +126,7 @@ class Fetcher:
             finally:
                 # posted, no reply awaited: the home made this node pending when it named the source, so a
                 # delete meanwhile finds it; this rank's later requests to the home come after this one
-                listed = c._dir(W.DirDone(key, src, self.me, outcome, max(nbytes, 0), copy), post=True)
+                listed = c._dir(W.DirDone(key, src, self.me, outcome, max(nbytes, 0), copy, token), post=True)
             if outcome == "copied":
                 if listed is False and copy is not None:  # refused by our own directory: deleted or replaced
                     self.kernel.delete(key, True, copy)  # while it came; the old copy goes, ask again
@@ -121,22 +134,25 @@ class Fetcher:
                 return True
         raise errors.TransferError(f"every node the directory names for {key!r} lost it while asked", key)
 
-    def _pull(self, key: str, source: int, levels: Any, block: int) -> None:
-        """A migration's transfer from node ``source``: pending at the home while the bytes move, the new copy
-        listed before it returns (the registration is answered).
+    def _pull(self, key: str, source: int, source_copy: float | None, levels: Any, block: int) -> None:
+        """A migration's transfer from node ``source`` (its copy ``source_copy``, as the directory listed it):
+        pending at the home while the bytes move, the new copy listed before it returns (the registration is
+        answered).
 
         Raises:
-            ObjectNotFoundError: the key was deleted meanwhile (or ``source`` has no copy).
+            ObjectNotFoundError: the key was deleted, replaced or moved from ``source`` meanwhile.
         """
         c = self.cluster
-        if c._dir(W.DirSource(key, self.me, source=source)) is None:
-            raise errors.ObjectNotFoundError(f"no node has {key!r} any more (it was deleted)", key)
+        token = self._token()
+        if c._dir(W.DirSource(key, self.me, source=source, source_copy=source_copy, token=token)) is None:
+            raise errors.ObjectNotFoundError(f"{key!r} was deleted, replaced or moved from node "
+                                             f"{c.nodes[source]!r} while the migration began", key)
         outcome, nbytes, copy = "failed", 0, None
         try:
             nbytes, copy = self._from(source, key, levels, block)
             outcome = "copied" if nbytes >= 0 else "stale"
         finally:
-            listed = c._dir(W.DirDone(key, source, self.me, outcome, max(nbytes, 0), copy))
+            listed = c._dir(W.DirDone(key, source, self.me, outcome, max(nbytes, 0), copy, token))
         if outcome == "stale":
             raise errors.ObjectNotFoundError(f"node {c.nodes[source]!r} has no copy of {key!r} to move", key)
         if listed is False:
@@ -177,8 +193,9 @@ class Fetcher:
         looked up per source, outcomes posted per home. Returns the keys now here."""
         c = self.cluster
         holders: dict[str, list[int]] = {}
+        token = self._token()
         for home, ks in c._by_home(keys).items():
-            holders.update(zip(ks, c._dir_at(home, W.DirSourceMany(ks, self.me), linger=_LINGER)))
+            holders.update(zip(ks, c._dir_at(home, W.DirSourceMany(ks, self.me, token), linger=_LINGER)))
         by_src: dict[int, list[str]] = {}
         for k in keys:
             hs = holders[k]
@@ -200,7 +217,7 @@ class Fetcher:
                     landed.add(k)
         finally:
             for home, ks in c._by_home(list(outcome)).items():
-                refused = c._dir_at(home, W.DirDoneMany(self.me, [(k, *outcome[k]) for k in ks]), post=True)
+                refused = c._dir_at(home, W.DirDoneMany(self.me, [(k, *outcome[k]) for k in ks], token), post=True)
                 for k, copy in refused or ():  # our own directory refused it: deleted or replaced meanwhile
                     self.kernel.delete(k, True, copy)
                     landed.discard(k)

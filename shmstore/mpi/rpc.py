@@ -36,6 +36,7 @@ class Messenger:
         self._probe = prober(comm)
         self._posted: set[int] = set()  # nodes posted to since the last flush
         self.calls = self.posts = 0  # requests sent by this rank (calls answered, posts not), for the benchmarks
+        self.forwarded = 0  # calls answered by another node than the one asked (the request went on to it)
 
     def next_tag(self) -> int:
         """A reply tag for a new call (counted in :attr:`calls`)."""
@@ -43,25 +44,34 @@ class Messenger:
             self.calls += 1
             return T.TAG_REPLY_MIN + next(self._tags) % (T.TAG_REPLY_MAX - T.TAG_REPLY_MIN)
 
-    def call(self, node: int, msg: Any, key: Any = None, spin: float | None = None, linger: float = 0.0) -> Any:
+    def call(self, node: int, msg: Any, key: Any = None, spin: float | None = None, linger: float = 0.0,
+             any_source: bool = False) -> Any:
         """Send ``msg`` to ``node``'s service and return its reply; ``spin``: seconds to wait for it without
         napping (default :attr:`spin`; longer for a request that takes the service long); ``linger``:
-        seconds the service should wait for this rank's next request without napping (more follow soon).
+        seconds the service should wait for this rank's next request without napping (more follow soon);
+        ``any_source``: the reply may come from another node's service (a forwarded request).
 
         Raises:
             the exception the service reported (a :class:`wire.Failure`), naming the node.
         """
-        return self.call_tagged(node, msg, key, spin, linger)[1]
+        return self.call_tagged(node, msg, key, spin, linger, any_source)[1]
 
     def call_tagged(self, node: int, msg: Any, key: Any = None, spin: float | None = None,
-                    linger: float = 0.0) -> tuple[int, Any]:
+                    linger: float = 0.0, any_source: bool = False) -> tuple[int, Any]:
         """:meth:`call`, also returning the reply tag (bulk frames follow a Data reply on it)."""
         dest, tag = self.leaders[node], self.next_tag()
         W.request(self.comm, msg, dest, tag, linger if self.spin else 0.0)
         spin = self.spin if spin is None else spin
-        while not self._probe(dest, tag, spin, _NAP, 3600.0, _NAP_MAX):
+        source = MPI.ANY_SOURCE if any_source else dest  # a reply tag is this rank's alone while the call lasts
+        while not self._probe(source, tag, spin, _NAP, 3600.0, _NAP_MAX):
             pass
-        reply = W.receive_reply(self.comm, dest, tag)
+        if any_source:
+            status = MPI.Status()
+            reply = W.receive_reply(self.comm, source, tag, status)
+            if status.Get_source() != dest:
+                self.forwarded += 1  # asked one node, answered by another: one message more
+        else:
+            reply = W.receive_reply(self.comm, source, tag)
         if isinstance(reply, W.Failure):
             raise reply.exception(f"node {self.names[node]!r}", key if key is not None else getattr(msg, "key", None),
                                   dest)

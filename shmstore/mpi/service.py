@@ -82,7 +82,8 @@ class Service:
             W.Lookup: self._on_lookup, W.LookupMany: self._on_lookup_many, W.Data: self._on_data,
             W.Release: self._on_release, W.Has: self._on_has, W.Delete: self._on_delete, W.Pull: self._on_pull,
             W.Read: self._on_read,
-            W.WriterOpen: self._on_writer_open, W.Write: self._on_write, W.WriterClose: self._on_writer_close}
+            W.WriterOpen: self._on_writer_open, W.Write: self._on_write, W.WriterClose: self._on_writer_close,
+            W.Forward: self._on_forward}
         for kind in (W.DirAdd, W.DirDrop, W.DirGet, W.DirTake, W.DirReplace, W.DirSource, W.DirDone,
                      W.DirSourceMany, W.DirDoneMany, W.DirCopies):
             self._handlers[kind] = self._on_directory
@@ -271,7 +272,7 @@ class Service:
     def _on_pull(self, src: int, tag: int, msg: W.Pull) -> Any:
         def run() -> None:
             try:
-                self.cluster._fetcher.fetch_one(msg.key, msg.source, None, msg.block)
+                self.cluster._fetcher.fetch_one(msg.key, msg.source, None, msg.block, source_copy=msg.copy)
                 reply: Any = None
             except Exception as exc:
                 reply = W.Failure.of(exc)
@@ -293,11 +294,29 @@ class Service:
             elif isinstance(msg, W.DirDoneMany):
                 for key, copy in result:
                     self._drop_copy(msg.node, key, copy)
-        if isinstance(msg, W.DirSource) and msg.inline_max and result == self.cluster.node_index:
+        if isinstance(msg, W.DirSource) and msg.inline_max and type(result) is int and result >= 0:
+            if result == self.cluster.node_index:  # the home holds it: the answer carries it
+                found, sent = self._lookup(msg.key, msg.inline_max)
+                self._sent_later += sent
+                return W.Sourced(result, found)
+            if msg.forward and tag:  # the holder answers the fetcher: one hop less than a Lookup of its own
+                W.post(self.comm, W.Forward(msg.key, msg.inline_max, src, tag), self.cluster.leaders[result])
+                return _NO_REPLY
+        return result
+
+    def _on_forward(self, src: int, tag: int, msg: W.Forward) -> Any:
+        """Answer the fetcher whose DirSource the home forwarded here (it waits on its own reply tag)."""
+        try:
             found, sent = self._lookup(msg.key, msg.inline_max)
             self._sent_later += sent
-            return W.Sourced(result, found)
-        return result
+            reply: Any = W.Sourced(self.cluster.node_index, found)
+        except Exception as exc:  # the fetcher hears of it, as from a Lookup of its own
+            reply = W.Failure.of(exc)
+        if _large(reply):
+            self._out.append(W.reply_nowait(self.comm, reply, msg.rank, msg.tag))
+        else:
+            W.reply(self.comm, reply, msg.rank, msg.tag)
+        return _NO_REPLY
 
     def _drop_copy(self, node: int, key: str, copy: float) -> None:
         """Delete the object ``copy`` of ``key`` on node ``node`` without waiting: here at once, elsewhere by a

@@ -24,7 +24,7 @@ from . import tags as T
 __all__ = [
     "Lookup", "LookupMany", "Data", "Release", "Has", "Delete", "Pull", "Read", "WriterOpen", "Write", "WriterClose",
     "DirAdd", "DirDrop", "DirGet", "DirTake", "DirReplace", "DirSource", "DirDone", "DirSourceMany",
-    "DirDoneMany", "DirCopies", "Stop",
+    "DirDoneMany", "DirCopies", "Forward", "Stop",
     "Found", "FoundMany", "Sourced", "Chunk", "Failure", "LARGE",
     "encode", "decode", "request", "post", "reply", "reply_nowait", "receive", "receive_reply",
 ]
@@ -68,10 +68,12 @@ class Delete(NamedTuple):
 
 
 class Pull(NamedTuple):
-    """Fetch ``key`` into this node from node ``source`` (a migration): None once it is here."""
+    """Fetch ``key`` into this node from node ``source``, whose copy the directory listed as ``copy`` (a
+    migration): None once it is here."""
     key: str
     source: int
     block: int
+    copy: float | None = None
 
 
 class Read(NamedTuple):
@@ -113,11 +115,14 @@ class DirAdd(NamedTuple):
 
 
 class DirDrop(NamedTuple):
-    """Node ``node`` is to hold no copy of ``key`` (sent before the copy is deleted); with ``copy``, only if
-    its listed copy is that one (not a later object put there meanwhile). True if it was dropped."""
+    """Node ``node`` is to hold no copy of ``key`` (sent before the copy is deleted): only if its listed copy
+    is ``copy`` (not another object put there meanwhile) and, with ``keep`` >= 0, while node ``keep`` is
+    listed (a move drops its sources only while its destination holds the key: two moves the opposite
+    ways would otherwise drop both copies). True if it was dropped."""
     key: str
     node: int
     copy: float | None = None
+    keep: int = -1
 
 
 class DirCopies(NamedTuple):
@@ -157,7 +162,19 @@ class DirSource(NamedTuple):
     node: int
     inline_max: int = 0
     small_only: bool = False  # objects over inline_max: answer LARGE, nothing registered (see fetch.py)
-    source: int = -1  # >= 0: a migration pulling from this node: answered at once (None: no entry any more)
+    source: int = -1  # >= 0: a migration pulling from this node: answered at once (None: no entry any more,
+    source_copy: float | None = None  # or ``source`` lists another copy than this one: replaced or moved since)
+    forward: bool = False  # a holder on a third node answers instead of the home (a Forward): one hop saved
+    token: int = 0  # names this fetch while it is pending; its DirDone brings it back (0: none, unit tests)
+
+
+class Forward(NamedTuple):
+    """From a key's home to a holder: look ``key`` up (``inline_max`` as in :class:`Lookup`) and answer rank
+    ``rank`` on its reply ``tag`` with a :class:`Sourced`, as if it had asked (a forwarded DirSource)."""
+    key: str
+    inline_max: int
+    rank: int
+    tag: int
 
 
 LARGE = -1  # a DirSource(small_only=True) answer: the object is larger than inline_max
@@ -168,6 +185,7 @@ class DirSourceMany(NamedTuple):
     every entry with one, until the batch's :class:`DirDoneMany`. No queueing (batches are of small objects)."""
     keys: list[str]
     node: int
+    token: int = 0
 
 
 class DirDone(NamedTuple):
@@ -181,6 +199,8 @@ class DirDone(NamedTuple):
     outcome: str
     nbytes: int
     copy: float | None = None  # the fetched object's creation time on ``node`` (what a refusal deletes); None: none
+    token: int = 0  # the DirSource's: which pending fetch this is (a fetch named in an entry replaced since
+    #                 must not be taken for another fetch of the same node, named in the new one)
 
 
 class DirDoneMany(NamedTuple):
@@ -188,6 +208,7 @@ class DirDoneMany(NamedTuple):
     nbytes, copy). Posted; where the home answers it, the (key, copy) of the copies it refused."""
     node: int
     items: list[tuple[str, int, str, int, float | None]]
+    token: int = 0
 
 
 # ---- replies ----------------------------------------------------------------------
@@ -252,7 +273,7 @@ class Failure(NamedTuple):
 _TYPES: tuple[Any, ...] = (
     Lookup, LookupMany, Data, Release, Has, Delete, Pull, Read, WriterOpen, Write, WriterClose, Stop,
     DirAdd, DirDrop, DirGet, DirTake, DirReplace, DirSource, DirDone, Found, FoundMany, Sourced, Chunk, Failure,
-    DirSourceMany, DirDoneMany, DirCopies)
+    DirSourceMany, DirDoneMany, DirCopies, Forward)
 _CODE = {t: i for i, t in enumerate(_TYPES)}
 _PLAIN, _SOURCED, _FOUND_MANY = -1, _CODE[Sourced], _CODE[FoundMany]
 
@@ -310,6 +331,6 @@ def receive(comm: MPI.Comm, source: int, tag: int, status: MPI.Status | None = N
     return reply_tag, decode(frame), linger
 
 
-def receive_reply(comm: MPI.Comm, source: int, tag: int) -> Any:
-    """The answer waiting from ``source`` on reply ``tag``."""
-    return decode(comm.recv(source=source, tag=tag))
+def receive_reply(comm: MPI.Comm, source: int, tag: int, status: MPI.Status | None = None) -> Any:
+    """The answer waiting from ``source`` (or ``MPI.ANY_SOURCE``) on reply ``tag``."""
+    return decode(comm.recv(source=source, tag=tag, status=status))

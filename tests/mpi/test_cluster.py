@@ -529,3 +529,36 @@ def test_racing_overwrites_deletes_fetches_and_migrations_keep_the_last_write(cl
         for k in keys:
             cluster.delete(k)
     comm.Barrier()
+
+
+def test_a_small_fetch_through_a_third_nodes_home_is_answered_by_the_holder(cluster, comm, key):
+    """Where a key's home is neither the fetcher's node nor the holder's, the home forwards the question and
+    the holder answers the fetcher itself: one message less than asking the holder after the home. A stale
+    holder (its copy deleted behind the directory's back) answers "nothing" the same way, and the fetch
+    heals the entry and reports the key missing."""
+    from shmstore.mpi.directory import home_of
+    n = len(cluster.nodes)
+    if n < 3:
+        pytest.skip("needs three nodes: the fetcher's, the holder's and a third, the key's home")
+    holder, fetcher = 0, n - 1
+    k = next(f"{key}-{i}" for i in range(1000) if home_of(f"{key}-{i}", n) not in (holder, fetcher))
+    stale = next(f"{key}-s{i}" for i in range(1000) if home_of(f"{key}-s{i}", n) not in (holder, fetcher))
+    if comm.rank == leader_of(cluster, holder):
+        cluster.put(k, np.arange(8))
+        cluster.put(stale, np.arange(8))
+        cluster.store.delete(stale)  # behind the directory's back
+    comm.Barrier()
+    if comm.rank == leader_of(cluster, fetcher):
+        before = cluster.requests
+        assert list(cluster.get(k)) == list(range(8))
+        after = cluster.requests
+        assert after["calls"] - before["calls"] == 1 and after["forwarded"] - before["forwarded"] == 1, after
+        with pytest.raises(shmstore.ObjectNotFoundError):
+            cluster.get(stale)
+        assert cluster.locate(stale) == []
+    cluster.barrier()
+    assert cluster.nodes[fetcher] in cluster.locate(k)
+    comm.Barrier()
+    if comm.rank == 0:
+        cluster.delete(k)
+    comm.Barrier()
