@@ -12,10 +12,12 @@ answered, so a key is locatable when ``put`` returns); paths that remove one
 unregister it (``Cluster.delete`` takes the whole entry, an overwrite
 replaces it, a migration drops its source).
 
-A fetch is registered when the home names its source: the fetching node is
-*pending* in the entry until its ``DirDone`` comes (posted, no reply
-awaited; a batch's ``DirSourceMany``/``DirDoneMany`` and a migration's pull
-alike), which lists the new copy. A ``delete`` or an overwrite meanwhile
+A fetch is registered when the home names its source: the fetch, named by
+a token it sends along, is *pending* in the entry until its ``DirDone``
+comes back with that token (posted, no reply awaited; a batch's
+``DirSourceMany``/``DirDoneMany`` and a migration's pull alike), which lists
+the new copy. A small fetch whose source is a third node is forwarded
+there (``Forward``) and answered by the holder. A ``delete`` or an overwrite meanwhile
 takes or replaces the entry, and a ``DirDone`` that finds its node no
 longer pending is refused: the copy of the deleted or replaced object is
 removed (the home posts a ``Delete`` to that node). So a fetch in flight
