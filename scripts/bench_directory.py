@@ -13,12 +13,14 @@ times, for keys put on the last node: a 64-byte ``get`` that fetches,
 ``locate``, a ``get`` of a key no node has, and 1,000 small keys fetched one
 by one against ``get_many`` of 1,000 others. It also counts the messages
 each operation sent and received (``cluster.requests``: a call is two, a
-posted registration one). With the location directory each costs a bounded
-number of messages whatever the node count (a miss: one round trip to the
-key's home; a remote get: one to the home, and one to the holder unless
-the home or this node keeps the entry, then a posted registration), so the
-counts are the same from 2 to 8 nodes, and the times too where every rank
-has a core of its own. Other ranks wait without spinning (MPICH
+posted registration one, a question the home forwarded to the holder one
+more). With the location directory each costs a bounded number of messages
+whatever the node count (a miss: one round trip to the key's home; a
+remote get: the question to the home, which answers with the object where
+it holds it or forwards the question to the holder, which answers; a round
+trip to the holder where this node is the home; then a posted
+registration: at most 4), so the counts stay under the bound from 2 to 8
+nodes, and the times would too where every rank has a core of its own. Other ranks wait without spinning (MPICH
 busy-polls in blocking calls; 8 ranks share 2 cores here). Medians.
 """
 from __future__ import annotations
