@@ -372,20 +372,17 @@ static PyObject *context(PyObject *self, PyObject *args) {
     return cap;
 }
 
-/* The start of get_entry and has: parse (ctx, key), take the key's stripe lock without waiting, find its
- * entry. Returns the held lock, with *cp, *idx (-1: no entry) and *eoff set; or NULL, with *early what the
- * caller returns at once: NULL (an exception is set), None (a key this path does not take) or an RC code
- * (the lock was busy, or its holder died). */
-static pthread_mutex_t *find_locked(PyObject *args, Ctx **cp, Py_ssize_t *idx, Py_ssize_t *eoff,
+/* The start of get_entry, has and read_small: take the stripe lock of ``key`` (a str) without waiting and
+ * find its sealed entry. Returns the held lock, with *cp, *idx (-1: no sealed entry) and *eoff set; or NULL,
+ * with *early what the caller returns at once: NULL (an exception is set), None (a key this path does not
+ * take) or an RC code (the lock was busy, or its holder died). */
+static pthread_mutex_t *find_locked(PyObject *cap, PyObject *key, Ctx **cp, Py_ssize_t *idx, Py_ssize_t *eoff,
                                     PyObject **early) {
-    PyObject *cap, *key;
     *early = NULL;
     if (!configured) {
         PyErr_SetString(PyExc_RuntimeError, "_fast.configure() was not called");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "OU", &cap, &key))
-        return NULL;
     Ctx *c = PyCapsule_GetPointer(cap, "shmstore.ctx");
     if (c == NULL)
         return NULL;
@@ -393,8 +390,7 @@ static pthread_mutex_t *find_locked(PyObject *args, Ctx **cp, Py_ssize_t *idx, P
     const char *kb = PyUnicode_AsUTF8AndSize(key, &klen);
     if (kb == NULL || klen <= 0 || klen > MAX_KEY) {
         PyErr_Clear();
-        Py_INCREF(Py_None);
-        *early = Py_None;
+        *early = Py_NewRef(Py_None);
         return NULL;
     }
     unsigned long h = crc32_seeded((uint32_t)c->sid, (const unsigned char *)kb, klen);
@@ -407,8 +403,21 @@ static pthread_mutex_t *find_locked(PyObject *args, Ctx **cp, Py_ssize_t *idx, P
     }
     *eoff = 0;
     *idx = find(c->meta, c->buckets, c->entries, b, h, c->sid, kb, klen, eoff);
+    if (*idx >= 0 && (unsigned char)(c->meta + *eoff)[STATE_OFF] != SEALED)
+        *idx = -1;
     *cp = c;
     return m;
+}
+
+/* Refresh entry e's access time (the stripe lock held) when it is older than the grain: what LRU needs. */
+static void touch(const Ctx *c, char *e) {
+    struct timespec ts;
+    double atime, now;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock */
+    now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    memcpy(&atime, e + ATIME_OFF, 8);
+    if (now - atime > c->grain)
+        memcpy(e + ATIME_OFF, &now, 8);
 }
 
 /* get_entry(ctx, key) -> (idx, gen, offset, level, nbytes, kind, eoff) of the sealed entry of
@@ -418,14 +427,15 @@ static pthread_mutex_t *find_locked(PyObject *args, Ctx **cp, Py_ssize_t *idx, P
  * release it);
  * None for a key this path does not take (not UTF-8, empty or too long). */
 static PyObject *get_entry(PyObject *self, PyObject *args) {
+    PyObject *cap, *key, *early;
+    if (!PyArg_ParseTuple(args, "OU", &cap, &key))
+        return NULL;
     Ctx *c = NULL;
     Py_ssize_t idx = -1, eoff = 0;
-    PyObject *early;
-    pthread_mutex_t *m = find_locked(args, &c, &idx, &eoff, &early);
+    pthread_mutex_t *m = find_locked(cap, key, &c, &idx, &eoff, &early);
     if (m == NULL)
         return early;
-    char *e = c->meta + eoff;
-    if (idx < 0 || (unsigned char)e[STATE_OFF] != SEALED) {
+    if (idx < 0) {
         pthread_mutex_unlock(m);
         return PyLong_FromLong(RC_MISSING);
     }
@@ -433,19 +443,14 @@ static PyObject *get_entry(PyObject *self, PyObject *args) {
         pthread_mutex_unlock(m);
         return NULL;
     }
+    char *e = c->meta + eoff;
     uint64_t off, nbytes;
     uint32_t gen;
-    double atime, now;
-    struct timespec ts;
     memcpy(&off, e + OFFSET_OFF, 8);
     memcpy(&nbytes, e + NBYTES_OFF, 8);
     memcpy(&gen, e + GEN_OFF, 4);
-    memcpy(&atime, e + ATIME_OFF, 8);
     int kind = (unsigned char)e[KIND_OFF], level = (unsigned char)e[LEVEL_OFF];
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock */
-    now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-    if (now - atime > c->grain)
-        memcpy(e + ATIME_OFF, &now, 8);
+    touch(c, e);
     pthread_mutex_unlock(m);
     return Py_BuildValue("(nkKiKin)", idx, (unsigned long)gen, (unsigned long long)off, level,
                          (unsigned long long)nbytes, kind, eoff);
@@ -455,15 +460,16 @@ static PyObject *get_entry(PyObject *self, PyObject *args) {
  * RC_OWNER_DEAD as get_entry; None for a key this path does not take. The test a fetch makes first (is it
  * here already?) without a pin and in one call. */
 static PyObject *has(PyObject *self, PyObject *args) {
+    PyObject *cap, *key, *early;
+    if (!PyArg_ParseTuple(args, "OU", &cap, &key))
+        return NULL;
     Ctx *c = NULL;
     Py_ssize_t idx = -1, eoff = 0;
-    PyObject *early;
-    pthread_mutex_t *m = find_locked(args, &c, &idx, &eoff, &early);
+    pthread_mutex_t *m = find_locked(cap, key, &c, &idx, &eoff, &early);
     if (m == NULL)
         return early;
-    int sealed = idx >= 0 && (unsigned char)(c->meta + eoff)[STATE_OFF] == SEALED;
     pthread_mutex_unlock(m);
-    return PyLong_FromLong(sealed);
+    return PyLong_FromLong(idx >= 0);
 }
 
 /* read_small(ctx, key, max_bytes, arena_addr, memory_level, array_kind, array_len) ->
@@ -475,31 +481,25 @@ static PyObject *has(PyObject *self, PyObject *args) {
  *   when there is none; RC_BUSY/RC_OWNER_DEAD as get_entry; None for a key this path does not take. A node
  *   service answers a remote read of a small object with it: one call, no lease. */
 static PyObject *read_small(PyObject *self, PyObject *args) {
-    PyObject *cap, *key;
+    PyObject *cap, *key, *early;
     unsigned long long max_bytes, arena;
     int memory_level, array_kind;
     Py_ssize_t array_len;
     if (!PyArg_ParseTuple(args, "OUKKiin", &cap, &key, &max_bytes, &arena, &memory_level, &array_kind,
                           &array_len))
         return NULL;
-    PyObject *early, *pair = PyTuple_Pack(2, cap, key);
-    if (pair == NULL)
-        return NULL;
     Ctx *c = NULL;
     Py_ssize_t idx = -1, eoff = 0;
-    pthread_mutex_t *m = find_locked(pair, &c, &idx, &eoff, &early);
-    Py_DECREF(pair);
+    pthread_mutex_t *m = find_locked(cap, key, &c, &idx, &eoff, &early);
     if (m == NULL)
         return early;
-    char *e = c->meta + eoff;
-    if (idx < 0 || (unsigned char)e[STATE_OFF] != SEALED) {
+    if (idx < 0) {
         pthread_mutex_unlock(m);
         return PyLong_FromLong(RC_MISSING);
     }
+    char *e = c->meta + eoff;
     uint64_t off, nbytes;
     uint32_t nblobs;
-    double atime, now;
-    struct timespec ts;
     memcpy(&off, e + OFFSET_OFF, 8);
     memcpy(&nbytes, e + NBYTES_OFF, 8);
     memcpy(&nblobs, e + NBLOBS_OFF, 4);
@@ -511,11 +511,7 @@ static PyObject *read_small(PyObject *self, PyObject *args) {
     PyObject *data = PyBytes_FromStringAndSize(nbytes ? (const char *)(uintptr_t)(arena + off) : "",
                                                (Py_ssize_t)nbytes);
     PyObject *array = kind == array_kind ? PyBytes_FromStringAndSize(e + ARRAY_OFF, array_len) : Py_NewRef(Py_None);
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock */
-    now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-    memcpy(&atime, e + ATIME_OFF, 8);
-    if (now - atime > c->grain)
-        memcpy(e + ATIME_OFF, &now, 8);
+    touch(c, e);
     pthread_mutex_unlock(m);
     if (data == NULL || array == NULL) {
         Py_XDECREF(data);
