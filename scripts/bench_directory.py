@@ -42,6 +42,22 @@ from shmstore.mpi import Cluster, quiet_barrier  # noqa: E402
 
 
 
+def pingpong(world: MPI.Comm, last: int, n: int) -> list[float]:
+    """``n`` 8-byte Send/Recv round trips between rank 0 and rank ``last``: their times, on rank 0."""
+    buf = np.zeros(8, np.uint8)
+    rtts = []
+    for _ in range(n):
+        if world.rank == 0:
+            t = time.perf_counter()
+            world.Send(buf, dest=last)
+            world.Recv(buf, source=last)
+            rtts.append(time.perf_counter() - t)
+        elif world.rank == last:
+            world.Recv(buf, source=0)
+            world.Send(buf, dest=0)
+    return rtts
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=1000)
@@ -51,17 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     world = MPI.COMM_WORLD
     last = world.size - 1
-    buf = np.zeros(8, np.uint8)
-    rtts = []
-    for _ in range(args.repeats):
-        if world.rank == 0:
-            t = time.perf_counter()
-            world.Send(buf, dest=last)
-            world.Recv(buf, source=last)
-            rtts.append(time.perf_counter() - t)
-        elif world.rank == last:
-            world.Recv(buf, source=0)
-            world.Send(buf, dest=0)
+    rtts = pingpong(world, last, args.repeats)
     quiet_barrier(world)
     name = "bd" + uuid.uuid4().hex[:8]
     name = world.bcast(name)
@@ -73,13 +79,22 @@ def main(argv: list[str] | None = None) -> int:
             for k in keys + warm + fkeys:
                 cluster.put(k, np.full(8, 1, np.int64))  # 64 bytes
         quiet_barrier(world)
-        gets, locates, misses, fetches = [], [], [], []
-        msgs = {"get": 0, "locate": 0, "miss": 0, "fetch": 0}  # messages sent and received by rank 0, per op
+        ops = ("fetch", "get", "locate", "miss")
+        times: dict[str, list[float]] = {op: [] for op in ops}
+        msgs = dict.fromkeys(ops, 0)  # messages sent and received by rank 0, per operation
         blocks: list[tuple[float, ...]] = []  # per block: its raw round trip, fetch, get, locate, miss medians
 
-        def sent() -> int:
-            r = cluster.requests
-            return 2 * r["calls"] + r["posts"] + r["forwarded"]  # call: request, reply; post: one; forward: one
+        def timed(op: str, run, key: str) -> None:
+            m, t = cluster.requests["messages"], time.perf_counter()
+            run(key)
+            times[op].append(time.perf_counter() - t)
+            msgs[op] += cluster.requests["messages"] - m
+
+        def miss(k: str) -> None:
+            try:
+                cluster.get(k)
+            except shmstore.ObjectNotFoundError:
+                pass
 
         if world.rank == 0:
             for k in warm:
@@ -88,40 +103,16 @@ def main(argv: list[str] | None = None) -> int:
         per = max(1, args.repeats // args.blocks)
         for b in range(0, args.repeats, per):
             # a block: the raw round trip again (this machine has noisy spells of seconds), then the operations
-            block_rtt = []
-            for _ in range(100):
-                if world.rank == 0:
-                    t = time.perf_counter()
-                    world.Send(buf, dest=last)
-                    world.Recv(buf, source=last)
-                    block_rtt.append(time.perf_counter() - t)
-                elif world.rank == last:
-                    world.Recv(buf, source=0)
-                    world.Send(buf, dest=0)
+            block_rtt = pingpong(world, last, 100)
             if world.rank == 0:
-                n0 = len(gets)
+                n0 = len(times["get"])
                 for k, fk in zip(keys[b: b + per], fkeys[b: b + per]):  # side by side: noise hits all alike
-                    m, t = sent(), time.perf_counter()
-                    cluster.fetch(fk)  # bring it here (what get does on a miss, without reading it after)
-                    fetches.append(time.perf_counter() - t)
-                    msgs["fetch"] += sent() - m
-                    m, t = sent(), time.perf_counter()
-                    cluster.get(k)
-                    gets.append(time.perf_counter() - t)
-                    m2, t = sent(), time.perf_counter()
-                    cluster.locate(k)
-                    locates.append(time.perf_counter() - t)
-                    m3, t = sent(), time.perf_counter()
-                    try:
-                        cluster.get(k + "-missing")
-                    except shmstore.ObjectNotFoundError:
-                        pass
-                    misses.append(time.perf_counter() - t)
-                    msgs["get"] += m2 - m
-                    msgs["locate"] += m3 - m2
-                    msgs["miss"] += sent() - m3
-                blocks.append(tuple(statistics.median(x) for x in (
-                    block_rtt, fetches[n0:], gets[n0:], locates[n0:], misses[n0:])))
+                    timed("fetch", cluster.fetch, fk)  # what get does on a miss, without the read after
+                    timed("get", cluster.get, k)
+                    timed("locate", cluster.locate, k)
+                    timed("miss", miss, k + "-missing")
+                blocks.append((statistics.median(block_rtt),) + tuple(statistics.median(times[op][n0:])
+                                                                       for op in ops))
             quiet_barrier(world)
         batch = [f"b{i}" for i in range(args.batch)]
         single = [f"s{i}" for i in range(args.batch)]
@@ -145,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
               f"get_many {many * 1e3:.0f} ms ({one_by_one / many:.0f}x faster)", flush=True)
     if world.rank == 0:
         r = statistics.median(rtts)
-        g, lo, m = statistics.median(gets), statistics.median(locates), statistics.median(misses)
-        f = statistics.median(fetches)
+        f, g, lo, m = (statistics.median(times[op]) for op in ops)
         print(f"{where}: raw 8 B round trip {r * 1e6:.1f} us | 64 B fetch {f * 1e6:.0f} us ({f / r:.1f}x) "
               f"| remote 64 B get {g * 1e6:.0f} us "
               f"({g / r:.1f}x) | locate {lo * 1e6:.0f} us ({lo / r:.1f}x) | miss {m * 1e6:.0f} us ({m / r:.1f}x)",
@@ -155,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{where}: per block of {per} (raw round trip taken again in each, median of "
               f"{len(blocks)} blocks and their range): " + ", ".join(
                   f"{name} {statistics.median(r):.1f}x ({min(r):.1f}-{max(r):.1f})"
-                  for name, r in zip(("fetch", "get", "locate", "miss"), ratios)), flush=True)
-        n = len(gets)
+                  for name, r in zip(ops, ratios)), flush=True)
+        n = len(times["get"])
         print(f"{where}: messages per operation (this rank's requests and their replies): "
               f"fetch {msgs['fetch'] / n:.2f}, get {msgs['get'] / n:.2f}, locate {msgs['locate'] / n:.2f}, "
               f"miss {msgs['miss'] / n:.2f}",

@@ -209,20 +209,15 @@ def latency(c: Cluster, rec: Recorder, n: int) -> None:
             c.get(k)
             c.locate(k)
         msgs = {"get": 0, "locate": 0}
-
-        def sent() -> int:
-            r = c.requests
-            return 2 * r["calls"] + r["posts"] + r["forwarded"]  # call: request, reply; post: one; forward: one
-
         for k in keys[20:]:
-            m, t = sent(), time.perf_counter()
+            m, t = c.requests["messages"], time.perf_counter()
             c.get(k)
             gets.append(time.perf_counter() - t)
-            m2, t = sent(), time.perf_counter()
+            m2, t = c.requests["messages"], time.perf_counter()
             c.locate(k)
             locs.append(time.perf_counter() - t)
             msgs["get"] += m2 - m
-            msgs["locate"] += sent() - m2
+            msgs["locate"] += c.requests["messages"] - m2
         rtt = statistics.median(rtts)
         rec.row("remote_get_lat", 64, statistics.median(gets) * 1e6, "us", "MPI 8 B round trip", rtt * 1e6)
         rec.row("locate_lat", 64, statistics.median(locs) * 1e6, "us", "MPI 8 B round trip", rtt * 1e6)

@@ -320,10 +320,12 @@ class Cluster:
     @property
     def requests(self) -> dict[str, int]:
         """Requests this rank sent to node services so far: ``calls`` (each a message and its reply),
-        ``posts`` (one message, no reply) and ``forwarded`` (calls whose node sent the request on to another,
-        which answered: one message more each). What an operation costs in messages, whatever the node
-        count: see mpi/README.md."""
-        return {"calls": self._msg.calls, "posts": self._msg.posts, "forwarded": self._msg.forwarded}
+        ``posts`` (one message, no reply), ``forwarded`` (calls whose node sent the request on to another,
+        which answered: one message more each) and ``messages``, all the messages these were. What an
+        operation costs in messages, whatever the node count: see mpi/README.md."""
+        m = self._msg
+        return {"calls": m.calls, "posts": m.posts, "forwarded": m.forwarded,
+                "messages": 2 * m.calls + m.posts + m.forwarded}
 
     def stats(self) -> dict[str, int]:
         """Node-wide counters: transfers into this node, bytes received and sent, deduplicated requests."""

@@ -171,7 +171,7 @@ class Directory:
 
     def _copies(self, msg: W.DirCopies, answer: Any, later: list[Any]) -> list[tuple[int, float | None]]:
         e = self._entries.get(msg.key)
-        return [(h, e.copies.get(h)) for h in e.holders] if e else []
+        return _listed(e) if e else []
 
     def _done(self, msg: W.DirDone, answer: Any, later: list[Any]) -> bool:
         e = self._entries.get(msg.key)
@@ -207,7 +207,7 @@ class Directory:
         if e is None:
             return []
         later.extend((reply, None) for _, reply, _ in e.waiters)  # the key is gone: nothing to fetch
-        return [(h, e.copies.get(h)) for h in e.holders]  # fetches in flight: refused when they end
+        return _listed(e)  # fetches in flight: refused when they end
 
     def _replace(self, msg: W.DirReplace, answer: Any, later: list[Any]) -> list[tuple[int, float | None]]:
         old = self._entries.pop(msg.key, None)
@@ -217,7 +217,7 @@ class Directory:
             return []
         e.waiters = old.waiters  # fetchers waiting for a holder get the new object
         self._serve(msg.key, later)
-        return [(h, old.copies.get(h)) for h in old.holders if h != msg.node]  # in flight: refused at the end
+        return _listed(old, but=msg.node)  # fetches in flight: refused when they end
 
     _on: dict[type, Callable[..., Any]] = {
         W.DirGet: _get, W.DirSource: _source, W.DirAdd: _add_many, W.DirDone: _done, W.DirDrop: _drop_one,
@@ -278,6 +278,11 @@ class Directory:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _listed(e: _Entry, but: int = -1) -> list[tuple[int, float | None]]:
+    """The holders of ``e`` (other than node ``but``) with their copies."""
+    return [(h, e.copies.get(h)) for h in e.holders if h != but]
 
 
 def _pend(e: _Entry, token: int, node: int, sources: list[int]) -> None:

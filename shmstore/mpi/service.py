@@ -145,10 +145,7 @@ class Service:
                 return
             reply = self.handle(src, reply_tag, msg)
             if reply is not _NO_REPLY and reply_tag:
-                if _large(reply):  # over MPI's eager size (a batch's lookups): a blocking send held this loop
-                    self._out.append(W.reply_nowait(self.comm, reply, src, reply_tag))  # ~1 ms, and all behind it
-                else:
-                    W.reply(self.comm, reply, src, reply_tag)  # small: buffered at once, 0.5 us less
+                self._reply(reply, src, reply_tag)
             if self._sent_later:
                 self._count_sent(self._sent_later)
                 self._sent_later = 0
@@ -312,11 +309,15 @@ class Service:
             reply: Any = W.Sourced(self.cluster.node_index, found)
         except Exception as exc:  # the fetcher hears of it, as from a Lookup of its own
             reply = W.Failure.of(exc)
-        if _large(reply):
-            self._out.append(W.reply_nowait(self.comm, reply, msg.rank, msg.tag))
-        else:
-            W.reply(self.comm, reply, msg.rank, msg.tag)
+        self._reply(reply, msg.rank, msg.tag)
         return _NO_REPLY
+
+    def _reply(self, reply: Any, dest: int, tag: int) -> None:
+        """Answer rank ``dest`` on ``tag`` from this loop, which must not wait for the requester to take it."""
+        if _large(reply):  # over MPI's eager size (a batch's lookups): a blocking send held this loop ~1 ms,
+            self._out.append(W.reply_nowait(self.comm, reply, dest, tag))  # and every request behind it
+        else:
+            W.reply(self.comm, reply, dest, tag)  # small: buffered at once, 0.5 us less than a kept isend
 
     def _drop_copy(self, node: int, key: str, copy: float) -> None:
         """Delete the object ``copy`` of ``key`` on node ``node`` without waiting: here at once, elsewhere by a
