@@ -115,6 +115,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[], Any]]] = {
     "low_watermark": (_parse_fraction, lambda: 0.75),
     "lock_timeout": (_parse_positive_float, lambda: 10.0),
     "spill_timeout": (_parse_positive_float, lambda: 60.0),
+    "peer_timeout": (_parse_positive_float, lambda: 60.0),  # shmstore.mpi: the longest wait on another rank
     "max_objects": (_parse_count, lambda: 0),  # 0: derived from capacity (see objects_for)
     "max_clients": (_parse_count, lambda: 320),  # a 256-rank node and its tools
     "prefault": (parse_size, lambda: 1 << 30),
@@ -129,6 +130,9 @@ class Config:
 
     ``capacity``, ``max_objects`` and ``max_clients`` only matter to the
     process that creates the store; attachers read them from the store.
+    ``peer_timeout`` only matters to ``shmstore.mpi``: the longest a rank
+    waits on another rank (a reply, a transfer's next frame) before it
+    raises ``TransferError`` naming that rank.
     """
 
     name: str
@@ -141,6 +145,7 @@ class Config:
     low_watermark: float
     lock_timeout: float
     spill_timeout: float
+    peer_timeout: float
     max_objects: int
     max_clients: int
     prefault: int

@@ -18,6 +18,12 @@ Deadlock freedom: no rank holds a store lock while it talks MPI; a service
 never waits on another node's service (pulls and bulk sends run in their
 own threads); room for incoming bytes is made (the destination's spill
 process) before the source is asked for them.
+
+Failures: every wait on another rank ends after ``peer_timeout`` seconds
+with a ``TransferError`` naming the operation, the key and the rank
+(``rpc.py``), so survivors of a rank that died never wait for ever; a
+Cluster left by an exception leaves without a collective call and the job
+aborts if nobody catches it (``abort.py``).
 """
 from __future__ import annotations
 
@@ -34,13 +40,14 @@ from ..kernel import encode_key
 from ..kernel import layout as L
 from ..levels import Level
 from ..store import Store
+from . import abort
 from . import tags as T
 from . import wire as W
 from .directory import WAIT, home_of
 from .fetch import Fetcher
 from .nodes import identify
 from .poll import spin_window
-from .rpc import Messenger
+from .rpc import Messenger, gave_up
 from .service import Service
 from .streams import RemoteReader, RemoteWriter
 
@@ -83,7 +90,7 @@ class Cluster:
         self.node: str = ids.name
         self.store: Store = shmstore.connect(**dict(connect_kwargs, node=self.node))
         spin = spin_window(ids.host_ranks)
-        self._msg = Messenger(self._comm, self.nodes, self.leaders, spin)
+        self._msg = Messenger(self._comm, self.nodes, self.leaders, spin, self.store.config.peer_timeout)
         self.block_size = T.DEFAULT_BLOCK
         self.streams = T.default_streams()
         self._fetcher = Fetcher(self)
@@ -93,6 +100,7 @@ class Cluster:
         self._comm.Barrier()
         self._closed = False
         _OPEN.add(self)
+        abort.opened()
 
     @property
     def comm(self) -> MPI.Comm:
@@ -103,10 +111,11 @@ class Cluster:
         """A barrier over every rank of the cluster. After it, every copy any rank fetched before it is
         listed in the directory (``locate`` names it; a fetch registers its copy by a posted message, which
         ``barrier`` waits to see handled). Where ranks outnumber the cores it waits without spinning
-        (MPICH's blocking barrier busy-polls)."""
+        (MPICH's blocking barrier busy-polls). Like MPI's own barrier it waits as long as the slowest rank
+        computes: no deadline (a rank that died never arrives; see ``peer_timeout`` for the other waits)."""
         self._check()
         self._msg.flush()  # what this rank posted (a fetch's registration) is in the directory when it returns
-        self._msg.wait([self._comm.Ibarrier()])
+        self._msg.barrier([self._comm.Ibarrier()])
 
     @classmethod
     def opened(cls, name: str | None = None) -> "Cluster | None":
@@ -174,14 +183,22 @@ class Cluster:
         until dropped. A fetch of ``key`` already in flight on another node
         may still land the old object there: order overwrites and other
         nodes' reads of the same key (e.g. with ``barrier()``).
+
+        Raises:
+            TransferError: a node did not answer within ``peer_timeout`` (this node's copy is in place; the
+                directory or another node's old copy may not be updated).
         """
         self._check()
         info = self.store.put(key, obj, levels, overwrite)
-        if overwrite:  # this copy replaces the entry; the old copies go after (each exactly: never a later one)
-            for i, copy in self._dir(W.DirReplace(key, self.node_index, info.size, info.created)):
-                self._delete_on(i, key, copy)
-        else:
-            self._dir(W.DirAdd([key], self.node_index, [info.size], [info.created]))
+        try:
+            if overwrite:  # this copy replaces the entry; the old copies go after (each exactly: never a later one)
+                for i, copy in self._dir(W.DirReplace(key, self.node_index, info.size, info.created)):
+                    self._delete_on(i, key, copy)
+            else:
+                self._dir(W.DirAdd([key], self.node_index, [info.size], [info.created]))
+        except errors.TransferError as exc:
+            gave_up(exc, "overwrite" if overwrite else "put", key)
+            raise
         return info
 
     def publish(self, keys: Iterable[str] | str) -> None:
@@ -189,6 +206,7 @@ class Cluster:
 
         Raises:
             ObjectNotFoundError: this node has no such object.
+            TransferError: a key's home did not answer within ``peer_timeout``.
         """
         self._check()
         for key in [keys] if isinstance(keys, str) else list(keys):
@@ -197,7 +215,11 @@ class Cluster:
             except errors.ObjectNotFoundError:
                 raise errors.ObjectNotFoundError(f"no object {key!r} on node {self.node!r} to publish", key) \
                     from None
-            self._dir(W.DirAdd([key], self.node_index, [info.size], [info.created]))
+            try:
+                self._dir(W.DirAdd([key], self.node_index, [info.size], [info.created]))
+            except errors.TransferError as exc:
+                gave_up(exc, "publish", key)
+                raise
 
     def get(self, key: str, fetch: bool = True, conditions: Any = None,
             levels: Iterable[Level] | Level | None = None) -> Any:
@@ -205,17 +227,21 @@ class Cluster:
 
         Raises:
             ObjectNotFoundError: no node has it (or ``fetch`` is False and this node has not).
-            TransferError: the transfer failed.
+            TransferError: the transfer failed, or a node did not answer within ``peer_timeout``.
         """
         self._check()
         kernel = self.store.kernel
-        for _ in range(3):
-            value = kernel.get(key, conditions, _MISSED)  # a miss starts a fetch: no exception to raise
-            if value is not _MISSED:
-                return value
-            if not fetch:
-                break
-            self._fetcher.fetch_one(key, None, levels, self.block_size, missed=True)
+        try:
+            for _ in range(3):
+                value = kernel.get(key, conditions, _MISSED)  # a miss starts a fetch: no exception to raise
+                if value is not _MISSED:
+                    return value
+                if not fetch:
+                    break
+                self._fetcher.fetch_one(key, None, levels, self.block_size, missed=True)
+        except errors.TransferError as exc:
+            gave_up(exc, "get", key)
+            raise
         return kernel.get(key, conditions)  # raises (fetched thrice and deleted each time before it was read)
 
     def fetch(self, keys: Iterable[str] | str, levels: Iterable[Level] | Level | None = None,
@@ -225,10 +251,20 @@ class Cluster:
         Args:
             levels: where the copies go (default ``[MEMORY, DISK]``).
             block_size: bytes per MPI message of the bulk transfer.
+
+        Raises:
+            ObjectNotFoundError: a key no node has. TransferError: a transfer failed, or a node did not
+                answer within ``peer_timeout``.
         """
         self._check()
-        block = self._block(block_size)
         keys = [keys] if isinstance(keys, str) else list(dict.fromkeys(keys))
+        try:
+            self._fetch(keys, levels, self._block(block_size))
+        except errors.TransferError as exc:
+            gave_up(exc, "fetch", keys[0] if len(keys) == 1 else keys)
+            raise
+
+    def _fetch(self, keys: list[str], levels: Any, block: int) -> None:
         landed = self._fetcher.fetch_batch(keys, levels, block) if len(keys) > 1 else set()
         for key in keys:  # what the batch left (being fetched by another rank of this node, stale, large)
             if key not in landed and key not in self.store:
@@ -239,10 +275,16 @@ class Cluster:
         and one per source node for each 64 keys, not one per key).
 
         Raises:
-            ObjectNotFoundError: a key no node has (naming it). TransferError: a transfer failed.
+            ObjectNotFoundError: a key no node has (naming it). TransferError: a transfer failed, or a node
+                did not answer within ``peer_timeout``.
         """
+        self._check()
         keys = list(keys)
-        self.fetch(keys, levels)
+        try:
+            self._fetch(list(dict.fromkeys(keys)), levels, self.block_size)
+        except errors.TransferError as exc:
+            gave_up(exc, "get_many", keys)
+            raise
         return [self.store.get(k) for k in keys]
 
     def _block(self, block_size: int | None) -> int:
@@ -256,11 +298,19 @@ class Cluster:
         """Move (or with ``keep_source`` copy) ``key`` to ``node``; the copy keeps its key.
 
         Raises:
-            ObjectNotFoundError: no node has it. TransferError: the transfer failed.
+            ObjectNotFoundError: no node has it. TransferError: the transfer failed, or a node did not answer
+                within ``peer_timeout`` (twice that for the destination's pull, which waits on the source).
         """
         self._check()
         encode_key(key)
         dest = self._node_index(node)
+        try:
+            self._migrate(key, dest, keep_source)
+        except errors.TransferError as exc:
+            gave_up(exc, "migrate", key)
+            raise
+
+    def _migrate(self, key: str, dest: int, keep_source: bool) -> None:
         copies = self._dir(W.DirCopies(key))
         holders = [n for n, _ in copies]
         if not holders:
@@ -269,24 +319,64 @@ class Cluster:
             src, src_copy = copies[0]
             if dest == self.node_index:
                 self._fetcher.fetch_one(key, src, None, self.block_size, source_copy=src_copy)
-            else:
-                self._msg.call(dest, W.Pull(key, src, self.block_size, src_copy))  # it registers the new copy
+            else:  # it registers the new copy; its own waits on the source end first, naming the source
+                self._msg.call(dest, W.Pull(key, src, self.block_size, src_copy), patience=2.0)
         if not keep_source:  # the copies moved from, each unlisted before it goes (an overwrite since stays;
             for n, copy in copies:  # a copy the directory cannot name stays too: never a later write dropped)
                 if n != dest and copy is not None and self._dir(W.DirDrop(key, n, copy, keep=dest)):
                     self._delete_on(n, key, copy)
 
     def locate(self, key: str) -> list[str]:
-        """Nodes holding a copy of ``key``, as the directory knows them (one round trip to its home)."""
+        """Nodes holding a copy of ``key``, as the directory knows them (one round trip to its home).
+
+        Raises:
+            TransferError: its home did not answer within ``peer_timeout``.
+        """
         self._check()
         encode_key(key)
-        return [self.nodes[i] for i in sorted(self._dir(W.DirGet([key]))[0])]
+        try:
+            return [self.nodes[i] for i in sorted(self._dir(W.DirGet([key]))[0])]
+        except errors.TransferError as exc:
+            gave_up(exc, "locate", key)
+            raise
 
     def delete(self, key: str) -> int:
-        """Delete every copy of ``key`` the directory knows; returns how many there were."""
+        """Delete every copy of ``key`` the directory knows, and this node's copy even where it does not (a
+        copy whose registration never came: its fetcher died); returns how many copies went. When it
+        returns, ``put(key, ...)`` on this node does not find an old object.
+
+        Raises:
+            TransferError: a node did not answer within ``peer_timeout`` (every copy on the nodes that
+                answered is gone, this node's first).
+        """
         self._check()
         encode_key(key)
-        return sum(self._delete_on(i, key, copy) for i, copy in self._dir(W.DirTake(key)))
+        try:
+            listed = self._dir(W.DirTake(key))
+        except errors.TransferError as exc:
+            self._delete_here(key)
+            gave_up(exc, "delete", key)
+            raise
+        gone = 0
+        failed: errors.TransferError | None = None
+        for i, copy in sorted(listed, key=lambda nc: nc[0] != self.node_index):  # this node's copy first
+            try:
+                gone += self._delete_on(i, key, copy)
+            except errors.TransferError as exc:  # a node that died: the others' copies still go
+                failed = failed or exc
+        gone += self._delete_here(key)
+        if failed is not None:
+            gave_up(failed, "delete", key)
+            raise failed
+        return gone
+
+    def _delete_here(self, key: str) -> int:
+        """Delete this node's copy of ``key``, whichever object it is: 1 if there was one."""
+        try:
+            self.store.kernel.delete(key, False)
+            return 1
+        except errors.ObjectNotFoundError:
+            return 0
 
     def _delete_on(self, node: int, key: str, copy: float | None = None) -> bool:
         """Delete node ``node``'s copy of ``key`` (only the object ``copy`` where given): True if it went."""
@@ -334,11 +424,16 @@ class Cluster:
 
     # ---- lifecycle -------------------------------------------------------------
     def close(self) -> None:
-        """Collective: stop this node's service, free the communicator, close the store; idempotent."""
+        """Collective: stop this node's service, free the communicator, close the store; idempotent.
+
+        Like every collective it waits for every rank (no deadline). A rank that cannot count on the others
+        to get here (it raised; a rank it waited on died) leaves by an exception instead: ``with Cluster()``
+        then closes without a collective call (see :meth:`__exit__`)."""
         if self._closed:
             return
         self._closed = True
         _OPEN.discard(self)
+        abort.closed()
         self._comm.Barrier()  # nobody sends requests any more
         if self._service is not None:
             self._service.close()
@@ -351,8 +446,26 @@ class Cluster:
     def __enter__(self) -> "Cluster":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        """Close collectively on a normal exit (``sys.exit(0)`` included); on an exception, leave without any
+        collective call (the other ranks may never get here) and let the exception go on: if nobody catches
+        it, it is printed and the job aborted (``abort.py``), in seconds rather than at the time limit."""
+        if kind is None or (isinstance(exc, SystemExit) and exc.code in (None, 0)):
+            self.close()
+        else:
+            self._leave()
+
+    def _leave(self) -> None:
+        """Close this rank's part alone: the service stops (its requesters get no answer: they end with the
+        job, or time out), the store is closed; the communicators are not freed (freeing is collective)."""
+        if self._closed:
+            return
+        self._closed = True
+        _OPEN.discard(self)
+        abort.left()
+        if self._service is not None:
+            self._service.close(wait=1.0)
+        self.store.close()
 
     def __repr__(self) -> str:
         return f"<shmstore.mpi.Cluster rank {self.rank}/{self.size} node {self.node!r} of {self.nodes}>"

@@ -38,6 +38,9 @@ waiting while every holder is busy; a finished fetch (``DirDone``) frees its
 source and adds a holder. When every node asks for one object at once, the
 holders double each transfer time: all N nodes hold it after about
 log2(N) transfer times instead of the N-1 of one source sending to each.
+A holder whose fetcher never reports (it died mid-transfer) counts as free
+again after ``stale_after`` seconds (``peer_timeout``), so one dead rank
+does not stop the object's fetches for the rest of the job.
 
 Ordering, so that concurrent operations never leave a copy the directory
 misses (which ``delete`` would then miss too): a copy is registered after
@@ -56,6 +59,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import zlib
 from collections import deque
 from typing import Any, Callable
@@ -78,7 +82,7 @@ _ANON = itertools.count()  # pending fetches without a token (unit tests drive t
 
 
 class _Entry:
-    __slots__ = ("holders", "copies", "nbytes", "sending", "waiters", "pending")
+    __slots__ = ("holders", "copies", "nbytes", "sending", "since", "waiters", "pending")
 
     def __init__(self) -> None:
         self.holders: list[int] = []
@@ -88,6 +92,7 @@ class _Entry:
         # they were listed then: a report that one was empty drops it only if it still lists that copy)
         self.pending: dict[Any, tuple[int, dict[int, float | None]]] = {}
         self.sending: dict[int, int] = {}  # holder -> fetches it serves now (large objects)
+        self.since: dict[int, float] = {}  # holder -> when it was last handed to a fetcher (time.monotonic)
         # (node, answer, token) waiting for a holder
         self.waiters: deque[tuple[int, Callable[[Any], None], int]] = deque()
 
@@ -101,9 +106,10 @@ class Directory:
     whether its copy is listed (False: refused, the copy must go).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stale_after: float = 60.0) -> None:
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
+        self.stale_after = stale_after  # a holder sending longer than this is free again (its fetcher died)
 
     def handle(self, msg: Any, answer: Callable[[Any], None]) -> Any:
         later: list[tuple[Callable[[Any], None], Any]] = []  # answers to send once the lock is dropped
@@ -137,6 +143,8 @@ class Directory:
             return W.LARGE
         src = others[node % len(others)]  # small: no queueing; fetchers start at different holders
         if e.nbytes >= SPREAD_MIN:
+            if e.waiters:  # fetchers queued first get any holder freed since (a stale one)
+                self._serve(msg.key, later)
             free = self._free_holder(e, node)
             if free is None:
                 e.waiters.append((node, answer, msg.token))
@@ -241,14 +249,19 @@ class Directory:
             e.holders.remove(node)
             e.copies.pop(node, None)
             e.sending.pop(node, None)
+            e.since.pop(node, None)
 
     def _free_holder(self, e: _Entry, node: int) -> int | None:
-        """A holder of ``e`` other than ``node`` sending to nobody (marked as sending now), else None."""
+        """A holder of ``e`` other than ``node`` sending to nobody, or for longer than ``stale_after`` seconds
+        (its fetcher died: it never reports), marked as sending now; else None."""
         free = [h for h in e.holders if h != node and e.sending.get(h, 0) == 0]
+        now = time.monotonic()
         if not free:
-            return None
+            free = [h for h in e.holders if h != node and now - e.since.get(h, now) > self.stale_after]
+            if not free:
+                return None
         src = free[node % len(free)]
-        e.sending[src] = 1
+        e.sending[src], e.since[src] = 1, now
         return src
 
     def _serve(self, key: str, later: list[Any]) -> None:

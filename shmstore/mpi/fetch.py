@@ -260,7 +260,7 @@ class Fetcher:
                 raise
         level, idx, off, stored, ctime, stripe = res
         try:
-            self._receive(src, level, idx, off, found, block)
+            self._receive(key, src, level, idx, off, found, block)
         except BaseException:
             kernel.abort(idx)
             raise
@@ -278,7 +278,7 @@ class Fetcher:
         with node.admin:
             L.add_transfer_stats(node.buf, transfers=1, received=nbytes)
 
-    def _receive(self, src: int, level: int, idx: int, off: int, found: W.Found, block: int) -> None:
+    def _receive(self, key: str, src: int, level: int, idx: int, off: int, found: W.Found, block: int) -> None:
         kernel, nbytes = self.kernel, found.nbytes
         gen = L.entry_gen(kernel._buf, kernel._lay.entry(idx))
         sink = kernel.node.levels[Level(level)].sink(idx, gen, off, nbytes, "incoming transfer")
@@ -292,32 +292,37 @@ class Fetcher:
                 else:
                     sink.write(np.frombuffer(found.inline, np.uint8), 0)
             elif nbytes and dst is not None:
-                self._frames(src, dst, nbytes, found.handle, block)
+                self._frames(key, src, dst, nbytes, found.handle, block)
             elif nbytes:  # a file or a device without CUDA-aware MPI: frames through host blocks
-                self._frames(src, None, nbytes, found.handle, block, copy_in=lambda pos, n, b: sink.write(b, pos))
+                self._frames(key, src, None, nbytes, found.handle, block,
+                             copy_in=lambda pos, n, b: sink.write(b, pos))
             sink.close()
         except BaseException:
             sink.abort()
             raise
 
-    def _frames(self, src: int, dst: Any, nbytes: int, handle: int, block: int,
+    def _frames(self, key: str, src: int, dst: Any, nbytes: int, handle: int, block: int,
                 copy_in: Callable[[int, int, np.ndarray], None] | None = None) -> None:
         """Receive an object's frames into ``dst`` (host or device memory), or with ``copy_in`` through
-        host blocks handed to it; one thread per stream (this one runs the first)."""
+        host blocks handed to it; one thread per stream (this one runs the first). A source that sends no
+        frame for ``peer_timeout`` seconds is taken for dead: TransferError (the caller drops the space)."""
         c = self.cluster
         bulk = c._bulk
         streams = max(1, min(c.streams, len(bulk)))
-        tag, _ = c._msg.call_tagged(src, W.Data(handle, block, streams))
+        tag, _ = c._msg.call_tagged(src, W.Data(handle, block, streams), key)
         plan, peer = T.frames(nbytes, block, streams), c._msg.leaders[src]
         failed: list[BaseException] = []
+
+        def wait(reqs: list[MPI.Request]) -> None:
+            c._msg.wait(reqs, src, key)
 
         def stream(i: int) -> None:
             try:
                 if copy_in is not None:
-                    recv_staged(bulk[i], peer, tag, plan[i::streams], copy_in)
+                    recv_staged(bulk[i], peer, tag, plan[i::streams], copy_in, wait=wait)
                     return
-                c._msg.wait([bulk[i].Irecv([dst[pos: pos + n], MPI.BYTE], source=peer, tag=tag)
-                             for pos, n in plan[i::streams]])
+                wait([bulk[i].Irecv([dst[pos: pos + n], MPI.BYTE], source=peer, tag=tag)
+                      for pos, n in plan[i::streams]])
             except BaseException as exc:  # re-raised on the calling thread
                 failed.append(exc)
 

@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from .. import errors
 
-__all__ = ["prober", "python_prober", "spin_window", "quiet_wait", "quiet_barrier"]
+__all__ = ["prober", "python_prober", "spin_window", "quiet_wait", "quiet_barrier", "settle", "cancel"]
 
 Probe = Callable[..., bool]
 
@@ -91,6 +91,55 @@ def quiet_wait(reqs: list[MPI.Request], first_nap: float = 20e-6, nap_max: float
     while not MPI.Request.Testall(reqs):
         time.sleep(nap)
         nap = min(nap * 2, nap_max)
+
+
+def settle(reqs: list[MPI.Request], timeout: float, busy: bool, first_nap: float = 20e-6,
+           nap_max: float = 1e-3) -> bool:
+    """Wait for ``reqs`` (a transfer's frames): True once all completed, False where none completed for
+    ``timeout`` seconds (the peer died, or stalls: the caller gives up and says which).
+
+    The deadline counts from the last request that completed, not from the start, so a large object moving
+    frame by frame is never cut short. ``busy``: test back to back (the rank has a core of its own: MPI
+    progresses the bytes only inside the tests), else after naps from ``first_nap`` doubling to ``nap_max``.
+    The clock is read only after a test that found nothing new, every 64th such test while busy.
+    """
+    left = len(reqs)
+    if MPI.Request.Testall(reqs):  # the usual case for a small transfer: done by the first look
+        return True
+    deadline = time.monotonic() + timeout
+    nap, idle = first_nap, 0
+    while True:
+        done = MPI.Request.Testsome(reqs)
+        if done is None:  # every request inactive: all completed
+            return True
+        if done:
+            left -= len(done)
+            if left <= 0:
+                return True
+            deadline = time.monotonic() + timeout
+            continue
+        if busy:
+            idle += 1
+            if idle & 63 or time.monotonic() < deadline:
+                continue
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(nap)
+        nap = min(nap * 2, nap_max)
+
+
+def cancel(reqs: list[MPI.Request]) -> None:
+    """Give up on ``reqs`` after :func:`settle` timed out: cancel each (a receive not yet matched is then
+    never filled), and free what cannot complete. Never raises."""
+    for r in reqs:
+        try:
+            if r:
+                r.Cancel()
+                if not r.Test():
+                    r.Free()
+        except Exception:  # MPI may refuse to cancel a matched request: nothing more can be done here
+            pass
 
 
 def quiet_barrier(comm: MPI.Comm) -> None:

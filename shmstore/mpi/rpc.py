@@ -7,6 +7,16 @@ the reply on its own tag. The wait probes in C with the GIL released
 doubling up to 1 ms, so a rank waiting long (for a busy holder of a hot
 object) takes no core from the others, as MPICH's busy-polling blocking
 receive would.
+
+Every wait on another rank has a deadline, ``peer_timeout`` seconds (a
+reply; a transfer's next frame; a large request's send), after which the
+call raises :class:`~shmstore.errors.TransferError` naming the node, its
+rank and the operation: a rank that died (a job run with automatic
+cleanup disabled, as fault-tolerant codes run) never leaves the others
+waiting for ever. The deadline costs the hot path nothing: the C prober
+takes it as its limit, and the clock is read only once a wait naps. A
+reply that comes after its call gave up must not be taken for another
+call's: the tag of a call that timed out is never used again.
 """
 from __future__ import annotations
 
@@ -16,23 +26,28 @@ from typing import Any
 
 from mpi4py import MPI
 
+from .. import errors
 from . import tags as T
 from . import wire as W
-from .poll import prober, quiet_wait
+from .poll import cancel, prober, quiet_wait, settle
 
-__all__ = ["Messenger"]
+__all__ = ["Messenger", "gave_up"]
 
 _NAP = 20e-6      # the first nap after the spin window
 _NAP_MAX = 1e-3   # naps double up to this
+_SETTING = "raise peer_timeout= / SHMSTORE_PEER_TIMEOUT"
 
 
 class Messenger:
-    """Calls to the services of the nodes ``names`` (leaders ``leaders``) over ``comm``. Thread-safe."""
+    """Calls to the services of the nodes ``names`` (leaders ``leaders``) over ``comm``, each wait at most
+    ``timeout`` seconds (see the module's docstring). Thread-safe."""
 
-    def __init__(self, comm: MPI.Comm, names: list[str], leaders: list[int], spin: float) -> None:
-        self.comm, self.names, self.leaders, self.spin = comm, names, leaders, spin
+    def __init__(self, comm: MPI.Comm, names: list[str], leaders: list[int], spin: float,
+                 timeout: float = 60.0) -> None:
+        self.comm, self.names, self.leaders, self.spin, self.timeout = comm, names, leaders, spin, timeout
         self._tags = itertools.count()
         self._tag_lock = threading.Lock()
+        self._burnt: set[int] = set()  # tags of calls that gave up: a late reply may still come on them
         self._probe = prober(comm)
         self._posted: set[int] = set()  # nodes posted to since the last flush
         self.calls = self.posts = 0  # requests sent by this rank (calls answered, posts not), for the benchmarks
@@ -42,29 +57,38 @@ class Messenger:
         """A reply tag for a new call (counted in :attr:`calls`)."""
         with self._tag_lock:
             self.calls += 1
-            return T.TAG_REPLY_MIN + next(self._tags) % (T.TAG_REPLY_MAX - T.TAG_REPLY_MIN)
+            tag = T.TAG_REPLY_MIN + next(self._tags) % (T.TAG_REPLY_MAX - T.TAG_REPLY_MIN)
+            while self._burnt and tag in self._burnt:  # never a tag a late reply may still come on
+                tag = T.TAG_REPLY_MIN + next(self._tags) % (T.TAG_REPLY_MAX - T.TAG_REPLY_MIN)
+            return tag
 
     def call(self, node: int, msg: Any, key: Any = None, spin: float | None = None, linger: float = 0.0,
-             any_source: bool = False) -> Any:
+             any_source: bool = False, patience: float = 1.0) -> Any:
         """Send ``msg`` to ``node``'s service and return its reply; ``spin``: seconds to wait for it without
         napping (default :attr:`spin`; longer for a request that takes the service long); ``linger``:
         seconds the service should wait for this rank's next request without napping (more follow soon);
-        ``any_source``: the reply may come from another node's service (a forwarded request).
+        ``any_source``: the reply may come from another node's service (a forwarded request);
+        ``patience``: the wait's deadline in units of :attr:`timeout` (more for a request whose service
+        waits on a third rank itself: its own deadline, naming that rank, must pass first).
 
         Raises:
+            TransferError: no reply within the deadline (naming the node, its rank and the request).
             the exception the service reported (a :class:`wire.Failure`), naming the node.
         """
-        return self.call_tagged(node, msg, key, spin, linger, any_source)[1]
+        return self.call_tagged(node, msg, key, spin, linger, any_source, patience)[1]
 
     def call_tagged(self, node: int, msg: Any, key: Any = None, spin: float | None = None,
-                    linger: float = 0.0, any_source: bool = False) -> tuple[int, Any]:
+                    linger: float = 0.0, any_source: bool = False, patience: float = 1.0) -> tuple[int, Any]:
         """:meth:`call`, also returning the reply tag (bulk frames follow a Data reply on it)."""
         dest, tag = self.leaders[node], self.next_tag()
-        W.request(self.comm, msg, dest, tag, linger if self.spin else 0.0)
+        self._send(node, msg, tag, linger if self.spin else 0.0, key)
         spin = self.spin if spin is None else spin
         source = MPI.ANY_SOURCE if any_source else dest  # a reply tag is this rank's alone while the call lasts
-        while not self._probe(source, tag, spin, _NAP, 3600.0, _NAP_MAX):
-            pass
+        if not self._probe(source, tag, spin, _NAP, self.timeout * patience, _NAP_MAX):
+            with self._tag_lock:
+                self._burnt.add(tag)
+            raise self.late(node, f"did not answer a {_operation(msg)} request", self.timeout * patience,
+                            key if key is not None else getattr(msg, "key", None))
         if any_source:
             status = MPI.Status()
             reply = W.receive_reply(self.comm, source, tag, status)
@@ -77,19 +101,55 @@ class Messenger:
                                   dest)
         return tag, reply
 
-    def wait(self, reqs: list[MPI.Request]) -> None:
-        """Wait for ``reqs`` (bulk receives): in MPI's blocking wait where this rank has a core of its own,
-        else testing after naps (20 us doubling up to 1 ms), so that ranks sharing cores let the senders
-        and each other run."""
+    def wait(self, reqs: list[MPI.Request], node: int, key: Any = None) -> None:
+        """Wait for ``reqs`` (bulk frames from or to ``node``): testing back to back where this rank has a
+        core of its own, else after naps (20 us doubling up to 1 ms), so that ranks sharing cores let the
+        senders and each other run.
+
+        Raises:
+            TransferError: no frame completed for :attr:`timeout` seconds (the requests are cancelled).
+        """
+        if not settle(reqs, self.timeout, self.spin > 0, _NAP, _NAP_MAX):
+            cancel(reqs)
+            raise self.late(node, "sent no frame", self.timeout, key)
+
+    def barrier(self, reqs: list[MPI.Request]) -> None:
+        """Wait for ``reqs`` (an ``Ibarrier``) as long as it takes, like MPI's own collectives: the other ranks
+        may compute for hours before they reach it. Blocking where this rank has a core of its own, else
+        testing after naps."""
         if self.spin > 0:
             MPI.Request.Waitall(reqs)
             return
         quiet_wait(reqs, _NAP, _NAP_MAX)
 
+    def late(self, node: int, what: str, waited: float, key: Any = None) -> errors.TransferError:
+        """The error of a wait on ``node`` that passed its deadline: ``what`` it did not do, naming the node, its
+        rank and the setting (:class:`Cluster`'s verbs add which operation of which key gave up)."""
+        rank = self.leaders[node]
+        return errors.TransferError(f"node {self.names[node]!r} (rank {rank}) {what} within {waited:g} s: that "
+                                    f"rank died or hangs ({_SETTING})", key if isinstance(key, str) else None, rank)
+
+    def _send(self, node: int, msg: Any, tag: int, linger: float, key: Any = None) -> None:
+        """Send request ``msg`` to ``node``'s service. A small one goes out at once (MPI buffers it); a bulky
+        one (a remote writer's bytes, a batch) may wait for the receiver, so it is sent without blocking
+        and waited for with the deadline."""
+        if type(msg) not in _BULKY and not (type(msg) is W.DirAdd and len(msg.keys) > 8):  # a put's DirAdd: small
+            W.request(self.comm, msg, self.leaders[node], tag, linger)
+            return
+        req = W.request_nowait(self.comm, msg, self.leaders[node], tag, linger)
+        if not settle([req], self.timeout, self.spin > 0, _NAP, _NAP_MAX):
+            cancel([req])
+            raise self.late(node, f"did not take a {_operation(msg)} request", self.timeout,
+                            key if key is not None else getattr(msg, "key", None))
+
     def post(self, node: int, msg: Any) -> None:
         """Send ``msg`` to ``node``'s service without waiting for (or getting) a reply. Messages a rank
-        sends to one node arrive in the order sent (and are handled in that order)."""
-        W.post(self.comm, msg, self.leaders[node])
+        sends to one node arrive in the order sent (and are handled in that order).
+
+        Raises:
+            TransferError: a bulky message was not taken within the deadline.
+        """
+        self._send(node, msg, 0, 0.0)
         with self._tag_lock:
             self._posted.add(node)
             self.posts += 1
@@ -101,3 +161,24 @@ class Messenger:
             nodes, self._posted = self._posted, set()
         for node in sorted(nodes):
             self.call(node, W.DirGet([]))
+
+
+_BULKY = frozenset({W.Write, W.LookupMany, W.DirSourceMany, W.DirDoneMany})  # may pass MPI's eager size
+
+
+def _operation(msg: Any) -> str:
+    """What request ``msg`` asked, in words: ``Lookup`` -> "lookup", ``DirSourceMany`` -> "dir source many"."""
+    name = type(msg).__name__
+    return "".join(" " + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(name))
+
+
+def gave_up(exc: errors.TransferError, operation: str, key: Any) -> None:
+    """Start the message of ``exc`` (about to be raised again) with the operation that failed and its key
+    (once: an operation made of others keeps the name of the one that failed first)."""
+    if getattr(exc, "operation", None) is None:
+        what = repr(key) if isinstance(key, str) else f"{len(key)} keys ({', '.join(map(repr, key[:3]))}" \
+            f"{', ...' if len(key) > 3 else ''})"
+        exc.args = (f"{operation} of {what} failed: {exc.args[0] if exc.args else exc}",) + exc.args[1:]
+        vars(exc)["operation"] = operation
+        if exc.object_id is None and isinstance(key, str):
+            exc.object_id = key

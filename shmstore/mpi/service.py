@@ -20,6 +20,11 @@ announced it until its frames are sent, so the spill process cannot move it
 and a delete is deferred; a lease the requester never collects expires after
 ``HANDLE_TTL`` seconds. Pulls (a migration into this node) run in their own
 thread, so this loop never waits on another node's service.
+
+Nothing here waits for ever on a rank that died: a bulk send whose receiver
+takes no frame for ``peer_timeout`` seconds is given up (its lease, the
+source's pin, goes with it), and so is a reply the requester never takes;
+pulls wait as any fetch does (see ``rpc.py``).
 """
 from __future__ import annotations
 
@@ -42,7 +47,7 @@ from . import tags as T
 from . import wire as W
 from .cuda import cuda_aware
 from .directory import WAIT, Directory
-from .poll import prober, python_prober, quiet_wait
+from .poll import cancel, prober, python_prober, settle
 from .staging import send_staged
 
 __all__ = ["Service", "HANDLE_TTL"]
@@ -70,14 +75,16 @@ class Service:
         self.cluster = cluster
         self.store = cluster.store
         self.kernel = cluster.store.kernel
+        self.timeout: float = cluster.store.config.peer_timeout
         self._ids = itertools.count(1)
         self._leases: dict[int, tuple[np.ndarray, float]] = {}
         self._writers: dict[int, Any] = {}
         self._stop = threading.Event()
         self._workers: list[threading.Thread] = []  # pulls and bulk sends under way
         self._out: list[MPI.Request] = []  # replies not yet taken by their requesters
+        self._out_since = 0.0  # when one of them was last taken (or the first was sent)
         self._sent_later = 0  # bytes sent inside replies, counted once the reply is out (off the reply's path)
-        self.directory = Directory()  # this node's share of the location directory (see directory.py)
+        self.directory = Directory(self.timeout)  # this node's share of the location directory (see directory.py)
         self._handlers: dict[type, Callable[[int, int, Any], Any]] = {
             W.Lookup: self._on_lookup, W.LookupMany: self._on_lookup_many, W.Data: self._on_data,
             W.Release: self._on_release, W.Has: self._on_has, W.Delete: self._on_delete, W.Pull: self._on_pull,
@@ -92,16 +99,17 @@ class Service:
     def start(self) -> None:
         self._thread.start()
 
-    def close(self) -> None:
+    def close(self, wait: float = 60.0) -> None:
         """Stop serving (once nobody sends requests any more); idempotent. Drops uncollected leases and
-        aborts remote writers."""
+        aborts remote writers. ``wait``: seconds to give the loop, and each pull or send under way, to end
+        (short where the cluster is left by an exception: the job is about to end)."""
         if not self._stop.is_set() and self._thread.is_alive():
             self._stop.set()
             W.post(self.comm, W.Stop(), self.comm.rank)  # the loop ends on it
-            self._thread.join(60)
+            self._thread.join(wait)
         self._stop.set()
         for t in self._workers:
-            t.join(60)
+            t.join(wait)
         self._leases.clear()
         for w in self._writers.values():
             w.abort()
@@ -116,8 +124,8 @@ class Service:
         spin = self.spin
         while True:
             idle = time.monotonic() - last
-            if self._out and MPI.Request.Testall(self._out):
-                self._out.clear()
+            if self._out:
+                self._tend_out()
             try:
                 if self._out or any(t.name == _SENDER and t.is_alive() for t in self._workers):
                     # a transfer's next request (its registration) comes as soon as the bytes are out
@@ -162,10 +170,10 @@ class Service:
             reply_tag, msg, _ = W.receive(self.comm, status.Get_source(), T.TAG_REQUEST)
             if not reply_tag:
                 self.handle(status.Get_source(), 0, msg)
-        deadline = time.monotonic() + 10.0
-        while self._out and not MPI.Request.Testall(self._out) and time.monotonic() < deadline:
-            time.sleep(0.001)
+        if self._out and not settle(self._out, min(10.0, self.timeout), False, 0.001, 0.001):
+            cancel(self._out)
         self._out.clear()
+        self._out_since = 0.0
 
     def handle(self, src: int, tag: int, msg: Any) -> Any:
         """The reply to request ``msg`` from rank ``src`` (or ``_NO_REPLY``: answered elsewhere); a
@@ -242,16 +250,48 @@ class Service:
         def send() -> None:
             bulk = self.cluster._bulk
             plan = T.frames(lease.nbytes, msg.block, streams)
-            if hasattr(lease, "__cuda_array_interface__") and not cuda_aware():  # device bytes via host blocks
-                send_staged(bulk[:streams], src, tag, plan, lambda pos, n, b: to_host(b, lease[pos: pos + n]))
-            else:  # host memory, or device memory handed to a CUDA-aware MPI as it is
-                reqs = [bulk[i % streams].Isend([lease[pos: pos + n], MPI.BYTE], dest=src, tag=tag)
-                        for i, (pos, n) in enumerate(plan)]
-                quiet_wait(reqs, _BUSY_PAUSE, _BUSY_PAUSE)  # the receivers copy; this end sees them finish
+            try:
+                if hasattr(lease, "__cuda_array_interface__") and not cuda_aware():  # device bytes via host blocks
+                    send_staged(bulk[:streams], src, tag, plan, lambda pos, n, b: to_host(b, lease[pos: pos + n]),
+                                wait=lambda reqs: self._sent(reqs, src))
+                else:  # host memory, or device memory handed to a CUDA-aware MPI as it is
+                    self._sent([bulk[i % streams].Isend([lease[pos: pos + n], MPI.BYTE], dest=src, tag=tag)
+                                for i, (pos, n) in enumerate(plan)], src)
+            except errors.TransferError:
+                return  # the requester died (or hangs): its frames are given up, the lease (the pin) goes
             self._count_sent(lease.nbytes)
 
         self._spawn(_SENDER, send)
         return _NO_REPLY
+
+    def _sent(self, reqs: list[MPI.Request], dest: int) -> None:
+        """Wait for the sends ``reqs`` to rank ``dest`` without spinning (the receiver copies; this end sees
+        them finish).
+
+        Raises:
+            TransferError: ``dest`` took no frame for ``peer_timeout`` seconds (the sends are cancelled).
+        """
+        if not settle(reqs, self.timeout, False, _BUSY_PAUSE, _BUSY_PAUSE):
+            cancel(reqs)
+            raise errors.TransferError(f"rank {dest} took no frame within {self.timeout:g} s: it died or hangs "
+                                       f"(raise peer_timeout= / SHMSTORE_PEER_TIMEOUT)", None, dest)
+
+    def _tend_out(self) -> None:
+        """Forget the replies out that their requesters took; give up on those nobody took for ``peer_timeout``
+        seconds (their requesters died), so that the loop naps again instead of probing as if a transfer were
+        under way, for ever. Runs only while replies are out."""
+        if MPI.Request.Testall(self._out):  # the usual case: taken
+            self._out.clear()
+            self._out_since = 0.0
+            return
+        now = time.monotonic()
+        if MPI.Request.Testsome(self._out) or not self._out_since:  # some taken since: the others may be too
+            self._out = [r for r in self._out if r]
+            self._out_since = now
+        elif now - self._out_since > self.timeout:
+            cancel(self._out)
+            self._out.clear()
+            self._out_since = 0.0
 
     def _on_release(self, src: int, tag: int, msg: W.Release) -> None:
         self._leases.pop(msg.handle, None)

@@ -10,7 +10,11 @@ plan as host transfers (``tags.frames``), frame ``i`` on communicator
 empty plan sends nothing: a zero-length buffer never reaches MPI or CUDA.
 
 The copy functions are plain callables over host blocks, so the pipeline
-itself is tested on host buffers (``tests/mpi``).
+itself is tested on host buffers (``tests/mpi``). ``wait`` waits for a list
+of requests; the cluster's raises ``TransferError`` when the peer sends or
+takes nothing for ``peer_timeout`` seconds (a dead rank). Blocks whose
+requests could not be cancelled then are kept for the life of the process:
+MPI may still write into them.
 """
 from __future__ import annotations
 
@@ -19,9 +23,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from mpi4py import MPI
 
+from .poll import cancel, settle
+
 __all__ = ["host_blocks", "send_staged", "recv_staged"]
 
 Frame = tuple[int, int]
+Wait = Callable[[list[Any]], object]
+_KEPT: list[Any] = []  # blocks of requests given up on: never freed, MPI may still use them
 
 
 def host_blocks(count: int, size: int) -> list[np.ndarray]:
@@ -35,11 +43,12 @@ def host_blocks(count: int, size: int) -> list[np.ndarray]:
 
 def send_staged(comms: Sequence[Any], dest: int, tag: int, plan: Sequence[Frame],
                 copy_out: Callable[[int, int, np.ndarray], None], nbuf: int = 2,
-                blocks: list[np.ndarray] | None = None) -> None:
+                blocks: list[np.ndarray] | None = None, wait: Wait = MPI.Request.Waitall) -> None:
     """Send the frames of ``plan``, each filled into a host block by ``copy_out(pos, n, block)`` first.
 
     Raises:
         MPI.Exception: a send failed (outstanding sends are waited for first).
+        TransferError: from ``wait``: the receiver took nothing for too long.
     """
     if not plan:
         return
@@ -50,22 +59,25 @@ def send_staged(comms: Sequence[Any], dest: int, tag: int, plan: Sequence[Frame]
         for i, (pos, n) in enumerate(plan):
             j = i % len(blocks)
             if pending[j] is not None:
-                pending[j].Wait()  # the block is free again
+                wait([pending[j]])  # the block is free again
                 pending[j] = None
             copy_out(pos, n, blocks[j][:n])
             pending[j] = comms[i % len(comms)].Isend([blocks[j][:n], MPI.BYTE], dest=dest, tag=tag)
+        wait([r for r in pending if r is not None])
+        pending = []
     finally:
-        MPI.Request.Waitall([r for r in pending if r is not None])
+        _let_go([r for r in pending if r is not None], blocks)
 
 
 def recv_staged(comm: Any, source: int, tag: int, frames: Sequence[Frame],
                 copy_in: Callable[[int, int, np.ndarray], None], nbuf: int = 2,
-                blocks: list[np.ndarray] | None = None) -> None:
+                blocks: list[np.ndarray] | None = None, wait: Wait = MPI.Request.Waitall) -> None:
     """Receive ``frames`` (in order, on ``comm``) into host blocks, handing each to ``copy_in(pos, n, block)``
     while the next ones are already being received.
 
     Raises:
         MPI.Exception: a receive failed.
+        TransferError: from ``wait``: the sender sent nothing for too long.
     """
     if not frames:
         return
@@ -78,15 +90,23 @@ def recv_staged(comm: Any, source: int, tag: int, frames: Sequence[Frame],
             reqs[i] = comm.Irecv([blocks[i][:frames[i][1]], MPI.BYTE], source=source, tag=tag)
         for i, (pos, n) in enumerate(frames):
             j = i % nb
-            reqs[j].Wait()
+            wait([reqs[j]])
             reqs[j] = None
             copy_in(pos, n, blocks[j][:n])
             k = i + nb
             if k < len(frames):
                 reqs[j] = comm.Irecv([blocks[j][:frames[k][1]], MPI.BYTE], source=source, tag=tag)
-    finally:
-        live = [r for r in reqs if r is not None]
-        if live:  # an error half way: do not leave receives posted into blocks about to be freed
-            for r in live:
-                r.Cancel()
-            MPI.Request.Waitall(live)
+    finally:  # an error half way: do not leave receives posted into blocks about to be freed
+        _let_go([r for r in reqs if r is not None], blocks)
+
+
+def _let_go(live: list[Any], blocks: list[np.ndarray]) -> None:
+    """Cancel the requests ``live`` left after an error, and wait a moment for them (a frame on its way
+    completes instead); keep ``blocks`` for ever where some could not be cancelled (a dead peer's)."""
+    if not live:
+        return
+    for r in live:
+        r.Cancel()
+    if not settle(live, 1.0, False):
+        cancel(live)
+        _KEPT.append(blocks)

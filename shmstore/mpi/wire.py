@@ -9,8 +9,9 @@ posted, e.g. the registration of a fetched copy). Every message is a
 tuple, ``(code, fields)`` (:func:`encode`, :func:`decode`): pickle takes
 a NamedTuple apart and rebuilds it through Python calls, 3 us a message
 each way, a third of a small fetch's round trip; a plain tuple costs 0.5.
-:func:`request`, :func:`post`, :func:`reply`, :func:`receive` and
-:func:`receive_reply` are the only ways messages go out and come in.
+:func:`request`, :func:`request_nowait`, :func:`post`, :func:`reply`,
+:func:`reply_nowait`, :func:`receive` and :func:`receive_reply` are the only
+ways messages go out and come in.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ __all__ = [
     "DirAdd", "DirDrop", "DirGet", "DirTake", "DirReplace", "DirSource", "DirDone", "DirSourceMany",
     "DirDoneMany", "DirCopies", "Forward", "Stop",
     "Found", "FoundMany", "Sourced", "Chunk", "Failure", "LARGE",
-    "encode", "decode", "request", "post", "reply", "reply_nowait", "receive", "receive_reply",
+    "encode", "decode", "request", "request_nowait", "post", "reply", "reply_nowait", "receive", "receive_reply",
 ]
 
 
@@ -307,6 +308,12 @@ def request(comm: MPI.Comm, msg: Any, dest: int, reply_tag: int, linger: float =
     ``linger``: seconds the service should keep probing without naps after it (more requests follow soon:
     a batched fetch's rounds)."""
     comm.send((reply_tag, encode(msg), linger), dest=dest, tag=T.TAG_REQUEST)
+
+
+def request_nowait(comm: MPI.Comm, msg: Any, dest: int, reply_tag: int, linger: float = 0.0) -> MPI.Request:
+    """:func:`request` without waiting for the receiver to take it (a message over MPI's eager size waits for
+    that): the request, which holds the message's bytes, must be waited for (or cancelled)."""
+    return comm.isend((reply_tag, encode(msg), linger), dest=dest, tag=T.TAG_REQUEST)
 
 
 def post(comm: MPI.Comm, msg: Any, dest: int) -> None:

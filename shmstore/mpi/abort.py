@@ -1,0 +1,86 @@
+"""Ending the job when a rank fails: a Cluster left by an exception, and the uncaught exception after it.
+
+A Cluster is collective: its ``close`` waits in a barrier for every rank.
+When one rank raises inside ``with Cluster() as c:`` while the others wait
+for it (in a ``get`` from its node, in a ``barrier``), a collective close
+would wait for them just as they wait for it: the job sat until its time
+limit, and the traceback was never printed (it comes after ``__exit__``).
+So a Cluster left by an exception leaves without any collective call
+(:meth:`Cluster._leave`), and an exception that nobody catches while a
+Cluster is open, or after one was left that way, prints its traceback and
+aborts the job with ``MPI_Abort`` (status 1; 130 for Ctrl-C): what
+``python -m mpi4py`` does at exit, done at once, and done too for a script
+started as ``python script.py`` (under plain ``srun`` or ``mpiexec`` a rank
+that merely exits leaves the others waiting). An exception the program
+catches aborts nothing.
+
+Every node's store is cleaned as after any killed job: the spill process
+reclaims what the aborted ranks held and removes the store with its spill
+files once no client is left (the Slurm epilog's ``shmstore gc`` where the
+batch system killed the spill processes too).
+"""
+from __future__ import annotations
+
+import sys
+from types import TracebackType
+from typing import Any, Callable
+
+from mpi4py import MPI
+
+__all__ = ["opened", "closed", "left", "armed"]
+
+_open = 0        # clusters of this process open (created and not closed)
+_left = False    # a cluster of this process was left by an exception
+_previous: Callable[..., Any] | None = None  # the excepthook ours calls first (it prints the traceback)
+
+
+def opened() -> None:
+    """A Cluster was created: an uncaught exception from now on ends the job."""
+    global _open
+    _open += 1
+    _install()
+
+
+def closed() -> None:
+    """A Cluster was closed collectively (every rank did the same)."""
+    global _open
+    _open = max(0, _open - 1)
+
+
+def left() -> None:
+    """A Cluster was left by an exception, without a collective: if nobody catches it, the job ends."""
+    global _left
+    _left = True
+    _install()
+
+
+def armed() -> bool:
+    """Whether an uncaught exception now aborts the job."""
+    return _left or _open > 0
+
+
+def _install() -> None:
+    global _previous
+    if sys.excepthook is not _excepthook:
+        _previous = sys.excepthook
+        sys.excepthook = _excepthook
+
+
+def _excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    """Print the traceback (through the hook we replaced), then abort the job if a Cluster needs it."""
+    try:
+        (_previous or sys.__excepthook__)(kind, value, tb)
+    finally:
+        if armed():
+            _abort(130 if issubclass(kind, KeyboardInterrupt) else 1)
+
+
+def _abort(status: int) -> None:
+    """Say which rank ends the job, and end it: ``MPI_Abort`` (the launcher kills every rank)."""
+    try:
+        sys.stdout.flush()
+        print(f"shmstore.mpi: rank {MPI.COMM_WORLD.rank} of {MPI.COMM_WORLD.size} raised the exception above "
+              f"with a Cluster open: aborting the job (MPI_Abort({status}))", file=sys.stderr, flush=True)
+    except Exception:  # a closed stream must not keep the job alive
+        pass
+    MPI.COMM_WORLD.Abort(status)
