@@ -36,6 +36,7 @@ from . import fastpath
 from .fastpath import codes as _codes
 from .attach import Attachment
 from .cache import ClientCache
+from .interrupts import guard as _guard_signals
 from .keys import encode_key
 from .node import NodeStore
 from .pins import ATIME_GRAIN, Pins
@@ -151,6 +152,7 @@ class Kernel:
 
     def _begin(self, key: str) -> bytes:
         """The key's bytes, after the checks every verb makes (cheap when all is well)."""
+        _guard_signals()  # a signal from here on waits for the verb to finish (see interrupts.py)
         kb = encode_key(key)
         if self._closed or self._deferred or self._fork != _FORKS[0]:
             self._check()
@@ -220,6 +222,7 @@ class Kernel:
             ObjectNotFoundError: no sealed object has this key (and no ``default``).
             InvalidArgumentError: ``conditions`` on a value that is not an array.
         """
+        _guard_signals()
         if _fast is not None and type(key) is str and not self._closed and not self._deferred \
                 and self._fork == _FORKS[0]:
             obj = self._get_fast(key)  # the hot path: a small array in memory

@@ -21,6 +21,7 @@ import time
 from typing import Callable
 
 from ..kernel import layout as L
+from ..kernel.interrupts import interruptible
 from ..kernel.node import NodeStore
 
 __all__ = ["submit", "wait", "pending", "complete"]
@@ -38,9 +39,31 @@ def submit(node: NodeStore, slot: int, kind: int, nbytes: int = 0, idx: int = 0,
     return seq
 
 
+@interruptible
 def wait(node: NodeStore, slot: int, seq: int, timeout: float,
          progress: Callable[[L.SpillState], None] | None = None) -> L.Request | None:
-    """Wait for request ``seq`` of client ``slot`` to finish; None on timeout (then it is withdrawn)."""
+    """Wait for request ``seq`` of client ``slot`` to finish; None on timeout (then it is withdrawn).
+
+    Interruptible (Ctrl-C raises here at once): the request is withdrawn; a
+    spill the spill process already began finishes, as for any request.
+    """
+    try:
+        return _wait(node, slot, seq, timeout, progress)
+    except BaseException:
+        withdraw(node, slot, seq)
+        raise
+
+
+def withdraw(node: NodeStore, slot: int, seq: int) -> None:
+    """Withdraw request ``seq`` of client ``slot`` if it is still pending (its client gave up on it)."""
+    at = node.layout.client(slot) + L.REQUEST_OFFSET
+    if L.REQUEST.get(node.buf, at, "seq") == seq and L.REQUEST.get(node.buf, at, "status") == L.RS_PENDING:
+        L.REQUEST.set(node.buf, at, "status", L.RS_IDLE)
+
+
+@interruptible
+def _wait(node: NodeStore, slot: int, seq: int, timeout: float,
+          progress: Callable[[L.SpillState], None] | None) -> L.Request | None:
     buf, coff = node.buf, node.layout.client(slot)
     deadline = time.monotonic() + timeout
     pause, next_check = 0.0002, time.monotonic() + 0.5

@@ -1,0 +1,323 @@
+"""Ctrl-C at every step of an operation, in a process that catches it and goes on using the store.
+
+Like the SIGKILL sweep of ``test_crash.py``, but the process lives on: a
+forked child connects, then runs one operation under a line tracer that
+sends itself SIGINT at the N-th line of shmstore code it executes (Python
+runs the handler at its next instruction boundary, wherever that falls). The
+child catches ``KeyboardInterrupt`` and stays attached while the parent
+checks the store (``check()`` takes every lock: one left held fails it),
+usage, and that the object is all or nothing; the child checks that what it
+holds privately (pins, reserved entries, its chunk) matches what the store
+records for it. Then the child puts, gets and deletes other objects and
+closes, and the parent checks again: nothing left behind.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import sys
+import traceback
+
+import numpy as np
+import pytest
+
+import shmstore
+from shmstore import Level
+from shmstore.kernel import interrupts
+from shmstore.kernel import layout as L
+
+from test_crash import PKG, assert_consistent, crc_of, kill_points, settle, values
+
+
+def _arm(stop_at: int) -> list[int]:
+    """Trace this process: send itself SIGINT at the ``stop_at``-th line executed in shmstore."""
+    count = [0]
+
+    def local(frame, event, arg):
+        if event == "line":
+            count[0] += 1
+            if count[0] == stop_at:
+                sys.settrace(None)
+                os.kill(os.getpid(), signal.SIGINT)  # handled at the next instruction boundary
+                return None
+        return local
+
+    def glob(frame, event, arg):
+        return local if frame.f_code.co_filename.startswith(PKG) else None
+
+    sys.settrace(glob)
+    return count
+
+
+def private_state_problems(store) -> list[str]:
+    """Where this process's private bookkeeping disagrees with what the store records for its slot
+    (with no verb in flight): pins, reserved entries, the current chunk."""
+    k = store.kernel
+    node, slot = k.node, k.slot
+    buf, lay = node.buf, node.layout
+    t = L.entry_table(buf, lay)
+    problems = []
+    row = L.pin_table(buf, lay)[slot, :len(t)]
+    shared = set(np.flatnonzero(row).tolist())
+    local = {i for i, n in k.pins.counts.items() if n > 0}
+    if shared != local:
+        problems.append(f"pin bytes {sorted(shared)} but local pins {sorted(local)}")
+    reserved = set(np.flatnonzero((t["state"] == L.RESERVED) & (t["writer"] == slot)).tolist())
+    cached = {i for i, g in k._cache.entries if L.entry_gen(buf, lay.entry(i)) == g}
+    if reserved != cached:
+        problems.append(f"reserved entries {sorted(reserved)} but cached {sorted(cached)}")
+    writing = np.flatnonzero((t["state"] == L.WRITING) & (t["writer"] == slot)).tolist()
+    open_writers = len(list(k.writers))
+    if len(writing) > open_writers:
+        problems.append(f"entries {writing} still being written, {open_writers} writers open")
+    return problems
+
+
+def run_interrupted(prepare, op, verify_alive, stop_at: int) -> int:
+    """Fork: ``ctx = prepare()``, then ``op(ctx)`` with SIGINT at line ``stop_at``; the child catches it.
+
+    While the child is still attached the parent runs ``verify_alive(interrupted)``; then the child
+    uses the store again and closes. Returns the lines the op ran when it was not interrupted, or -1.
+    """
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            os.close(r1)
+            os.close(w2)
+            store = prepare()
+            count = _arm(stop_at)
+            interrupted = False
+            try:
+                op(store)
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                sys.settrace(None)
+            assert not interrupts.pending(), "a signal still waits after the verb returned"
+            gc.collect()
+            problems = private_state_problems(store)
+            os.write(w1, (json.dumps([count[0], interrupted, problems]) + "\n").encode())
+            assert os.read(r2, 1) == b"g"
+            _go_on(store)
+            store.close()
+            os.write(w1, b"ok\n")
+            code = 0
+        except BaseException:
+            os.write(w1, ("FAIL " + traceback.format_exc()).encode())
+        finally:
+            os._exit(code)
+    os.close(w1)
+    os.close(r2)
+    with os.fdopen(r1) as f, os.fdopen(w2, "wb", buffering=0) as go:
+        first = f.readline()
+        assert not first.startswith("FAIL"), first + f.read()
+        lines, interrupted, problems = json.loads(first)
+        assert not problems, f"interrupted at line {stop_at}: {problems}"
+        try:
+            verify_alive(interrupted)
+        finally:
+            go.write(b"g")
+        rest = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and rest.startswith("ok"), \
+        f"the child could not go on after an interrupt at line {stop_at} (status {status}):\n{rest}"
+    return -1 if interrupted else lines
+
+
+def _go_on(store) -> None:
+    """The interrupted process keeps using the store: small, pickled and large objects, a writer."""
+    for i, v in enumerate((b"after" * 100, {"a": np.arange(10), "n": 1}, np.arange(200_000))):
+        store.put(f"after{i}", v)
+        assert crc_of(store.get(f"after{i}")) == crc_of(v)
+        store.delete(f"after{i}")
+    with store.open_writer("after-w", 1000) as w:
+        w.write(b"w" * 1000)
+    assert bytes(store.get("after-w")) == b"w" * 1000
+    store.delete("after-w")
+
+
+def sweep(store, prepare, op, verify) -> int:
+    """Interrupt ``op`` at every traced line (or a stride of them); verify after each."""
+    total = run_interrupted(prepare, op, lambda interrupted: None, 1 << 60)
+    assert total > 0
+    settle(store)
+    verify(finished=True)
+    tried = interrupted_runs = 0
+    for stop in kill_points(total):
+        def alive(interrupted):
+            assert_consistent(store)  # check() takes every lock: one the child still held fails here
+
+        finished = run_interrupted(prepare, op, alive, stop) >= 0
+        interrupted_runs += not finished
+        settle(store)
+        try:
+            assert_consistent(store)
+            verify(finished=finished)
+        except AssertionError as exc:
+            raise AssertionError(f"interrupted at line {stop} of {total}: {exc}") from None
+        tried += 1
+    assert interrupted_runs, "no run was interrupted: the sweep tested nothing"
+    return tried
+
+
+@pytest.fixture
+def crash_store(name, tmp_path):
+    with shmstore.connect(name, capacity="32MiB", spill_dir=str(tmp_path), prefault=0, max_objects=1024) as s:
+        yield s
+
+
+def _child_store(store):
+    return lambda: shmstore.connect(store.name, spill_dir=store.config.spill_dir, prefault=0)
+
+
+@pytest.mark.parametrize("kind", ["small", "dict", "large", "disk"])
+def test_put_interrupted_at_every_step_is_all_or_nothing(crash_store, kind):
+    store, value = crash_store, values()[kind]
+    levels = [Level.DISK] if kind == "disk" else None
+    want = crc_of(value)
+
+    def op(s):
+        s.put("victim", value, levels=levels)
+
+    def verify(finished):
+        if finished:
+            assert "victim" in store
+        if "victim" in store:
+            assert crc_of(store.get("victim")) == want
+            store.delete("victim")
+        assert_consistent(store)
+
+    assert sweep(store, _child_store(store), op, verify) > 5
+
+
+@pytest.mark.parametrize("kind", ["small", "dict", "large", "disk"])
+def test_overwrite_interrupted_at_every_step_leaves_the_old_or_the_new(crash_store, kind):
+    store, new = crash_store, values()[kind]
+    old = np.arange(50_000)
+    levels = [Level.DISK] if kind == "disk" else None
+    want_new, want_old = crc_of(new), crc_of(old)
+    store.put("victim", old)
+
+    def op(s):
+        view = s.get("victim")
+        s.put("victim", new, levels=levels, overwrite=True)
+        assert crc_of(view) == want_old
+
+    def verify(finished):
+        got = crc_of(store.get("victim"))
+        assert got in (want_new, want_old), "neither the old nor the new value"
+        assert got == want_new or not finished
+        assert [i.key for i in store.list()] == ["victim"]
+        if got == want_new:
+            store.put("victim", old, overwrite=True)
+        assert_consistent(store)
+
+    assert sweep(store, _child_store(store), op, verify) > 5
+
+
+@pytest.mark.parametrize("kind", ["small", "dict", "disk"])
+def test_delete_interrupted_at_every_step_leaves_no_ghost(crash_store, kind):
+    store, value = crash_store, values()[kind]
+    levels = [Level.DISK] if kind == "disk" else None
+    store.put("victim", value, levels=levels)
+
+    def op(s):
+        s.delete("victim")
+
+    def verify(finished):
+        if finished:
+            assert "victim" not in store
+        if "victim" not in store:
+            store.put("victim", value, levels=levels)
+        assert crc_of(store.get("victim")) == crc_of(value)
+        assert_consistent(store)
+
+    assert sweep(store, _child_store(store), op, verify) > 5
+
+
+@pytest.mark.parametrize("level", [Level.MEMORY, Level.DISK])
+def test_writer_interrupted_at_every_step_leaves_nothing_half_visible(crash_store, level):
+    store = crash_store
+    data = bytes(range(256)) * 2000
+
+    def op(s):
+        with s.open_writer("victim", len(data), levels=[level]) as w:
+            w.write(data[:100_000])
+            w.write(data[100_000:])
+
+    def verify(finished):
+        if finished:
+            assert "victim" in store
+        if "victim" in store:
+            assert bytes(store.get("victim")) == data
+            store.delete("victim")
+        assert_consistent(store)
+
+    assert sweep(store, _child_store(store), op, verify) > 5
+
+
+def test_reader_and_pins_interrupted_at_every_step(crash_store):
+    store = crash_store
+    store.put("victim", np.arange(100_000))
+
+    def op(s):
+        view = s.get("victim")
+        s.pin("victim")
+        with s.open_reader("victim") as r:
+            r.read(1000)
+            r.seek(0)
+            r.readinto(bytearray(100))
+        assert view[5] == 5
+        s.unpin("victim")
+
+    def verify(finished):
+        np.testing.assert_array_equal(store.get("victim"), np.arange(100_000))
+        assert store.get_info("victim").pins == 0
+        assert_consistent(store)
+
+    assert sweep(store, _child_store(store), op, verify) > 5
+
+
+@pytest.mark.parametrize("direction", ["spill", "restore"])
+def test_move_and_spilled_get_interrupted_at_every_step(crash_store, direction):
+    store = crash_store
+    value = values()["large"]
+    want = crc_of(value)
+    start = Level.DISK if direction == "restore" else Level.MEMORY
+    store.put("victim", value, levels=[start])
+
+    def op(s):
+        s.move("victim", Level.MEMORY if direction == "restore" else Level.DISK)
+        assert crc_of(s.get("victim")) == want  # a get of the object where it is now (spilled: from its file)
+
+    def verify(finished):
+        assert crc_of(store.get("victim")) == want
+        if store.get_info("victim").level != start:
+            store.move("victim", start)
+        assert_consistent(store)
+
+    assert sweep(store, _child_store(store), op, verify) > 5
+
+
+def test_get_of_a_spilled_object_interrupted_at_every_step(crash_store):
+    store = crash_store
+    value = values()["disk"]
+    store.put("victim", value, levels=[Level.DISK])
+
+    def op(s):
+        assert crc_of(s.get("victim")) == crc_of(value)
+        assert crc_of(s.get("victim", conditions=(slice(10, 1000),))) == crc_of(value[10:1000])
+        s.get("victim", levels=[Level.MEMORY])  # brings it back
+
+    def verify(finished):
+        assert crc_of(store.get("victim")) == crc_of(value)
+        if store.get_info("victim").level != Level.DISK:
+            store.move("victim", Level.DISK)
+        assert_consistent(store)
+
+    assert sweep(store, _child_store(store), op, verify) > 5
