@@ -11,7 +11,8 @@ from .errors import (ConfigError, InvalidArgumentError, InvalidKeyError, LayoutE
                      ShmStoreError, SpillError, StorageFullError, StoreClosedError, StoreInUseError,
                      StoreNotFoundError, TransferError)
 from .levels import Capacity, Level, ObjectInfo
-from .store import Store, collect_stale, connect, destroy
+from .store import Store, connect, destroy
+from .stores import collect_stale
 from .streams import Reader, Writer
 from .kernel.views import SharedArray
 

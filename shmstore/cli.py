@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from typing import Any
@@ -17,7 +18,8 @@ from typing import Any
 from .errors import ShmStoreError
 from .levels import Level, ObjectInfo
 from .placement import spill_progress_line
-from .store import Store, collect_stale, connect, destroy, list_stores, observe
+from .store import Store, connect, destroy, observe
+from .stores import collect_stale, list_stores
 from .units import format_size
 
 __all__ = ["main"]
@@ -53,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("check", parents=common,
                    help="check the store's invariants (table, allocator, counters, spill files); exit 1 on a problem")
     g = sub.add_parser("gc", parents=common,
-                       help="remove stores that no live process uses (job epilogs): yours, or as root every user's")
+                       help="remove stores that no live process uses (job epilogs): yours, or as root every user's; "
+                            "only those named NAME with --name")
     g.add_argument("--all-users", action="store_true", help="every user's stale stores (root: a Slurm epilog)")
     g.add_argument("--uid", type=int, help="that user's stale stores (root)")
     d = sub.add_parser("destroy", parents=common, help="remove a store's segments and spill files")
@@ -80,9 +83,23 @@ def _print_status(st: dict[str, Any]) -> None:
     mv = st.get("moving")
     print(f"  moving entry {mv['entry']} to {mv['to']}: {format_size(mv['done'])} of {format_size(mv['total'])}"
           if mv else "  no move running")
-    alive = sum(c["alive"] for c in st["clients"])
-    print(f"  clients {alive} alive: " + ", ".join(str(c["pid"]) for c in st["clients"]))
+    print("  " + _clients_line(st["clients"]))
     print(f"  spill process {st['spill']['pid']} ({'running' if st['spill']['alive'] else 'not running'})")
+    if st["spill"].get("log"):
+        print(f"  spill process log (problems it reported): {st['spill']['log']}")
+
+
+def _clients_line(clients: list[dict[str, Any]]) -> str:
+    """``clients: 1 alive (pid 7), 2 dead (pids 8, 9: ...)``: dead ones are registered but gone."""
+    alive = [str(c["pid"]) for c in clients if c["alive"]]
+    dead = [str(c["pid"]) for c in clients if not c["alive"]]
+
+    def pids(p: list[str]) -> str:
+        return f" (pid{'s' if len(p) > 1 else ''} {', '.join(p)}" if p else ""
+    line = f"clients: {len(alive)} alive" + (pids(alive) + ")" if alive else "")
+    if dead:
+        line += f", {len(dead)} dead{pids(dead)}: gone; the spill process, or `shmstore gc`, reclaims their slots)"
+    return line
 
 
 def _info_dict(info: ObjectInfo) -> dict[str, Any]:
@@ -105,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
             print("no stores on this host")
         return 0
     if args.cmd == "gc":
-        removed = collect_stale(uid=args.uid, all_users=args.all_users)
+        removed = collect_stale(uid=args.uid, all_users=args.all_users, name=args.name)
         print(json.dumps({"removed": removed}) if args.json else
               ("removed " + ", ".join(removed) if removed else "no stale stores"))
         return 0
@@ -171,6 +188,8 @@ def _own_pid() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # what a look skips (a FIFO or garbage under a store's name in /dev/shm) is said on stderr
+    logging.basicConfig(level=logging.WARNING, format="shmstore: %(message)s")
     try:
         return _run(args)
     except FileNotFoundError:

@@ -240,6 +240,13 @@ def log_level() -> int:
     return value
 
 
+def log_file() -> str | None:
+    """``SHMSTORE_LOG_FILE``: the file spill processes append their log to (``stderr``: the creating process's
+    stderr, whatever it is); None when unset (see :func:`shmstore.kernel.procs.spill_output`)."""
+    value: str | None = env("LOG_FILE", str)
+    return value
+
+
 def node_label() -> str | None:
     """``SHMSTORE_NODE``: the node id this process claims, None when unset."""
     value: str | None = env("NODE", _parse_ident)

@@ -6,27 +6,27 @@ kernel leaves out (priority lists of levels, waiting for the spill process).
 """
 from __future__ import annotations
 
+import atexit
 import builtins
-import mmap
 import os
-import struct
 import time
+import weakref
 from typing import Any, Iterable
 
 import numpy as np
 
 from .config import Config
-from .errors import PermissionDeniedError, ShmStoreError, StorageFullError, StoreClosedError, StoreInUseError
+from .errors import ShmStoreError, StorageFullError, StoreClosedError, StoreInUseError
 from .kernel import Kernel, NodeStore
 from .kernel import layout as L
 from .kernel.check import check as check_node
 from .kernel.node import pid_alive, reap_children, store_prefix
-from .kernel.segment import list_segments, segment_path, unlink_segment, unlink_semaphore
+from .kernel.segment import unlink_segment, unlink_semaphore
 from .levels import Capacity, Level, ObjectInfo, parse_levels
 from .placement import DEFAULT_PUT_LEVELS, DEVICE_PUT_LEVELS, Placement
 from .streams import Reader, Writer
 
-__all__ = ["Store", "connect", "destroy", "collect_stale"]
+__all__ = ["Store", "connect", "destroy", "observe"]
 
 _HOST_TYPES = frozenset((np.ndarray, bytes, bytearray, memoryview, dict, list, tuple, str, int, float))
 
@@ -67,6 +67,7 @@ class Store:
             node.deregister(slot)
             node.close()
             raise
+        _open_stores.add(self)
 
     # ---- properties -----------------------------------------------------
     @property
@@ -283,7 +284,8 @@ class Store:
             "clients": [{"pid": pid, "alive": pid_alive(pid, start), "slot": slot}
                         for slot, pid, start in node.clients()],
             "spill": {"pid": spill, "alive": pid_alive(spill),
-                      "heartbeat": L.unpack_spill_state(node.buf).heartbeat},  # time.time() of its last round
+                      "heartbeat": L.unpack_spill_state(node.buf).heartbeat,  # time.time() of its last round
+                      "log": node.log_path if os.path.lexists(node.log_path) else None},  # problems it logged
         }
 
     # ---- lifecycle ------------------------------------------------------
@@ -321,6 +323,15 @@ class Store:
 
     def __reduce__(self) -> tuple[Any, tuple[Config]]:
         return (_reconnect, (self.config,))
+
+    def _close_at_exit(self) -> None:
+        """Close at interpreter exit; where views still pin objects, leave the slot to the janitor."""
+        self.close()
+        k = self._kernel
+        if k is not None and not k._detached:
+            # The views die during interpreter teardown, where store code can no longer run (imports fail):
+            # their releases become no-ops and the spill process reclaims this slot once the process is gone.
+            k.pins.closed = True
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -387,8 +398,10 @@ def destroy(name: str | None = None, force: bool = False, node: str | None = Non
     try:
         ns = NodeStore.open(cfg, create=False)
     except (FileNotFoundError, ShmStoreError, PermissionError, BlockingIOError):
-        leftovers = [unlink_segment(n) for n in list_segments(prefix + "-")]
-        return any(leftovers + [unlink_semaphore(prefix + "-wake")])
+        # exactly this store's names, each only if a regular file of ours (never 'name-x's, nor a planted FIFO)
+        leftovers = [unlink_segment(prefix + "-arena"), unlink_semaphore(prefix + "-wake"),
+                     unlink_segment(prefix + "-meta")]
+        return any(leftovers)
     try:
         with ns.admin:
             live = [pid for _, pid, start in ns.clients() if pid_alive(pid, start)]
@@ -402,132 +415,21 @@ def destroy(name: str | None = None, force: bool = False, node: str | None = Non
     return True
 
 
-def list_stores(uid: int | None = None, all_users: bool = False) -> list[dict[str, Any]]:
-    """The stores on this host: this user's, another ``uid``'s, or (``all_users``) everyone's.
+_open_stores: "weakref.WeakSet[Store]" = weakref.WeakSet()
 
-    Each as a dict: ``name``, ``node``, ``uid``, ``persistent``, ``capacity``,
-    ``clients`` (attached and alive), ``spill_pid``, ``spill_alive``,
-    ``stale`` (nobody alive uses it: ``shmstore gc`` would remove it),
-    ``segment``. Reads the stores' headers only; changes nothing.
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close the stores still open, while the interpreter is whole.
+
+    A store never closed used to be closed by ``Store.__del__`` during
+    interpreter teardown, which printed ``Exception ignored in Store.__del__
+    ... sys.meta_path is None`` (imports fail by then). atexit handlers run
+    before teardown, last registered first: this one runs after the handlers
+    of any code that imported shmstore, which may still use its stores.
     """
-    out = []
-    prefix = "/shmstore-" if all_users else f"/shmstore-{os.getuid() if uid is None else uid}-"
-    for meta in list_segments(prefix):
-        if not meta.endswith("-meta"):
-            continue
+    for store in list(_open_stores):
         try:
-            fd = os.open(segment_path(meta), os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            st = os.fstat(fd)
-            owner = st.st_uid
-            if not meta.startswith(f"/shmstore-{owner}-") or st.st_size < L.HEADER_SIZE:
-                continue  # named for another user than its owner, or being created
-            mm = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ)  # a look: read-only, any owner
-        except (OSError, ValueError):
-            os.close(fd)
-            continue
-        try:
-            h = L.unpack_header(mm)
-            if h.magic != L.MAGIC:
-                continue
-            lay = L.Layout.from_header(h)
-            if lay.size > st.st_size:
-                continue
-            clients = L.client_table(mm, lay)
-            alive = sum(1 for p, st, state in zip(clients["pid"], clients["start"], clients["state"])
-                        if state == 1 and pid_alive(int(p), int(st)))
-            spill = pid_alive(h.spill_pid)
-            out.append({"name": h.name, "node": h.node, "uid": owner, "persistent": bool(h.flags & L.FLAG_PERSIST),
-                        "capacity": int(h.capacity), "clients": alive, "spill_pid": int(h.spill_pid),
-                        "spill_alive": spill, "stale": not alive and not spill and not h.flags & L.FLAG_PERSIST,
-                        "segment": meta, "spill_dir": L.spill_dir(mm)})
-            del clients
-        except (ValueError, TypeError, struct.error):
-            continue  # not a store of this layout
-        finally:
-            _close_quietly(mm)
-            os.close(fd)
-    return out
-
-
-def _close_quietly(mm: mmap.mmap) -> None:
-    try:
-        mm.close()
-    except BufferError:
-        pass  # a view is still alive: unmapped with it
-
-
-def collect_stale(uid: int | None = None, all_users: bool = False) -> list[str]:
-    """Remove the stores on this host that nobody uses any more: this user's, another ``uid``'s, or
-    (``all_users``) everyone's (root, in a Slurm epilog).
-
-    A store is stale when none of its clients and not its spill process is
-    alive (say every process of a job was SIGKILLed, the spill process too,
-    as a batch system's cleanup does). Persistent stores are kept. Meant for
-    a job epilog: ``shmstore gc`` (``--all-users`` as root).
-
-    Returns:
-        The ``name@node`` of every store removed.
-
-    Raises:
-        PermissionDeniedError: another user's stores asked for without being root.
-    """
-    me = os.getuid()
-    if (all_users or (uid is not None and uid != me)) and me != 0:
-        raise PermissionDeniedError("only root can remove other users' stores (shmstore gc --all-users / --uid "
-                                    "in a Slurm epilog, which runs as root)")
-    removed = []
-    for st in list_stores(uid, all_users):
-        if not st["stale"]:
-            continue
-        if st["uid"] == me:
-            destroy(st["name"], force=True, node=st["node"])
-        else:
-            _remove_foreign(st)
-        removed.append(f"{st['name']}@{st['node']}" + (f" (uid {st['uid']})" if st["uid"] != me else ""))
-    return removed
-
-
-def _segment_uid(name: str) -> int | None:
-    try:
-        return os.stat(segment_path(name)).st_uid
-    except OSError:
-        return None
-
-
-def _remove_foreign(st: dict[str, Any]) -> None:
-    """Remove another user's stale store as root: its segments, semaphore and spill files. Touches only
-    what that user owns, under names made from the store's own prefix (never following a link)."""
-    uid = st["uid"]
-    prefix = store_prefix(st["name"], st["node"], uid)
-    for seg in list_segments(prefix + "-"):
-        if _segment_uid(seg) == uid:
-            unlink_segment(seg)
-    sem = segment_path(prefix + "-wake", semaphore=True)
-    try:
-        if os.lstat(sem).st_uid == uid:
-            os.unlink(sem)
-    except OSError:
-        pass
-    folder = os.path.join(st["spill_dir"], prefix.lstrip("/"))
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError:
-        return
-    try:
-        if os.fstat(fd).st_uid != uid:
-            return
-        for entry in os.listdir(fd):
-            try:
-                if os.stat(entry, dir_fd=fd, follow_symlinks=False).st_uid == uid:
-                    os.unlink(entry, dir_fd=fd)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    try:
-        os.rmdir(folder)
-    except OSError:
-        pass
+            store._close_at_exit()
+        except (OSError, ShmStoreError):  # as in __del__: the janitor reclaims what this could not
+            pass

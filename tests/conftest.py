@@ -1,24 +1,25 @@
-"""Fixtures: uuid-named stores, and a leak check around every test."""
+"""Fixtures: stores named for this test run, a leak check around every test, and a bystander store that the
+whole run must leave alone."""
 from __future__ import annotations
 
 import gc
 import os
 import threading
-import uuid
+import warnings
 
 import pytest
 
 import shmstore
 from shmstore.kernel.node import reap_children
 
-from helpers import children, shm_segments, wait_for
+from helpers import Bystander, children, of_this_run, shm_segments, unique_name, wait_for
 
 SMALL = "64MiB"
 
 
 @pytest.fixture
 def name() -> str:
-    return "t" + uuid.uuid4().hex[:12]
+    return unique_name()
 
 
 @pytest.fixture
@@ -27,8 +28,22 @@ def store(name):
         yield s
 
 
-def _threads() -> set[str]:
-    return {t.name for t in threading.enumerate() if not t.name.startswith("shmstore-copy")}
+@pytest.fixture(scope="session")
+def bystanders(tmp_path_factory):
+    """The live stores of other programs beside this run (tests may add more); verified and closed at the end.
+
+    None in the ranks of an MPI run (tests/mpi under mpiexec): the pytest that launched it has its own."""
+    launched = any(v in os.environ for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"))
+    out = [] if launched else [Bystander(str(tmp_path_factory.mktemp("bystander")))]
+    yield out
+    for b in out:
+        assert not b.damage(), f"another program's store {b.name!r} was damaged by the test run: {b.damage()}"
+        b.verify()
+        b.close()
+
+
+def _threads(skip: set[str]) -> set[str]:
+    return {t.name for t in threading.enumerate() if not t.name.startswith("shmstore-copy") and t.name not in skip}
 
 
 def _fds() -> int:
@@ -36,23 +51,41 @@ def _fds() -> int:
 
 
 @pytest.fixture(autouse=True)
-def no_leaks(request):
-    """Fail a test that leaves shm segments, spill processes, threads or fds behind."""
-    seg0, threads0, fds0 = set(shm_segments()), _threads(), _fds()
+def no_leaks(request, bystanders):
+    """Fail a test that leaves segments of this run, spill processes, threads or fds behind, or that touched
+    another program's store. Segments of other names that appear meanwhile are reported, never removed."""
+    seg0, fds0, known = set(shm_segments()), _fds(), len(bystanders)
+    threads0 = _threads(set())
     yield
     gc.collect()
+    new = bystanders[known:]  # started by the test, to outlive it: its pipes, its reader thread, its process
+    skip_threads = {f"child-{b.child.pid}-stdout" for b in new}
+    skip_pids = {b.child.pid for b in bystanders}
+
+    def mine() -> list[str]:
+        return sorted(s for s in set(shm_segments()) - seg0 if of_this_run(s))
 
     def clean() -> bool:
         reap_children()
-        return not (set(shm_segments()) - seg0) and not children() and (_threads() <= threads0)
+        return not mine() and not set(children()) - skip_pids and _threads(skip_threads) <= threads0
 
     ok = wait_for(clean, timeout=15)
-    leaked = sorted(set(shm_segments()) - seg0)
-    kids = children()
-    for seg in leaked:  # do not let one test's leak fail the next ones
+    leaked, kids = mine(), sorted(set(children()) - skip_pids)
+    for seg in leaked:  # ours: do not let one test's leak fail the next ones
         try:
             os.unlink("/dev/shm/" + seg)
         except OSError:
             pass
-    assert ok, f"leaked segments {leaked}, child processes {kids}, threads {sorted(_threads() - threads0)}"
-    assert _fds() <= fds0 + 2, f"leaked file descriptors: {fds0} before, {_fds()} after"
+    _report_others(set(shm_segments()) - seg0, bystanders)
+    damaged = {b.name: b.damage() for b in bystanders if b.damage()}
+    assert not damaged, f"the test removed or replaced another program's store: {damaged}"
+    assert ok, f"leaked segments {leaked}, child processes {kids}, threads {sorted(_threads(skip_threads) - threads0)}"
+    assert _fds() <= fds0 + 3 * len(new) + 2, f"leaked file descriptors: {fds0} before, {_fds()} after"
+
+
+def _report_others(appeared: set[str], bystanders: list[Bystander]) -> None:
+    """Say which segments of other names appeared while the test ran: another program's (or test run's),
+    or a test that named a store outside ``SUITE``. Never removed: they may be in use."""
+    others = sorted(s for s in appeared if not of_this_run(s) and not any(b.owns(s) for b in bystanders))
+    if others:
+        warnings.warn(f"segments of names not of this test run appeared (left alone): {others}", stacklevel=1)

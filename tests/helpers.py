@@ -9,9 +9,19 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Every store this test run makes is named SUITE + something: the leak check removes only names of this run
+# (another program's store, another test run's, is reported and left alone). Set in the environment so that
+# processes the tests start (mpiexec ranks) name their stores the same way.
+SUITE = os.environ.setdefault("SHMSTORE_TEST_SUITE", "t" + uuid.uuid4().hex[:6] + "s")
+
+
+def unique_name(tag: str = "") -> str:
+    """A fresh store name of this test run (``SUITE``, ``tag``, random hex)."""
+    return SUITE + tag + uuid.uuid4().hex[:8]
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> bool:
@@ -30,6 +40,13 @@ def shm_segments(prefix: str = "shmstore-") -> list[str]:
     """This user's shmstore segments and semaphores in /dev/shm."""
     mine = (prefix + str(os.getuid()), "sem." + prefix + str(os.getuid()))
     return sorted(e for e in os.listdir("/dev/shm") if e.startswith(mine))
+
+
+def of_this_run(segment: str) -> bool:
+    """Whether a /dev/shm entry (``shmstore-<uid>-<name>-...``, ``sem.shmstore-...``) is a store of this test
+    run's (its name starts with ``SUITE``)."""
+    bare = segment[len("sem."):] if segment.startswith("sem.") else segment
+    return bare.startswith(f"shmstore-{os.getuid()}-{SUITE}")
 
 
 def children() -> list[int]:
@@ -142,3 +159,72 @@ def check_arena(node) -> None:
         x = ext[t["extent"][i] - 1]
         assert x["flags"] in (L.EXT_USED, L.EXT_CHUNK, L.EXT_RETIRED)
         assert x["offset"] <= t["offset"][i] and t["offset"][i] + t["size"][i] <= x["offset"] + x["size"]
+
+
+_BYSTANDER = """
+import os, sys, numpy as np, shmstore
+s = shmstore.connect(os.environ['N'], capacity='8MiB', spill_dir=os.environ['D'], prefault=0)
+a = np.random.default_rng(19).integers(0, 1 << 40, 50_000)
+s.put('mem', a)
+s.put('disk', a[::-1].copy(), levels=[shmstore.Level.DISK])
+print('ready', flush=True)
+sys.stdin.readline()  # attached until the run ends
+s.close()
+"""
+
+_VERIFY = """
+import os, numpy as np, shmstore
+a = np.random.default_rng(19).integers(0, 1 << 40, 50_000)
+with shmstore.connect(os.environ['N'], create=False, prefault=0) as s:
+    assert np.array_equal(s.get('mem'), a) and np.array_equal(s.get('disk'), a[::-1]), 'its objects changed'
+    problems = s.check()
+    assert not problems, problems
+print('intact', flush=True)
+"""
+
+
+class Bystander:
+    """A live store of another program (its name is not of this run): one client attached all along, an
+    object in memory and one on disk. Each test's teardown checks that every file of it is still the very
+    same file (inode by inode: removed and remade is caught too); the end of the run also reads its objects
+    from a fresh process and checks its invariants. A test or a leak check that removes others' segments
+    (the bug of issue 19: this conftest unlinked whatever appeared while a test ran) fails right there."""
+
+    def __init__(self, spill_dir: str) -> None:
+        self.name = "bystander" + uuid.uuid4().hex[:10]
+        assert not self.name.startswith(SUITE)
+        self.child = Child(_BYSTANDER, env={"N": self.name, "D": spill_dir})
+        assert self.child.readline(timeout=60) == "ready"
+        from shmstore.config import Config
+        prefix = f"shmstore-{os.getuid()}-{self.name}-{Config.from_kwargs().node}"
+        folder = os.path.join(spill_dir, prefix)
+        paths = [f"/dev/shm/{prefix}-meta", f"/dev/shm/{prefix}-arena", f"/dev/shm/sem.{prefix}-wake", folder]
+        paths += [os.path.join(folder, f) for f in os.listdir(folder)]
+        self.files = {p: os.lstat(p).st_ino for p in paths}
+        assert len(self.files) >= 5, self.files  # three names in /dev/shm, the spill directory and a file
+
+    def owns(self, segment: str) -> bool:
+        return f"-{self.name}-" in segment
+
+    def damage(self) -> list[str]:
+        """What happened to it: files removed or replaced, its client gone."""
+        out = []
+        for path, ino in self.files.items():
+            try:
+                if os.lstat(path).st_ino != ino:
+                    out.append(f"{path} was replaced")
+            except FileNotFoundError:
+                out.append(f"{path} was removed")
+        if self.child.proc.poll() is not None:
+            out.append(f"its client (pid {self.child.pid}) died")
+        return out
+
+    def verify(self) -> None:
+        check = Child(_VERIFY, env={"N": self.name})
+        assert check.readline(timeout=60) == "intact"
+        check.wait()
+
+    def close(self) -> None:
+        self.child.send("")
+        self.child.wait()
+        assert wait_for(lambda: not any(self.owns(s) for s in shm_segments()), timeout=15)

@@ -183,30 +183,3 @@ def test_spill_process_of_a_store_removed_behind_its_back_exits_and_removes_its_
     spill_popen(spill).wait(5)
     assert not os.listdir(tmp_path)
     assert not [seg for seg in shm_segments() if name in seg]
-
-
-def test_spill_process_is_quiet_by_default_and_says_more_with_shmstore_log(name, tmp_path):
-    """Job logs: the spill process's line for every reclaimed client and removed store is logged at INFO,
-    shown only with SHMSTORE_LOG=info (problems, at WARNING, always show)."""
-    import subprocess
-    import sys
-    from helpers import ROOT
-    code = ("import shmstore, sys\n"
-            "s = shmstore.connect(sys.argv[1], capacity='16MiB', spill_dir=sys.argv[2])\n"
-            "s.put('a', b'x'); s.close()\n")
-    for level, expect in ((None, False), ("info", True)):
-        env = dict(os.environ, PYTHONPATH=ROOT)
-        env.pop("SHMSTORE_LOG", None)
-        if level:
-            env["SHMSTORE_LOG"] = level
-        r = subprocess.run([sys.executable, "-c", code, f"{name}{level or ''}", str(tmp_path)], env=env,
-                           capture_output=True, text=True, timeout=60)  # until the spill process (same stderr) ends
-        assert r.returncode == 0, r.stderr
-        assert ("removed the store" in r.stderr) == expect, r.stderr
-        store = f"{name}{level or ''}"
-        assert wait_for(lambda store=store: gone(store), timeout=10)
-    env = dict(os.environ, PYTHONPATH=ROOT, SHMSTORE_LOG="loud")  # a bad value: said, and the store still works
-    r = subprocess.run([sys.executable, "-c", code, name + "x", str(tmp_path)], env=env, capture_output=True,
-                       text=True, timeout=60)
-    assert r.returncode == 0 and "SHMSTORE_LOG" in r.stderr, r.stderr
-    assert wait_for(lambda: gone(name + "x"), timeout=10)

@@ -240,17 +240,40 @@ def deserialize(data: Any) -> Any:
     deserializer.
 
     Raises:
-        SerializationError: the data is damaged.
+        SerializationError: the data is damaged (truncated, a header that does not add up, a pickle that
+            does not load), or ProxyStore's deserializer refused data without our prefix.
     """
-    mv = memoryview(data).cast("B") if memoryview(data).format != "B" else memoryview(data)
+    try:
+        mv = memoryview(data).cast("B") if memoryview(data).format != "B" else memoryview(data)
+    except (TypeError, ValueError) as exc:
+        raise errors.SerializationError(f"cannot deserialize a {type(data).__name__}: {exc}") from None
     if bytes(mv[:len(_MAGIC)]) != _MAGIC:
-        from proxystore.serialize import deserialize as theirs
-        return theirs(bytes(mv))
-    base = np.frombuffer(mv, np.uint8, offset=_PREFIX)
+        return _deserialize_theirs(mv)
+    base = np.frombuffer(mv, np.uint8, offset=min(_PREFIX, len(mv)))
     if base.flags.writeable:  # a writable buffer: views of it must not write into the caller's
         base = base.view()
         base.flags.writeable = False
+    _check_frame(base, len(mv))
+    return _codec.decode(L.KIND_PICKLE, base, base.nbytes)
+
+
+def _check_frame(base: np.ndarray, size: int) -> None:
+    """Raise SerializationError unless the header in ``base`` and every part it names fit in ``base``."""
+    damaged = f"serialized object of {size} bytes is truncated or damaged (not as serialize() made it)"
+    if base.nbytes < L.OBJECT_HEADER.size:
+        raise errors.SerializationError(damaged)
+    nblobs = L.OBJECT_HEADER.unpack(base, 0).nblobs
+    if L.object_header_size(nblobs) > base.nbytes:
+        raise errors.SerializationError(damaged)
     start, plen, blobs = L.unpack_object_header(base)
     if start + plen > base.nbytes or any(o + n > base.nbytes for o, n in blobs):
-        raise errors.SerializationError(f"serialized object of {len(mv)} bytes is truncated")
-    return _codec.decode(L.KIND_PICKLE, base, base.nbytes)
+        raise errors.SerializationError(damaged)
+
+
+def _deserialize_theirs(mv: memoryview) -> Any:
+    from proxystore.serialize import deserialize as theirs
+    try:
+        return theirs(bytes(mv))
+    except Exception as exc:  # theirs raises its own SerializationError, or whatever its decoders do
+        raise errors.SerializationError(f"cannot deserialize {len(mv)} bytes: not made by shmstore's serialize(), "
+                                        f"and ProxyStore's deserializer refused them: {exc}") from exc

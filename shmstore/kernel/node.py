@@ -36,7 +36,7 @@ from ..levels.registry import open_levels
 from .segment import Segment, Wakeup, unlink_segment, unlink_semaphore
 from .repair import rebuild_allocator, repair_stripe
 from .prefault import Prefaulter
-from .procs import pid_alive, proc_start_time, reap_children, spawned
+from .procs import pid_alive, proc_start_time, reap_children, spawned, spill_output
 from .table import Table
 
 if TYPE_CHECKING:
@@ -309,16 +309,22 @@ class NodeStore:
             pid = L.spill_pid(self.buf)
             if pid_alive(pid):
                 return pid
-            persistent = bool(L.header_flags(self.buf) & L.FLAG_PERSIST)
+            stderr, log = spill_output(self.log_path)
+            # a session of its own: a Ctrl-C, Ctrl-\ or hangup of the creator's terminal never reaches it
             proc = subprocess.Popen(
                 [sys.executable, "-m", "shmstore.spill", "--name", self.cfg.name, "--node", self.cfg.node,
-                 "--spill-dir", self.cfg.spill_dir],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL if persistent else None,
+                 "--spill-dir", self.cfg.spill_dir, *(["--log-file", log] if log else [])],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
                 start_new_session=True, close_fds=True)
             spawned.append(proc)
             L.set_spill_pid(self.buf, proc.pid)
             return proc.pid
+
+    @property
+    def log_path(self) -> str:
+        """The file the spill process logs to where its creator's stderr is not a file (see
+        :func:`~shmstore.kernel.procs.spill_output`): beside the store's spill directory, outliving it."""
+        return self.disk.path + ".log"
 
     def spill_alive(self) -> bool:
         return pid_alive(L.spill_pid(self.buf))

@@ -15,12 +15,16 @@ import posix_ipc
 from ..errors import PermissionDeniedError, ShmStoreError, StorageFullError
 from ..units import format_size
 from . import native
+from .files import describe, open_regular
 
 __all__ = ["Segment", "Wakeup", "unlink_segment", "unlink_semaphore", "list_segments", "check_owner"]
 
 _SHM_DIR = "/dev/shm"
 _SQUAT_HINT = ("another user created it first: ask them or root to remove it, or choose another store name "
                "(name= / SHMSTORE_NAME)")
+_PLANTED_HINT = ("someone may have planted it: ask its owner or root to remove it, or choose another store name "
+                 "(name= / SHMSTORE_NAME)")
+_MODE_HINT = "remove it (`shmstore destroy`) or choose another store name (name= / SHMSTORE_NAME)"
 
 
 def _shm_path(name: str, semaphore: bool = False) -> str:
@@ -28,28 +32,53 @@ def _shm_path(name: str, semaphore: bool = False) -> str:
     return os.path.join(_SHM_DIR, "sem." + bare if semaphore else bare)
 
 
-def check_owner(name: str, semaphore: bool = False) -> bool:
-    """Check that the segment (or semaphore) ``name`` is this user's and owner-only.
+def check_owner(name: str, semaphore: bool = False, uid: int | None = None) -> bool:
+    """Check that the segment (or semaphore) ``name`` is a regular, owner-only file of ``uid`` (default: this
+    user), looking at the name only (``lstat``: nothing is opened, no link followed).
 
     Returns:
         False if it does not exist.
 
     Raises:
-        PermissionDeniedError: it belongs to another user, is open to others or is not a plain file.
+        PermissionDeniedError: it belongs to another user, is open to others or is not a regular file
+            (a FIFO, socket, symbolic link or directory planted under the name).
     """
     what = "semaphore" if semaphore else "segment"
+    uid = os.getuid() if uid is None else uid
     try:
         st = os.lstat(_shm_path(name, semaphore))
     except FileNotFoundError:
         return False
     except OSError:
         return True  # no /dev/shm to look at: posix_ipc's own checks apply
-    if st.st_uid != os.getuid():
-        raise PermissionDeniedError(f"{what} {name!r} belongs to uid {st.st_uid}, not {os.getuid()}: {_SQUAT_HINT}")
-    if not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) & 0o077:
-        raise PermissionDeniedError(f"{what} {name!r} is not an owner-only file (mode {st.st_mode:o}): remove it "
-                                    f"(`shmstore destroy`) or choose another store name (name= / SHMSTORE_NAME)")
+    if not stat.S_ISREG(st.st_mode):
+        raise PermissionDeniedError(f"{what} {name!r} is {describe(st.st_mode)} of uid {st.st_uid}, not a "
+                                    f"shared-memory file: {_PLANTED_HINT}")
+    if st.st_uid != uid:
+        raise PermissionDeniedError(f"{what} {name!r} belongs to uid {st.st_uid}, not {uid}: {_SQUAT_HINT}")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise PermissionDeniedError(f"{what} {name!r} is readable by others (mode {stat.S_IMODE(st.st_mode):o}): "
+                                    f"{_MODE_HINT}")
     return True
+
+
+def _open_existing(name: str, uid: int) -> int:
+    """A descriptor of the existing segment ``name`` (read-write), checked before and after the open.
+
+    Raises:
+        FileNotFoundError: no such segment. PermissionDeniedError: not a regular owner-only file of ``uid``.
+    """
+    if not check_owner(name, uid=uid):
+        raise FileNotFoundError(errno.ENOENT, f"no segment {name!r}")
+    if not os.path.isdir(_SHM_DIR):  # not Linux: shm_open's names are not files to look at
+        try:
+            return int(posix_ipc.SharedMemory(name, 0).fd)
+        except posix_ipc.ExistentialError as exc:
+            raise FileNotFoundError(errno.ENOENT, f"no segment {name!r}") from exc
+        except posix_ipc.PermissionsError as exc:
+            raise PermissionDeniedError(f"segment {name!r} cannot be opened: {exc} ({_SQUAT_HINT})") from exc
+    # what shm_open does on Linux, plus O_NONBLOCK: never waits on a FIFO swapped in since the look above
+    return open_regular(_shm_path(name), os.O_RDWR, uid)
 
 
 class Segment:
@@ -111,30 +140,28 @@ class Segment:
             raise
 
     @classmethod
-    def attach(cls, name: str) -> "Segment":
-        """Map an existing segment of this user.
+    def attach(cls, name: str, owner: int | None = None) -> "Segment":
+        """Map an existing segment of this user (of ``owner``: root removing another user's store).
+
+        Nothing is opened before it is known to be a regular file of that user
+        (see :mod:`shmstore.kernel.files`): a FIFO, socket, symbolic link or
+        directory planted under the name is refused, never waited on.
 
         Raises:
             FileNotFoundError: no such segment.
             BlockingIOError: the segment exists but is still empty (being created).
-            PermissionError: the segment belongs to another user or is not owner-only.
+            PermissionError: the segment belongs to another user, is not owner-only or is not a regular file.
         """
-        try:
-            shm = posix_ipc.SharedMemory(name, 0)
-        except posix_ipc.ExistentialError as exc:
-            raise FileNotFoundError(errno.ENOENT, f"no segment {name!r}") from exc
-        except posix_ipc.PermissionsError as exc:
-            check_owner(name)
-            raise PermissionDeniedError(f"segment {name!r} cannot be opened: {exc} ({_SQUAT_HINT})") from exc
-        fd = shm.fd
+        uid = os.getuid() if owner is None else owner
+        fd = _open_existing(name, uid)
         try:
             st = os.fstat(fd)
-            if st.st_uid != os.getuid():
-                raise PermissionDeniedError(f"segment {name!r} belongs to uid {st.st_uid}, not {os.getuid()}: "
-                                            f"{_SQUAT_HINT}")
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+                raise PermissionDeniedError(f"segment {name!r} is {describe(st.st_mode)} of uid {st.st_uid}, "
+                                            f"not a shared-memory file of uid {uid}: {_SQUAT_HINT}")
             if stat.S_IMODE(st.st_mode) & 0o077:
                 raise PermissionDeniedError(f"segment {name!r} is readable by others (mode "
-                                            f"{stat.S_IMODE(st.st_mode):o}): {_SQUAT_HINT}")
+                                            f"{stat.S_IMODE(st.st_mode):o}): {_MODE_HINT}")
             if st.st_size == 0:  # between the creator's shm_open and ftruncate
                 raise BlockingIOError(errno.EAGAIN, f"segment {name!r} is being created")
             return cls(name, st.st_size, fd)
@@ -189,8 +216,11 @@ class Segment:
             self._fd = -1
 
     def unlink(self) -> None:
-        """Remove the segment's name (creator or janitor only)."""
-        unlink_segment(self.name)
+        """Remove the segment's name (creator or janitor only: the name is known to be this segment's)."""
+        try:
+            posix_ipc.unlink_shared_memory(self.name)
+        except (posix_ipc.ExistentialError, posix_ipc.PermissionsError):
+            pass
 
     def named(self) -> bool | None:
         """Whether the segment's name still names this mapping: False where it was unlinked (or names
@@ -230,8 +260,23 @@ def segment_path(name: str, semaphore: bool = False) -> str:
     return _shm_path(name, semaphore)
 
 
-def unlink_segment(name: str) -> bool:
-    """Remove a segment name of this user; False if it was already gone or is not ours."""
+def _ours(name: str, semaphore: bool, owner: int | None) -> bool:
+    """Whether ``name`` is a regular file of ``owner`` (default: this user), by ``lstat``: root may unlink
+    anything in /dev/shm, so a planted FIFO or another user's file under one of our names stays."""
+    try:
+        st = os.lstat(_shm_path(name, semaphore))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # no /dev/shm to look at: the unlink's own permission checks apply
+    return stat.S_ISREG(st.st_mode) and st.st_uid == (os.getuid() if owner is None else owner)
+
+
+def unlink_segment(name: str, owner: int | None = None) -> bool:
+    """Remove a segment name of this user (of ``owner``: root removing another user's store); False if it
+    was already gone or is not a regular file of that user (left alone)."""
+    if not _ours(name, False, owner):
+        return False
     try:
         posix_ipc.unlink_shared_memory(name)
         return True
@@ -311,8 +356,10 @@ class Wakeup:
         unlink_semaphore(self.name)
 
 
-def unlink_semaphore(name: str) -> bool:
-    """Remove a named semaphore of this user; False if it was already gone or is not ours."""
+def unlink_semaphore(name: str, owner: int | None = None) -> bool:
+    """Remove a named semaphore of this user (of ``owner``); False if it was already gone or is not ours."""
+    if not _ours(name, True, owner):
+        return False
     try:
         posix_ipc.unlink_semaphore(name)
         return True

@@ -28,15 +28,15 @@ import numpy as np
 from ..errors import PermissionDeniedError, ShmStoreError, SpillError, StorageFullError
 from ..kernel import layout as L
 from ..kernel import serialize
+from ..kernel.files import SAFE_OPEN, make_dir, make_dirs, open_regular
 from ..units import format_size
 from .base import Level
 
 __all__ = ["SpillDir", "CHUNK", "DiskLevel", "FileSink", "disk_error"]
 
 CHUNK = 64 << 20  # bytes per write/read call: progress granularity, bounded memory
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | SAFE_OPEN
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | SAFE_OPEN  # O_EXCL: never an existing file, FIFO or link
 
 
 class SpillDir:
@@ -52,33 +52,40 @@ class SpillDir:
 
     def __init__(self, root: str, name: str) -> None:
         self.root = root
+        self.folder = name
         self.path = os.path.join(root, name)
         self._lock = threading.Lock()
 
     # ---- the directory ----------------------------------------------------
     def ensure(self) -> int:
-        """Create the directory (0700) if needed, check it is ours, and return its descriptor.
+        """Create the directory (0700) and any missing parents if needed, check it is ours, and return its
+        descriptor.
 
         Raises:
-            PermissionDeniedError: a symlink, not a directory, another user's, or open to others
-                and not ours to fix.
-            OSError: it cannot be created.
+            PermissionDeniedError: it, or a parent it had to create, is a symlink, not a directory, another
+                user's, or open to others and not ours to fix; or a parent cannot be written.
+            OSError: it cannot be created (a parent is a file, a read-only file system); the message names
+                the path.
         """
         fd = self._fd
         if fd >= 0:
             return fd
         with self._lock:
             if self._fd < 0:
+                root = make_dirs(self.root)
                 try:
-                    os.mkdir(self.path, 0o700)
-                except FileExistsError:
-                    pass
-                self._fd = self._open_checked()
+                    made = make_dir(root, self.folder, self.path)
+                    fd = self._open_checked(root)
+                    if made:
+                        os.fchmod(fd, 0o700)  # the umask may have narrowed it (to unwritable, even)
+                    self._fd = fd
+                finally:
+                    os.close(root)
             return self._fd
 
-    def _open_checked(self) -> int:
+    def _open_checked(self, root: int) -> int:
         try:
-            fd = os.open(self.path, _DIR_FLAGS)
+            fd = os.open(self.folder, _DIR_FLAGS, dir_fd=root)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 what = "a symbolic link" if os.path.islink(self.path) else "not a directory"
@@ -177,7 +184,8 @@ class SpillDir:
             raise
 
     def _open_read(self, idx: int, gen: int) -> int:
-        return os.open(self.name(idx, gen), _READ_FILE, dir_fd=self.ensure())
+        """Open an object's file for reading: only a regular file of ours (see :mod:`shmstore.kernel.files`)."""
+        return open_regular(self.name(idx, gen), os.O_RDONLY, os.getuid(), dir_fd=self.ensure())
 
     def read_into(self, idx: int, gen: int, dst: np.ndarray, progress: Callable[[int], None] | None = None) -> None:
         """Read an object's file into the writable uint8 array ``dst``.

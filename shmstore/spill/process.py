@@ -30,11 +30,10 @@ import argparse
 import logging
 import os
 import signal
-import sys
 import time
 from typing import Callable
 
-from ..config import Config, log_level
+from ..config import Config
 from ..errors import ShmStoreError, StorageFullError
 from ..kernel import NodeStore
 from ..kernel import layout as L
@@ -45,6 +44,7 @@ from ..levels import Level
 from ..levels.gpu import GpuLevel
 from ..units import format_size
 from . import requests
+from .logs import setup_logging
 from .mover import MoveError, Mover
 
 __all__ = ["main", "POLL"]
@@ -197,14 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", required=True)
     parser.add_argument("--node", required=True)
     parser.add_argument("--spill-dir", required=True)
+    parser.add_argument("--log-file", help="append the log here (made at the first line) instead of stderr")
     args = parser.parse_args(argv)
-    try:
-        level, bad = log_level(), None
-    except ShmStoreError as exc:  # a bad setting must not cost the node its spill process
-        level, bad = logging.WARNING, exc
-    logging.basicConfig(level=level, format="shmstore-spill[%(process)d]: %(message)s", stream=sys.stderr)
-    if bad is not None:
-        log.warning("%s; logging warnings only", bad)
+    setup_logging(args.log_file)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         node = NodeStore.open(Config.from_kwargs(name=args.name, node=args.node, spill_dir=args.spill_dir,
@@ -221,5 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         pass
     try:
         return spiller.run()
+    except Exception:  # into the log: its stderr may be /dev/null (see kernel.procs.spill_output)
+        log.exception("%s: the spill process failed", spiller.label)
+        return 1
     finally:
         node.close()

@@ -1,0 +1,244 @@
+"""The stores on this host: list them (``shmstore stores``), remove the stale ones (``shmstore gc``, the epilog).
+
+Both read metadata segments in /dev/shm that other processes (and, for root,
+other users) made, in a directory where anybody can make a file under any
+store's name. So:
+
+- nothing is opened before it is known to be a regular file owned by the uid
+  its name carries (``lstat``, then ``O_NONBLOCK | O_NOFOLLOW`` and ``fstat``:
+  see :mod:`shmstore.kernel.files`). A FIFO, socket, symbolic link, directory,
+  another user's file, a file too short for a header, a header that is not
+  ours, of another layout version or naming another store than its file name:
+  skipped with a logged warning, never waited on, never removed. A FIFO made
+  this way hung ``shmstore stores``, ``gc`` and the Slurm epilog forever.
+- a store is removed only if it is stale: not persistent, no live client, its
+  spill process not running, not being created by a live process. The
+  listing says so first; then, right before removing it, the same is decided
+  again under the store's ADMIN lock, where it is marked ``destroying`` (a
+  client may have attached since the listing). That is the janitor's own
+  protocol (see :mod:`shmstore.kernel.node`): a client registering under the
+  same lock either came first (the store stays) or sees ``destroying`` and
+  starts a fresh store.
+- only the store's own names go: ``-arena``, ``-wake``, the files of its
+  spill directory and ``-meta`` last, each only if it belongs to the store's
+  owner.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+from typing import Any
+
+from .errors import PermissionDeniedError, ShmStoreError
+from .kernel import layout as L
+from .kernel.files import SAFE_OPEN, open_regular
+from .kernel.lock import ShmLock
+from .kernel.node import pid_alive, store_prefix
+from .kernel.segment import Segment, list_segments, segment_path, unlink_segment, unlink_semaphore
+
+__all__ = ["list_stores", "collect_stale"]
+
+log = logging.getLogger("shmstore")
+_LOCK_TIMEOUT = 5.0  # a live holder of the ADMIN lock means a live process: not stale anyway
+
+
+def list_stores(uid: int | None = None, all_users: bool = False) -> list[dict[str, Any]]:
+    """The stores on this host: this user's, another ``uid``'s, or (``all_users``) everyone's.
+
+    Each as a dict: ``name``, ``node``, ``uid``, ``persistent``, ``capacity``,
+    ``clients`` (attached and alive), ``spill_pid``, ``spill_alive``,
+    ``stale`` (nobody alive uses it: ``shmstore gc`` would remove it),
+    ``segment``, ``spill_dir``. Reads the stores' headers only; changes
+    nothing. What is not a store's metadata segment is skipped with a warning.
+    """
+    prefix = "/shmstore-" if all_users else f"/shmstore-{os.getuid() if uid is None else uid}-"
+    found = (_look(meta) for meta in list_segments(prefix) if meta.endswith("-meta"))
+    return [store for store in found if store is not None]
+
+
+def _named_uid(meta: str) -> int | None:
+    """The uid in a segment name ``/shmstore-<uid>-...``, None if there is none."""
+    uid = meta[len("/shmstore-"):].split("-", 1)[0]
+    return int(uid) if uid.isdigit() else None
+
+
+def _look(meta: str) -> dict[str, Any] | None:
+    """The store whose metadata segment is ``meta``, or None (skipped: gone, or not a store's)."""
+    path, owner = segment_path(meta), _named_uid(meta)
+    if owner is None:
+        log.warning("skipping %s: not named for a uid (shmstore-<uid>-<name>-<node>-meta)", path)
+        return None
+    try:
+        fd = open_regular(path, os.O_RDONLY, owner)
+    except FileNotFoundError:
+        return None  # removed since the directory was read
+    except OSError as exc:  # a FIFO, socket, link, directory, another user's file (PermissionDeniedError)
+        log.warning("skipping %s", exc)
+        return None
+    try:
+        return _read(meta, fd, owner)
+    finally:
+        os.close(fd)
+
+
+def _read(meta: str, fd: int, owner: int) -> dict[str, Any] | None:
+    """Read the store described by the open metadata segment ``fd`` (read-only, whoever owns it)."""
+    path, size = segment_path(meta), os.fstat(fd).st_size
+    if size < L.HEADER_SIZE:
+        if size:  # 0: its creator is between shm_open and ftruncate
+            log.warning("skipping %s: %d bytes, too short for a store's header", path, size)
+        return None
+    mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+    try:
+        return _describe(meta, mm, size, owner)
+    except Exception as exc:  # garbage past the checks must not end a listing, let alone an epilog
+        log.warning("skipping %s: unreadable header (%s)", path, exc)
+        return None
+    finally:
+        _close_quietly(mm)
+
+
+def _header_problem(meta: str, h: Any, owner: int, size: int) -> str | None:
+    """Why the header ``h`` of ``meta`` is not one of a store of this build, or None if it is."""
+    if h.magic != L.MAGIC:
+        return None if h.magic == b"\0" * 8 else "not a shmstore segment"
+    if h.version != L.LAYOUT_VERSION:
+        return f"layout version {h.version}, this build reads {L.LAYOUT_VERSION}"
+    if h.uid != owner or store_prefix(h.name, h.node, owner) + "-meta" != meta:
+        return f"its header names store {h.name!r} on node {h.node!r} of uid {h.uid}, not this file"
+    if L.Layout.from_header(h).size > size:
+        return f"{size} bytes, shorter than its header says"
+    return None
+
+
+def _describe(meta: str, mm: mmap.mmap, size: int, owner: int) -> dict[str, Any] | None:
+    h = L.unpack_header(mm)
+    problem = _header_problem(meta, h, owner, size)
+    if problem is not None or h.magic != L.MAGIC:  # all zeros: being created
+        if problem is not None:
+            log.warning("skipping %s: %s", segment_path(meta), problem)
+        return None
+    clients = _live_clients(mm, L.Layout.from_header(h))
+    spill = pid_alive(h.spill_pid)
+    return {"name": h.name, "node": h.node, "uid": owner, "persistent": bool(h.flags & L.FLAG_PERSIST),
+            "capacity": int(h.capacity), "clients": clients, "spill_pid": int(h.spill_pid),
+            "spill_alive": spill, "stale": _stale(h, clients, spill), "segment": meta,
+            "spill_dir": L.spill_dir(mm)}
+
+
+def _live_clients(mm: Any, lay: L.Layout) -> int:
+    t = L.client_table(mm, lay)
+    return sum(1 for pid, start, state in zip(t["pid"], t["start"], t["state"])
+               if state == 1 and pid_alive(int(pid), int(start)))
+
+
+def _stale(h: Any, clients: int, spill: bool) -> bool:
+    """Nobody alive uses the store of header ``h``: no client, no spill process, no creator still at work."""
+    creating = h.state == L.STATE_INIT and pid_alive(h.creator_pid)
+    return not clients and not spill and not creating and not h.flags & L.FLAG_PERSIST
+
+
+def _close_quietly(mm: mmap.mmap) -> None:
+    try:
+        mm.close()
+    except BufferError:
+        pass  # a view is still alive: unmapped with it
+
+
+def collect_stale(uid: int | None = None, all_users: bool = False, name: str | None = None) -> list[str]:
+    """Remove the stores on this host that nobody uses any more: this user's, another ``uid``'s, or
+    (``all_users``) everyone's (root, in a Slurm epilog); only those named ``name`` if given.
+
+    A store is stale when none of its clients and not its spill process is
+    alive (say every process of a job was SIGKILLed, the spill process too,
+    as a batch system's cleanup does). Persistent stores are kept, and so is
+    any store a live process attached to meanwhile (decided again under its
+    ADMIN lock). Meant for a job epilog: ``shmstore gc`` (``--uid`` or
+    ``--all-users`` as root).
+
+    Returns:
+        The ``name@node`` of every store removed.
+
+    Raises:
+        PermissionDeniedError: another user's stores asked for without being root.
+    """
+    me = os.getuid()
+    if (all_users or (uid is not None and uid != me)) and me != 0:
+        raise PermissionDeniedError("only root can remove other users' stores (shmstore gc --all-users / --uid "
+                                    "in a Slurm epilog, which runs as root)")
+    removed = []
+    for st in list_stores(uid, all_users):
+        if st["stale"] and name in (None, st["name"]) and _remove_if_stale(st):
+            removed.append(f"{st['name']}@{st['node']}" + (f" (uid {st['uid']})" if st["uid"] != me else ""))
+    return removed
+
+
+def _remove_if_stale(st: dict[str, Any]) -> bool:
+    """Remove the store listed as ``st`` if it is still stale under its ADMIN lock; True if removed."""
+    uid = st["uid"]
+    prefix = store_prefix(st["name"], st["node"], uid)
+    try:
+        seg = Segment.attach(prefix + "-meta", owner=uid)
+    except FileNotFoundError:
+        return False  # removed meanwhile (its janitor, another gc)
+    except (OSError, ShmStoreError) as exc:
+        log.warning("leaving store %r on node %r of uid %d: %s", st["name"], st["node"], uid, exc)
+        return False
+    try:
+        if not _claim(seg, st):
+            return False
+    except ShmStoreError as exc:  # its ADMIN lock stayed taken: somebody alive holds it
+        log.warning("leaving store %r on node %r of uid %d: %s", st["name"], st["node"], uid, exc)
+        return False
+    finally:
+        seg.close()
+    _remove_names(prefix, uid, st["spill_dir"])
+    return True
+
+
+def _claim(seg: Segment, st: dict[str, Any]) -> bool:
+    """Mark the store ``destroying`` if it is still stale, under its ADMIN lock; False if it is not."""
+    mm = seg.mapping()
+    h = L.unpack_header(mm)
+    if _header_problem(seg.name, h, st["uid"], seg.size) is not None or h.magic != L.MAGIC:
+        return False
+    lay = L.Layout.from_header(h)
+    with ShmLock(seg.address + lay.lock_offset(L.LOCK_ADMIN), "admin", _LOCK_TIMEOUT):
+        h = L.unpack_header(mm)
+        if not _stale(h, _live_clients(mm, lay), pid_alive(h.spill_pid)):
+            return False
+        L.set_header_state(mm, L.STATE_DESTROYING)
+    return True
+
+
+def _remove_names(prefix: str, uid: int, spill_root: str) -> None:
+    """Remove a claimed store's names, each only if ``uid`` owns it; the metadata segment last (a process
+    killed in between leaves a store that the next ``gc`` finds)."""
+    unlink_segment(prefix + "-arena", owner=uid)
+    unlink_semaphore(prefix + "-wake", owner=uid)
+    _remove_spill_files(os.path.join(spill_root, prefix.lstrip("/")), uid)
+    unlink_segment(prefix + "-meta", owner=uid)
+
+
+def _remove_spill_files(folder: str, uid: int) -> None:
+    """Remove the files of ``uid`` in the spill directory ``folder`` (never following a link), then it."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | SAFE_OPEN)
+    except OSError:
+        return
+    try:
+        if os.fstat(fd).st_uid != uid:
+            return
+        for entry in os.listdir(fd):
+            try:
+                if os.stat(entry, dir_fd=fd, follow_symlinks=False).st_uid == uid:
+                    os.unlink(entry, dir_fd=fd)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass
