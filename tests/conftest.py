@@ -36,10 +36,13 @@ def bystanders(tmp_path_factory):
     launched = any(v in os.environ for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"))
     out = [] if launched else [Bystander(str(tmp_path_factory.mktemp("bystander")))]
     yield out
-    for b in out:
-        assert not b.damage(), f"another program's store {b.name!r} was damaged by the test run: {b.damage()}"
-        b.verify()
-        b.close()
+    try:
+        for b in out:
+            assert not b.damage(), f"another program's store {b.name!r} was damaged by the test run: {b.damage()}"
+            b.verify()
+    finally:
+        for b in out:
+            b.close()
 
 
 def _threads(skip: set[str]) -> set[str]:

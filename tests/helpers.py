@@ -139,6 +139,25 @@ class Child:
                 f.close()
 
 
+DEAD_JOB = """
+import os, sys, numpy as np, shmstore
+s = shmstore.connect(os.environ['N'], capacity='16MiB', spill_dir=os.environ['D'])
+s.put('a', np.arange(1000))
+s.put('b', np.arange(1000), levels=[shmstore.Level.DISK])
+print(s.spill_pid, flush=True)
+sys.stdin.readline()
+"""
+
+
+def dead_store(name: str, spill_dir: str) -> None:
+    """A store whose job was SIGKILLed whole, its spill process too (what a batch system's cleanup does)."""
+    child = Child(DEAD_JOB, env={"N": name, "D": spill_dir})
+    spill = int(child.readline(timeout=60))
+    os.kill(spill, signal.SIGKILL)
+    child.kill()
+    assert wait_for(lambda: not spill_running(spill), timeout=10)
+
+
 def check_arena(node) -> None:
     """Assert the arena's extents tile it exactly and every live object lies in its extent."""
     import numpy as np
@@ -225,6 +244,9 @@ class Bystander:
         check.wait()
 
     def close(self) -> None:
-        self.child.send("")
-        self.child.wait()
+        if self.child.proc.poll() is None:
+            self.child.send("")
+            self.child.wait()
+        else:
+            self.child.kill()  # reaps it and closes the pipes
         assert wait_for(lambda: not any(self.owns(s) for s in shm_segments()), timeout=15)

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from helpers import ROOT
+from helpers import ROOT, dead_store
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -58,28 +58,6 @@ def test_check_command(store):
     assert json.loads(run("--name", store.name, "--json", "check").stdout) == {"ok": True, "problems": []}
 
 
-DEAD_JOB = """
-import os, sys, numpy as np, shmstore
-s = shmstore.connect(os.environ['N'], capacity='16MiB', spill_dir=os.environ['D'])
-s.put('a', np.arange(1000))
-s.put('b', np.arange(1000), levels=[shmstore.Level.DISK])
-print(s.spill_pid, flush=True)
-sys.stdin.readline()
-"""
-
-
-def _dead_store(name: str, spill_dir: str) -> None:
-    """A store whose job was SIGKILLed whole, its spill process too (what a batch system's cleanup does)."""
-    import os
-    import signal
-    from helpers import Child, spill_running, wait_for
-    child = Child(DEAD_JOB, env={"N": name, "D": spill_dir})
-    spill = int(child.readline(timeout=60))
-    os.kill(spill, signal.SIGKILL)
-    child.kill()
-    assert wait_for(lambda: not spill_running(spill), timeout=10)
-
-
 def _set_header_uid(path: str, uid: int) -> None:
     """What the header of a store made by ``uid`` says (the handed-over store was made by root)."""
     import mmap
@@ -102,7 +80,7 @@ def test_a_look_at_a_dead_store_changes_nothing_and_gc_removes_it(name, tmp_path
     """Regression: `shmstore status` on a store whose job died restarted a spill process, which then removed
     the store; looking must not change anything (stores, status, ls, info, check)."""
     import os
-    _dead_store(name, str(tmp_path))
+    dead_store(name, str(tmp_path))
     before = _segments(name)
     assert before and os.listdir(tmp_path)
     (mine,) = [s for s in json.loads(run("--json", "stores").stdout) if s["name"] == name]
@@ -110,6 +88,10 @@ def test_a_look_at_a_dead_store_changes_nothing_and_gc_removes_it(name, tmp_path
     assert name in run("stores").stdout
     st = json.loads(run("--name", name, "--json", "status").stdout)
     assert not st["spill"]["alive"] and st["levels"]["memory"]["objects"] == 1
+    (client,) = st["clients"]
+    assert not client["alive"]
+    text = run("--name", name, "status").stdout  # regression: said "clients 0 alive: 26040" (read as alive pids)
+    assert f"clients: 0 alive, 1 dead (pid {client['pid']}: gone;" in text, text
     assert sorted(i["key"] for i in json.loads(run("--name", name, "--json", "ls").stdout)) == ["a", "b"]
     assert run("--name", name, "info", "a").returncode == 0
     assert json.loads(run("--name", name, "--json", "check").stdout)["ok"]
@@ -132,7 +114,7 @@ def test_gc_of_other_users_needs_root_and_removes_only_what_they_own(name, tmp_p
     user = 65534
     # Another user's job, killed whole. Python here lives under /root, which another user cannot run, so the
     # store is made as root and then handed over: its names and files become those of uid 65534.
-    _dead_store(name, str(tmp_path))
+    dead_store(name, str(tmp_path))
     for seg in _segments(name):
         new = seg.replace("shmstore-0-", f"shmstore-{user}-", 1)
         os.rename("/dev/shm/" + seg, "/dev/shm/" + new)

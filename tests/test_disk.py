@@ -90,3 +90,134 @@ def test_own_directory_open_to_others_is_made_owner_only(spill):
     os.chmod(spill.path, 0o777)
     spill.ensure()
     assert stat.S_IMODE(os.stat(spill.path).st_mode) == 0o700
+
+
+# ---- the spill directory's missing parents (issue 19: $LOCAL/job123 of a job failed every spill) -------------
+
+def test_missing_parents_are_made_owner_only_and_a_spill_goes_through(name, tmp_path):
+    """Regression: with SHMSTORE_SPILL_DIR=$LOCAL/job123 (not made yet) every spill failed with a bare
+    "No such file or directory"."""
+    root = tmp_path / "local" / "job123" / "step1"
+    a = np.arange(200_000)
+    with shmstore.connect(name, capacity="8MiB", spill_dir=str(root)) as s:
+        s.put("d", a, levels=[shmstore.Level.DISK])
+        assert np.array_equal(s.get("d"), a) and s.check() == []
+        for made in (tmp_path / "local", tmp_path / "local" / "job123", root):
+            st = os.lstat(made)
+            assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+    from helpers import wait_for
+    assert wait_for(lambda: not os.listdir(root), timeout=15)  # the store's own directory went with it
+
+
+def test_parents_are_made_usable_whatever_the_umask(name, tmp_path):
+    old = os.umask(0o277)  # would make directories r-x------: nothing could be made inside them
+    try:
+        with shmstore.connect(name, capacity="8MiB", spill_dir=str(tmp_path / "a" / "b")) as s:
+            s.put("d", b"x" * 100_000, levels=[shmstore.Level.DISK])
+            assert s.get("d") == b"x" * 100_000
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "a").st_mode) == 0o700
+
+
+@pytest.mark.parametrize("planted", ["file", "fifo", "dangling-link"])
+def test_a_parent_that_cannot_be_a_directory_is_a_clear_error(name, tmp_path, planted):
+    block = tmp_path / "job123"
+    if planted == "file":
+        block.write_text("not a directory")
+    elif planted == "fifo":
+        os.mkfifo(block)
+    else:
+        os.symlink(tmp_path / "nowhere", block)
+    with shmstore.connect(name, capacity="8MiB", spill_dir=str(block / "spill")) as s:
+        with pytest.raises(shmstore.ShmStoreError, match=f"cannot create spill directory '{block}/spill'.*{block}"):
+            s.put("d", b"x" * 1000, levels=[shmstore.Level.DISK])
+        assert "d" not in s and s.check() == []
+        s.put("m", b"memory is fine")
+    assert not os.path.exists(tmp_path / "nowhere")
+
+
+def _other_user() -> tuple[int, int]:
+    if os.getuid() != 0:
+        pytest.skip("needs root to hand a file to another uid")
+    return 65534, 65534
+
+
+def test_a_link_of_another_user_where_the_jobs_folder_goes_is_refused(name, tmp_path):
+    target = tmp_path / "theirs"
+    target.mkdir(mode=0o777)
+    link = tmp_path / "job123"
+    os.symlink(target, link)
+    os.lchown(link, *_other_user())
+    with shmstore.connect(name, capacity="8MiB", spill_dir=str(link / "spill")) as s:
+        with pytest.raises(shmstore.PermissionDeniedError, match=f"'{link}' is a symbolic link of uid 65534"):
+            s.put("d", b"x" * 1000, levels=[shmstore.Level.DISK])
+    assert not os.listdir(target)
+
+
+def test_components_planted_while_they_are_made_are_refused_never_followed(tmp_path):
+    """An attacker process swaps a symlink (to a directory of its own) in and out where a component is being made:
+    every attempt either makes a real directory of ours or is refused; nothing is ever made through the link."""
+    import subprocess
+    import sys
+    from shmstore.errors import PermissionDeniedError
+    from shmstore.kernel.files import make_dirs
+    target = tmp_path / "attacker"
+    target.mkdir()
+    race = tmp_path / "race"
+    race.mkdir()
+    link = race / "job"
+    attacker = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys, time\n"
+        "end = time.monotonic() + 60\n"
+        "while time.monotonic() < end:\n"
+        "    try: os.symlink(sys.argv[1], sys.argv[2])\n"
+        "    except OSError: pass\n"
+        "    try: os.unlink(sys.argv[2])\n"
+        "    except OSError: pass\n"), str(target), str(link)])
+    outcomes = {"made": 0, "refused": 0}
+    try:
+        for _ in range(400):
+            try:
+                fd = make_dirs(str(link / "spill"))
+            except PermissionDeniedError:
+                outcomes["refused"] += 1
+                continue
+            except OSError:  # the link vanished between two steps (ENOENT): not made, nothing followed
+                continue
+            st = os.fstat(fd)
+            os.close(fd)
+            assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+            outcomes["made"] += 1
+            for d in (link / "spill", link):
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    pass
+    finally:
+        attacker.kill()
+        attacker.wait(30)
+    assert not os.listdir(target), "something was made through the planted link"
+    assert outcomes["made"] or outcomes["refused"], outcomes
+
+
+# ---- files in the spill directory are opened only if they are regular files of ours ---------------------
+
+@pytest.mark.parametrize("planted", ["fifo", "symlink", "directory"])
+def test_a_spill_file_replaced_by_something_else_is_refused_without_waiting(spill, tmp_path, planted):
+    spill.write(5, 1, [(0, memoryview(b"data"))], 4)
+    os.unlink(spill.file(5, 1))
+    if planted == "fifo":
+        os.mkfifo(spill.file(5, 1))
+    elif planted == "symlink":
+        (tmp_path / "elsewhere").write_bytes(b"not the object")
+        os.symlink(tmp_path / "elsewhere", spill.file(5, 1))
+    else:
+        os.mkdir(spill.file(5, 1))
+    what = {"fifo": "a fifo", "symlink": "a symbolic link", "directory": "a directory"}[planted]
+    with pytest.raises(shmstore.PermissionDeniedError, match=f"'{spill.file(5, 1)}' is {what}"):
+        spill.read_into(5, 1, np.zeros(4, np.uint8))
+    with pytest.raises(shmstore.PermissionDeniedError):
+        spill.map(5, 1, 4)
+    if planted == "directory":
+        os.rmdir(spill.file(5, 1))

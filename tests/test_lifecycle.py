@@ -183,3 +183,32 @@ def test_spill_process_of_a_store_removed_behind_its_back_exits_and_removes_its_
     spill_popen(spill).wait(5)
     assert not os.listdir(tmp_path)
     assert not [seg for seg in shm_segments() if name in seg]
+
+
+NEVER_CLOSED = """
+import os, sys, numpy as np, shmstore
+s = shmstore.connect(os.environ['N'], capacity='16MiB', spill_dir=os.environ['D'])
+s.put('a', np.arange(10))
+s.put('big', np.arange(200_000))
+s.put('disk', np.arange(1000), levels=[shmstore.Level.DISK])
+held = {'view': s.get('big'), 'disk': s.get('disk'), 'reader': s.open_reader('big'),
+        'writer': s.open_writer('w', 100)}
+s.pin('a')
+other = shmstore.connect(os.environ['N'] + 'b', capacity='8MiB')  # a second store, nothing held
+print('ready', flush=True)
+"""
+
+
+def test_stores_never_closed_print_nothing_at_exit_and_go_with_the_process(name, tmp_path):
+    """Regression (issue 19): a Store never closed printed `Exception ignored in Store.__del__ ... sys.meta_path is
+    None` at interpreter exit (its finalizer ran store code during teardown). Views, a reader, a writer and a
+    pin are still held at exit; the stores go all the same."""
+    import subprocess
+    import sys
+    from helpers import ROOT
+    r = subprocess.run([sys.executable, "-c", NEVER_CLOSED], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=ROOT, N=name, D=str(tmp_path)))
+    assert r.returncode == 0 and r.stdout.strip() == "ready", r.stderr
+    assert r.stderr == ""
+    assert wait_for(lambda: gone(name) and gone(name + "b"), timeout=15), shm_segments()
+    assert wait_for(lambda: not os.listdir(tmp_path), timeout=10)

@@ -178,6 +178,33 @@ def test_serializer_pair_round_trips_and_rejects_damage():
         deserialize(bytes(data[:200]))
 
 
+def test_damaged_data_of_every_kind_is_a_serialization_error():
+    """Regression (issue 19): damaged data raised raw ValueError / struct.error (documented: SerializationError).
+    Every truncation, bytes flipped at random (seeded), the header's counts made huge, and foreign garbage:
+    each either decodes or raises SerializationError, never anything else."""
+    import random
+    import struct
+    data = bytes(serialize({"a": np.arange(100), "b": [np.ones((3, 3)), "text"]}))
+    rnd = random.Random(19)
+    cases = [data[:n] for n in range(len(data))] + [b"", b"\0", b"garbage" * 9, bytearray(300)]
+    for _ in range(2000):
+        damaged = bytearray(data)
+        for _ in range(rnd.randint(1, 6)):
+            damaged[rnd.randrange(len(damaged))] = rnd.randrange(256)
+        cases.append(bytes(damaged))
+    for at in range(64, 64 + 40, 4):  # the object header's fields, each set to huge
+        cases.append(data[:at] + struct.pack("<I", 0xFFFFFFFF) + data[at + 4:])
+    raised = 0
+    for case in cases:
+        try:
+            deserialize(case)
+        except shmstore.SerializationError:
+            raised += 1
+    assert raised > len(data)  # every truncation at least
+    with pytest.raises(shmstore.SerializationError):
+        deserialize(12345)  # not even bytes-like
+
+
 def test_deserializer_passes_foreign_data_to_proxystore():
     from proxystore.serialize import serialize as theirs
     assert deserialize(theirs({"k": 1})) == {"k": 1}

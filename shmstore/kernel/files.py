@@ -59,11 +59,12 @@ def check_regular(path: str, st: os.stat_result, uid: int) -> None:
         raise PermissionDeniedError(f"{path!r} belongs to uid {st.st_uid}, not {uid}: not shmstore's, left alone")
 
 
-def open_regular(path: str, flags: int, uid: int, dir_fd: int | None = None) -> int:
+def open_regular(path: str, flags: int, uid: int, dir_fd: int | None = None, shown: str | None = None) -> int:
     """Open ``path`` (relative to ``dir_fd`` if given) only if it is a regular file of ``uid``.
 
     Args:
         flags: the access mode and extra flags; ``O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC`` are added.
+        shown: the path as messages name it (default ``path``).
 
     Returns:
         The open descriptor (the caller closes it).
@@ -72,15 +73,16 @@ def open_regular(path: str, flags: int, uid: int, dir_fd: int | None = None) -> 
         FileNotFoundError: no such file.
         PermissionDeniedError: a FIFO, socket, link, directory or device, or another user's file.
     """
+    shown = path if shown is None else shown
     seen = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
-    check_regular(path, seen, uid)
+    check_regular(shown, seen, uid)
     fd = os.open(path, flags | SAFE_OPEN, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
-        check_regular(path, st, uid)
+        check_regular(shown, st, uid)
         # replaced between the lstat and the open (in a sticky directory only its owner can do that)
         if (st.st_dev, st.st_ino) != (seen.st_dev, seen.st_ino):
-            raise PermissionDeniedError(f"{path!r} changed while it was opened: left alone")
+            raise PermissionDeniedError(f"{shown!r} changed while it was opened: left alone")
         return fd
     except BaseException:
         os.close(fd)
@@ -92,7 +94,8 @@ def make_dirs(root: str) -> int:
     descriptor.
 
     The components that exist are used as the user named them (``/tmp``, a
-    link to node-local scratch). Each one created here is made 0700 through
+    link to node-local scratch), except a symbolic link of another user where
+    the first missing one is to be made. Each one created here is made 0700 through
     the descriptor of its parent and opened without following links, so a
     name planted meanwhile (a symlink, a file, another user's directory) is
     refused, never used: ``$LOCAL/job123/...`` of a job whose folder is not
@@ -107,6 +110,8 @@ def make_dirs(root: str) -> int:
     while not os.path.lexists(base):
         base, tail = os.path.split(base)
         missing.append(tail)
+    if missing:
+        _check_link(path, base)
     try:
         fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
@@ -122,6 +127,17 @@ def make_dirs(root: str) -> int:
             os.fchmod(child, 0o700)  # owner-only, even where the umask narrowed it to unwritable
         fd = child
     return fd
+
+
+def _check_link(path: str, base: str) -> None:
+    """Refuse to make ``path``'s missing components under ``base`` if ``base`` is a symbolic link of another
+    user (root's and this user's are taken as given): planted where the job's own folder was to be made."""
+    st = os.lstat(base)
+    if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, os.getuid()):
+        raise PermissionDeniedError(
+            f"cannot create spill directory {path!r}: {base!r} is a symbolic link of uid {st.st_uid}, refusing to "
+            f"follow it (someone else may have planted it; remove it, or set spill_dir= / SHMSTORE_SPILL_DIR to a "
+            f"directory of your own)")
 
 
 def make_dir(parent: int, name: str, path: str) -> bool:

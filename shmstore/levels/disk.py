@@ -185,7 +185,8 @@ class SpillDir:
 
     def _open_read(self, idx: int, gen: int) -> int:
         """Open an object's file for reading: only a regular file of ours (see :mod:`shmstore.kernel.files`)."""
-        return open_regular(self.name(idx, gen), os.O_RDONLY, os.getuid(), dir_fd=self.ensure())
+        return open_regular(self.name(idx, gen), os.O_RDONLY, os.getuid(), dir_fd=self.ensure(),
+                            shown=self.file(idx, gen))
 
     def read_into(self, idx: int, gen: int, dst: np.ndarray, progress: Callable[[int], None] | None = None) -> None:
         """Read an object's file into the writable uint8 array ``dst``.

@@ -1,0 +1,255 @@
+"""The stores on a host: listing and gc skip whatever is planted under a store's name, never wait on it, and never
+remove a store that a live process uses. Every command runs as a real process, with a deadline."""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import random
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from typing import NamedTuple
+
+import pytest
+
+import shmstore
+from shmstore.config import Config
+from shmstore.kernel import layout as L
+from shmstore.stores import _remove_if_stale, list_stores
+
+from helpers import ROOT, Child, dead_store, shm_segments, spill_running, wait_for
+
+SHM = "/dev/shm"
+
+
+class Ran(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+    wall: float
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> Ran:
+    """The command with a deadline (a hang is a TimeoutExpired, not a stuck suite), and its wall time."""
+    t0 = time.monotonic()
+    r = subprocess.run(args, capture_output=True, text=True, timeout=30, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=ROOT, **(env or {})))
+    return Ran(r.returncode, r.stdout, r.stderr, time.monotonic() - t0)
+
+
+def cli(*args: str) -> Ran:
+    return run(sys.executable, "-m", "shmstore", *args)
+
+
+def _meta_of(store: shmstore.Store) -> str:
+    return os.path.join(SHM, f"shmstore-{os.getuid()}-{store.name}-{store.node}-meta")
+
+
+def _header(src: str, **change: object) -> bytes:
+    """The header of the store whose metadata is ``src``, with ``change``d fields, as bytes."""
+    with open(src, "rb") as f:
+        buf = bytearray(f.read(L.HEADER_SIZE))
+    L.pack_header(buf, L.unpack_header(buf)._replace(**change))
+    return bytes(buf)
+
+
+def _plant(uid: int, base: str, live_meta: str) -> dict[str, str]:
+    """Every kind of thing somebody can leave in /dev/shm under a store's metadata name (uid ``uid``):
+    kind -> path. Made by this test run (its names start with ``base``), handed to ``uid``."""
+    p = {k: os.path.join(SHM, f"shmstore-{uid}-{base}{k}-hx-meta") for k in
+         ("fifo", "socket", "link", "dir", "garbage", "short", "truncated", "renamed", "version", "empty")}
+    os.mkfifo(p["fifo"])
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(p["socket"])
+    os.symlink(live_meta, p["link"])
+    os.mkdir(p["dir"])
+    rnd = random.Random(19)
+    with open(p["garbage"], "wb") as f:
+        f.write(bytes(rnd.randrange(256) for _ in range(3 * L.HEADER_SIZE)))
+    with open(live_meta, "rb") as f:
+        whole = f.read()
+    with open(p["short"], "wb") as f:
+        f.write(whole[:100])  # a truncated header
+    with open(p["truncated"], "wb") as f:  # a whole header of its own name, but nothing after it
+        f.write(_header(live_meta, name=f"{base}truncated", node="hx", uid=uid))
+    with open(p["renamed"], "wb") as f:  # another store's metadata under this name
+        f.write(whole)
+    with open(p["version"], "wb") as f:
+        f.write(_header(live_meta, name=f"{base}version", node="hx", uid=uid, version=L.LAYOUT_VERSION + 1))
+        f.write(whole[L.HEADER_SIZE:])
+    open(p["empty"], "wb").close()  # what a store being created looks like for a moment: skipped quietly
+    for path in p.values():
+        os.lchown(path, uid, uid)
+    return p
+
+
+def _kinds(paths: dict[str, str]) -> dict[str, tuple[int, int]]:
+    return {k: (os.lstat(v).st_ino, stat.S_IFMT(os.lstat(v).st_mode)) for k, v in paths.items()}
+
+
+def _remove(paths: dict[str, str]) -> None:
+    for path in paths.values():
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.rmdir(path)
+        elif os.path.lexists(path):
+            os.unlink(path)
+
+
+def _warned(stderr: str, paths: dict[str, str]) -> set[str]:
+    """The kinds of planted things that ``stderr`` warns about, naming their paths."""
+    return {k for k, v in paths.items() if v in stderr}
+
+
+QUIET = {"empty"}  # a store being created: no warning
+
+
+def test_planted_fifos_sockets_links_and_garbage_neither_hang_nor_stop_stores_gc_status(store, name, tmp_path):
+    """Regression (issue 19): `mkfifo /dev/shm/shmstore-<uid>-x-n-meta` hung `shmstore stores`, `gc`, `gc --uid`,
+    `gc --all-users` and the Slurm epilog forever (opened without O_NONBLOCK, looked at only after the open)."""
+    store.put("k", b"live")
+    planted = _plant(os.getuid(), name, _meta_of(store))
+    dead = name + "dead"
+    dead_store(dead, str(tmp_path))
+    before = _kinds(planted)
+    try:
+        r = cli("stores")
+        assert r.returncode == 0 and r.wall < 15, r.stderr
+        assert r.stdout.count(f"{store.name}\t") == 1  # the link to its metadata is not a second store
+        assert _warned(r.stderr, planted) == set(planted) - QUIET, r.stderr
+        for kind, what in (("fifo", "a fifo"), ("socket", "a socket"), ("link", "a symbolic link"),
+                           ("dir", "a directory"), ("garbage", "not a shmstore segment"), ("short", "too short"),
+                           ("truncated", "shorter than its header says"), ("renamed", "its header names store"),
+                           ("version", f"layout version {L.LAYOUT_VERSION + 1}")):
+            assert any(planted[kind] in line and what in line for line in r.stderr.splitlines()), (kind, r.stderr)
+        found = json.loads(cli("--json", "stores").stdout)
+        assert {s["name"] for s in found} >= {store.name, dead} and not {s["name"] for s in found} & {
+            name + k for k in planted}
+        for args in (("gc",), ("gc", "--uid", str(os.getuid())), ("gc", "--all-users")):
+            r = cli(*args, "--json", "--name", dead)
+            assert r.returncode == 0 and r.wall < 15, r.stderr
+            assert _warned(r.stderr, planted) == set(planted) - QUIET, r.stderr
+        assert not [s for s in shm_segments() if f"-{dead}-" in s]  # the first gc removed it
+        r = cli("--name", name + "fifo", "--node", "hx", "status")
+        assert r.returncode == 1 and "is a fifo" in r.stderr and r.wall < 15, r.stderr
+        r = cli("destroy", name + "socket", "--node", "hx")
+        assert r.returncode == 0 and r.stdout.strip() == "nothing to remove" and r.wall < 15, r.stderr
+        with pytest.raises(shmstore.PermissionDeniedError, match="is a fifo"):
+            shmstore.connect(name + "fifo", node="hx")
+        assert _kinds(planted) == before  # nothing planted was opened for good, removed or replaced
+        assert store.get("k") == b"live" and store.check() == []
+    finally:
+        _remove(planted)
+
+
+def test_the_slurm_epilog_ends_within_seconds_beside_planted_files_and_removes_the_dead_store(name, tmp_path):
+    """mpi/slurm/epilog.sh as Slurm runs it (root, SLURM_JOB_UID of the job's user) with a FIFO, a socket and
+    garbage under that user's store names: it ends, removes the user's dead store, leaves the rest alone.
+    The job's user is a uid of this test alone, so the epilog's gc (all that user's stale stores) touches
+    nothing of anybody else's."""
+    if os.getuid() != 0:
+        pytest.skip("an epilog runs as root: removing another user's store needs root")
+    uid = 61000 + random.randrange(4000)
+    with shmstore.connect(name + "src", capacity="8MiB") as live:
+        planted = _plant(uid, name, _meta_of(live))
+    dead = name + "dead"
+    _hand_over(dead, str(tmp_path), uid)
+    try:
+        r = run("bash", os.path.join(ROOT, "mpi", "slurm", "epilog.sh"),
+                env={"SLURM_JOB_UID": str(uid), "SHMSTORE_PYTHON": sys.executable})
+        assert r.returncode == 0 and r.wall < 15, r.stderr
+        assert json.loads(r.stdout)["removed"] == [f"{dead}@{Config.from_kwargs().node} (uid {uid})"]
+        assert not [s for s in os.listdir(SHM) if f"-{dead}-" in s] and not os.listdir(tmp_path)
+        assert _warned(r.stderr, planted) == set(planted) - QUIET, r.stderr
+        assert all(os.path.lexists(p) for p in planted.values())
+    finally:
+        _remove(planted)
+        for s in os.listdir(SHM):
+            if f"-{dead}-" in s:
+                os.unlink(os.path.join(SHM, s))
+
+
+def _hand_over(name: str, spill_dir: str, uid: int) -> None:
+    """A dead store of user ``uid``: made here (this interpreter lives under root's home, which another user
+    cannot run), then given its names, files and header."""
+    dead_store(name, spill_dir)
+    for seg in [s for s in os.listdir(SHM) if f"-{name}-" in s]:
+        new = seg.replace(f"shmstore-{os.getuid()}-", f"shmstore-{uid}-", 1)
+        os.rename(os.path.join(SHM, seg), os.path.join(SHM, new))
+        os.chown(os.path.join(SHM, new), uid, uid)
+        if new.endswith("-meta"):
+            fd = os.open(os.path.join(SHM, new), os.O_RDWR)
+            with mmap.mmap(fd, L.HEADER_SIZE) as mm:
+                L.HEADER.set(mm, 0, "uid", uid)
+            os.close(fd)
+    (folder,) = os.listdir(spill_dir)
+    moved = os.path.join(spill_dir, folder.replace(f"shmstore-{os.getuid()}-", f"shmstore-{uid}-", 1))
+    os.rename(os.path.join(spill_dir, folder), moved)
+    for f in [moved] + [os.path.join(moved, x) for x in os.listdir(moved)]:
+        os.chown(f, uid, uid)
+
+
+# ---- gc never removes a store that a live process uses ---------------------------------------------------
+
+JOB = """
+import os, sys, shmstore
+s = shmstore.connect(os.environ['N'], capacity='8MiB', spill_dir=os.environ['D'])
+s.put('a', b'x' * 1000)
+print(s.spill_pid, flush=True)
+sys.stdin.readline()
+s.close()
+"""
+
+
+def _segments(name: str) -> list[str]:
+    return [s for s in shm_segments() if f"-{name}-" in s]
+
+
+def test_gc_leaves_a_store_whose_spill_process_lives_after_its_clients_died(name, tmp_path):
+    child = Child(JOB, env={"N": name, "D": str(tmp_path)})
+    spill = int(child.readline(timeout=60))
+    os.kill(spill, signal.SIGSTOP)  # alive, but not removing the store while gc looks
+    try:
+        child.kill()
+        (st,) = [s for s in list_stores() if s["name"] == name]
+        assert not st["stale"] and st["spill_alive"] and st["clients"] == 0
+        assert json.loads(cli("gc", "--json", "--name", name).stdout)["removed"] == []
+        assert _segments(name)
+    finally:
+        os.kill(spill, signal.SIGCONT)
+    assert wait_for(lambda: not _segments(name) and not spill_running(spill), timeout=15)  # it does, itself
+
+
+def test_gc_leaves_a_store_with_a_live_client_whose_spill_process_died(name, tmp_path):
+    child = Child(JOB, env={"N": name, "D": str(tmp_path)})
+    spill = int(child.readline(timeout=60))
+    os.kill(spill, signal.SIGKILL)
+    assert wait_for(lambda: not spill_running(spill), timeout=10)
+    assert json.loads(cli("gc", "--json", "--name", name).stdout)["removed"] == []
+    assert _segments(name)
+    child.send("")
+    child.wait()
+    assert wait_for(lambda: not _segments(name), timeout=15)  # the last client removed it
+
+
+def test_a_client_that_attaches_after_gc_listed_the_store_as_stale_keeps_it(name, tmp_path):
+    """The race: gc lists the store as stale; a client attaches; gc comes to remove it. It decides again under the
+    store's ADMIN lock (where clients register), so the store stays for the client."""
+    dead_store(name, str(tmp_path))
+    (st,) = [s for s in list_stores() if s["name"] == name]
+    assert st["stale"]
+    with shmstore.connect(name, create=False) as s:
+        assert not _remove_if_stale(st)
+        assert s.get("a").sum() == sum(range(1000)) and s.check() == []
+    assert wait_for(lambda: not _segments(name), timeout=15)
+
+
+def test_gc_of_a_live_store_of_another_program_leaves_it(bystanders):
+    b = bystanders[0] if bystanders else pytest.skip("no bystander in an MPI run")
+    for args in (("gc",), ("gc", "--all-users") if os.getuid() == 0 else ("gc",)):
+        r = cli(*args, "--json", "--name", b.name)
+        assert r.returncode == 0 and json.loads(r.stdout)["removed"] == []
+    assert not b.damage()
