@@ -31,6 +31,7 @@ import threading
 
 from ..errors import StorageFullError
 from . import layout as L
+from .lock import Orderly
 from .node import NodeStore
 
 __all__ = ["ClientCache", "ENTRY_BATCH", "retire_chunk", "owns_entry", "EntryStolen"]
@@ -38,7 +39,7 @@ __all__ = ["ClientCache", "ENTRY_BATCH", "retire_chunk", "owns_entry", "EntrySto
 ENTRY_BATCH = 32
 
 
-class EntryStolen(Exception):
+class EntryStolen(Orderly):
     """A batch entry was taken by a client whose table ran out: take another (private, never escapes)."""
 
 

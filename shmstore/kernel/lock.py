@@ -9,19 +9,40 @@ holding it) so the owner of the guarded data can repair a half-done update.
 Finalizers (which may fire from the garbage collector inside a locked
 section of the same thread) must never block on a store lock: they use
 ``acquire(blocking=False)`` and defer their work when it fails.
+
+An exception that leaves a locked section without being raised there on
+purpose (a :class:`~shmstore.errors.ShmStoreError` or a private
+:class:`Orderly` one, raised with the guarded data consistent) came from
+somewhere else: an asynchronous exception (``PyThreadState_SetAsyncExc``, a
+signal handler the store's own did not defer, see ``interrupts.py``) or a
+bug, at any instruction of the section. The section may be half done, and
+its holder lives on, so nobody else would repair it: the context manager
+runs the same repair a dead holder's lock gets (``on_recover``) before it
+releases, which leaves the data as consistent as a SIGKILL at that
+instruction would have. One instruction boundary stays open in pure Python
+(the entry of ``__exit__`` before its unlock); the deferral of signals
+covers it for Ctrl-C.
 """
 from __future__ import annotations
 
 import errno
 from typing import Callable
 
-from ..errors import LockTimeoutError
+from ..errors import LockTimeoutError, ShmStoreError
 from . import native
 
-__all__ = ["ShmLock", "init_lock"]
+__all__ = ["ShmLock", "init_lock", "Orderly"]
 
 _trylock, _unlock = native.mutex_trylock, native.mutex_unlock
 _SPIN = 40  # trylocks (~0.4 us each) before sleeping in the kernel
+
+
+class Orderly(Exception):
+    """A private control-flow exception raised inside a locked section with the guarded data
+    consistent (no repair needed); never escapes the package."""
+
+
+_ORDERLY = (ShmStoreError, Orderly)
 
 
 def init_lock(addr: int) -> None:
@@ -109,17 +130,28 @@ class ShmLock:
         return False
 
     def __enter__(self) -> "ShmLock":
-        rc = _trylock(self._addr)
-        if rc == 0:  # the uncontended fast path
-            return self
-        if not self._finish(rc, True, self.timeout):
+        try:
+            rc = _trylock(self._addr)
+            if rc == 0:  # the uncontended fast path
+                return self
+            taken = self._finish(rc, True, self.timeout)
+        except BaseException:  # asynchronous, after the lock was taken: __exit__ will not run
+            _unlock(self._addr)  # EPERM, harmless, where this thread does not hold it
+            raise
+        if not taken:
             raise LockTimeoutError(
                 f"lock {self.name} not acquired within {self.timeout:g} s: another process holds it "
                 f"(raise lock_timeout= / SHMSTORE_LOCK_TIMEOUT, or check for a stopped process)"
             )
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
+        if exc_type is not None and self._on_recover is not None and not issubclass(exc_type, _ORDERLY):
+            try:  # not raised on purpose: the section may be half done (see the module notes)
+                self._on_recover()
+            finally:
+                _unlock(self._addr)
+            return
         if _unlock(self._addr):
             raise RuntimeError(f"release of lock {self.name} not held by this thread")
 
