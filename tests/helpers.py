@@ -158,6 +158,28 @@ def dead_store(name: str, spill_dir: str) -> None:
     assert wait_for(lambda: not spill_running(spill), timeout=10)
 
 
+def hand_over(name: str, spill_dir: str, uid: int) -> None:
+    """A dead store of user ``uid``: made here (this interpreter lives under root's home, which another user
+    cannot run), then given its names, files and header."""
+    import mmap
+    from shmstore.kernel import layout as L
+    dead_store(name, spill_dir)
+    for seg in [s for s in os.listdir("/dev/shm") if f"-{name}-" in s]:
+        new = seg.replace(f"shmstore-{os.getuid()}-", f"shmstore-{uid}-", 1)
+        os.rename(os.path.join("/dev/shm", seg), os.path.join("/dev/shm", new))
+        os.chown(os.path.join("/dev/shm", new), uid, uid)
+        if new.endswith("-meta"):
+            fd = os.open(os.path.join("/dev/shm", new), os.O_RDWR)
+            with mmap.mmap(fd, L.HEADER_SIZE) as mm:
+                L.HEADER.set(mm, 0, "uid", uid)
+            os.close(fd)
+    (folder,) = os.listdir(spill_dir)
+    moved = os.path.join(spill_dir, folder.replace(f"shmstore-{os.getuid()}-", f"shmstore-{uid}-", 1))
+    os.rename(os.path.join(spill_dir, folder), moved)
+    for f in [moved] + [os.path.join(moved, x) for x in os.listdir(moved)]:
+        os.chown(f, uid, uid)
+
+
 def check_arena(node) -> None:
     """Assert the arena's extents tile it exactly and every live object lies in its extent."""
     import numpy as np

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from helpers import ROOT, dead_store
+from helpers import ROOT, dead_store, hand_over
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -58,19 +58,6 @@ def test_check_command(store):
     assert json.loads(run("--name", store.name, "--json", "check").stdout) == {"ok": True, "problems": []}
 
 
-def _set_header_uid(path: str, uid: int) -> None:
-    """What the header of a store made by ``uid`` says (the handed-over store was made by root)."""
-    import mmap
-    import os
-    from shmstore.kernel import layout as L
-    fd = os.open(path, os.O_RDWR)
-    try:
-        with mmap.mmap(fd, L.HEADER_SIZE) as mm:
-            L.HEADER.set(mm, 0, "uid", uid)
-    finally:
-        os.close(fd)
-
-
 def _segments(name: str) -> list[str]:
     import os
     return [s for s in os.listdir("/dev/shm") if f"-{name}-" in s]
@@ -113,19 +100,8 @@ def test_gc_of_other_users_needs_root_and_removes_only_what_they_own(name, tmp_p
         pytest.skip("removing another user's store needs root (the Slurm epilog case); refused above as asked")
     user = 65534
     # Another user's job, killed whole. Python here lives under /root, which another user cannot run, so the
-    # store is made as root and then handed over: its names and files become those of uid 65534.
-    dead_store(name, str(tmp_path))
-    for seg in _segments(name):
-        new = seg.replace("shmstore-0-", f"shmstore-{user}-", 1)
-        os.rename("/dev/shm/" + seg, "/dev/shm/" + new)
-        os.chown("/dev/shm/" + new, user, user)
-        if new.endswith("-meta"):
-            _set_header_uid("/dev/shm/" + new, user)
-    (folder,) = os.listdir(tmp_path)
-    moved = os.path.join(tmp_path, folder.replace("shmstore-0-", f"shmstore-{user}-", 1))
-    os.rename(os.path.join(tmp_path, folder), moved)
-    for f in [moved] + [os.path.join(moved, x) for x in os.listdir(moved)]:
-        os.chown(f, user, user)
+    # store is made as root and then handed over: its names, files and header become those of uid 65534.
+    hand_over(name, str(tmp_path), user)
     segs = _segments(name)
     assert segs and all(s.startswith(("shmstore-65534-", "sem.shmstore-65534-")) for s in segs), segs
     theirs = [s for s in json.loads(run("--json", "stores", "--all-users").stdout) if s["name"] == name]

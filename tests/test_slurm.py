@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from helpers import ROOT, wait_for
+from helpers import ROOT, hand_over, wait_for
 
 pytestmark = [pytest.mark.mpi, pytest.mark.skipif(
     not (shutil.which("slurmctld") and shutil.which("slurmd") and shutil.which("munged") and shutil.which("sbatch"))
@@ -101,3 +101,63 @@ def test_job_cancelled_mid_transfer_leaves_no_store_spill_file_or_process(slurm,
     subprocess.run(["scancel", job], env=env, check=True, timeout=30)
     assert wait_for(lambda: not running(env, job), timeout=60)
     assert wait_for(lambda: not leftovers(job, str(spill)), timeout=30), leftovers(job, str(spill))
+
+
+@pytest.fixture
+def job_user():
+    """A throwaway user whose job this is: the epilog's gc (every stale store of the job's user) then touches
+    nothing but what this test made, though other test runs may keep dead stores of root on this machine."""
+    import pwd
+    import uuid
+    login = "shmep" + uuid.uuid4().hex[:8]
+    r = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", login],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"useradd failed: {r.stderr.strip()}")
+    try:
+        yield pwd.getpwnam(login).pw_uid
+    finally:
+        subprocess.run(["userdel", login], capture_output=True)
+
+
+def _nodes_idle(env: dict[str, str]) -> bool:
+    r = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True, timeout=30)
+    return r.stdout.split() == ["idle"]
+
+
+@pytest.mark.timeout(300)
+def test_epilog_ends_within_seconds_beside_a_fifo_a_socket_and_garbage_under_the_store_prefix(slurm, tmp_path,
+                                                                                             job_user):
+    """Regression (issue 19): `mkfifo /dev/shm/shmstore-<uid>-x-n-meta` by any user of the node hung the epilog's
+    `shmstore gc` forever (Slurm sets no epilog timeout): the node stayed completing. Here the job's store names
+    on both nodes hold a FIFO, a socket and garbage, and a dead store of the job's user waits to be removed."""
+    import socket
+    uid = job_user
+    job = sbatch(slurm, "-H", f"--uid={uid}", f"--gid={uid}", "-N", "2", "-o", "/dev/null", "--wrap", "sleep 1")
+    planted = [f"/dev/shm/shmstore-{uid}-job-{job}-n1-meta", f"/dev/shm/shmstore-{uid}-job-{job}-n2-meta",
+               f"/dev/shm/shmstore-{uid}-job-{job}x-n1-meta"]
+    dead = f"job{job}dead"
+    try:
+        os.mkfifo(planted[0])
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(planted[1])
+        with open(planted[2], "wb") as f:
+            f.write(os.urandom(8192))
+        for p in planted:
+            os.lchown(p, uid, uid)
+        hand_over(dead, str(tmp_path), uid)
+        subprocess.run(["scontrol", "release", job], env=slurm, check=True, timeout=30)
+        assert wait_for(lambda: not running(slurm, job), timeout=60)
+        t0 = time.monotonic()
+        assert wait_for(lambda: _nodes_idle(slurm), timeout=30), "the epilog hangs: nodes stay completing"
+        assert time.monotonic() - t0 < 15
+        assert wait_for(lambda: not [s for s in os.listdir("/dev/shm") if f"-{dead}-" in s], timeout=10)
+        assert not os.listdir(tmp_path)
+        assert all(os.path.lexists(p) for p in planted)  # not the epilog's to remove
+    finally:
+        for p in planted:
+            if os.path.lexists(p):
+                os.unlink(p)
+        for s in os.listdir("/dev/shm"):
+            if f"-{dead}-" in s:
+                os.unlink("/dev/shm/" + s)

@@ -3,7 +3,6 @@ remove a store that a live process uses. Every command runs as a real process, w
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import random
 import signal
@@ -21,7 +20,7 @@ from shmstore.config import Config
 from shmstore.kernel import layout as L
 from shmstore.stores import _remove_if_stale, list_stores
 
-from helpers import ROOT, Child, dead_store, shm_segments, spill_running, wait_for
+from helpers import ROOT, Child, dead_store, hand_over, shm_segments, spill_running, wait_for
 
 SHM = "/dev/shm"
 
@@ -156,7 +155,7 @@ def test_the_slurm_epilog_ends_within_seconds_beside_planted_files_and_removes_t
     with shmstore.connect(name + "src", capacity="8MiB") as live:
         planted = _plant(uid, name, _meta_of(live))
     dead = name + "dead"
-    _hand_over(dead, str(tmp_path), uid)
+    hand_over(dead, str(tmp_path), uid)
     try:
         r = run("bash", os.path.join(ROOT, "mpi", "slurm", "epilog.sh"),
                 env={"SLURM_JOB_UID": str(uid), "SHMSTORE_PYTHON": sys.executable})
@@ -170,26 +169,6 @@ def test_the_slurm_epilog_ends_within_seconds_beside_planted_files_and_removes_t
         for s in os.listdir(SHM):
             if f"-{dead}-" in s:
                 os.unlink(os.path.join(SHM, s))
-
-
-def _hand_over(name: str, spill_dir: str, uid: int) -> None:
-    """A dead store of user ``uid``: made here (this interpreter lives under root's home, which another user
-    cannot run), then given its names, files and header."""
-    dead_store(name, spill_dir)
-    for seg in [s for s in os.listdir(SHM) if f"-{name}-" in s]:
-        new = seg.replace(f"shmstore-{os.getuid()}-", f"shmstore-{uid}-", 1)
-        os.rename(os.path.join(SHM, seg), os.path.join(SHM, new))
-        os.chown(os.path.join(SHM, new), uid, uid)
-        if new.endswith("-meta"):
-            fd = os.open(os.path.join(SHM, new), os.O_RDWR)
-            with mmap.mmap(fd, L.HEADER_SIZE) as mm:
-                L.HEADER.set(mm, 0, "uid", uid)
-            os.close(fd)
-    (folder,) = os.listdir(spill_dir)
-    moved = os.path.join(spill_dir, folder.replace(f"shmstore-{os.getuid()}-", f"shmstore-{uid}-", 1))
-    os.rename(os.path.join(spill_dir, folder), moved)
-    for f in [moved] + [os.path.join(moved, x) for x in os.listdir(moved)]:
-        os.chown(f, uid, uid)
 
 
 # ---- gc never removes a store that a live process uses ---------------------------------------------------
