@@ -21,7 +21,13 @@ batch system killed the spill processes too).
 """
 from __future__ import annotations
 
+import fcntl
+import os
+import stat
+import struct
 import sys
+import termios
+import time
 from types import TracebackType
 from typing import Any, Callable
 
@@ -76,11 +82,34 @@ def _excepthook(kind: type[BaseException], value: BaseException, tb: TracebackTy
 
 
 def _abort(status: int) -> None:
-    """Say which rank ends the job, and end it: ``MPI_Abort`` (the launcher kills every rank)."""
+    """Say which rank ends the job, let the output out, and end it: ``MPI_Abort`` (the launcher kills every
+    rank)."""
     try:
         sys.stdout.flush()
         print(f"shmstore.mpi: rank {MPI.COMM_WORLD.rank} of {MPI.COMM_WORLD.size} raised the exception above "
               f"with a Cluster open: aborting the job (MPI_Abort({status}))", file=sys.stderr, flush=True)
     except Exception:  # a closed stream must not keep the job alive
         pass
+    _let_output_out()
     MPI.COMM_WORLD.Abort(status)
+
+
+def _let_output_out(limit: float = 1.0) -> None:
+    """Wait (``limit`` seconds at most) until the launcher has read what this rank wrote to its stdout and
+    stderr pipes, and a moment for it to pass it on: ``MPI_Abort`` tears the job down at once, and hydra's
+    proxies (and srun's) dropped the traceback still in the pipe one run in six."""
+    deadline = time.monotonic() + limit
+    for fd in (1, 2):
+        while time.monotonic() < deadline and _unread(fd):
+            time.sleep(0.01)
+    time.sleep(0.1)
+
+
+def _unread(fd: int) -> int:
+    """Bytes written to ``fd`` that its reader has not read yet (a pipe's, or a socket's send queue; 0 where
+    ``fd`` is neither)."""
+    try:
+        request = termios.TIOCOUTQ if stat.S_ISSOCK(os.fstat(fd).st_mode) else termios.FIONREAD
+        return int(struct.unpack("i", fcntl.ioctl(fd, request, b"\0\0\0\0"))[0])
+    except OSError:
+        return 0

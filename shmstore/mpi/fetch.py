@@ -25,6 +25,7 @@ node (small ones inside the reply), new copies registered once per home.
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -126,7 +127,12 @@ class Fetcher:
             finally:
                 # posted, no reply awaited: the home made this node pending when it named the source, so a
                 # delete meanwhile finds it; this rank's later requests to the home come after this one
-                listed = c._dir(W.DirDone(key, src, self.me, outcome, max(nbytes, 0), copy, token), post=True)
+                try:
+                    listed = c._dir(W.DirDone(key, src, self.me, outcome, max(nbytes, 0), copy, token), post=True)
+                except errors.TransferError:
+                    if outcome != "failed":  # else the error on its way out says what failed first
+                        raise
+                    listed = None
             if outcome == "copied":
                 if listed is False and copy is not None:  # refused by our own directory: deleted or replaced
                     self.kernel.delete(key, True, copy)  # while it came; the old copy goes, ask again
@@ -152,7 +158,12 @@ class Fetcher:
             nbytes, copy = self._from(source, key, levels, block)
             outcome = "copied" if nbytes >= 0 else "stale"
         finally:
-            listed = c._dir(W.DirDone(key, source, self.me, outcome, max(nbytes, 0), copy, token))
+            try:
+                listed = c._dir(W.DirDone(key, source, self.me, outcome, max(nbytes, 0), copy, token))
+            except errors.TransferError:
+                if outcome != "failed":  # else the error on its way out says what failed first
+                    raise
+                listed = None
         if outcome == "stale":
             raise errors.ObjectNotFoundError(f"node {c.nodes[source]!r} has no copy of {key!r} to move", key)
         if listed is False:
@@ -216,11 +227,19 @@ class Fetcher:
                     outcome[k] = (src, "copied", int(f.nbytes), self._transfer(k, src, f, levels, block))
                     landed.add(k)
         finally:
-            for home, ks in c._by_home(list(outcome)).items():
-                refused = c._dir_at(home, W.DirDoneMany(self.me, [(k, *outcome[k]) for k in ks], token), post=True)
+            unreported = None
+            for home, ks in c._by_home(list(outcome)).items():  # every home hears, though one may be gone
+                try:
+                    refused = c._dir_at(home, W.DirDoneMany(self.me, [(k, *outcome[k]) for k in ks], token),
+                                        post=True)
+                except errors.TransferError as exc:
+                    unreported = unreported or exc
+                    continue
                 for k, copy in refused or ():  # our own directory refused it: deleted or replaced meanwhile
                     self.kernel.delete(k, True, copy)
                     landed.discard(k)
+            if unreported is not None and sys.exc_info()[1] is None:  # else the error on its way out is first
+                raise unreported
         return landed
 
     # ---- the bytes ----------------------------------------------------------------
@@ -334,6 +353,8 @@ class Fetcher:
         for t in threads:
             t.join()
         if failed:
+            if isinstance(failed[0], MPI.Exception):  # a receive failed to start (its sender is gone)
+                raise c._msg.failed(src, "transfer", key, failed[0]) from failed[0]
             raise failed[0]
 
 

@@ -84,18 +84,21 @@ class Messenger:
         self._send(node, msg, tag, linger if self.spin else 0.0, key)
         spin = self.spin if spin is None else spin
         source = MPI.ANY_SOURCE if any_source else dest  # a reply tag is this rank's alone while the call lasts
-        if not self._probe(source, tag, spin, _NAP, self.timeout * patience, _NAP_MAX):
-            with self._tag_lock:
-                self._burnt.add(tag)
-            raise self.late(node, f"did not answer a {_operation(msg)} request", self.timeout * patience,
-                            key if key is not None else getattr(msg, "key", None))
-        if any_source:
-            status = MPI.Status()
-            reply = W.receive_reply(self.comm, source, tag, status)
-            if status.Get_source() != dest:
-                self.forwarded += 1  # asked one node, answered by another: one message more
-        else:
-            reply = W.receive_reply(self.comm, source, tag)
+        try:
+            if not self._probe(source, tag, spin, _NAP, self.timeout * patience, _NAP_MAX):
+                with self._tag_lock:
+                    self._burnt.add(tag)
+                raise self.late(node, f"did not answer a {_operation(msg)} request", self.timeout * patience,
+                                key if key is not None else getattr(msg, "key", None))
+            if any_source:
+                status = MPI.Status()
+                reply = W.receive_reply(self.comm, source, tag, status)
+                if status.Get_source() != dest:
+                    self.forwarded += 1  # asked one node, answered by another: one message more
+            else:
+                reply = W.receive_reply(self.comm, source, tag)
+        except MPI.Exception as exc:
+            raise self.failed(node, msg, key, exc) from exc
         if isinstance(reply, W.Failure):
             raise reply.exception(f"node {self.names[node]!r}", key if key is not None else getattr(msg, "key", None),
                                   dest)
@@ -109,7 +112,12 @@ class Messenger:
         Raises:
             TransferError: no frame completed for :attr:`timeout` seconds (the requests are cancelled).
         """
-        if not settle(reqs, self.timeout, self.spin > 0, _NAP, _NAP_MAX):
+        try:
+            done = settle(reqs, self.timeout, self.spin > 0, _NAP, _NAP_MAX)
+        except MPI.Exception as exc:
+            cancel(reqs)
+            raise self.failed(node, "transfer", key, exc) from exc
+        if not done:
             cancel(reqs)
             raise self.late(node, "sent no frame", self.timeout, key)
 
@@ -129,15 +137,27 @@ class Messenger:
         return errors.TransferError(f"node {self.names[node]!r} (rank {rank}) {what} within {waited:g} s: that "
                                     f"rank died or hangs ({_SETTING})", key if isinstance(key, str) else None, rank)
 
+    def failed(self, node: int, msg: Any, key: Any, exc: BaseException) -> errors.TransferError:
+        """The error of an MPI call about ``node`` that failed (MPI reports that rank gone, on transports
+        that do), naming the node, its rank and the request (``msg``: a message, or what was under way)."""
+        what = msg if isinstance(msg, str) else f"a {_operation(msg)} request"
+        key = key if key is not None else getattr(msg, "key", None)
+        rank = self.leaders[node]
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return errors.TransferError(f"node {self.names[node]!r} (rank {rank}): MPI failed in {what}, that rank "
+                                    f"may have died ({first})", key if isinstance(key, str) else None, rank)
+
     def _send(self, node: int, msg: Any, tag: int, linger: float, key: Any = None) -> None:
-        """Send request ``msg`` to ``node``'s service. A small one goes out at once (MPI buffers it); a bulky
-        one (a remote writer's bytes, a batch) may wait for the receiver, so it is sent without blocking
-        and waited for with the deadline."""
-        if type(msg) not in _BULKY and not (type(msg) is W.DirAdd and len(msg.keys) > 8):  # a put's DirAdd: small
-            W.request(self.comm, msg, self.leaders[node], tag, linger)
-            return
-        req = W.request_nowait(self.comm, msg, self.leaders[node], tag, linger)
-        if not settle([req], self.timeout, self.spin > 0, _NAP, _NAP_MAX):
+        """Send request ``msg`` to ``node``'s service without blocking: usually MPI has buffered it at once;
+        else (a large message, a receiver that died) wait for it with the deadline."""
+        try:
+            req = W.request(self.comm, msg, self.leaders[node], tag, linger)
+            if req.Test():
+                return
+            done = settle([req], self.timeout, self.spin > 0, _NAP, _NAP_MAX)
+        except MPI.Exception as exc:
+            raise self.failed(node, msg, key, exc) from exc
+        if not done:
             cancel([req])
             raise self.late(node, f"did not take a {_operation(msg)} request", self.timeout,
                             key if key is not None else getattr(msg, "key", None))
@@ -147,7 +167,7 @@ class Messenger:
         sends to one node arrive in the order sent (and are handled in that order).
 
         Raises:
-            TransferError: a bulky message was not taken within the deadline.
+            TransferError: the message was not taken within the deadline.
         """
         self._send(node, msg, 0, 0.0)
         with self._tag_lock:
@@ -162,8 +182,6 @@ class Messenger:
         for node in sorted(nodes):
             self.call(node, W.DirGet([]))
 
-
-_BULKY = frozenset({W.Write, W.LookupMany, W.DirSourceMany, W.DirDoneMany})  # may pass MPI's eager size
 
 
 def _operation(msg: Any) -> str:

@@ -29,6 +29,7 @@ pulls wait as any fetch does (see ``rpc.py``).
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import time
 from typing import Any, Callable
@@ -81,8 +82,10 @@ class Service:
         self._writers: dict[int, Any] = {}
         self._stop = threading.Event()
         self._workers: list[threading.Thread] = []  # pulls and bulk sends under way
-        self._out: list[MPI.Request] = []  # replies not yet taken by their requesters
+        self._out: list[MPI.Request] = []  # replies (and posts) not yet taken by their receivers
         self._out_since = 0.0  # when one of them was last taken (or the first was sent)
+        self._handoff: queue.SimpleQueue[MPI.Request] = queue.SimpleQueue()  # the same, from other threads
+        self._loop_thread: int | None = None  # the loop's thread id: only it touches _out
         self._sent_later = 0  # bytes sent inside replies, counted once the reply is out (off the reply's path)
         self.directory = Directory(self.timeout)  # this node's share of the location directory (see directory.py)
         self._handlers: dict[type, Callable[[int, int, Any], Any]] = {
@@ -105,7 +108,7 @@ class Service:
         (short where the cluster is left by an exception: the job is about to end)."""
         if not self._stop.is_set() and self._thread.is_alive():
             self._stop.set()
-            W.post(self.comm, W.Stop(), self.comm.rank)  # the loop ends on it
+            self._post(W.Stop(), self.comm.rank)  # the loop ends on it
             self._thread.join(wait)
         self._stop.set()
         for t in self._workers:
@@ -118,13 +121,14 @@ class Service:
     # ---- loop ------------------------------------------------------------------
     def _loop(self) -> None:
         native.set_timer_slack(2000)  # this thread's 50 us naps then last ~55 us, not ~105
+        self._loop_thread = threading.get_ident()
         probe = prober(self.comm)
         status = MPI.Status()
         last = time.monotonic()
         spin = self.spin
         while True:
             idle = time.monotonic() - last
-            if self._out:
+            if self._out or not self._handoff.empty():
                 self._tend_out()
             try:
                 if self._out or any(t.name == _SENDER and t.is_alive() for t in self._workers):
@@ -138,6 +142,9 @@ class Service:
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, 0.0, _IDLE_PAUSE, 1.0)
             except (errors.TransferError, OverflowError, OSError):  # the C prober failed: probe from Python
                 probe = python_prober(self.comm)
+                continue
+            except MPI.Exception:  # MPI reports a failure (a rank died, on transports that say so): go on
+                time.sleep(_IDLE_PAUSE)
                 continue
             if not ready:
                 spin = self.spin
@@ -170,7 +177,11 @@ class Service:
             reply_tag, msg, _ = W.receive(self.comm, status.Get_source(), T.TAG_REQUEST)
             if not reply_tag:
                 self.handle(status.Get_source(), 0, msg)
-        if self._out and not settle(self._out, min(10.0, self.timeout), False, 0.001, 0.001):
+        self._take_handoff()
+        try:
+            if self._out and not settle(self._out, min(10.0, self.timeout), False, 0.001, 0.001):
+                cancel(self._out)
+        except MPI.Exception:  # a receiver that died
             cancel(self._out)
         self._out.clear()
         self._out_since = 0.0
@@ -245,7 +256,7 @@ class Service:
             raise errors.TransferError(f"transfer handle {msg.handle} expired (after {HANDLE_TTL:g} s)")
         lease = entry[0]
         streams = max(1, min(int(msg.streams), len(self.cluster._bulk)))
-        W.reply(self.comm, lease.nbytes, src, tag)
+        self._reply(lease.nbytes, src, tag)
 
         def send() -> None:
             bulk = self.cluster._bulk
@@ -257,7 +268,7 @@ class Service:
                 else:  # host memory, or device memory handed to a CUDA-aware MPI as it is
                     self._sent([bulk[i % streams].Isend([lease[pos: pos + n], MPI.BYTE], dest=src, tag=tag)
                                 for i, (pos, n) in enumerate(plan)], src)
-            except errors.TransferError:
+            except (errors.TransferError, MPI.Exception):
                 return  # the requester died (or hangs): its frames are given up, the lease (the pin) goes
             self._count_sent(lease.nbytes)
 
@@ -271,7 +282,11 @@ class Service:
         Raises:
             TransferError: ``dest`` took no frame for ``peer_timeout`` seconds (the sends are cancelled).
         """
-        if not settle(reqs, self.timeout, False, _BUSY_PAUSE, _BUSY_PAUSE):
+        try:
+            done = settle(reqs, self.timeout, False, _BUSY_PAUSE, _BUSY_PAUSE)
+        except MPI.Exception:  # MPI failed a send (the receiver died)
+            done = False
+        if not done:
             cancel(reqs)
             raise errors.TransferError(f"rank {dest} took no frame within {self.timeout:g} s: it died or hangs "
                                        f"(raise peer_timeout= / SHMSTORE_PEER_TIMEOUT)", None, dest)
@@ -280,15 +295,21 @@ class Service:
         """Forget the replies out that their requesters took; give up on those nobody took for ``peer_timeout``
         seconds (their requesters died), so that the loop naps again instead of probing as if a transfer were
         under way, for ever. Runs only while replies are out."""
-        if MPI.Request.Testall(self._out):  # the usual case: taken
-            self._out.clear()
-            self._out_since = 0.0
-            return
-        now = time.monotonic()
-        if MPI.Request.Testsome(self._out) or not self._out_since:  # some taken since: the others may be too
-            self._out = [r for r in self._out if r]
-            self._out_since = now
-        elif now - self._out_since > self.timeout:
+        self._take_handoff()
+        try:
+            if MPI.Request.Testall(self._out):  # the usual case: taken
+                self._out.clear()
+                self._out_since = 0.0
+                return
+            now = time.monotonic()
+            if MPI.Request.Testsome(self._out) or not self._out_since:  # some taken since: others may be too
+                self._out = [r for r in self._out if r]
+                self._out_since = now
+                return
+            expired = now - self._out_since > self.timeout
+        except MPI.Exception:  # MPI failed one of them (its receiver died): drop them all, they will not come
+            expired = True
+        if expired:
             cancel(self._out)
             self._out.clear()
             self._out_since = 0.0
@@ -313,7 +334,7 @@ class Service:
                 reply: Any = None
             except Exception as exc:
                 reply = W.Failure.of(exc)
-            W.reply(self.comm, reply, src, tag)
+            self._reply(reply, src, tag)
         self._spawn("shmstore-mpi-pull", run)
         return _NO_REPLY
 
@@ -321,7 +342,7 @@ class Service:
         """A directory request: answered at once, or (a DirSource waiting for a free holder) later."""
         def answer(value: Any) -> None:
             if tag:
-                W.reply(self.comm, value, src, tag)
+                self._reply(value, src, tag)
         result = self.directory.handle(msg, answer)
         if result is WAIT:
             return _NO_REPLY
@@ -337,7 +358,7 @@ class Service:
                 self._sent_later += sent
                 return W.Sourced(result, found)
             if msg.forward and tag:  # the holder answers the fetcher: one hop less than a Lookup of its own
-                W.post(self.comm, W.Forward(msg.key, msg.inline_max, src, tag), self.cluster.leaders[result])
+                self._post(W.Forward(msg.key, msg.inline_max, src, tag), self.cluster.leaders[result])
                 return _NO_REPLY
         return result
 
@@ -353,11 +374,35 @@ class Service:
         return _NO_REPLY
 
     def _reply(self, reply: Any, dest: int, tag: int) -> None:
-        """Answer rank ``dest`` on ``tag`` from this loop, which must not wait for the requester to take it."""
-        if _large(reply):  # over MPI's eager size (a batch's lookups): a blocking send held this loop ~1 ms,
-            self._out.append(W.reply_nowait(self.comm, reply, dest, tag))  # and every request behind it
+        """Answer rank ``dest`` on ``tag`` without waiting for it to take the answer (see :meth:`_keep`); from
+        any thread. Where MPI fails to send (it reports ``dest`` gone) nobody is left to answer."""
+        try:
+            self._keep(W.reply(self.comm, reply, dest, tag))
+        except MPI.Exception:
+            pass
+
+    def _post(self, msg: Any, dest: int) -> None:
+        """Send ``msg`` to the service on rank ``dest`` for no answer, as :meth:`_reply` sends."""
+        try:
+            self._keep(W.post(self.comm, msg, dest))
+        except MPI.Exception:
+            pass
+
+    def _keep(self, req: MPI.Request) -> None:
+        """Keep the send ``req`` until its receiver took it, unless it is done already (MPI buffered it: a
+        small message, usually): the loop tends it, and gives up on it after ``peer_timeout`` (its receiver
+        died). A send over MPI's eager size (a batch's lookups) would hold the loop, and every request
+        behind it, until its receiver takes it; one to a rank that died, for ever."""
+        if req.Test():
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._out.append(req)
         else:
-            W.reply(self.comm, reply, dest, tag)  # small: buffered at once, 0.5 us less than a kept isend
+            self._handoff.put(req)
+
+    def _take_handoff(self) -> None:
+        while not self._handoff.empty():
+            self._out.append(self._handoff.get_nowait())
 
     def _drop_copy(self, node: int, key: str, copy: float) -> None:
         """Delete the object ``copy`` of ``key`` on node ``node`` without waiting: here at once, elsewhere by a
@@ -365,7 +410,7 @@ class Service:
         if node == self.cluster.node_index:
             self.kernel.delete(key, True, copy)
         else:
-            W.post(self.comm, W.Delete(key, copy), self.cluster.leaders[node])
+            self._post(W.Delete(key, copy), self.cluster.leaders[node])
 
     def _on_read(self, src: int, tag: int, msg: W.Read) -> W.Chunk:
         with self.store.open_reader(msg.key) as r:
@@ -408,15 +453,6 @@ class Service:
         node: NodeStore = self.kernel.node
         with node.admin:
             L.add_transfer_stats(node.buf, sent=nbytes)
-
-
-def _large(reply: Any) -> bool:
-    """Whether ``reply`` may pickle to more than MPI's eager size (a few KiB)."""
-    if isinstance(reply, W.Sourced):
-        reply = reply.found
-    if isinstance(reply, W.Found):
-        return reply.inline is not None and len(reply.inline) > 1024
-    return isinstance(reply, (W.FoundMany, W.Chunk))
 
 
 def _host_bytes(lease: Any) -> bytes:
