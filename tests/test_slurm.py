@@ -161,3 +161,30 @@ def test_epilog_ends_within_seconds_beside_a_fifo_a_socket_and_garbage_under_the
         for s in os.listdir("/dev/shm"):
             if f"-{dead}-" in s:
                 os.unlink("/dev/shm/" + s)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("launch", ["job.sbatch", "plain srun"])
+def test_a_job_whose_rank_raises_ends_long_before_its_time_limit_with_the_traceback(slurm, tmp_path, launch):
+    """Issue 19: a rank raising inside ``with Cluster()`` while the others fetch from its node or ask the
+    directory kept the job until Slurm cancelled it at its time limit, the traceback never printed. Under
+    the project's job.sbatch (``srun -K python -m mpi4py``) and under plain ``srun`` with a plain ``python``
+    script, the job ends within seconds of the raise, its output holds the traceback, and neither node keeps
+    a store segment, spill file or spill process of the job."""
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    env = dict(slurm, SHMSTORE_SPILL_DIR=str(spill))
+    log = tmp_path / "job.out"
+    script = os.path.join(ROOT, "tests", "mpi", "jobs", "raise_in_cluster.py")
+    how = [os.path.join(ROOT, "mpi", "slurm", "job.sbatch"), script, "-", "leader", "get"] \
+        if launch == "job.sbatch" else ["--wrap", f"srun --mpi=pmi2 {sys.executable} {script} - leader get"]
+    start = time.monotonic()
+    job = sbatch(env, "-N", "2", "--ntasks-per-node=2", "--time=5", "-o", str(log), *how)
+    assert wait_for(lambda: not running(env, job), timeout=120), log.read_text()[-3000:] if log.exists() else ""
+    took = time.monotonic() - start
+    out = log.read_text()
+    assert "raising on rank 0" in out, out[-3000:]
+    assert took < 60, f"{took:.0f} s (the time limit is 5 minutes):\n{out[-3000:]}"
+    assert "Traceback (most recent call last)" in out and "RuntimeError: boom from rank 0" in out, out[-3000:]
+    assert "DUE TO TIME LIMIT" not in out, out[-3000:]
+    assert wait_for(lambda: not leftovers(job, str(spill)), timeout=30), leftovers(job, str(spill))

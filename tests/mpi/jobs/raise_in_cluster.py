@@ -2,6 +2,8 @@
 
     mpiexec -launcher fork -hosts n0:2,n1:2 -n 4 python [-m mpi4py] raise_in_cluster.py NAME WHO WHERE
 
+NAME ``-`` takes the default store name (``job-$SLURM_JOB_ID`` under Slurm).
+
 WHO is ``leader`` (rank 0: node n0's leader, whose service sends the object the others fetch) or
 ``non-leader`` (rank 1). WHERE is what the others do meanwhile: ``get`` (node n1's ranks fetch a large object
 from node n0 over and over, rank 0 or 1 asks the directory over and over) or ``barrier``. Every node has objects
@@ -24,7 +26,7 @@ from shmstore.mpi import Cluster
 
 def main(name: str, who: str, where: str) -> None:
     raiser = 0 if who == "leader" else 1
-    with Cluster(name=name, capacity="128MiB", prefault=0) as c:
+    with Cluster(name=None if name == "-" else name, capacity="128MiB", prefault=0) as c:
         if c.rank == c.leaders[c.node_index]:
             c.put(f"cold-{c.node}", np.ones(1 << 16), levels=[Level.DISK])  # a spill file on every node
             c.put(f"warm-{c.node}", np.ones(1 << 16))
