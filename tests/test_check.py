@@ -108,17 +108,19 @@ def test_object_outside_its_extent(filled):
 
 def test_stray_and_missing_spill_files(filled):
     disk = filled._node.disk
-    fd = os.open("99.1", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=disk.ensure())
+    disk.ensure()
+    fd = os.open(disk.file(99, 1), os.O_WRONLY | os.O_CREAT, 0o600)  # named as this store names its files
     os.close(fd)
     assert any("99.1 belongs to no object" in p for p in filled.check())
     disk.unlink("99.1")
     idx, eoff = entry_of(filled, "disk")
     gen = L.entry_gen(filled._node.meta.mm, eoff)
-    os.rename(f"{idx}.{gen}", "hidden", src_dir_fd=disk.ensure(), dst_dir_fd=disk.ensure())
+    hidden = os.path.join(disk.path, "hidden")  # no file of this store's (another store's would be tagged)
+    os.rename(disk.file(idx, gen), hidden)
     try:
         assert any("is missing" in p for p in filled.check())
     finally:
-        os.rename("hidden", f"{idx}.{gen}", src_dir_fd=disk.ensure(), dst_dir_fd=disk.ensure())
+        os.rename(hidden, disk.file(idx, gen))
     assert filled.check() == []
 
 

@@ -333,3 +333,101 @@ def test_cli_status_and_move_with_progress(small):
     assert "moving" in st
     assert run("move", "a", "memory").returncode == 0
     assert level_of(small, "a") == Level.MEMORY
+
+
+# ---- a store's names unlinked behind its back (issue 19, item 2) ----------------------------------------------
+
+NEW_STORE = """
+import os, sys, time, numpy as np, shmstore
+s = shmstore.connect(os.environ['N'], capacity='8MiB', spill_dir=os.environ['D'])
+s.put('new', np.arange(100_000), levels=[shmstore.Level.DISK])
+deadline = time.monotonic() + 60
+while not s.status()['spill']['heartbeat'] and time.monotonic() < deadline:  # its spill process has started
+    time.sleep(0.01)                                                          # (and recovered) by its first beat
+stray = s._node.disk.file(5, 7)  # a file this store would take for a stray of its own (no entry 5 of gen 7)
+open(stray, 'wb').close()
+print(stray, flush=True)
+sys.stdin.readline()
+print(os.path.exists(stray), flush=True)
+s._node.disk.unlink('5.7')
+np.testing.assert_array_equal(s.get('new'), np.arange(100_000))
+assert s.check() == [], s.check()
+s.close()
+"""
+
+
+def _unlink_names(store) -> None:
+    """What ``rm /dev/shm/shmstore-<uid>-<name>-*`` does (a cleaner; the test suite's leak check once did)."""
+    seg = store._node.prefix.lstrip("/")
+    for path in (f"/dev/shm/{seg}-meta", f"/dev/shm/{seg}-arena", f"/dev/shm/sem.{seg}-wake"):
+        os.unlink(path)
+
+
+def _old_store_with_spilled_objects(name, spill_dir):
+    old = shmstore.connect(name, capacity="8MiB", spill_dir=spill_dir)
+    old.put("disk", b"d" * 100_000, levels=[Level.DISK])
+    old.put("spilled", np.full(MiB, 3, np.float32))
+    assert old.move("spilled", Level.DISK).level == Level.DISK
+    return old
+
+
+def _check_old(old) -> None:
+    assert bytes(old.get("disk")) == b"d" * 100_000  # SpillError: no such file, before the fix
+    np.testing.assert_array_equal(old.get("spilled"), np.full(MiB, 3, np.float32))
+    assert old.check() == []
+
+
+def test_a_new_store_under_an_unlinked_name_leaves_the_old_store_s_files_alone(name, tmp_path):
+    """The old store's clients go on using it while a new store is made under its name, with the same spill
+    directory. The new store's files took the old one's names (entry 31 of generation 0 in both: the old store
+    read the new one's bytes), its spill process removed the old store's files as strays of its own
+    (``SpillError: ... No such file or directory: '32.0'``), and the old store's removal took the new store's
+    names with it. Each now keeps to its own files and names."""
+    old, child = _old_store_with_spilled_objects(name, str(tmp_path)), None
+    try:
+        _unlink_names(old)
+        child = Child(NEW_STORE, env={"N": name, "D": str(tmp_path)})
+        child.readline(timeout=60)  # the new store and its spill process are up
+        _check_old(old)
+        old_spill, tag, folder = old.spill_pid, old._node.disk.tag, old._node.disk.path
+        old.close()
+        assert wait_for(lambda: not spill_running(old_spill), timeout=15)  # the old store went, with its files
+        assert not [f for f in os.listdir(folder) if f.startswith(tag + ".")]
+        with shmstore.connect(name, create=False) as again:  # the new store still has the name
+            np.testing.assert_array_equal(again.get("new"), np.arange(100_000))
+        child.send("")
+        assert child.readline() == "True"
+        child.wait()
+        assert wait_for(lambda: not os.path.exists(folder), timeout=15)  # and nothing is left of either
+    finally:
+        old.close()
+        if child is not None and child.proc.poll() is None:
+            child.kill()
+
+
+def test_a_spill_process_started_for_an_unlinked_store_leaves_the_new_one_alone(name, tmp_path):
+    """A client of the old store restarts its dead spill process, which opens the store by name and got the new
+    one: it recovered that store under its running spill process (rolling back the moves in flight there,
+    removing what it took for strays). Now it leaves as soon as it sees the store is not the one it was
+    started for; the old store's last client removes the old store."""
+    old, child = _old_store_with_spilled_objects(name, str(tmp_path)), None
+    try:
+        _unlink_names(old)
+        child = Child(NEW_STORE, env={"N": name, "D": str(tmp_path)})
+        stray = child.readline(timeout=60)
+        folder, dead = old._node.disk.path, old.spill_pid
+        os.kill(dead, signal.SIGKILL)
+        assert wait_for(lambda: not spill_running(dead), timeout=10)
+        started = old.spill_pid  # restarted by this client: it opens the store by name
+        assert started != dead and wait_for(lambda: not spill_running(started), timeout=30)
+        assert os.path.exists(stray)  # the new store's own file, untouched by a spill process not its own
+        _check_old(old)
+        old.close()  # no spill process: its last client removes it
+        child.send("")
+        assert child.readline() == "True"
+        child.wait()
+        assert wait_for(lambda: not os.path.exists(folder), timeout=15)
+    finally:
+        old.close()
+        if child is not None and child.proc.poll() is None:
+            child.kill()

@@ -29,7 +29,6 @@ from __future__ import annotations
 from typing import Any, TYPE_CHECKING
 
 import contextlib
-import os
 import zlib
 from typing import Iterator
 
@@ -308,7 +307,7 @@ def _check_disk(node: "NodeStore", buf: Any, lay: L.Layout, t: np.ndarray, probl
         if on_disk and e["state"] != L.WRITING:
             if name not in names:
                 problems.append(f"entry {idx} ({_key(buf, lay, t, idx)!r}) is on disk but its file {name} is missing")
-            elif os.stat(name, dir_fd=node.disk.ensure()).st_size < e["size"]:
+            elif node.disk.size(name) < e["size"]:
                 problems.append(f"spill file {name} is shorter than entry {idx} ({e['size']} B)")
             allowed.add(name)
         elif on_disk or (moving and e["target"] == L.LEVEL_DISK):  # being written, or being spilled

@@ -31,7 +31,7 @@ from . import layout as L
 from .alloc import Allocator
 from .lock import ShmLock, init_lock
 from ..levels.base import Level
-from ..levels.disk import SpillDir
+from ..levels.disk import SpillDir, incarnation
 from ..levels.registry import open_levels
 from .segment import Segment, Wakeup, unlink_segment, unlink_semaphore
 from .repair import rebuild_allocator, repair_stripe
@@ -92,7 +92,9 @@ class NodeStore:
         self.small_max = self.chunk_size // 16
         arena.advise_hugepages()
         self.arena_ro = memoryview(self.arena_mm).toreadonly()
-        self.disk = SpillDir(L.spill_dir(self.buf), self.prefix.lstrip("/"))
+        # its own files in the directory named after it (a name can outlive its store: see levels/disk.py)
+        self.disk = SpillDir(L.spill_dir(self.buf), self.prefix.lstrip("/"),
+                             incarnation(self.header.creator_pid, self.header.created))
         self.levels = open_levels(self)  # every registered level, as this process reaches it
         self.wake = Wakeup(self.prefix + "-wake", create=False)  # the creator made it (see _create)
         self.prefault = Prefaulter(meta, arena, self.capacity, self.layout)
@@ -399,8 +401,15 @@ class NodeStore:
 
         The metadata segment goes last: a process killed in the middle leaves
         it, and with it a store that ``shmstore gc`` or ``destroy`` finds.
+
+        Only what is this store's own: its spill files carry its incarnation
+        (``SpillDir``), and names that were unlinked behind its back (an
+        ``rm`` in /dev/shm) may name a newer store of the same name by now,
+        which its last client must not take with it.
         """
         files = self.disk.remove_all()
+        if self.meta.named() is False:
+            return files
         self.wake.unlink()
         unlink_segment(self.prefix + "-arena")
         unlink_segment(self.prefix + "-meta")

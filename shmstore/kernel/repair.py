@@ -29,6 +29,7 @@ from . import layout as L
 
 if TYPE_CHECKING:
     from .node import NodeStore
+    from .table import Table
 
 __all__ = ["rebuild_allocator", "repair_stripe", "valid_extents", "disk_charged"]
 
@@ -100,13 +101,43 @@ def repair_stripe(node: "NodeStore", stripe: int) -> int:
     buf, lay, table = node.buf, node.layout, node.table
     linked = table.prune_chains(stripe)
     t = L.entry_table(buf, lay)
-    shadow = (t["state"] == L.WRITING) & ((t["flags"] & L.FLAG_SHADOW) != 0)  # an overwrite's, in no chain yet
-    mine = table.stripe_mask(stripe, t) & (((t["state"] == L.WRITING) & ~shadow) | (t["state"] == L.SEALED))
-    ghosts = np.setdiff1d(np.flatnonzero(mine), linked)
+    # live and meant to be linked (an overwrite's shadow entry is in no chain until it replaces the old one)
+    live = ((t["state"] == L.WRITING) & ((t["flags"] & L.FLAG_SHADOW) == 0)) | (t["state"] == L.SEALED)
+    ghosts = [idx for idx in np.setdiff1d(_of_stripe(table, stripe, t, live), linked).tolist()
+              if _still(node, stripe, idx, (L.WRITING, L.SEALED))]
     for idx in ghosts:
-        table.mark_deleted(int(idx))
+        table.mark_deleted(idx)
     table.repair_stats(stripe)
-    deleted = table.stripe_mask(stripe, t) & (t["state"] == L.DELETED) & ((t["flags"] & L.FLAG_MOVING) == 0)
-    for idx in np.flatnonzero(deleted):  # ghosts, and a delete killed between hiding and freeing
-        node.free_if_unpinned(int(idx))  # the last pin frees a pinned one; the mover a moving one
+    deleted = (t["state"] == L.DELETED) & ((t["flags"] & L.FLAG_MOVING) == 0)
+    for idx in _of_stripe(table, stripe, t, deleted).tolist():  # ghosts, and a delete killed half way
+        if _still(node, stripe, idx, (L.DELETED,)):
+            node.free_if_unpinned(idx)  # the last pin frees a pinned one; the mover a moving one
     return len(ghosts)
+
+
+def _of_stripe(table: "Table", stripe: int, t: np.ndarray, states: np.ndarray) -> np.ndarray:
+    """Indices of the entries picked by ``states`` (a mask of ``t`` computed already) whose key hashes to
+    ``stripe``: the states read first, the hashes after, never the other way round.
+
+    Only this stripe's entries stand still while we hold its lock; an entry of
+    another stripe's key changes under that stripe's lock meanwhile. The race
+    of the other order, step by step: a client's batch holds entry ``i``,
+    reserved, with the hash of the key it held before (of our stripe); we read
+    the hashes: ``i`` is ours; the client puts a key of another stripe into
+    ``i`` under that stripe's lock (hash, then state: linked and sealed there)
+    and its put returns; we read the states: ``i`` is sealed, ours and in none
+    of our chains, so a ghost, and we hide it - an object whose put returned
+    answers ``ObjectNotFoundError`` (or, still being written, is counted deleted
+    in a stripe that did not delete it). A state is always written after the
+    hash it goes with, so an entry we see live has its final hash by the time
+    we read that.
+    """
+    idx: np.ndarray = np.flatnonzero(states & table.stripe_mask(stripe, t))
+    return idx
+
+
+def _still(node: "NodeStore", stripe: int, idx: int, states: tuple[int, ...]) -> bool:
+    """Whether entry ``idx`` is (still) in one of ``states`` and of ``stripe`` (its state read first, as in
+    :func:`_of_stripe`), right before acting on it."""
+    eoff = node.layout.entry(idx)
+    return L.entry_state(node.buf, eoff) in states and node.table.stripe_of(idx) == stripe

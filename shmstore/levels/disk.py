@@ -5,6 +5,16 @@ Files are scratch, not persistence: no fsync. A file is written under a
 process never mistakes a half-written file for an object. Reads map the file
 read-only, so a slice of a spilled array reads only the pages it touches.
 
+Files are named ``<tag>.<idx>.<gen>`` (and ``.tmp`` while being written):
+the entry and its generation, after the store's incarnation tag (who made
+the store and when, from its header). The directory is named after the
+store's name, and a name can outlive a store: if a store's shared-memory
+names are unlinked behind its back (an ``rm`` in /dev/shm, a cleaner), its
+clients go on using it while the next client to connect makes a new store
+under the same name, with the same directory. Each of the two sees, checks,
+recovers and removes only its own files, so neither takes the other's
+objects for strays (see :meth:`SpillDir.names`).
+
 Safety: the directory's name is predictable (``<spill_dir>/shmstore-<uid>-<name>-<node>``)
 and spill directories are often shared (``/tmp``), so another user may have
 put something there first. The directory is opened once per process with
@@ -32,28 +42,37 @@ from ..kernel.files import SAFE_OPEN, make_dir, make_dirs, open_regular
 from ..units import format_size
 from .base import Level
 
-__all__ = ["SpillDir", "CHUNK", "DiskLevel", "FileSink", "disk_error"]
+__all__ = ["SpillDir", "CHUNK", "DiskLevel", "FileSink", "disk_error", "incarnation"]
 
 CHUNK = 64 << 20  # bytes per write/read call: progress granularity, bounded memory
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | SAFE_OPEN
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | SAFE_OPEN  # O_EXCL: never an existing file, FIFO or link
 
 
-class SpillDir:
-    """The directory holding a store's DISK objects.
+def incarnation(creator_pid: int, created: float) -> str:
+    """The tag of one store's spill files: the pid that made the store and when (both in its header)."""
+    return f"{creator_pid:x}-{round(created * 1e6):x}"
 
-    Owned by the node store: the spill process (or ``destroy``) removes it
-    with the store. Holds one descriptor of the directory per process,
+
+class SpillDir:
+    """The directory holding a store's DISK objects, or those of one incarnation of it (``tag``).
+
+    Owned by the node store: the spill process (or ``destroy``) removes its
+    files with the store, and the directory once no other incarnation's
+    files are left in it. Holds one descriptor of the directory per process,
     released by ``close``. Process-safe by naming (each object has its own
-    file); thread-safe.
+    file); thread-safe. Every name it takes and gives (``names``,
+    ``unlink``) is without the tag: ``<idx>.<gen>`` and ``<idx>.<gen>.tmp``.
     """
 
     _fd = -1
 
-    def __init__(self, root: str, name: str) -> None:
+    def __init__(self, root: str, name: str, tag: str = "") -> None:
         self.root = root
         self.folder = name
         self.path = os.path.join(root, name)
+        self.tag = tag
+        self._own = f"{tag}." if tag else ""  # what starts the name of each file of ours
         self._lock = threading.Lock()
 
     # ---- the directory ----------------------------------------------------
@@ -126,7 +145,7 @@ class SpillDir:
 
     # ---- files ------------------------------------------------------------
     def file(self, idx: int, gen: int) -> str:
-        return os.path.join(self.path, f"{idx}.{gen}")
+        return os.path.join(self.path, self._own + self.name(idx, gen))
 
     @staticmethod
     def name(idx: int, gen: int) -> str:
@@ -143,15 +162,15 @@ class SpillDir:
         dfd = self.ensure()
         tmp = self.name(idx, gen) + ".tmp"
         try:
-            return os.open(tmp, _NEW_FILE, 0o600, dir_fd=dfd)
+            return os.open(self._own + tmp, _NEW_FILE, 0o600, dir_fd=dfd)
         except FileExistsError:
             self.unlink(tmp)
-            return os.open(tmp, _NEW_FILE, 0o600, dir_fd=dfd)
+            return os.open(self._own + tmp, _NEW_FILE, 0o600, dir_fd=dfd)
 
     def publish(self, idx: int, gen: int) -> None:
         """Rename a complete ``<idx>.<gen>.tmp`` to its final name."""
         dfd = self.ensure()
-        name = self.name(idx, gen)
+        name = self._own + self.name(idx, gen)
         os.rename(name + ".tmp", name, src_dir_fd=dfd, dst_dir_fd=dfd)
 
     def write(self, idx: int, gen: int, parts: Iterable[tuple[int, memoryview]], size: int,
@@ -185,7 +204,7 @@ class SpillDir:
 
     def _open_read(self, idx: int, gen: int) -> int:
         """Open an object's file for reading: only a regular file of ours (see :mod:`shmstore.kernel.files`)."""
-        return open_regular(self.name(idx, gen), os.O_RDONLY, os.getuid(), dir_fd=self.ensure(),
+        return open_regular(self._own + self.name(idx, gen), os.O_RDONLY, os.getuid(), dir_fd=self.ensure(),
                             shown=self.file(idx, gen))
 
     def read_into(self, idx: int, gen: int, dst: np.ndarray, progress: Callable[[int], None] | None = None) -> None:
@@ -227,32 +246,50 @@ class SpillDir:
         self.unlink(name + ".tmp")
 
     def unlink(self, name: str) -> None:
-        """Remove one file of the directory by name; a missing one (or directory) is no error."""
+        """Remove one file of ours by name (as :meth:`names` gives it); a missing one (or directory) is
+        no error."""
         dfd = self._existing()
         if dfd < 0:
             return
         try:
-            os.unlink(name, dir_fd=dfd)
+            os.unlink(self._own + name, dir_fd=dfd)
         except FileNotFoundError:
             pass
 
+    def size(self, name: str) -> int:
+        """The size of one file of ours (named as :meth:`names` gives it).
+
+        Raises:
+            OSError: it is not there.
+        """
+        return os.stat(self._own + name, dir_fd=self.ensure(), follow_symlinks=False).st_size
+
     def names(self) -> list[str]:
-        """Names of the files in the directory ([] if it was never created)."""
+        """Names of our files in the directory, without the tag ([] if it was never created).
+
+        Files of another incarnation of the store (another tag) are not ours:
+        that store may be alive, its names unlinked behind its back (see the
+        module notes).
+        """
         dfd = self._existing()
-        return [] if dfd < 0 else os.listdir(dfd)
+        if dfd < 0:
+            return []
+        own = self._own
+        return [n[len(own):] for n in os.listdir(dfd) if n.startswith(own)]
 
     def remove_all(self) -> int:
-        """Remove every file and then the directory itself; returns how many files there were.
+        """Remove our files and then the directory itself, unless other files are left in it (another
+        incarnation's); returns how many files of ours there were.
 
         Leaves alone what is not ours (a planted symlink stays, untouched).
         """
         dfd = self._existing()
         if dfd < 0:
             return 0
-        names = os.listdir(dfd)
+        names = self.names()
         for name in names:
             try:
-                os.unlink(name, dir_fd=dfd)
+                os.unlink(self._own + name, dir_fd=dfd)
             except OSError:
                 pass
         try:

@@ -270,7 +270,8 @@ class Mover:
 
     # ---- recovery ---------------------------------------------------------------
     def recover(self) -> int:
-        """Roll back the moves a killed spill process left half done; drop stray files.
+        """Roll back the moves a killed spill process left half done; drop stray files (of this store's: a
+        newer store under the same name keeps its files beside ours, see ``levels/disk.py``).
 
         Returns how many moves were rolled back.
         """

@@ -38,7 +38,6 @@ from ..errors import ShmStoreError, StorageFullError
 from ..kernel import NodeStore
 from ..kernel import layout as L
 from ..kernel import migrations
-from ..kernel.segment import segment_exists
 from ..kernel.janitor import drop_lost_gpu_arenas, janitor_pass, sweep_deleted
 from ..levels import Level
 from ..levels.gpu import GpuLevel
@@ -71,6 +70,18 @@ class _Spiller:
         return L.spill_pid(self.node.buf) == os.getpid() and L.header_state(self.node.buf) == L.STATE_READY
 
     def run(self) -> int:
+        if not self.owns_store():
+            # Not the store we were started for (our spawner wrote our pid into its header). The race,
+            # step by step: the store's names are unlinked behind its back (an rm in /dev/shm, a
+            # cleaner); its clients go on using it; a later client makes a new store under the same
+            # name; a client of the first finds its spill process dead and starts us; we open the
+            # store by name and get the new one. Recovering it would roll back the moves its own
+            # spill process has in flight (which then switched objects to files we had removed) and
+            # take its files for strays. So we touch nothing: the new store has its spill process, and
+            # the last client of the first removes what is the first's (NodeStore.unlink).
+            log.warning("%s: started for a store that no longer has this name; leaving alone the store that "
+                        "has it now", self.label)
+            return 0
         try:
             lost = drop_lost_gpu_arenas(self.node)
         except Exception:
@@ -174,11 +185,11 @@ class _Spiller:
     def _orphaned(self) -> bool:
         """True when the store's segments were removed behind its back (an ``rm`` in /dev/shm, a cleaner
         that unlinked them) and no client is left: nobody can attach any more, so this process would
-        serve nobody forever. Its spill files go (unless the name now names another store)."""
+        serve nobody forever. Its spill files go (only its own: the name may name a newer store by now,
+        whose files share the directory)."""
         if self.node.meta.named() is not False or self.node.clients():
             return False
-        replaced = segment_exists(self.node.meta.name)
-        files = 0 if replaced else self.node.disk.remove_all()
+        files = self.node.disk.remove_all()
         log.warning("%s: the store's shared memory was removed without shmstore (not by destroy or gc) and "
                     "no client is left; exiting%s", self.label, f", removed {files} spill file(s)" if files else "")
         return True
