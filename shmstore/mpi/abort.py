@@ -6,7 +6,7 @@ for it (in a ``get`` from its node, in a ``barrier``), a collective close
 would wait for them just as they wait for it: the job sat until its time
 limit, and the traceback was never printed (it comes after ``__exit__``).
 So a Cluster left by an exception leaves without any collective call
-(:meth:`Cluster._leave`), and an exception that nobody catches while a
+(:func:`leave`), and an exception that nobody catches while a
 Cluster is open, or after one was left that way, prints its traceback and
 aborts the job with ``MPI_Abort`` (status 1; 130 for Ctrl-C): what
 ``python -m mpi4py`` does at exit, done at once, and done too for a script
@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from mpi4py import MPI
 
-__all__ = ["opened", "closed", "left", "armed"]
+__all__ = ["opened", "closed", "leave", "armed"]
 
 _open = 0        # clusters of this process open (created and not closed)
 _left = False    # a cluster of this process was left by an exception
@@ -53,11 +53,16 @@ def closed() -> None:
     _open = max(0, _open - 1)
 
 
-def left() -> None:
-    """A Cluster was left by an exception, without a collective: if nobody catches it, the job ends."""
+def leave(cluster: Any) -> None:
+    """Close ``cluster`` (left by an exception) on this rank alone: its service stops (ranks asking it get no
+    answer: they end with the job, or time out), its store closes; no collective call (its communicators are
+    not freed: freeing is collective). If nobody catches the exception, the job ends."""
     global _left
     _left = True
     _install()
+    if cluster._service is not None:
+        cluster._service.close(wait=1.0)
+    cluster.store.close()
 
 
 def armed() -> bool:

@@ -20,14 +20,11 @@ own threads); room for incoming bytes is made (the destination's spill
 process) before the source is asked for them.
 
 Failures: every wait on another rank ends after ``peer_timeout`` seconds
-with a ``TransferError`` naming the operation, the key and the rank
-(``rpc.py``), so survivors of a rank that died never wait for ever; a
-Cluster left by an exception leaves without a collective call and the job
-aborts if nobody catches it (``abort.py``).
+(``rpc.py``); a Cluster left by an exception leaves without a collective
+call, and the job aborts if nobody catches the exception (``abort.py``).
 """
 from __future__ import annotations
 
-import queue
 import weakref
 from typing import Any, Iterable
 
@@ -40,16 +37,16 @@ from ..kernel import encode_key
 from ..kernel import layout as L
 from ..levels import Level
 from ..store import Store
-from . import abort
+from . import abort, copies
 from . import tags as T
 from . import wire as W
-from .directory import WAIT, home_of
+from .directory import home_of
 from .fetch import Fetcher
 from .nodes import identify
 from .poll import spin_window
 from .rpc import Messenger, gave_up
 from .service import Service
-from .streams import RemoteReader, RemoteWriter
+from .streams import PublishedWriter, RemoteReader, RemoteWriter
 
 __all__ = ["Cluster"]
 
@@ -154,11 +151,7 @@ class Cluster:
         keeps it (no message), else by a call (or with ``post`` a message without a reply; ``linger``: see
         :meth:`Messenger.call`)."""
         if home == self.node_index and self._service is not None:
-            if type(msg) is not W.DirSource:  # the one request that may be answered later
-                return self._service.directory.handle(msg, _no_answer)
-            box: queue.SimpleQueue[Any] = queue.SimpleQueue()
-            result = self._service.directory.handle(msg, box.put)
-            return box.get() if result is WAIT else result
+            return self._service.directory.ask(msg)
         if post:
             self._msg.post(home, msg)
             return None
@@ -193,7 +186,7 @@ class Cluster:
         try:
             if overwrite:  # this copy replaces the entry; the old copies go after (each exactly: never a later one)
                 for i, copy in self._dir(W.DirReplace(key, self.node_index, info.size, info.created)):
-                    self._delete_on(i, key, copy)
+                    copies.delete_on(self, i, key, copy)
             else:
                 self._dir(W.DirAdd([key], self.node_index, [info.size], [info.created]))
         except errors.TransferError as exc:
@@ -305,26 +298,10 @@ class Cluster:
         encode_key(key)
         dest = self._node_index(node)
         try:
-            self._migrate(key, dest, keep_source)
+            copies.migrate(self, key, dest, keep_source)
         except errors.TransferError as exc:
             gave_up(exc, "migrate", key)
             raise
-
-    def _migrate(self, key: str, dest: int, keep_source: bool) -> None:
-        copies = self._dir(W.DirCopies(key))
-        holders = [n for n, _ in copies]
-        if not holders:
-            raise errors.ObjectNotFoundError(f"no node has {key!r}", key)
-        if dest not in holders:
-            src, src_copy = copies[0]
-            if dest == self.node_index:
-                self._fetcher.fetch_one(key, src, None, self.block_size, source_copy=src_copy)
-            else:  # it registers the new copy; its own waits on the source end first, naming the source
-                self._msg.call(dest, W.Pull(key, src, self.block_size, src_copy), patience=2.0)
-        if not keep_source:  # the copies moved from, each unlisted before it goes (an overwrite since stays;
-            for n, copy in copies:  # a copy the directory cannot name stays too: never a later write dropped)
-                if n != dest and copy is not None and self._dir(W.DirDrop(key, n, copy, keep=dest)):
-                    self._delete_on(n, key, copy)
 
     def locate(self, key: str) -> list[str]:
         """Nodes holding a copy of ``key``, as the directory knows them (one round trip to its home).
@@ -352,41 +329,10 @@ class Cluster:
         self._check()
         encode_key(key)
         try:
-            listed = self._dir(W.DirTake(key))
+            return copies.delete_all(self, key)
         except errors.TransferError as exc:
-            self._delete_here(key)
             gave_up(exc, "delete", key)
             raise
-        gone = 0
-        failed: errors.TransferError | None = None
-        for i, copy in sorted(listed, key=lambda nc: nc[0] != self.node_index):  # this node's copy first
-            try:
-                gone += self._delete_on(i, key, copy)
-            except errors.TransferError as exc:  # a node that died: the others' copies still go
-                failed = failed or exc
-        gone += self._delete_here(key)
-        if failed is not None:
-            gave_up(failed, "delete", key)
-            raise failed
-        return gone
-
-    def _delete_here(self, key: str) -> int:
-        """Delete this node's copy of ``key``, whichever object it is: 1 if there was one."""
-        try:
-            self.store.kernel.delete(key, False)
-            return 1
-        except errors.ObjectNotFoundError:
-            return 0
-
-    def _delete_on(self, node: int, key: str, copy: float | None = None) -> bool:
-        """Delete node ``node``'s copy of ``key`` (only the object ``copy`` where given): True if it went."""
-        if node == self.node_index:
-            try:
-                self.store.kernel.delete(key, False, copy)
-                return True
-            except errors.ObjectNotFoundError:
-                return False
-        return bool(self._msg.call(node, W.Delete(key, copy)))
 
     def open_reader(self, key: str, node: int | str | None = None) -> Any:
         """A reader of ``key`` on ``node`` (default: this node if it has it, else the first that has),
@@ -404,7 +350,7 @@ class Cluster:
         self._check()
         n = self.node_index if node is None else self._node_index(node)
         if n == self.node_index:
-            return _Published(self, self.store.open_writer(key, size), key, size)
+            return PublishedWriter(self, self.store.open_writer(key, size), key, size)
         return RemoteWriter(self, n, key, size)
 
     @property
@@ -452,56 +398,13 @@ class Cluster:
         it, it is printed and the job aborted (``abort.py``), in seconds rather than at the time limit."""
         if kind is None or (isinstance(exc, SystemExit) and exc.code in (None, 0)):
             self.close()
-        else:
-            self._leave()
-
-    def _leave(self) -> None:
-        """Close this rank's part alone: the service stops (its requesters get no answer: they end with the
-        job, or time out), the store is closed; the communicators are not freed (freeing is collective)."""
-        if self._closed:
-            return
-        self._closed = True
-        _OPEN.discard(self)
-        abort.left()
-        if self._service is not None:
-            self._service.close(wait=1.0)
-        self.store.close()
+        elif not self._closed:
+            self._closed = True
+            _OPEN.discard(self)
+            abort.leave(self)
 
     def __repr__(self) -> str:
         return f"<shmstore.mpi.Cluster rank {self.rank}/{self.size} node {self.node!r} of {self.nodes}>"
 
 
 _MISSED = object()  # Cluster.get's default for a local miss
-
-
-def _no_answer(value: Any) -> None:
-    raise AssertionError("only a DirSource is answered later")
-
-
-class _Published:
-    """A local writer that registers its object in the directory once sealed."""
-
-    def __init__(self, cluster: Cluster, writer: Any, key: str, size: int) -> None:
-        self._cluster, self._writer, self.key, self._size = cluster, writer, key, size
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._writer, name)
-
-    def close(self) -> None:
-        closed = self._writer.closed
-        self._writer.close()
-        if not closed:
-            try:
-                ctime: float | None = self._cluster.store.get_info(self.key).created
-            except errors.ObjectNotFoundError:
-                return  # deleted already
-            self._cluster._dir(W.DirAdd([self.key], self._cluster.node_index, [self._size], [ctime]))
-
-    def __enter__(self) -> "_Published":
-        return self
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self._writer.abort()

@@ -58,6 +58,7 @@ leaders' memory, not in the stores (a job that dies takes it along).
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import time
 import zlib
@@ -110,6 +111,15 @@ class Directory:
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
         self.stale_after = stale_after  # a holder sending longer than this is free again (its fetcher died)
+
+    def ask(self, msg: Any) -> Any:
+        """The answer to ``msg`` from this rank (the leader keeping this share): no message; a ``DirSource``
+        that must wait for a free holder waits here."""
+        if type(msg) is not W.DirSource:  # the one request that may be answered later
+            return self.handle(msg, _no_answer)
+        box: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        result = self.handle(msg, box.put)
+        return box.get() if result is WAIT else result
 
     def handle(self, msg: Any, answer: Callable[[Any], None]) -> Any:
         later: list[tuple[Callable[[Any], None], Any]] = []  # answers to send once the lock is dropped
@@ -291,6 +301,10 @@ class Directory:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _no_answer(value: Any) -> None:
+    raise AssertionError("only a DirSource is answered later")
 
 
 def _listed(e: _Entry, but: int = -1) -> list[tuple[int, float | None]]:

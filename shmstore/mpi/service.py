@@ -11,9 +11,9 @@ and then loses nothing to 20,000 wake-ups a second). An idle node so costs
 next to no CPU and never takes the GIL from the application, instead of
 spinning in a blocking receive (MPICH busy-polls, and a spinning thread
 would steal a core from every rank of the node). Bulk sends run in threads
-of their own, and replies that may pass MPI's eager size go out without
-waiting for their requester, so lookups and directory requests are
-answered while large objects stream out.
+of their own, and replies go out without waiting for their requester
+(``outbox.py``), so lookups and directory requests are answered while
+large objects stream out.
 
 A bulk send pins the source object (a lease) from the LOOKUP that
 announced it until its frames are sent, so the spill process cannot move it
@@ -23,13 +23,12 @@ thread, so this loop never waits on another node's service.
 
 Nothing here waits for ever on a rank that died: a bulk send whose receiver
 takes no frame for ``peer_timeout`` seconds is given up (its lease, the
-source's pin, goes with it), and so is a reply the requester never takes;
-pulls wait as any fetch does (see ``rpc.py``).
+source's pin, goes with it), and so is a reply the requester never takes
+(``outbox.py``); pulls wait as any fetch does (see ``rpc.py``).
 """
 from __future__ import annotations
 
 import itertools
-import queue
 import threading
 import time
 from typing import Any, Callable
@@ -48,6 +47,7 @@ from . import tags as T
 from . import wire as W
 from .cuda import cuda_aware
 from .directory import WAIT, Directory
+from .outbox import Outbox
 from .poll import cancel, prober, python_prober, settle
 from .staging import send_staged
 
@@ -82,10 +82,7 @@ class Service:
         self._writers: dict[int, Any] = {}
         self._stop = threading.Event()
         self._workers: list[threading.Thread] = []  # pulls and bulk sends under way
-        self._out: list[MPI.Request] = []  # replies (and posts) not yet taken by their receivers
-        self._out_since = 0.0  # when one of them was last taken (or the first was sent)
-        self._handoff: queue.SimpleQueue[MPI.Request] = queue.SimpleQueue()  # the same, from other threads
-        self._loop_thread: int | None = None  # the loop's thread id: only it touches _out
+        self._outbox = Outbox(comm, self.timeout)  # replies and posts not yet taken by their receivers
         self._sent_later = 0  # bytes sent inside replies, counted once the reply is out (off the reply's path)
         self.directory = Directory(self.timeout)  # this node's share of the location directory (see directory.py)
         self._handlers: dict[type, Callable[[int, int, Any], Any]] = {
@@ -108,7 +105,7 @@ class Service:
         (short where the cluster is left by an exception: the job is about to end)."""
         if not self._stop.is_set() and self._thread.is_alive():
             self._stop.set()
-            self._post(W.Stop(), self.comm.rank)  # the loop ends on it
+            self._outbox.post(W.Stop(), self.comm.rank)  # the loop ends on it
             self._thread.join(wait)
         self._stop.set()
         for t in self._workers:
@@ -121,17 +118,17 @@ class Service:
     # ---- loop ------------------------------------------------------------------
     def _loop(self) -> None:
         native.set_timer_slack(2000)  # this thread's 50 us naps then last ~55 us, not ~105
-        self._loop_thread = threading.get_ident()
+        self._outbox.own()
         probe = prober(self.comm)
         status = MPI.Status()
         last = time.monotonic()
         spin = self.spin
         while True:
             idle = time.monotonic() - last
-            if self._out or not self._handoff.empty():
-                self._tend_out()
+            if self._outbox.busy():
+                self._outbox.tend()
             try:
-                if self._out or any(t.name == _SENDER and t.is_alive() for t in self._workers):
+                if self._outbox.waiting or any(t.name == _SENDER and t.is_alive() for t in self._workers):
                     # a transfer's next request (its registration) comes as soon as the bytes are out
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, 0.002)
                     last = time.monotonic()
@@ -160,7 +157,7 @@ class Service:
                 return
             reply = self.handle(src, reply_tag, msg)
             if reply is not _NO_REPLY and reply_tag:
-                self._reply(reply, src, reply_tag)
+                self._outbox.reply(reply, src, reply_tag)
             if self._sent_later:
                 self._count_sent(self._sent_later)
                 self._sent_later = 0
@@ -177,14 +174,7 @@ class Service:
             reply_tag, msg, _ = W.receive(self.comm, status.Get_source(), T.TAG_REQUEST)
             if not reply_tag:
                 self.handle(status.Get_source(), 0, msg)
-        self._take_handoff()
-        try:
-            if self._out and not settle(self._out, min(10.0, self.timeout), False, 0.001, 0.001):
-                cancel(self._out)
-        except MPI.Exception:  # a receiver that died
-            cancel(self._out)
-        self._out.clear()
-        self._out_since = 0.0
+        self._outbox.drain(10.0)
 
     def handle(self, src: int, tag: int, msg: Any) -> Any:
         """The reply to request ``msg`` from rank ``src`` (or ``_NO_REPLY``: answered elsewhere); a
@@ -256,7 +246,7 @@ class Service:
             raise errors.TransferError(f"transfer handle {msg.handle} expired (after {HANDLE_TTL:g} s)")
         lease = entry[0]
         streams = max(1, min(int(msg.streams), len(self.cluster._bulk)))
-        self._reply(lease.nbytes, src, tag)
+        self._outbox.reply(lease.nbytes, src, tag)
 
         def send() -> None:
             bulk = self.cluster._bulk
@@ -291,29 +281,6 @@ class Service:
             raise errors.TransferError(f"rank {dest} took no frame within {self.timeout:g} s: it died or hangs "
                                        f"(raise peer_timeout= / SHMSTORE_PEER_TIMEOUT)", None, dest)
 
-    def _tend_out(self) -> None:
-        """Forget the replies out that their requesters took; give up on those nobody took for ``peer_timeout``
-        seconds (their requesters died), so that the loop naps again instead of probing as if a transfer were
-        under way, for ever. Runs only while replies are out."""
-        self._take_handoff()
-        try:
-            if MPI.Request.Testall(self._out):  # the usual case: taken
-                self._out.clear()
-                self._out_since = 0.0
-                return
-            now = time.monotonic()
-            if MPI.Request.Testsome(self._out) or not self._out_since:  # some taken since: others may be too
-                self._out = [r for r in self._out if r]
-                self._out_since = now
-                return
-            expired = now - self._out_since > self.timeout
-        except MPI.Exception:  # MPI failed one of them (its receiver died): drop them all, they will not come
-            expired = True
-        if expired:
-            cancel(self._out)
-            self._out.clear()
-            self._out_since = 0.0
-
     def _on_release(self, src: int, tag: int, msg: W.Release) -> None:
         self._leases.pop(msg.handle, None)
 
@@ -334,7 +301,7 @@ class Service:
                 reply: Any = None
             except Exception as exc:
                 reply = W.Failure.of(exc)
-            self._reply(reply, src, tag)
+            self._outbox.reply(reply, src, tag)
         self._spawn("shmstore-mpi-pull", run)
         return _NO_REPLY
 
@@ -342,7 +309,7 @@ class Service:
         """A directory request: answered at once, or (a DirSource waiting for a free holder) later."""
         def answer(value: Any) -> None:
             if tag:
-                self._reply(value, src, tag)
+                self._outbox.reply(value, src, tag)
         result = self.directory.handle(msg, answer)
         if result is WAIT:
             return _NO_REPLY
@@ -358,7 +325,7 @@ class Service:
                 self._sent_later += sent
                 return W.Sourced(result, found)
             if msg.forward and tag:  # the holder answers the fetcher: one hop less than a Lookup of its own
-                self._post(W.Forward(msg.key, msg.inline_max, src, tag), self.cluster.leaders[result])
+                self._outbox.post(W.Forward(msg.key, msg.inline_max, src, tag), self.cluster.leaders[result])
                 return _NO_REPLY
         return result
 
@@ -370,39 +337,8 @@ class Service:
             reply: Any = W.Sourced(self.cluster.node_index, found)
         except Exception as exc:  # the fetcher hears of it, as from a Lookup of its own
             reply = W.Failure.of(exc)
-        self._reply(reply, msg.rank, msg.tag)
+        self._outbox.reply(reply, msg.rank, msg.tag)
         return _NO_REPLY
-
-    def _reply(self, reply: Any, dest: int, tag: int) -> None:
-        """Answer rank ``dest`` on ``tag`` without waiting for it to take the answer (see :meth:`_keep`); from
-        any thread. Where MPI fails to send (it reports ``dest`` gone) nobody is left to answer."""
-        try:
-            self._keep(W.reply(self.comm, reply, dest, tag))
-        except MPI.Exception:
-            pass
-
-    def _post(self, msg: Any, dest: int) -> None:
-        """Send ``msg`` to the service on rank ``dest`` for no answer, as :meth:`_reply` sends."""
-        try:
-            self._keep(W.post(self.comm, msg, dest))
-        except MPI.Exception:
-            pass
-
-    def _keep(self, req: MPI.Request) -> None:
-        """Keep the send ``req`` until its receiver took it, unless it is done already (MPI buffered it: a
-        small message, usually): the loop tends it, and gives up on it after ``peer_timeout`` (its receiver
-        died). A send over MPI's eager size (a batch's lookups) would hold the loop, and every request
-        behind it, until its receiver takes it; one to a rank that died, for ever."""
-        if req.Test():
-            return
-        if threading.get_ident() == self._loop_thread:
-            self._out.append(req)
-        else:
-            self._handoff.put(req)
-
-    def _take_handoff(self) -> None:
-        while not self._handoff.empty():
-            self._out.append(self._handoff.get_nowait())
 
     def _drop_copy(self, node: int, key: str, copy: float) -> None:
         """Delete the object ``copy`` of ``key`` on node ``node`` without waiting: here at once, elsewhere by a
@@ -410,7 +346,7 @@ class Service:
         if node == self.cluster.node_index:
             self.kernel.delete(key, True, copy)
         else:
-            self._post(W.Delete(key, copy), self.cluster.leaders[node])
+            self._outbox.post(W.Delete(key, copy), self.cluster.leaders[node])
 
     def _on_read(self, src: int, tag: int, msg: W.Read) -> W.Chunk:
         with self.store.open_reader(msg.key) as r:

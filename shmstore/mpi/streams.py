@@ -1,4 +1,5 @@
-"""Streaming an object to or from another node, one request per read or write."""
+"""Streaming an object to or from another node, one request per read or write; a local writer that registers
+its object in the directory."""
 from __future__ import annotations
 
 from typing import Any
@@ -6,7 +7,7 @@ from typing import Any
 from .. import errors
 from . import wire as W
 
-__all__ = ["RemoteReader", "RemoteWriter"]
+__all__ = ["RemoteReader", "RemoteWriter", "PublishedWriter"]
 
 
 class RemoteReader:
@@ -95,3 +96,33 @@ class RemoteWriter:
             self.close()
         else:
             self.abort()
+
+
+class PublishedWriter:
+    """A writer of this node's store that registers its object in the directory once sealed (a Cluster's
+    ``open_writer`` for this node). Not thread-safe."""
+
+    def __init__(self, cluster: Any, writer: Any, key: str, size: int) -> None:
+        self._cluster, self._writer, self.key, self._size = cluster, writer, key, size
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._writer, name)
+
+    def close(self) -> None:
+        closed = self._writer.closed
+        self._writer.close()
+        if not closed:
+            try:
+                ctime: float | None = self._cluster.store.get_info(self.key).created
+            except errors.ObjectNotFoundError:
+                return  # deleted already
+            self._cluster._dir(W.DirAdd([self.key], self._cluster.node_index, [self._size], [ctime]))
+
+    def __enter__(self) -> "PublishedWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._writer.abort()
