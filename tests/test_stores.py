@@ -111,6 +111,14 @@ def test_planted_fifos_sockets_links_and_garbage_neither_hang_nor_stop_stores_gc
     `gc --all-users` and the Slurm epilog forever (opened without O_NONBLOCK, looked at only after the open)."""
     store.put("k", b"live")
     planted = _plant(os.getuid(), name, _meta_of(store))
+    if os.getuid() == 0:  # another user's files: under this user's store names, and under their own
+        planted["owner"] = os.path.join(SHM, f"shmstore-0-{name}owner-hx-meta")
+        with open(planted["owner"], "wb") as f:
+            f.write(_header(_meta_of(store), name=f"{name}owner", node="hx"))
+        planted["theirs"] = os.path.join(SHM, f"shmstore-65534-{name}theirs-hx-meta")
+        os.mkfifo(planted["theirs"])
+        for kind in ("owner", "theirs"):
+            os.lchown(planted[kind], 65534, 65534)
     dead = name + "dead"
     dead_store(dead, str(tmp_path))
     before = _kinds(planted)
@@ -118,19 +126,26 @@ def test_planted_fifos_sockets_links_and_garbage_neither_hang_nor_stop_stores_gc
         r = cli("stores")
         assert r.returncode == 0 and r.wall < 15, r.stderr
         assert r.stdout.count(f"{store.name}\t") == 1  # the link to its metadata is not a second store
-        assert _warned(r.stderr, planted) == set(planted) - QUIET, r.stderr
+        assert _warned(r.stderr, planted) == set(planted) - QUIET - {"theirs"}, r.stderr
         for kind, what in (("fifo", "a fifo"), ("socket", "a socket"), ("link", "a symbolic link"),
                            ("dir", "a directory"), ("garbage", "not a shmstore segment"), ("short", "too short"),
                            ("truncated", "shorter than its header says"), ("renamed", "its header names store"),
-                           ("version", f"layout version {L.LAYOUT_VERSION + 1}")):
-            assert any(planted[kind] in line and what in line for line in r.stderr.splitlines()), (kind, r.stderr)
+                           ("version", f"layout version {L.LAYOUT_VERSION + 1}"),
+                           ("owner", "belongs to uid 65534, not 0")):
+            if kind in planted:
+                assert any(planted[kind] in ln and what in ln for ln in r.stderr.splitlines()), (kind, r.stderr)
+        if "theirs" in planted:
+            r = cli("--json", "stores", "--all-users")
+            assert r.returncode == 0 and r.wall < 15 and _warned(r.stderr, planted) == set(planted) - QUIET
+            assert [s["name"] for s in json.loads(r.stdout)].count(store.name) == 1
         found = json.loads(cli("--json", "stores").stdout)
         assert {s["name"] for s in found} >= {store.name, dead} and not {s["name"] for s in found} & {
             name + k for k in planted}
-        for args in (("gc",), ("gc", "--uid", str(os.getuid())), ("gc", "--all-users")):
+        for args in (("gc",), ("gc", "--uid", str(os.getuid())), ("gc", "--all-users"))[:3 if os.getuid() == 0 else 2]:
             r = cli(*args, "--json", "--name", dead)
             assert r.returncode == 0 and r.wall < 15, r.stderr
-            assert _warned(r.stderr, planted) == set(planted) - QUIET, r.stderr
+            theirs = {"theirs"} if "--all-users" not in args else set()
+            assert _warned(r.stderr, planted) == set(planted) - QUIET - theirs, r.stderr
         assert not [s for s in shm_segments() if f"-{dead}-" in s]  # the first gc removed it
         r = cli("--name", name + "fifo", "--node", "hx", "status")
         assert r.returncode == 1 and "is a fifo" in r.stderr and r.wall < 15, r.stderr
