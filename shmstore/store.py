@@ -326,9 +326,8 @@ class Store:
 
     def _close_at_exit(self) -> None:
         """Close at interpreter exit; where views still pin objects, leave the slot to the janitor."""
-        self.close()
         k = self._kernel
-        if k is not None and not k._detached:
+        if k is not None and not k.close():
             # The views die during interpreter teardown, where store code can no longer run (imports fail):
             # their releases become no-ops and the spill process reclaims this slot once the process is gone.
             k.pins.closed = True
