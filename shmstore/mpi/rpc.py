@@ -148,12 +148,14 @@ class Messenger:
                                     f"may have died ({first})", key if isinstance(key, str) else None, rank)
 
     def _send(self, node: int, msg: Any, tag: int, linger: float, key: Any = None) -> None:
-        """Send request ``msg`` to ``node``'s service without blocking: usually MPI has buffered it at once;
-        else (a large message, a receiver that died) wait for it with the deadline."""
+        """Send request ``msg`` to ``node``'s service: a small one at once (MPI buffers it); one that may pass
+        MPI's eager size (a remote writer's bytes, a batch) without blocking, waited for with the deadline
+        (a blocking send waits for the receiver: for ever if it died)."""
         try:
-            req = W.request(self.comm, msg, self.leaders[node], tag, linger)
-            if req.Test():
+            if type(msg) not in _BULKY and not (type(msg) is W.DirAdd and len(msg.keys) > 8):  # a put's: small
+                W.request(self.comm, msg, self.leaders[node], tag, linger)  # buffered at once
                 return
+            req = W.request_nowait(self.comm, msg, self.leaders[node], tag, linger)
             done = settle([req], self.timeout, self.spin > 0, _NAP, _NAP_MAX)
         except MPI.Exception as exc:
             raise self.failed(node, msg, key, exc) from exc
@@ -182,6 +184,9 @@ class Messenger:
         for node in sorted(nodes):
             self.call(node, W.DirGet([]))
 
+
+
+_BULKY = frozenset({W.Write, W.LookupMany, W.DirSourceMany, W.DirDoneMany})  # may pass MPI's eager size
 
 
 def _operation(msg: Any) -> str:

@@ -11,9 +11,9 @@ and then loses nothing to 20,000 wake-ups a second). An idle node so costs
 next to no CPU and never takes the GIL from the application, instead of
 spinning in a blocking receive (MPICH busy-polls, and a spinning thread
 would steal a core from every rank of the node). Bulk sends run in threads
-of their own, and replies go out without waiting for their requester
-(``outbox.py``), so lookups and directory requests are answered while
-large objects stream out.
+of their own, and replies that may pass MPI's eager size go out without
+waiting for their requester (``outbox.py``), so lookups and directory
+requests are answered while large objects stream out.
 
 A bulk send pins the source object (a lease) from the LOOKUP that
 announced it until its frames are sent, so the spill process cannot move it
@@ -105,8 +105,10 @@ class Service:
         (short where the cluster is left by an exception: the job is about to end)."""
         if not self._stop.is_set() and self._thread.is_alive():
             self._stop.set()
-            self._outbox.post(W.Stop(), self.comm.rank)  # the loop ends on it
-            self._thread.join(wait)
+            stop = W.request_nowait(self.comm, W.Stop(), self.comm.rank, 0)  # the loop ends on it; a send to
+            self._thread.join(wait)  # this very rank completes only once received: never blocking on it
+            if not stop.Test():
+                cancel([stop])
         self._stop.set()
         for t in self._workers:
             t.join(wait)
@@ -125,10 +127,10 @@ class Service:
         spin = self.spin
         while True:
             idle = time.monotonic() - last
-            if self._outbox.busy():
+            if self._outbox.out or self._outbox.handed:
                 self._outbox.tend()
             try:
-                if self._outbox.waiting or any(t.name == _SENDER and t.is_alive() for t in self._workers):
+                if self._outbox.out or any(t.name == _SENDER and t.is_alive() for t in self._workers):
                     # a transfer's next request (its registration) comes as soon as the bytes are out
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, 0.002)
                     last = time.monotonic()

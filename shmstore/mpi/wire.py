@@ -9,10 +9,13 @@ posted, e.g. the registration of a fetched copy). Every message is a
 tuple, ``(code, fields)`` (:func:`encode`, :func:`decode`): pickle takes
 a NamedTuple apart and rebuilds it through Python calls, 3 us a message
 each way, a third of a small fetch's round trip; a plain tuple costs 0.5.
-:func:`request`, :func:`post`, :func:`reply`, :func:`receive` and
-:func:`receive_reply` are the only ways messages go out and come in; the
-first three never block (a send to a rank that died must not hang its
-sender: see ``rpc.py``).
+:func:`request`, :func:`request_nowait`, :func:`post`, :func:`reply`,
+:func:`reply_nowait`, :func:`receive` and :func:`receive_reply` are the only
+ways messages go out and come in. Small messages go by blocking sends (MPI
+buffers them at once: 0.2 us less than a kept ``isend``, on every hop of a
+small get); those that may pass MPI's eager size go without blocking and
+are waited for with a deadline (``rpc.py``, ``outbox.py``): a blocking
+send of one waits for its receiver, for ever if it died.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ __all__ = [
     "DirAdd", "DirDrop", "DirGet", "DirTake", "DirReplace", "DirSource", "DirDone", "DirSourceMany",
     "DirDoneMany", "DirCopies", "Forward", "Stop",
     "Found", "FoundMany", "Sourced", "Chunk", "Failure", "LARGE",
-    "encode", "decode", "request", "post", "reply", "receive", "receive_reply",
+    "encode", "decode", "request", "request_nowait", "post", "reply", "reply_nowait", "receive", "receive_reply",
 ]
 
 
@@ -304,26 +307,34 @@ def decode(frame: tuple[int, Any]) -> Any:
     return _TYPES[code]._make(fields)
 
 
-def request(comm: MPI.Comm, msg: Any, dest: int, reply_tag: int, linger: float = 0.0) -> MPI.Request:
+def request(comm: MPI.Comm, msg: Any, dest: int, reply_tag: int, linger: float = 0.0) -> None:
     """Send request ``msg`` to the service on rank ``dest``; it answers on ``reply_tag`` (0: no answer).
     ``linger``: seconds the service should keep probing without naps after it (more requests follow soon:
-    a batched fetch's rounds).
+    a batched fetch's rounds). For small messages, which MPI buffers at once: a larger one, or one that may
+    be, goes by :func:`request_nowait` (a blocking send of it would wait for the receiver, for ever if the
+    receiver died)."""
+    comm.send((reply_tag, encode(msg), linger), dest=dest, tag=T.TAG_REQUEST)
 
-    Never blocks: returns the send's request, complete at once where MPI buffered the message (a small
-    one, usually: 0.2 us more than a blocking send). One that is not complete must be waited for with a
-    deadline and kept (it holds the message's bytes) until then: a blocking send to a rank that died waits
-    for ever on some transports (libfabric's tcp), and one over MPI's eager size waits for the receiver.
-    """
+
+def request_nowait(comm: MPI.Comm, msg: Any, dest: int, reply_tag: int, linger: float = 0.0) -> MPI.Request:
+    """:func:`request` without waiting for the receiver to take it: the request, which holds the message's
+    bytes, must be waited for with a deadline (or cancelled)."""
     return comm.isend((reply_tag, encode(msg), linger), dest=dest, tag=T.TAG_REQUEST)
 
 
-def post(comm: MPI.Comm, msg: Any, dest: int) -> MPI.Request:
-    """Send ``msg`` to the service on rank ``dest`` for no answer (a :func:`request`)."""
-    return request(comm, msg, dest, 0)
+def post(comm: MPI.Comm, msg: Any, dest: int) -> None:
+    """Send a small ``msg`` to the service on rank ``dest`` for no answer."""
+    request(comm, msg, dest, 0)
 
 
-def reply(comm: MPI.Comm, value: Any, dest: int, tag: int) -> MPI.Request:
-    """Answer a request of rank ``dest`` on its reply ``tag``; never blocks (see :func:`request`)."""
+def reply(comm: MPI.Comm, value: Any, dest: int, tag: int) -> None:
+    """Answer a request of rank ``dest`` on its reply ``tag`` with a small value (see :func:`request`)."""
+    comm.send(encode(value), dest=dest, tag=tag)
+
+
+def reply_nowait(comm: MPI.Comm, value: Any, dest: int, tag: int) -> MPI.Request:
+    """:func:`reply` without waiting for the requester to take it (a reply over MPI's eager size waits for
+    that): the request, which holds the reply's bytes, must be kept until it completes (or cancelled)."""
     return comm.isend(encode(value), dest=dest, tag=tag)
 
 
