@@ -415,6 +415,27 @@ def test_a_wait_on_a_rank_that_never_answers_ends_at_the_deadline(cluster, comm)
         silent.Free()
 
 
+def test_a_holder_whose_fetcher_never_reports_is_free_again_after_the_deadline():
+    """A large object's holder sends to one fetcher at a time; a fetcher that died never reports its end
+    (DirDone). After ``stale_after`` seconds (peer_timeout) the holder counts as free again, the fetcher
+    queued first gets it, and the object is not stuck for the rest of the job (a directory driven by hand,
+    on any world size)."""
+    import time
+    from shmstore.mpi.directory import SPREAD_MIN, WAIT, Directory
+    d = Directory(stale_after=0.2)
+    queued: list = []
+    d.handle(W.DirAdd(["m"], 0, [SPREAD_MIN * 4]), lambda v: None)
+    assert d.handle(W.DirSource("m", 1, token=11), lambda v: None) == 0  # node 1 fetches, then dies
+    assert d.handle(W.DirSource("m", 2, token=12), queued.append) is WAIT
+    assert d.handle(W.DirSource("m", 3, token=13), lambda v: None) is WAIT and queued == []
+    time.sleep(0.25)
+    later: list = []
+    assert d.handle(W.DirSource("m", 4, token=14), later.append) is WAIT  # node 2, queued first, got it
+    assert queued == [0] and later == []
+    d.handle(W.DirDone("m", 0, 2, "copied", SPREAD_MIN * 4, 1.0, 12), lambda v: None)  # a holder more
+    assert d.get("m") == [0, 2]
+
+
 def test_directory_stays_exact_under_concurrent_put_fetch_migrate_delete(cluster, comm, key):
     """Every rank puts, fetches, migrates and deletes shared keys at once. Afterwards every copy that
     really exists (asked node by node) is in the directory: a race may leave an entry naming a node whose
