@@ -401,7 +401,7 @@ class Cluster:
         elif not self._closed:
             self._closed = True
             _OPEN.discard(self)
-            abort.leave(self)
+            abort.leave(self, exc)
 
     def __repr__(self) -> str:
         return f"<shmstore.mpi.Cluster rank {self.rank}/{self.size} node {self.node!r} of {self.nodes}>"
