@@ -1,6 +1,7 @@
 """Chaos run: worker processes hammer one spilling store while processes are killed at random.
 
     python scripts/chaos.py [--seed N] [--rounds 20] [--seconds 10] [--workers 4] [--capacity 16MiB]
+                            [--unlink-every 3] [--no-spill-kills]
     python scripts/chaos.py --hours 4          # rounds until the time is up
 
 Each worker puts, gets (whole and sliced), deletes, writes through writers,
@@ -9,9 +10,15 @@ with checksummed values: every value carries a header with its own length
 and CRC, so any reader can verify any object. Workers journal what they do
 (intent before, completion after) in append-only files that survive SIGKILL.
 
-Meanwhile the run SIGKILLs and SIGTERMs random workers (respawning them)
-and the spill process. After each round it kills every worker, lets the
-janitor reclaim them, and checks:
+Meanwhile the run SIGKILLs and SIGTERMs random workers (respawning them),
+half of the time while a move is in flight, and the spill process. Every
+``--unlink-every`` rounds, at a random moment, it also unlinks the store's
+names in /dev/shm behind its back (what an ``rm`` or a cleaner does) and
+makes a new store under the name at once: the old store's clients (workers
+alive then, and this run) go on using it, workers started later use the
+new one, and both share the spill directory. After each round it kills
+every worker, lets the janitor reclaim them, and checks, in each store the
+run holds (every worker journals which store it uses):
 
 - every object whose put returned and that was not deleted reads back
   byte-identical; every object whose delete returned is gone; objects of
@@ -20,8 +27,9 @@ janitor reclaim them, and checks:
 - ``store.check()`` finds no inconsistency, and each level's ``used`` in
   ``get_capacity()`` equals what the listed objects hold;
 
-and at the end, that nothing of the store is left in /dev/shm or the spill
-directory. The seed is printed first: a failure reproduces (up to timing)
+then lets the old store go (it removes its own files, and no name: the new
+store keeps working), and at the end checks that nothing of either store is
+left in /dev/shm or the spill directory. The seed is printed first: a failure reproduces (up to timing)
 with ``--seed``.
 """
 from __future__ import annotations
@@ -47,6 +55,7 @@ sys.path.insert(0, ROOT)
 
 import shmstore  # noqa: E402
 from shmstore import Level  # noqa: E402
+from shmstore.kernel import layout as L  # noqa: E402
 
 MAGIC = 0x5EEDC0DE
 _HEADER = np.dtype([("magic", "<u4"), ("crc", "<u4"), ("length", "<u8")])
@@ -86,6 +95,12 @@ def verify(obj: Any) -> int:
     return crc
 
 
+def store_id(store: shmstore.Store) -> str:
+    """Which store, of those that had the name, ``store`` is: its creator and creation time."""
+    h = L.unpack_header(store._node.buf)  # type: ignore[union-attr]
+    return f"{h.creator_pid}-{h.created!r}"
+
+
 def value_bytes(obj: Any) -> bytes:
     """The bytes a writer stores for a value (raw form)."""
     if isinstance(obj, dict):
@@ -105,6 +120,7 @@ class Worker:
         self.held: list[Any] = []       # views, readers, open writers kept alive
         self.pinned: list[str] = []
         self.n = 0
+        self.note("S", store_id(store))  # the store its keys live in
 
     def note(self, *fields: Any) -> None:
         os.write(self.fd, (" ".join(map(str, fields)) + "\n").encode())
@@ -262,7 +278,7 @@ class Worker:
 def worker_main(args: argparse.Namespace) -> int:
     rng = random.Random(f"{args.seed}-{args.tag}")
     with shmstore.connect(args.name, capacity=args.capacity, spill_dir=args.spill_dir, lock_timeout=30,
-                          spill_timeout=30, prefault=0) as store:
+                          spill_timeout=30, prefault=0, max_objects=args.max_objects) as store:
         print("ready", flush=True)
         Worker(store, args.journal, rng, args.tag).run()
     return 0
@@ -278,14 +294,20 @@ class Journal:
         self.state: dict[str, str] = {}   # P put begun, p put returned, F put failed, D delete begun, d deleted,
         #                                   O overwrite begun (o returned, f failed: back to p)
         self.old: dict[str, int] = {}     # the CRC an overwrite begun replaces
+        self.where: dict[str, str] = {}   # the store (incarnation) of each key
 
     def read(self, path: str) -> None:
+        where = ""
         with open(path) as f:
             for line in f:
                 parts = line.split()
                 if len(parts) < 2 or not line.endswith("\n"):
                     continue  # a line cut by the kill
                 op, key = parts[0], parts[1]
+                if op == "S":
+                    where = key
+                    continue
+                self.where[key] = where
                 if op == "CORRUPT":
                     raise AssertionError(f"worker read corrupt {key!r}: {' '.join(parts[2:])}")
                 if op == "P":
@@ -300,12 +322,13 @@ class Journal:
 
 
 class Chaos:
-    """One chaos run over one store (see the module docstring)."""
+    """One chaos run over one store name (see the module docstring)."""
 
     def __init__(self, seed: int, workers: int = 4, capacity: str = "16MiB", kill_spill: bool = True,
-                 max_objects: int = 65536, log: Callable[[str], None] = print) -> None:
+                 max_objects: int = 65536, log: Callable[[str], None] = print, unlink_every: int = 0) -> None:
         self.seed, self.nworkers, self.capacity, self.kill_spill = seed, workers, capacity, kill_spill
         self.max_objects = max_objects  # small: the table runs out and clients take entries from each other
+        self.unlink_every = unlink_every  # rounds between two unlinks of the store's names (0: never)
         self.rng = random.Random(seed)
         self.log = log
         self.name = f"chaos{uuid.uuid4().hex[:8]}"
@@ -314,10 +337,16 @@ class Chaos:
         os.mkdir(self.spill_dir)
         self.procs: dict[int, subprocess.Popen] = {}
         self.incarnation = 0
-        self.kills = {"worker SIGKILL": 0, "worker SIGTERM": 0, "spill SIGKILL": 0, "spill SIGTERM": 0}
-        self.store: shmstore.Store | None = None
+        self.kills = {"worker SIGKILL": 0, "worker SIGTERM": 0, "spill SIGKILL": 0, "spill SIGTERM": 0,
+                      "names unlinked": 0}
+        self.store: shmstore.Store | None = None  # the store that has the name
+        self.old: list[shmstore.Store] = []       # stores whose names were unlinked this round, still in use
         self.journal = Journal()
         self.checked = 0
+
+    def _connect(self) -> shmstore.Store:
+        return shmstore.connect(self.name, capacity=self.capacity, spill_dir=self.spill_dir, lock_timeout=30,
+                                spill_timeout=30, prefault=0, max_objects=self.max_objects)
 
     # ---- processes ------------------------------------------------------------
     def _spawn(self, wid: int) -> None:
@@ -325,7 +354,7 @@ class Chaos:
         tag = f"w{wid}i{self.incarnation}"
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--name", self.name, "--tag", tag,
                "--seed", str(self.seed), "--capacity", self.capacity, "--spill-dir", self.spill_dir,
-               "--journal", os.path.join(self.dir, tag + ".log")]
+               "--max-objects", str(self.max_objects), "--journal", os.path.join(self.dir, tag + ".log")]
         env = dict(os.environ, PYTHONPATH=ROOT)
         # files, not pipes: a spill process the worker starts inherits its stderr and outlives it
         with open(os.path.join(self.dir, tag + ".err"), "wb") as err:
@@ -350,10 +379,20 @@ class Chaos:
         p = self.procs[wid]
         if p.poll() is not None:
             self._reap(p, expect_killed=False)
+        if self.rng.random() < 0.5:
+            self._wait_for_a_move(0.3)
         p.send_signal(sig)
         self._reap(p, expect_killed=True)
         self.kills["worker " + signal.Signals(sig).name] += 1
         self._spawn(wid)
+
+    def _wait_for_a_move(self, seconds: float) -> None:
+        """Wait (a while at most) for the spill process to be moving an object: the worker killed then may be
+        reading, pinning, overwriting or deleting that very object."""
+        buf = self.store._node.buf  # type: ignore[union-attr]
+        deadline = time.monotonic() + seconds
+        while not L.unpack_spill_state(buf).moving and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def _kill_spill(self, sig: int) -> None:
         pid = self.store.status()["spill"]["pid"] if self.store is not None else 0
@@ -364,19 +403,48 @@ class Chaos:
             except ProcessLookupError:
                 pass
 
+    def _unlink_names(self) -> None:
+        """Unlink the store's names in /dev/shm behind its back, as ``rm`` or a cleaner would, and make a new
+        store under the name at once.
+
+        The old store goes on serving its clients (the workers alive now, this
+        run); workers started from now on use the new one, and both spill into
+        the same directory. The old store keeps a live spill process (started
+        again if it was killed, then never killed): a spill process started
+        later would open the new store by name, so the old store could not
+        have one again.
+        """
+        old = self.store
+        assert old is not None
+        self._settle_spill(old)
+        prefix = old._node.prefix.lstrip("/")  # type: ignore[union-attr]
+        for path in (f"/dev/shm/{prefix}-meta", f"/dev/shm/{prefix}-arena", f"/dev/shm/sem.{prefix}-wake"):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self.kills["names unlinked"] += 1
+        self.old.append(old)
+        self.store = self._connect()
+
     # ---- rounds ----------------------------------------------------------------
-    def round(self, seconds: float) -> None:
+    def round(self, seconds: float, unlink: bool = False) -> None:
         for wid in range(self.nworkers):
             if wid not in self.procs or self.procs[wid].poll() is not None:
                 if wid in self.procs:
                     self._reap(self.procs[wid], expect_killed=False)
                 self._spawn(wid)
-        end = time.monotonic() + seconds
+        start = time.monotonic()
+        end, unlink_at = start + seconds, start + self.rng.uniform(0.2, 0.8) * seconds if unlink else None
         while time.monotonic() < end:
             time.sleep(self.rng.uniform(0.05, 0.5))
             for p in self.procs.values():
                 if p.poll() is not None:
                     self._reap(p, expect_killed=False)
+            if unlink_at is not None and time.monotonic() > unlink_at:
+                unlink_at = None
+                self._unlink_names()
+                continue
             r = self.rng.random()
             if r < 0.55:
                 self._kill_worker(signal.SIGKILL)
@@ -394,24 +462,30 @@ class Chaos:
         self.procs.clear()
         self.verify()
 
-    def _settle(self) -> None:
-        """Wait for a live spill process to reclaim every dead worker and finish recovery."""
-        store = self.store
+    def _settle_spill(self, store: shmstore.Store) -> dict[str, Any]:
+        """Wait for a live spill process (started again if it was killed) past its recovery: a fresh heartbeat."""
         deadline = time.monotonic() + 60
         while True:
             _ = store.spill_pid  # restarts it if it was killed
             st = store.status()
-            busy = [c for c in st["clients"] if c["pid"] != os.getpid()]
-            if not busy and st["spill"]["alive"] and st["spill"]["pid"] > 0:
-                if time.time() - st["spill"]["heartbeat"] < 0.5:
-                    return
+            if st["spill"]["alive"] and st["spill"]["pid"] > 0 and time.time() - st["spill"]["heartbeat"] < 0.5:
+                return st
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no spill process serves the store within 60 s (seed {self.seed}): {st}")
+            time.sleep(0.05)
+
+    def _settle(self, store: shmstore.Store) -> None:
+        """Wait for a live spill process to reclaim every dead worker and finish recovery."""
+        deadline = time.monotonic() + 60
+        while True:
+            st = self._settle_spill(store)
+            if not [c for c in st["clients"] if c["pid"] != os.getpid()]:
+                return
             if time.monotonic() > deadline:
                 raise AssertionError(f"dead workers not reclaimed within 60 s (seed {self.seed}): {st}")
             time.sleep(0.05)
 
     def verify(self) -> None:
-        store = self.store
-        self._settle()
         journal = Journal()
         for name in sorted(os.listdir(self.dir)):
             if name.endswith(".log"):
@@ -419,11 +493,22 @@ class Chaos:
         for key, state in self.journal.state.items():  # the run's own deletes
             journal.state[key] = state
         self.journal = journal
+        assert self.store is not None
+        for store in [*self.old, self.store]:  # every store of the name this run holds
+            self._settle(store)
+            self._verify_store(store)
+        while self.old:  # stores whose names went: they go now, with their own files only
+            self._retire(self.old.pop())
+
+    def _verify_store(self, store: shmstore.Store) -> None:
+        journal, here = self.journal, store_id(store)
         listed = {i.key: i for i in store.list()}
         for key in listed:
-            if key not in journal.state:
-                raise AssertionError(f"{key!r} is visible but no worker put it (seed {self.seed})")
+            if key not in journal.state or journal.where.get(key) != here:
+                raise AssertionError(f"{key!r} is visible but no worker of this store put it (seed {self.seed})")
         for key, state in journal.state.items():
+            if journal.where.get(key) != here:
+                continue  # another store's: gone with it, or checked there
             present = key in listed
             if state in ("p", "O") and not present:
                 what = "overwritten" if state == "O" else "put"
@@ -433,28 +518,41 @@ class Chaos:
                 raise AssertionError(f"{key!r} is visible after its {after}"
                                      f" (seed {self.seed})")
             if present:
-                try:
-                    obj = store.get(key)
-                except shmstore.ObjectNotFoundError:
-                    raise AssertionError(f"{key!r} is listed but get() does not find it: a ghost "
-                                         f"(seed {self.seed})") from None
-                try:
-                    crc = verify(obj)
-                except AssertionError as exc:
-                    raise AssertionError(f"{key!r} reads back damaged: {exc} (seed {self.seed})") from None
-                if crc != journal.crc[key] and not (state == "O" and crc == journal.old[key]):
-                    raise AssertionError(f"{key!r} reads back another value than was put (seed {self.seed})")
-                del obj
-                self.checked += 1
+                self._read_back(store, key, state)
         problems = store.check()
         if problems:
             raise AssertionError(f"store.check() after round (seed {self.seed}):\n  " + "\n  ".join(problems[:30]))
-        self._check_capacity()
-        self._trim(listed)
+        self._check_capacity(store)
+        self._trim(store, listed)
 
-    def _check_capacity(self) -> None:
+    def _read_back(self, store: shmstore.Store, key: str, state: str) -> None:
+        journal = self.journal
+        try:
+            obj = store.get(key)
+        except shmstore.ObjectNotFoundError:
+            raise AssertionError(f"{key!r} is listed but get() does not find it: a ghost "
+                                 f"(seed {self.seed})") from None
+        try:
+            crc = verify(obj)
+        except AssertionError as exc:
+            raise AssertionError(f"{key!r} reads back damaged: {exc} (seed {self.seed})") from None
+        if crc != journal.crc[key] and not (state == "O" and crc == journal.old[key]):
+            raise AssertionError(f"{key!r} reads back another value than was put (seed {self.seed})")
+        del obj
+        self.checked += 1
+
+    def _retire(self, store: shmstore.Store) -> None:
+        """Let a store whose names went go: its spill process removes it, its own files and nothing else."""
+        pid = store.spill_pid
+        store.close()
+        deadline = time.monotonic() + 20
+        while pid_running(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if pid_running(pid):
+            raise AssertionError(f"the spill process of a store whose names went stays (seed {self.seed})")
+
+    def _check_capacity(self, store: shmstore.Store) -> None:
         """Each level's used bytes equal its objects', read while the spill process is idle."""
-        store = self.store
         for _ in range(200):  # a background spill may run between the two looks: look again
             cap = store.get_capacity()
             infos = store.list()
@@ -465,13 +563,13 @@ class Chaos:
             time.sleep(0.02)
         raise AssertionError(f"get_capacity() {cap} does not match the objects {want} (seed {self.seed})")
 
-    def _trim(self, listed: dict) -> None:
+    def _trim(self, store: shmstore.Store, listed: dict) -> None:
         """Delete some objects so that the store keeps spilling rather than filling up."""
         for key in list(listed):
             if self.rng.random() < 0.5:
                 self.journal.state[key] = "D"
                 try:
-                    self.store.delete(key)
+                    store.delete(key)
                 except shmstore.ObjectNotFoundError:
                     pass
                 self.journal.state[key] = "d"
@@ -479,24 +577,23 @@ class Chaos:
     # ---- the whole run ----------------------------------------------------------
     def run(self, rounds: int | None = None, seconds: float = 10.0, hours: float | None = None) -> dict:
         self.log(f"chaos: seed {self.seed}, {self.nworkers} workers, capacity {self.capacity}, "
-                 f"max_objects {self.max_objects}, store {self.name}")
+                 f"max_objects {self.max_objects}, names unlinked every {self.unlink_every or 'no'} round(s), "
+                 f"store {self.name}")
         stop = time.monotonic() + hours * 3600 if hours else None
         n = 0
         prefix = f"shmstore-{os.getuid()}-{self.name}-"
         try:
-            self.store = shmstore.connect(self.name, capacity=self.capacity, spill_dir=self.spill_dir,
-                                          lock_timeout=30, spill_timeout=30, prefault=0,
-                                          max_objects=self.max_objects)
+            self.store = self._connect()
             while (rounds is None or n < rounds) and (stop is None or time.monotonic() < stop):
-                self.round(seconds)
+                self.round(seconds, unlink=bool(self.unlink_every) and (n + 1) % self.unlink_every == 0)
                 n += 1
                 self.log(f"chaos: round {n} ok: {self.checked} reads verified, kills {self.kills}")
             self.store.close()
             self.store = None
             deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and (_leftovers(prefix) or os.listdir(self.spill_dir)):
+            while time.monotonic() < deadline and (_leftovers(prefix) or _files(self.spill_dir)):
                 time.sleep(0.05)
-            left = _leftovers(prefix) + os.listdir(self.spill_dir)
+            left = _leftovers(prefix) + _files(self.spill_dir)
             if left:
                 raise AssertionError(f"left behind after every process exited (seed {self.seed}): {left}")
         finally:
@@ -504,11 +601,25 @@ class Chaos:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-            if self.store is not None:
-                self.store.close()
+            for store in [*self.old, self.store]:
+                if store is not None:
+                    store.close()
             shmstore.destroy(self.name, force=True)
             shutil.rmtree(self.dir, ignore_errors=True)
         return {"seed": self.seed, "rounds": n, "verified": self.checked, "kills": self.kills}
+
+
+def _files(spill_dir: str) -> list[str]:
+    """What is left in the spill directory, but the spill processes' logs (which outlive their stores)."""
+    return [f for f in os.listdir(spill_dir) if not f.endswith(".log")]
+
+
+def pid_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
 
 
 def _leftovers(prefix: str) -> list[str]:
@@ -525,6 +636,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--capacity", default="16MiB")
     p.add_argument("--max-objects", type=int, default=65536, help="small values make clients steal table entries")
     p.add_argument("--no-spill-kills", action="store_true", help="never kill the spill process")
+    p.add_argument("--unlink-every", type=int, default=3, metavar="N",
+                   help="unlink the store's names behind its back once every N rounds (0: never)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     for hidden in ("--name", "--tag", "--spill-dir", "--journal"):
@@ -534,8 +647,8 @@ def main(argv: list[str] | None = None) -> int:
         return worker_main(args)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     rounds = args.rounds if args.rounds is not None or args.hours else 20
-    result = Chaos(seed, args.workers, args.capacity, not args.no_spill_kills,
-                   args.max_objects).run(rounds, args.seconds, args.hours)
+    result = Chaos(seed, args.workers, args.capacity, not args.no_spill_kills, args.max_objects,
+                   unlink_every=args.unlink_every).run(rounds, args.seconds, args.hours)
     print(json.dumps(result) if args.json else f"chaos: passed: {result}")
     return 0
 

@@ -27,10 +27,12 @@ directory of another user or anything else is refused with
 from __future__ import annotations
 
 import errno
+import fcntl
 import mmap
 import os
 import stat
 import threading
+import time
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -45,6 +47,7 @@ from .base import Level
 __all__ = ["SpillDir", "CHUNK", "DiskLevel", "FileSink", "disk_error", "incarnation"]
 
 CHUNK = 64 << 20  # bytes per write/read call: progress granularity, bounded memory
+LINGER = 2.0  # seconds a removal waits for other processes to let the directory go
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | SAFE_OPEN
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | SAFE_OPEN  # O_EXCL: never an existing file, FIFO or link
 
@@ -90,17 +93,29 @@ class SpillDir:
         if fd >= 0:
             return fd
         with self._lock:
+            for _ in range(100):
+                if self._fd >= 0:
+                    break
+                fd = self._open()
+                _hold(fd, fcntl.LOCK_SH)  # while we have it open (see remove_all)
+                if not os.fstat(fd).st_nlink:
+                    os.close(fd)  # removed between our open and our lock: make it again
+                    continue
+                self._fd = fd
             if self._fd < 0:
-                root = make_dirs(self.root)
-                try:
-                    made = make_dir(root, self.folder, self.path)
-                    fd = self._open_checked(root)
-                    if made:
-                        os.fchmod(fd, 0o700)  # the umask may have narrowed it (to unwritable, even)
-                    self._fd = fd
-                finally:
-                    os.close(root)
+                raise OSError(errno.ENOENT, f"spill directory {self.path!r} keeps being removed under us")
             return self._fd
+
+    def _open(self) -> int:
+        root = make_dirs(self.root)
+        try:
+            made = make_dir(root, self.folder, self.path)
+            fd = self._open_checked(root)
+            if made:
+                os.fchmod(fd, 0o700)  # the umask may have narrowed it (to unwritable, even)
+            return fd
+        finally:
+            os.close(root)
 
     def _open_checked(self, root: int) -> int:
         try:
@@ -278,10 +293,20 @@ class SpillDir:
         return [n[len(own):] for n in os.listdir(dfd) if n.startswith(own)]
 
     def remove_all(self) -> int:
-        """Remove our files and then the directory itself, unless other files are left in it (another
-        incarnation's); returns how many files of ours there were.
+        """Remove our files and then the directory itself, unless another process has it open or other
+        files are left in it (another incarnation's); returns how many files of ours there were. This
+        process's descriptor of the directory goes too.
 
         Leaves alone what is not ours (a planted symlink stays, untouched).
+
+        Every process holds a shared ``flock`` on the directory while it has
+        it open, and the directory is removed only under an exclusive one.
+        The race without, step by step: two stores of one name share the
+        directory (see the module notes); the new one has no file yet; the
+        old one goes and removes the empty directory; a process of the new
+        store keeps the descriptor of the removed directory while another
+        makes the directory again and spills into it: each reads "no such
+        file" for the other's objects.
         """
         dfd = self._existing()
         if dfd < 0:
@@ -292,11 +317,27 @@ class SpillDir:
                 os.unlink(self._own + name, dir_fd=dfd)
             except OSError:
                 pass
-        try:
-            os.rmdir(self.path)
-        except OSError:
-            pass
+        self._remove_dir(dfd)
+        self.close()
         return len(names)
+
+    def _remove_dir(self, dfd: int) -> None:
+        """Remove the directory once no other process has it open (waiting ``LINGER`` seconds at most: the
+        last client of a store wakes its spill process before it lets the directory go), if it is empty."""
+        deadline = time.monotonic() + LINGER
+        while True:
+            try:
+                _hold(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return  # in use (by another store of this name): the last to go removes it
+                time.sleep(0.01)
+        try:
+            if os.fstat(dfd).st_ino == os.lstat(self.path).st_ino:
+                os.rmdir(self.path)
+        except OSError:  # files are left (another store's), or it is gone already
+            pass
 
     def close(self) -> None:
         """Release this process's descriptor of the directory; idempotent."""
@@ -310,6 +351,24 @@ class SpillDir:
             self.close()
         except (OSError, ShmStoreError):  # a finalizer never raises; the descriptor closes at exit anyway
             pass
+
+
+def _hold(fd: int, how: int) -> bool:
+    """``flock(fd, how)``: True when held, False on a file system without such locks (there the directory
+    is removed as before, whoever has it open).
+
+    Raises:
+        BlockingIOError: ``LOCK_NB`` and another process holds a lock that excludes it.
+    """
+    try:
+        fcntl.flock(fd, how)
+    except BlockingIOError:
+        raise
+    except OSError as exc:
+        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF):
+            return False
+        raise
+    return True
 
 
 # ---- the level -------------------------------------------------------------------------
