@@ -431,3 +431,26 @@ def test_a_spill_process_started_for_an_unlinked_store_leaves_the_new_one_alone(
         old.close()
         if child is not None and child.proc.poll() is None:
             child.kill()
+
+
+def test_the_old_store_leaves_the_directory_to_a_new_one_that_has_it_open(name, tmp_path):
+    """The new store has the directory open but no file in it yet when the old store goes: the old store's
+    removal took the empty directory, the new store's next spill failed (``No such file or directory``: its
+    descriptor named the removed directory) or, once another process made the directory again, went where
+    the others could not see it."""
+    old = _old_store_with_spilled_objects(name, str(tmp_path))
+    try:
+        _unlink_names(old)
+        folder = old._node.disk.path
+        with shmstore.connect(name, capacity="8MiB", spill_dir=str(tmp_path)) as new:
+            assert new.check() == []  # looks into the directory (none of its files there yet)
+            old_spill = old.spill_pid
+            old.close()
+            assert wait_for(lambda: not spill_running(old_spill), timeout=15)  # gone, its files with it
+            assert os.path.isdir(folder) and not os.listdir(folder)
+            new.put("x", b"x" * 1000, levels=[Level.DISK])
+            with shmstore.connect(name, create=False) as other:  # a descriptor of its own
+                assert bytes(other.get("x")) == b"x" * 1000
+        assert wait_for(lambda: not os.path.exists(folder), timeout=15)
+    finally:
+        old.close()
