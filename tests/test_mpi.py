@@ -317,42 +317,57 @@ def test_a_rank_raising_inside_cluster_ends_the_job_in_seconds_with_its_tracebac
 DEADLINE = 2.0  # SHMSTORE_PEER_TIMEOUT for the dead-rank tests: seconds
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("op", ["get", "get_many", "fetch", "migrate", "delete", "overwrite"])
-def test_survivors_of_a_sigkilled_rank_raise_within_the_deadline(op):
-    """Automatic cleanup disabled (as fault-tolerant codes run), node n1's only rank SIGKILLed while the ranks
-    of node n0 run ``op`` over and over on objects only n1 holds (keys whose home is n0, or n1): each survivor
-    raises a TransferError naming the operation, the key and rank 2 within the deadline (``peer_timeout``;
-    twice it for a migration, whose destination waits on the source), once while the kill lands, mid-transfer
-    where large objects move, and again on the next call; never a hang or a spin (issue 19, item 4). A delete
-    that returned leaves the key put-able on its node.
+@pytest.mark.parametrize("how", ["KILL", "STOP"])
+def test_survivors_of_a_dead_or_hung_rank_raise_within_the_deadline(op, how):
+    """Automatic cleanup disabled (as fault-tolerant codes run), node n1's only rank SIGKILLed (or SIGSTOPped:
+    hung) while the ranks of node n0 run ``op`` over and over on objects only n1 holds (keys whose home is n0,
+    or n1): each survivor raises a TransferError naming the operation, the key and rank 2 within the deadline
+    (``peer_timeout``; twice it for a migration, whose destination waits on the source), once while the
+    signal lands, mid-transfer where large objects move, and again on the next call; never a hang or a spin
+    (issue 19, item 4). A delete that returned leaves the key put-able on its node.
 
-    The job runs MPICH over libfabric's sockets provider: with the wheel's default (UCX), the death of a rank
-    in this emulated two-node setup aborts or crashes its peers inside MPI (a CMA read from the dead process,
-    attaching its shared memory), which no library above MPI can prevent; libfabric reports it as an error."""
+    The SIGKILL jobs run MPICH over libfabric's sockets provider: with the wheel's default (UCX), the death of
+    a rank in this emulated two-node setup aborts or crashes its peers inside MPI (a CMA read from the dead
+    process, attaching its shared memory), which no library above MPI can prevent; libfabric reports it as an
+    error, though MPICH itself still declares some of those errors fatal and aborts the survivor (about one
+    job in ten here): such a job, and only such, is run again, twice at most. A stopped rank keeps its
+    connections: those jobs run on the default transport."""
     from helpers import unique_name
-    name = unique_name("d")
     job = os.path.join(ROOT, "tests", "mpi", "jobs", "survive_dead_rank.py")
-    env = dict(_env(), SHMSTORE_PEER_TIMEOUT=str(DEADLINE), MPIEXEC_TIMEOUT="90", MPIR_CVAR_CH4_NETMOD="ofi",
-               FI_PROVIDER="sockets")
-    mpich = _mpich_segments()
-    try:
-        out, _ = _run_job([MPIEXEC, "-disable-auto-cleanup", "-launcher", "fork", "-hosts", "n0:2,n1:1", "-n", "3",
-                           sys.executable, "-m", "mpi4py", job, name, op], env, name, 110)
-        assert f"killing rank 2 (leader of n1) during {op}" in out, out[-4000:]
-        assert "EXISTS" not in out, out[-4000:]  # a delete returned, and the key was not put-able after it
-        limit = DEADLINE * (2 if op == "migrate" else 1) + 2.0  # + slack for a loaded machine
-        results = {tuple(line.split()[1:4]): line for line in out.splitlines() if line.startswith("RESULT")}
-        for rank in ("0", "1"):
-            for phase in ("during", "after"):
-                line = results.get((rank, op, phase))
-                assert line is not None and " raised " in line, (rank, phase, out[-4000:])
-                took = float(line.split(" raised ")[1].split()[0])
-                assert took <= limit, (took, line)
-                assert f"TransferError {op} of " in line and "(rank 2)" in line, line
-                assert "peer_timeout" in line or "MPI failed" in line, line  # a deadline, or MPI saying so
-        assert wait_for(lambda: not [s for s in shm_segments() if f"-{name}-" in s], timeout=20)
-    finally:
-        for node in ("n0", "n1"):
-            shmstore.destroy(name, force=True, node=node)
-        _remove_orphaned_mpich_segments(mpich)
+    env = dict(_env(), SHMSTORE_PEER_TIMEOUT=str(DEADLINE), MPIEXEC_TIMEOUT="90")
+    if how == "KILL":
+        env.update(MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="sockets")
+    for attempt in range(3):
+        name = unique_name("d")
+        mpich = _mpich_segments()
+        try:
+            out, _ = _run_job([MPIEXEC, "-disable-auto-cleanup", "-launcher", "fork", "-hosts", "n0:2,n1:1", "-n", "3",
+                               sys.executable, "-m", "mpi4py", job, name, op, how], env, name, 110)
+            if how == "KILL" and "Fatal error in" in out and attempt < 2:
+                continue  # MPICH aborted a survivor itself (its error, not shmstore's wait): once more
+            _check_survivors(out, op, how)
+            assert wait_for(lambda n=name: not [s for s in shm_segments() if f"-{n}-" in s], timeout=20)
+            return
+        finally:
+            for node in ("n0", "n1"):
+                shmstore.destroy(name, force=True, node=node)
+            _remove_orphaned_mpich_segments(mpich)
+
+
+def _check_survivors(out: str, op: str, how: str) -> None:
+    """Each survivor raised within the deadline, during and after, naming the operation and rank 2."""
+    verb = "killing" if how == "KILL" else "stopping"
+    assert f"{verb} rank 2 (leader of n1) during {op}" in out, out[-4000:]
+    assert "EXISTS" not in out, out[-4000:]  # a delete returned, and the key was not put-able after it
+    limit = DEADLINE * (2 if op == "migrate" else 1) + 2.0  # + slack for a loaded machine
+    results = {tuple(line.split()[1:4]): line for line in out.splitlines() if line.startswith("RESULT")}
+    for rank in ("0", "1"):
+        for phase in ("during", "after"):
+            line = results.get((rank, op, phase))
+            assert line is not None and " raised " in line, f"rank {rank}, {phase}:\n{out[-4000:]}"
+            took = float(line.split(" raised ")[1].split()[0])
+            assert took <= limit, (took, line)
+            assert f"TransferError {op} of " in line and "(rank 2)" in line, line
+            assert "peer_timeout" in line or "MPI failed" in line, line  # a deadline, or MPI saying so

@@ -1,14 +1,16 @@
 """An MPI job, run with automatic cleanup disabled, whose rank 2 (node n1's only rank: its service answers for
 that node) is SIGKILLed while the other ranks run one operation over and over on objects that need node n1.
 
-    mpiexec -disable-auto-cleanup -launcher fork -hosts n0:2,n1:1 -n 3 python -m mpi4py survive_dead_rank.py NAME OP
+    mpiexec -disable-auto-cleanup -launcher fork -hosts n0:2,n1:1 -n 3 python -m mpi4py \
+        survive_dead_rank.py NAME OP [KILL|STOP]
 
 OP is one of get, get_many, fetch, migrate, delete, overwrite. Ranks 0 and 1 (node n0) work on objects that
 only node n1 holds: rank 0 on keys whose home (their entry in the location directory) is node n0, rank 1 on
 keys whose home is node n1. (Ranks on the dead rank's own node are no survivors: its launcher proxy kills
 them, automatic cleanup or not.) Each survivor repeats OP (dropping what it fetched, so that the next call
 fetches again) until a call raises: the kill lands during a call, mid-transfer where OP moves large objects
-(rank 2 dies while its service sends).
+(rank 2 dies while its service sends). With STOP rank 2 hangs instead (SIGSTOP) until the survivors
+are done.
 Then it calls OP once more, on a key it has not used, now that rank 2 is known dead. It prints one line per
 phase: ``RESULT rank op during|after raised SECONDS TYPE MESSAGE`` (the seconds that call took) or
 ``RESULT rank op during|after returned N``. A delete that returned must leave the key put-able on this node
@@ -98,8 +100,9 @@ def run(c: Cluster, op: str, keys: list[str], first: int, calls: int) -> tuple[s
     return f"returned {i - first}", i
 
 
-def kill_self(c: Cluster, op: str) -> None:
-    """Die mid-transfer where this node's service sends one (else after a moment): SIGKILL, nothing cleaned."""
+def kill_self(c: Cluster, op: str, how: signal.Signals) -> None:
+    """Die (SIGKILL: nothing cleaned) or hang (SIGSTOP) mid-transfer where this node's service sends one, else
+    after a moment."""
     service = c._service
     deadline = time.monotonic() + random.Random(c.store.name).uniform(0.05, 0.3)
     while time.monotonic() < deadline:
@@ -107,22 +110,24 @@ def kill_self(c: Cluster, op: str) -> None:
                 any(t.name == "shmstore-mpi-send" and t.is_alive() for t in service._workers):
             break
         time.sleep(0.0005)
-    print(f"killing rank {c.rank} (leader of {c.node}) during {op}", flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
+    print(f"{'killing' if how == signal.SIGKILL else 'stopping'} rank {c.rank} (leader of {c.node}) during {op}",
+          flush=True)
+    os.kill(os.getpid(), how)
 
 
-def main(name: str, op: str) -> None:
+def main(name: str, op: str, how: signal.Signals) -> None:
     faulthandler.dump_traceback_later(GIVE_UP + 5, exit=False)  # where a hang is, in the test's output
     with Cluster(name=name, capacity="256MiB", prefault=0) as c:
         assert c.size == 3 and c.nodes == ["n0", "n1"], (c.size, c.nodes)
         survivors = c.comm.Split(MPI.UNDEFINED if c.rank == VICTIM else 0, c.rank)
+        victim = c.comm.bcast(os.getpid(), root=VICTIM)  # (one host: emulated nodes)
         if c.rank == VICTIM:  # every object the survivors use: only node n1 holds it
             for r in (0, 1):
                 for i, k in enumerate(keys_for(r)):
                     c.put(k, value(i))
         c.barrier()
         if c.rank == VICTIM:
-            threading.Thread(target=kill_self, args=(c, op), daemon=True).start()
+            threading.Thread(target=kill_self, args=(c, op, how), daemon=True).start()
             time.sleep(GIVE_UP)
         keys = keys_for(c.rank)
         during, nxt = run(c, op, keys, 0, len(keys))
@@ -130,8 +135,10 @@ def main(name: str, op: str) -> None:
         after, _ = run(c, op, keys, nxt + 1, 1)  # a key not touched yet (the next one may be half done)
         print(f"RESULT {c.rank} {op} after {after}", flush=True)
         quiet_barrier(survivors)  # rank 0 serves node n0: it stays until rank 1 is done too
-        os._exit(0)  # no collective close: rank 2 is dead (the spill processes reclaim what this rank held)
+        if c.rank == 0 and how == signal.SIGSTOP:
+            os.kill(victim, signal.SIGKILL)  # the hung rank: the job ends with the survivors
+        os._exit(0)  # no collective close: rank 2 is gone (the spill processes reclaim what this rank held)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], signal.Signals[f"SIG{sys.argv[3] if len(sys.argv) > 3 else 'KILL'}"])
