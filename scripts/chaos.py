@@ -29,8 +29,8 @@ run holds (every worker journals which store it uses):
 
 then lets the old store go (it removes its own files, and no name: the new
 store keeps working), and at the end checks that nothing of either store is
-left in /dev/shm or the spill directory. The seed is printed first: a failure reproduces (up to timing)
-with ``--seed``.
+left in /dev/shm or the spill directory. The seed is printed first: a
+failure reproduces (up to timing) with ``--seed``.
 """
 from __future__ import annotations
 
@@ -416,7 +416,7 @@ class Chaos:
         """
         old = self.store
         assert old is not None
-        self._settle_spill(old)
+        self._serving(old)
         prefix = old._node.prefix.lstrip("/")  # type: ignore[union-attr]
         for path in (f"/dev/shm/{prefix}-meta", f"/dev/shm/{prefix}-arena", f"/dev/shm/sem.{prefix}-wake"):
             try:
@@ -473,6 +473,31 @@ class Chaos:
             if time.monotonic() > deadline:
                 raise AssertionError(f"no spill process serves the store within 60 s (seed {self.seed}): {st}")
             time.sleep(0.05)
+
+    def _serving(self, store: shmstore.Store) -> None:
+        """Wait for the store's spill process to go round its loop twice from now: one that a SIGTERM
+        stopped drains and exits at the end of the round it is in, and once the store's names are gone no
+        other can be started for it."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pid = self._settle_spill(store)["spill"]["pid"]
+            if self._beats(store, pid, 2, deadline):
+                return
+        raise AssertionError(f"no spill process goes round its loop within 60 s (seed {self.seed})")
+
+    @staticmethod
+    def _beats(store: shmstore.Store, pid: int, n: int, deadline: float) -> bool:
+        """Whether spill process ``pid`` beats ``n`` times from now (False if it goes, or at the deadline)."""
+        last = time.time()
+        while n:
+            st = store.status()["spill"]
+            if st["pid"] != pid or not st["alive"] or time.monotonic() > deadline:
+                return False
+            if st["heartbeat"] > last:
+                last, n = st["heartbeat"], n - 1
+            else:
+                time.sleep(0.02)
+        return True
 
     def _settle(self, store: shmstore.Store) -> None:
         """Wait for a live spill process to reclaim every dead worker and finish recovery."""

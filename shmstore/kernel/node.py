@@ -311,6 +311,8 @@ class NodeStore:
             pid = L.spill_pid(self.buf)
             if pid_alive(pid):
                 return pid
+            if self.meta.named() is False:  # unlinked behind our back: one started now would open, by
+                return pid                  # name, another store, and leave at once (see spill/process.py)
             stderr, log = spill_output(self.log_path)
             # a session of its own: a Ctrl-C, Ctrl-\ or hangup of the creator's terminal never reaches it
             proc = subprocess.Popen(
