@@ -462,3 +462,26 @@ def test_the_old_store_leaves_the_directory_to_a_new_one_that_has_it_open(name, 
         assert wait_for(lambda: not os.path.exists(folder), timeout=15)
     finally:
         old.close()
+
+
+def test_a_forked_child_does_not_keep_the_spill_directory(tmp_path):
+    """Each process holds a lock on the spill directory while it has it open, and the directory goes only when
+    no other holds one: a child forked meanwhile lets go of what it inherited, or it would keep the directory
+    from going (for as long as it lives) once the parent has closed its store."""
+    import time
+    from shmstore.levels.disk import LINGER, SpillDir
+    d = SpillDir(str(tmp_path), "store-dir")
+    d.ensure()
+    pid = os.fork()
+    if pid == 0:  # the child lives on a while
+        time.sleep(30)
+        os._exit(0)
+    try:
+        d.close()  # the parent is done with it
+        last = SpillDir(str(tmp_path), "store-dir")  # the store's last process (its spill process) removes it
+        start = time.monotonic()
+        assert last.remove_all() == 0
+        assert not os.path.exists(d.path) and time.monotonic() - start < LINGER
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)

@@ -33,6 +33,7 @@ import os
 import stat
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -102,6 +103,7 @@ class SpillDir:
                     os.close(fd)  # removed between our open and our lock: make it again
                     continue
                 self._fd = fd
+                _held.add(self)
             if self._fd < 0:
                 raise OSError(errno.ENOENT, f"spill directory {self.path!r} keeps being removed under us")
             return self._fd
@@ -351,6 +353,26 @@ class SpillDir:
             self.close()
         except (OSError, ShmStoreError):  # a finalizer never raises; the descriptor closes at exit anyway
             pass
+
+
+_held: "weakref.WeakSet[SpillDir]" = weakref.WeakSet()  # this process's open directories (and their locks)
+
+
+def _forget_in_child() -> None:
+    """After fork: the child lets go of the directories it inherited (with their locks, which would keep a
+    store's removal from taking the directory for as long as the child lives); it opens them again if it
+    uses them."""
+    for d in list(_held):
+        if d._fd >= 0:
+            try:
+                os.close(d._fd)
+            except OSError:
+                pass
+            d._fd = -1
+        d._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _hold(fd: int, how: int) -> bool:
