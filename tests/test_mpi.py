@@ -362,7 +362,8 @@ def _check_survivors(out: str, op: str, how: str) -> None:
     assert f"{verb} rank 2 (leader of n1) during {op}" in out, out[-4000:]
     assert "EXISTS" not in out, out[-4000:]  # a delete returned, and the key was not put-able after it
     limit = DEADLINE * (2 if op == "migrate" else 1) + 2.0  # + slack for a loaded machine
-    results = {tuple(line.split()[1:4]): line for line in out.splitlines() if line.startswith("RESULT")}
+    lines = ["RESULT " + chunk.splitlines()[0] for chunk in out.split("RESULT ")[1:]]  # (the launcher may glue
+    results = {tuple(line.split()[1:4]): line for line in lines}                      # two ranks' lines)
     for rank in ("0", "1"):
         for phase in ("during", "after"):
             line = results.get((rank, op, phase))

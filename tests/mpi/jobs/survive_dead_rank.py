@@ -30,7 +30,7 @@ import numpy as np
 from mpi4py import MPI
 
 from shmstore.errors import ObjectExistsError, ShmStoreError
-from shmstore.mpi import Cluster, quiet_barrier
+from shmstore.mpi import Cluster
 from shmstore.mpi.directory import home_of
 
 VICTIM = 2
@@ -115,6 +115,16 @@ def kill_self(c: Cluster, op: str, how: signal.Signals) -> None:
     os.kill(os.getpid(), how)
 
 
+def wait_for_each_other(survivors: MPI.Comm, limit: float = 10.0) -> None:
+    """A barrier of the survivors, ``limit`` seconds at most (MPI itself may have aborted one of them)."""
+    deadline, req = time.monotonic() + limit, survivors.Ibarrier()
+    try:
+        while not req.Test() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    except MPI.Exception:
+        pass
+
+
 def main(name: str, op: str, how: signal.Signals) -> None:
     faulthandler.dump_traceback_later(GIVE_UP + 5, exit=False)  # where a hang is, in the test's output
     with Cluster(name=name, capacity="256MiB", prefault=0) as c:
@@ -134,7 +144,7 @@ def main(name: str, op: str, how: signal.Signals) -> None:
         print(f"RESULT {c.rank} {op} during {during}", flush=True)
         after, _ = run(c, op, keys, nxt + 1, 1)  # a key not touched yet (the next one may be half done)
         print(f"RESULT {c.rank} {op} after {after}", flush=True)
-        quiet_barrier(survivors)  # rank 0 serves node n0: it stays until rank 1 is done too
+        wait_for_each_other(survivors)  # rank 0 serves node n0: it stays until rank 1 is done too
         if c.rank == 0 and how == signal.SIGSTOP:
             os.kill(victim, signal.SIGKILL)  # the hung rank: the job ends with the survivors
         os._exit(0)  # no collective close: rank 2 is gone (the spill processes reclaim what this rank held)
