@@ -40,14 +40,12 @@ def entry_of(store, key: str) -> tuple[int, int]:
 def broken(store, match: str, edit, undo) -> None:
     """Apply ``edit`` with the store frozen, expect a problem matching ``match``, then ``undo`` it."""
     node = store._node
-    with frozen(node):
-        saved = edit(node.buf, node.layout)
+    saved = frozen(node, lambda: edit(node.buf, node.layout))
     try:
         problems = store.check()
         assert any(match in p for p in problems), problems
     finally:
-        with frozen(node):
-            undo(node.buf, node.layout, saved)
+        frozen(node, lambda: undo(node.buf, node.layout, saved))
     assert store.check() == []
 
 

@@ -162,13 +162,20 @@ def test_components_planted_while_they_are_made_are_refused_never_followed(tmp_p
     import sys
     from shmstore.errors import PermissionDeniedError
     from shmstore.kernel.files import make_dirs
-    target = tmp_path / "attacker"
+    if os.getuid() != 0:
+        pytest.skip("the attacker must be another user (a link of this user's own is followed by design): needs root")
+    import pathlib
+    import shutil
+    import tempfile
+    shared = pathlib.Path(tempfile.mkdtemp(prefix="shmstore-race-", dir="/tmp"))  # reachable by the attacker
+    os.chmod(shared, 0o1777)  # like /tmp or a shared scratch: anyone may plant a name
+    target = shared / "attacker"
     target.mkdir()
-    race = tmp_path / "race"
-    race.mkdir()
-    link = race / "job"
+    os.chmod(target, 0o777)
+    link = shared / "job"
     attacker = subprocess.Popen([sys.executable, "-c", (
         "import os, sys, time\n"
+        "os.setgid(65534); os.setuid(65534)\n"
         "end = time.monotonic() + 60\n"
         "while time.monotonic() < end:\n"
         "    try: os.symlink(sys.argv[1], sys.argv[2])\n"
@@ -197,8 +204,10 @@ def test_components_planted_while_they_are_made_are_refused_never_followed(tmp_p
     finally:
         attacker.kill()
         attacker.wait(30)
-    assert not os.listdir(target), "something was made through the planted link"
-    assert outcomes["made"] or outcomes["refused"], outcomes
+        made = os.listdir(target)
+        shutil.rmtree(shared, ignore_errors=True)
+    assert not made, "something was made through the planted link"
+    assert outcomes["refused"], f"the attacker's link was never in the way: the race was not run ({outcomes})"
 
 
 # ---- files in the spill directory are opened only if they are regular files of ours ---------------------

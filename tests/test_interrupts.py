@@ -1,15 +1,31 @@
 """Ctrl-C at every step of an operation, in a process that catches it and goes on using the store.
 
 Like the SIGKILL sweep of ``test_crash.py``, but the process lives on: a
-forked child connects, then runs one operation under a line tracer that
-sends itself SIGINT at the N-th line of shmstore code it executes (Python
-runs the handler at its next instruction boundary, wherever that falls). The
-child catches ``KeyboardInterrupt`` and stays attached while the parent
-checks the store (``check()`` takes every lock: one left held fails it),
-usage, and that the object is all or nothing; the child checks that what it
-holds privately (pins, reserved entries, its chunk) matches what the store
-records for it. Then the child puts, gets and deletes other objects and
-closes, and the parent checks again: nothing left behind.
+forked child connects, then runs one operation and is interrupted at the
+N-th point of shmstore code it executes, N running over the whole
+operation. Two kinds of interruption (the ``mode`` fixture):
+
+- ``sigint``: a line tracer sends the child SIGINT at the N-th line; Python
+  runs the handler at its next instruction boundary, wherever that falls
+  (Ctrl-C, Jupyter's interrupt). The store defers it to the end of the verb
+  (``interrupts.py``), so everything must be exact even while the child
+  lives: usage, and its private pins and reserved entries against what the
+  store records for it.
+- ``async``: a profiler raises ``KeyboardInterrupt`` at the N-th point
+  where Python itself checks for asynchronous exceptions (a function's
+  start, the return of each C call): what ``PyThreadState_SetAsyncExc`` or
+  a handler the store does not defer does. Nothing defers it; each lock
+  repairs what its section left (``lock.py``) and each put gives up its
+  entry whatever step it reached. The guarantee is the SIGKILL one for the
+  store (``check()`` clean while the child lives: no lock held, no half
+  update) plus that the child goes on; what the cut-short verb had set
+  aside for itself (an entry taken from its batch) comes back when it
+  closes, which the parent checks after.
+
+The child catches ``KeyboardInterrupt`` and stays attached while the parent
+checks the store (``check()`` takes every lock: one left held fails it) and
+that the object is all or nothing. Then the child puts, gets and deletes
+other objects and closes, and the parent checks again: nothing left behind.
 """
 from __future__ import annotations
 
@@ -51,9 +67,37 @@ def _arm(stop_at: int) -> list[int]:
     return count
 
 
-def private_state_problems(store) -> list[str]:
+def _arm_async(stop_at: int) -> list[int]:
+    """Profile this process: raise ``KeyboardInterrupt`` at the ``stop_at``-th point of shmstore code where
+    Python checks for asynchronous exceptions (``PyThreadState_SetAsyncExc``, a signal handler the store
+    does not defer): where a function of it starts, and right after each C function it calls returns."""
+    count = [0]
+
+    def prof(frame, event, arg):
+        if event in ("call", "c_return") and frame.f_code.co_filename.startswith(PKG) and not _in_finalizer(frame):
+            count[0] += 1
+            if count[0] == stop_at:
+                sys.setprofile(None)
+                raise KeyboardInterrupt("asynchronous")
+
+    sys.setprofile(prof)
+    return count
+
+
+def _in_finalizer(frame) -> bool:
+    """True inside a finalizer (a view's unpin): Python swallows what is raised there, so one cut short at
+    its first instruction keeps its pin until the store is closed; the sweep leaves finalizers alone."""
+    while frame is not None:
+        if frame.f_code.co_name in ("__del__", "_release") and frame.f_code.co_filename.endswith("views.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def private_state_problems(store, mode: str) -> list[str]:
     """Where this process's private bookkeeping disagrees with what the store records for its slot
-    (with no verb in flight): pins, reserved entries, the current chunk."""
+    (with no verb in flight): pins, reserved entries, writes begun. In ``async`` mode a reserved entry
+    the store records and this process lost track of is allowed (given back at close)."""
     k = store.kernel
     node, slot = k.node, k.slot
     buf, lay = node.buf, node.layout
@@ -66,7 +110,7 @@ def private_state_problems(store) -> list[str]:
         problems.append(f"pin bytes {sorted(shared)} but local pins {sorted(local)}")
     reserved = set(np.flatnonzero((t["state"] == L.RESERVED) & (t["writer"] == slot)).tolist())
     cached = {i for i, g in k._cache.entries if L.entry_gen(buf, lay.entry(i)) == g}
-    if reserved != cached:
+    if reserved != cached and not (mode == "async" and reserved > cached):
         problems.append(f"reserved entries {sorted(reserved)} but cached {sorted(cached)}")
     writing = np.flatnonzero((t["state"] == L.WRITING) & (t["writer"] == slot)).tolist()
     open_writers = len(list(k.writers))
@@ -75,7 +119,7 @@ def private_state_problems(store) -> list[str]:
     return problems
 
 
-def run_interrupted(prepare, op, verify_alive, stop_at: int) -> int:
+def run_interrupted(prepare, op, verify_alive, stop_at: int, mode: str = "sigint") -> int:
     """Fork: ``ctx = prepare()``, then ``op(ctx)`` with SIGINT at line ``stop_at``; the child catches it.
 
     While the child is still attached the parent runs ``verify_alive(interrupted)``; then the child
@@ -90,18 +134,20 @@ def run_interrupted(prepare, op, verify_alive, stop_at: int) -> int:
             os.close(r1)
             os.close(w2)
             store = prepare()
-            count = _arm(stop_at)
-            interrupted = False
+            count = (_arm_async if mode == "async" else _arm)(stop_at)
+            interrupted, where = False, ""
             try:
                 op(store)
             except KeyboardInterrupt:
-                interrupted = True
+                interrupted, where = True, "".join(traceback.format_exc().splitlines(True)[-14:])
             finally:
                 sys.settrace(None)
+                sys.setprofile(None)
             assert not interrupts.pending(), "a signal still waits after the verb returned"
             gc.collect()
-            problems = private_state_problems(store)
-            os.write(w1, (json.dumps([count[0], interrupted, problems]) + "\n").encode())
+            store.keys()  # the next verb: frees what a finalizer could not (documented, see pins.py)
+            problems = private_state_problems(store, mode)
+            os.write(w1, (json.dumps([count[0], interrupted, problems, where]) + "\n").encode())
             assert os.read(r2, 1) == b"g"
             _go_on(store)
             store.close()
@@ -116,10 +162,13 @@ def run_interrupted(prepare, op, verify_alive, stop_at: int) -> int:
     with os.fdopen(r1) as f, os.fdopen(w2, "wb", buffering=0) as go:
         first = f.readline()
         assert not first.startswith("FAIL"), first + f.read()
-        lines, interrupted, problems = json.loads(first)
-        assert not problems, f"interrupted at line {stop_at}: {problems}"
+        lines, interrupted, problems, where = json.loads(first)
+        assert not problems, f"interrupted at point {stop_at}: {problems}\n{where}"
         try:
             verify_alive(interrupted)
+        except BaseException as exc:
+            raise AssertionError(f"interrupted at point {stop_at}, the child still attached: {exc!r}\n{where}") \
+                from None
         finally:
             go.write(b"g")
         rest = f.read()
@@ -141,28 +190,40 @@ def _go_on(store) -> None:
     store.delete("after-w")
 
 
-def sweep(store, prepare, op, verify) -> int:
-    """Interrupt ``op`` at every traced line (or a stride of them); verify after each."""
-    total = run_interrupted(prepare, op, lambda interrupted: None, 1 << 60)
+POINTS = int(os.environ.get("SHMSTORE_INTERRUPT_POINTS", "20"))  # per operation and mode (0: every one)
+
+
+def sweep(store, prepare, op, verify, mode: str) -> int:
+    """Interrupt ``op`` at every point (or a stride of them); verify after each. Returns points tried."""
+    total = run_interrupted(prepare, op, lambda interrupted: None, 1 << 60, mode)
     assert total > 0
     settle(store)
     verify(finished=True)
     tried = interrupted_runs = 0
-    for stop in kill_points(total):
+    for stop in kill_points(total, POINTS):
         def alive(interrupted):
-            assert_consistent(store)  # check() takes every lock: one the child still held fails here
+            if mode == "sigint":
+                assert_consistent(store)  # check() takes every lock: one the child still held fails here
+            else:  # usage may count what the cut-short verb set aside (given back at close)
+                problems = store.check()
+                assert not problems, "\n".join(problems)
 
-        finished = run_interrupted(prepare, op, alive, stop) >= 0
+        finished = run_interrupted(prepare, op, alive, stop, mode) >= 0
         interrupted_runs += not finished
         settle(store)
         try:
             assert_consistent(store)
             verify(finished=finished)
         except AssertionError as exc:
-            raise AssertionError(f"interrupted at line {stop} of {total}: {exc}") from None
+            raise AssertionError(f"interrupted ({mode}) at point {stop} of {total}: {exc}") from None
         tried += 1
     assert interrupted_runs, "no run was interrupted: the sweep tested nothing"
     return tried
+
+
+@pytest.fixture(params=["sigint", "async"])
+def mode(request) -> str:
+    return request.param
 
 
 @pytest.fixture
@@ -176,7 +237,7 @@ def _child_store(store):
 
 
 @pytest.mark.parametrize("kind", ["small", "dict", "large", "disk"])
-def test_put_interrupted_at_every_step_is_all_or_nothing(crash_store, kind):
+def test_put_interrupted_at_every_step_is_all_or_nothing(crash_store, kind, mode):
     store, value = crash_store, values()[kind]
     levels = [Level.DISK] if kind == "disk" else None
     want = crc_of(value)
@@ -192,11 +253,11 @@ def test_put_interrupted_at_every_step_is_all_or_nothing(crash_store, kind):
             store.delete("victim")
         assert_consistent(store)
 
-    assert sweep(store, _child_store(store), op, verify) > 5
+    assert sweep(store, _child_store(store), op, verify, mode) > 5
 
 
 @pytest.mark.parametrize("kind", ["small", "dict", "large", "disk"])
-def test_overwrite_interrupted_at_every_step_leaves_the_old_or_the_new(crash_store, kind):
+def test_overwrite_interrupted_at_every_step_leaves_the_old_or_the_new(crash_store, kind, mode):
     store, new = crash_store, values()[kind]
     old = np.arange(50_000)
     levels = [Level.DISK] if kind == "disk" else None
@@ -217,11 +278,11 @@ def test_overwrite_interrupted_at_every_step_leaves_the_old_or_the_new(crash_sto
             store.put("victim", old, overwrite=True)
         assert_consistent(store)
 
-    assert sweep(store, _child_store(store), op, verify) > 5
+    assert sweep(store, _child_store(store), op, verify, mode) > 5
 
 
 @pytest.mark.parametrize("kind", ["small", "dict", "disk"])
-def test_delete_interrupted_at_every_step_leaves_no_ghost(crash_store, kind):
+def test_delete_interrupted_at_every_step_leaves_no_ghost(crash_store, kind, mode):
     store, value = crash_store, values()[kind]
     levels = [Level.DISK] if kind == "disk" else None
     store.put("victim", value, levels=levels)
@@ -237,11 +298,11 @@ def test_delete_interrupted_at_every_step_leaves_no_ghost(crash_store, kind):
         assert crc_of(store.get("victim")) == crc_of(value)
         assert_consistent(store)
 
-    assert sweep(store, _child_store(store), op, verify) > 5
+    assert sweep(store, _child_store(store), op, verify, mode) > 5
 
 
 @pytest.mark.parametrize("level", [Level.MEMORY, Level.DISK])
-def test_writer_interrupted_at_every_step_leaves_nothing_half_visible(crash_store, level):
+def test_writer_interrupted_at_every_step_leaves_nothing_half_visible(crash_store, level, mode):
     store = crash_store
     data = bytes(range(256)) * 2000
 
@@ -258,10 +319,10 @@ def test_writer_interrupted_at_every_step_leaves_nothing_half_visible(crash_stor
             store.delete("victim")
         assert_consistent(store)
 
-    assert sweep(store, _child_store(store), op, verify) > 5
+    assert sweep(store, _child_store(store), op, verify, mode) > 5
 
 
-def test_reader_and_pins_interrupted_at_every_step(crash_store):
+def test_reader_and_pins_interrupted_at_every_step(crash_store, mode):
     store = crash_store
     store.put("victim", np.arange(100_000))
 
@@ -280,11 +341,11 @@ def test_reader_and_pins_interrupted_at_every_step(crash_store):
         assert store.get_info("victim").pins == 0
         assert_consistent(store)
 
-    assert sweep(store, _child_store(store), op, verify) > 5
+    assert sweep(store, _child_store(store), op, verify, mode) > 5
 
 
 @pytest.mark.parametrize("direction", ["spill", "restore"])
-def test_move_and_spilled_get_interrupted_at_every_step(crash_store, direction):
+def test_move_and_spilled_get_interrupted_at_every_step(crash_store, direction, mode):
     store = crash_store
     value = values()["large"]
     want = crc_of(value)
@@ -301,10 +362,10 @@ def test_move_and_spilled_get_interrupted_at_every_step(crash_store, direction):
             store.move("victim", start)
         assert_consistent(store)
 
-    assert sweep(store, _child_store(store), op, verify) > 5
+    assert sweep(store, _child_store(store), op, verify, mode) > 5
 
 
-def test_get_of_a_spilled_object_interrupted_at_every_step(crash_store):
+def test_get_of_a_spilled_object_interrupted_at_every_step(crash_store, mode):
     store = crash_store
     value = values()["disk"]
     store.put("victim", value, levels=[Level.DISK])
@@ -320,4 +381,4 @@ def test_get_of_a_spilled_object_interrupted_at_every_step(crash_store):
             store.move("victim", Level.DISK)
         assert_consistent(store)
 
-    assert sweep(store, _child_store(store), op, verify) > 5
+    assert sweep(store, _child_store(store), op, verify, mode) > 5

@@ -602,6 +602,79 @@ static PyObject *probe_wait(PyObject *self, PyObject *args) {
     return PyLong_FromLong(rc != 0 ? -(long)(rc < 0 ? -rc : rc) : flag ? 1 : 0);
 }
 
+/* ---- LockBase: the two steps of a store lock that must run with no Python frame ----------------
+ *
+ * Python checks for asynchronous exceptions (a signal handler's, PyThreadState_SetAsyncExc) when a
+ * Python function starts and after each call of a C function. A Python __exit__ or release() could
+ * take one at its first instruction, before unlocking: the lock would stay held by a live thread.
+ * These C methods unlock first (after the repair of a section left by an unexpected exception, which
+ * the Python subclass decides in _abandon): nothing can come in between. __enter__ and acquire stay
+ * Python: a Python function's return is not such a point, and their own C calls are inside a try
+ * that unlocks. */
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t *mutex;
+} LockBase;
+
+static int LockBase_init(LockBase *self, PyObject *args, PyObject *kwds) {
+    unsigned long long addr;
+    PyObject *rest = PyTuple_GetSlice(args, 0, 1);
+    if (rest == NULL)
+        return -1;
+    int ok = PyArg_ParseTuple(rest, "K", &addr);
+    Py_DECREF(rest);
+    if (!ok)
+        return -1;
+    self->mutex = (pthread_mutex_t *)(uintptr_t)addr;
+    return 0;
+}
+
+/* __exit__(exc_type, exc, tb): with an exception, self._abandon(exc_type) first (it repairs what an
+ * unexpected one left half done); then unlock, whatever _abandon did. */
+static PyObject *LockBase_exit(LockBase *self, PyObject *args) {
+    PyObject *et = PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0) : Py_None;
+    PyObject *r = NULL;
+    if (et != Py_None)
+        r = PyObject_CallMethod((PyObject *)self, "_abandon", "O", et);
+    int rc = self->mutex ? pthread_mutex_unlock(self->mutex) : EINVAL;
+    if (et != Py_None) {
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+    } else if (rc) {
+        PyErr_Format(PyExc_RuntimeError, "release of a lock this thread does not hold (%d)", rc);
+        return NULL;
+    }
+    Py_RETURN_FALSE;
+}
+
+/* release(): unlock (RuntimeError when this thread does not hold it). */
+static PyObject *LockBase_release(LockBase *self, PyObject *unused) {
+    int rc = self->mutex ? pthread_mutex_unlock(self->mutex) : EINVAL;
+    if (rc) {
+        PyErr_Format(PyExc_RuntimeError, "release of a lock this thread does not hold (%d)", rc);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef LockBase_methods[] = {
+    {"__exit__", (PyCFunction)LockBase_exit, METH_VARARGS, "Repair if needed (see _abandon), then unlock."},
+    {"release", (PyCFunction)LockBase_release, METH_NOARGS, "Unlock."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LockBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmstore.kernel._fast.LockBase",
+    .tp_basicsize = sizeof(LockBase),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "The unlocking half of a store lock, in C (see lock.py).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)LockBase_init,
+    .tp_methods = LockBase_methods,
+};
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, "Set the entry layout (from layout.py)."},
     {"insert", insert, METH_VARARGS, "Write, count and link a reserved entry under its stripe lock."},
@@ -619,4 +692,17 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__fast(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__fast(void) {
+    if (PyType_Ready(&LockBaseType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&LockBaseType);
+    if (PyModule_AddObject(m, "LockBase", (PyObject *)&LockBaseType) < 0) {
+        Py_DECREF(&LockBaseType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -31,7 +31,7 @@ import threading
 
 from ..errors import StorageFullError
 from . import layout as L
-from .lock import Orderly
+from .lock import Orderly, holding
 from .node import NodeStore
 
 __all__ = ["ClientCache", "ENTRY_BATCH", "retire_chunk", "owns_entry", "EntryStolen"]
@@ -52,7 +52,7 @@ def owns_entry(buf: Any, eoff: int, slot: int, gen: int) -> bool:
 class ClientCache:
     """Entries and chunk space set aside for one client slot.
 
-    Owned by the client's Kernel; ``give_back`` returns everything (at close).
+    Owned by the client's Kernel; what it holds is given back at close (see :meth:`forget`).
     Thread-safe (its own locks; never taken by finalizers).
     """
 
@@ -107,25 +107,21 @@ class ClientCache:
         half of what others hold, at least one, never an entry with space
         placed for it (a large put between placing and linking it).
         """
-        node, buf, lay = self.node, self.node.buf, self.node.layout
-        for lock in node.stripes:
-            lock.acquire()
-        try:
-            with node.alloc_lock:
-                t = L.entry_table(buf, lay)
-                idle = ((t["state"] == L.RESERVED) & (t["writer"] != self.slot) & (t["extent"] == 0)
-                        & (t["flags"] == 0)).nonzero()[0]
-                taken = idle[: max(1, len(idle) // 2)]
-                for idx in taken:
-                    eoff = lay.entry(int(idx))
-                    gen = (L.entry_gen(buf, eoff) + 1) & 0xFFFFFFFF
-                    L.set_entry_gen(buf, eoff, gen)
-                    L.reserve_entry(buf, eoff, self.slot)
-                    self.entries.append((int(idx), gen))
-                return len(taken)
-        finally:
-            for lock in reversed(node.stripes):
-                lock.release()
+        return holding([*self.node.stripes, self.node.alloc_lock], self._steal_locked)
+
+    def _steal_locked(self) -> int:
+        buf, lay = self.node.buf, self.node.layout
+        t = L.entry_table(buf, lay)
+        idle = ((t["state"] == L.RESERVED) & (t["writer"] != self.slot) & (t["extent"] == 0)
+                & (t["flags"] == 0)).nonzero()[0]
+        taken = idle[: max(1, len(idle) // 2)]
+        for idx in taken:
+            eoff = lay.entry(int(idx))
+            gen = (L.entry_gen(buf, eoff) + 1) & 0xFFFFFFFF
+            L.set_entry_gen(buf, eoff, gen)
+            L.reserve_entry(buf, eoff, self.slot)
+            self.entries.append((int(idx), gen))
+        return len(taken)
 
     def carve(self, size: int) -> tuple[int, int]:
         """Cut ``size`` bytes (64-aligned) off the current chunk, taking a new one if needed.
@@ -171,15 +167,12 @@ class ClientCache:
         retire_chunk(self.node, self.slot)
         self._start = self._pos = self._end = 0
 
-    def give_back(self) -> None:
-        """Return reserved entries and retire the chunk (at close)."""
-        buf, lay, table = self.node.buf, self.node.layout, self.node.table
-        with self.chunk_lock, self.node.alloc_lock:
-            self._retire_locked()
-            while self.entries:
-                idx, gen = self.entries.pop()
-                if owns_entry(buf, lay.entry(idx), self.slot, gen):
-                    table.push_free(idx, 0)
+    def forget(self) -> None:
+        """Drop the private lists (at close; :func:`~shmstore.kernel.janitor.release_all` gives back
+        what the store records as this slot's, which is everything these lists held and more)."""
+        with self.chunk_lock:
+            self.entries.clear()
+            self._start = self._pos = self._end = 0
 
 
 def retire_chunk(node: NodeStore, slot: int) -> None:

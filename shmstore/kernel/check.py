@@ -26,15 +26,14 @@ on its next round.
 """
 from __future__ import annotations
 
-from typing import Any, TYPE_CHECKING
+from typing import Any, Callable, TYPE_CHECKING, TypeVar
 
-import contextlib
 import zlib
-from typing import Iterator
 
 import numpy as np
 
 from . import layout as L
+from .lock import holding
 from .repair import disk_charged, valid_extents
 
 if TYPE_CHECKING:
@@ -42,41 +41,41 @@ if TYPE_CHECKING:
 
 __all__ = ["check", "frozen"]
 
+_T = TypeVar("_T")
+
 _LIVE = (L.WRITING, L.SEALED, L.DELETED)
 
 
-@contextlib.contextmanager
-def frozen(node: "NodeStore") -> Iterator[None]:
-    """Hold every stripe lock and the ALLOC lock: nothing in the store changes meanwhile.
+def frozen(node: "NodeStore", fn: Callable[[], _T]) -> _T:
+    """``fn()`` holding every stripe lock and the ALLOC lock: nothing in the store changes meanwhile.
 
     Raises:
         LockTimeoutError: a lock stayed taken for ``lock_timeout``.
     """
-    with contextlib.ExitStack() as stack:
-        for lock in node.stripes:
-            stack.enter_context(lock)
-        stack.enter_context(node.alloc_lock)
-        yield
+    return holding([*node.stripes, node.alloc_lock], fn)
 
 
 _BEYOND = 4096  # entries past the never-used cursor checked to be untouched (the tail is never scanned)
 
 def check(node: "NodeStore") -> list[str]:
     """Every inconsistency of ``node``'s metadata, spill files and counters (see the module notes)."""
-    with frozen(node):
-        buf, lay = node.buf, node.layout
-        t = L.entry_table(buf, lay).copy()  # the entries ever handed out (see _check_entries for the rest)
-        ext = L.extent_table(buf, lay).copy()
-        clients = L.client_table(buf, lay).copy()
-        pins = L.pin_table(buf, lay)[:, :len(t)].copy()
-        stats = L.stats_table(buf, lay).copy()
-        problems: list[str] = []
-        linked = _check_chains(buf, lay, t, problems)
-        _check_entries(buf, lay, t, linked, clients, pins, problems)
-        _check_stats(lay, t, stats, problems)
-        _check_allocator(node, buf, lay, t, ext, clients, problems)
-        _check_disk(node, buf, lay, t, problems)
-        return problems
+    return frozen(node, lambda: _check_frozen(node))
+
+
+def _check_frozen(node: "NodeStore") -> list[str]:
+    buf, lay = node.buf, node.layout
+    t = L.entry_table(buf, lay).copy()  # the entries ever handed out (see _check_entries for the rest)
+    ext = L.extent_table(buf, lay).copy()
+    clients = L.client_table(buf, lay).copy()
+    pins = L.pin_table(buf, lay)[:, :len(t)].copy()
+    stats = L.stats_table(buf, lay).copy()
+    problems: list[str] = []
+    linked = _check_chains(buf, lay, t, problems)
+    _check_entries(buf, lay, t, linked, clients, pins, problems)
+    _check_stats(lay, t, stats, problems)
+    _check_allocator(node, buf, lay, t, ext, clients, problems)
+    _check_disk(node, buf, lay, t, problems)
+    return problems
 
 
 def _check_chains(buf: Any, lay: L.Layout, t: np.ndarray, problems: list[str]) -> set[int]:

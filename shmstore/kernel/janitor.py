@@ -12,7 +12,7 @@ from . import layout as L
 from .cache import retire_chunk
 from .node import NodeStore, pid_alive
 
-__all__ = ["reclaim", "dead_clients", "janitor_pass", "sweep_deleted", "give_back", "probe_locks",
+__all__ = ["reclaim", "release_all", "dead_clients", "janitor_pass", "sweep_deleted", "give_back", "probe_locks",
            "drop_lost_gpu_arenas"]
 
 
@@ -27,6 +27,23 @@ def reclaim(node: NodeStore, slot: int) -> tuple[int, int]:
     Returns:
         (objects dropped, bytes freed) - unsealed writes and deleted objects
         whose last pin it was.
+    """
+    dropped, freed = release_all(node, slot)
+    node.deregister(slot)
+    return dropped, freed
+
+
+def release_all(node: NodeStore, slot: int) -> tuple[int, int]:
+    """Release everything client ``slot`` holds: unsealed writes, pins, reserved entries, its chunk.
+
+    For a dead client (:func:`reclaim`), and for a live one closing with no
+    verb in flight: what a verb cut short by an asynchronous exception had
+    set aside for itself (an entry taken from its batch, a write it had
+    begun, a pin it had not counted yet) comes back then, as it would
+    after the process's death.
+
+    Returns:
+        (objects dropped, bytes freed).
     """
     buf, lay, table = node.buf, node.layout, node.table
     dropped = freed = 0
@@ -46,7 +63,6 @@ def reclaim(node: NodeStore, slot: int) -> tuple[int, int]:
             if node.free_if_unpinned(idx):
                 dropped, freed = dropped + 1, freed + size
     give_back(node, slot)
-    node.deregister(slot)
     return dropped, freed
 
 

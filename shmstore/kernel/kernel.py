@@ -37,6 +37,7 @@ from .fastpath import codes as _codes
 from .attach import Attachment
 from .cache import ClientCache
 from .interrupts import guard as _guard_signals
+from .janitor import release_all
 from .keys import encode_key
 from .node import NodeStore
 from .pins import ATIME_GRAIN, Pins
@@ -467,7 +468,8 @@ class Kernel:
 
     def _detach(self) -> None:
         self._detached = True
-        self._cache.give_back()
+        self._cache.forget()
+        release_all(self.node, self.slot)  # all this slot holds, as for a dead client (see release_all)
         self.pins.close()
         remaining = self.node.deregister(self.slot)
         if self._on_detach is not None:  # the Store closes its mappings

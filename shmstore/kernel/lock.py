@@ -19,19 +19,29 @@ bug, at any instruction of the section. The section may be half done, and
 its holder lives on, so nobody else would repair it: the context manager
 runs the same repair a dead holder's lock gets (``on_recover``) before it
 releases, which leaves the data as consistent as a SIGKILL at that
-instruction would have. One instruction boundary stays open in pure Python
-(the entry of ``__exit__`` before its unlock); the deferral of signals
-covers it for Ctrl-C.
+instruction would have.
+
+Python checks for asynchronous exceptions when a Python function starts
+and after each call of a C function; it never does between a Python
+function's return and its caller's next instruction, nor inside a C call.
+So ``__enter__`` and ``acquire`` (Python) take the lock inside a ``try``
+that unlocks again, and ``__exit__`` and ``release`` are C methods
+(``_fast.LockBase``) that unlock before any Python runs, except the repair:
+no exception can land between taking the lock and the code that releases
+it. Without the C helper (``SHMSTORE_PURE_PYTHON=1``) the first instruction
+of ``__exit__`` stays such a point; the deferral of signals covers it for
+Ctrl-C.
 """
 from __future__ import annotations
 
 import errno
-from typing import Callable
+from typing import Any, Callable, Literal, Sequence, TypeVar
 
 from ..errors import LockTimeoutError, ShmStoreError
 from . import native
+from .fastpath import load as _load_fast
 
-__all__ = ["ShmLock", "init_lock", "Orderly"]
+__all__ = ["ShmLock", "init_lock", "Orderly", "holding"]
 
 _trylock, _unlock = native.mutex_trylock, native.mutex_unlock
 _SPIN = 40  # trylocks (~0.4 us each) before sleeping in the kernel
@@ -45,12 +55,64 @@ class Orderly(Exception):
 _ORDERLY = (ShmStoreError, Orderly)
 
 
+_T = TypeVar("_T")
+
+
+def holding(locks: Sequence["ShmLock"], fn: Callable[[], _T]) -> _T:
+    """``fn()`` with every lock of ``locks`` held (taken in order), each released whatever happens.
+
+    One ``with`` per lock, nested by recursion: a loop of releases (or an
+    ``ExitStack``) would leave the rest held when an asynchronous exception
+    lands between two of them.
+
+    Raises:
+        LockTimeoutError: a lock stayed taken for its timeout (those taken are released).
+    """
+    if not locks:
+        return fn()
+    with locks[0]:
+        return holding(locks[1:], fn)
+
+
 def init_lock(addr: int) -> None:
     """Initialise the mutex at ``addr`` (creator only, before publishing)."""
     native.mutex_init(addr)
 
 
-class ShmLock:
+class _PyLockBase:
+    """The unlocking half of :class:`ShmLock` in Python, where the C helper is not built (or
+    ``SHMSTORE_PURE_PYTHON=1``): the same, but with the one open instruction boundary noted above."""
+
+    __slots__ = ("_mutex",)
+
+    def __init__(self, addr: int) -> None:
+        self._mutex = addr
+
+    def _abandon(self, exc_type: type[BaseException]) -> None:
+        raise NotImplementedError
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> Literal[False]:
+        if exc_type is not None:
+            try:
+                self._abandon(exc_type)
+            finally:
+                _unlock(self._mutex)
+            return False
+        self.release()
+        return False
+
+    def release(self) -> None:
+        """Release the lock (held by this thread)."""
+        rc = _unlock(self._mutex)
+        if rc:
+            raise RuntimeError(f"release of a lock this thread does not hold ({errno.errorcode.get(rc, rc)})")
+
+
+_fast: Any = _load_fast()
+_LockBase: Any = _PyLockBase if _fast is None else _fast.LockBase
+
+
+class ShmLock(_LockBase):  # type: ignore[misc]
     """A robust process-shared mutex, shaped like ``threading.Lock``.
 
     Owned by the metadata segment: the segment's creator initialises it, and
@@ -68,6 +130,7 @@ class ShmLock:
 
     def __init__(self, addr: int, name: str, timeout: float = 10.0,
                  on_recover: Callable[[], None] | None = None) -> None:
+        _LockBase.__init__(self, addr)  # __exit__ and release (C where built): unlock before anything else
         self._addr = addr
         self.name = name
         self.timeout = timeout
@@ -79,7 +142,11 @@ class ShmLock:
         Returns:
             True when acquired, False when not (non-blocking or timed out).
         """
-        return self._finish(_trylock(self._addr), blocking, timeout)
+        try:
+            return self._finish(_trylock(self._addr), blocking, timeout)
+        except BaseException:  # asynchronous, maybe after the lock was taken: nobody would release it
+            _unlock(self._addr)  # EPERM, harmless, where this thread does not hold it
+            raise
 
     def _finish(self, rc: int, blocking: bool, timeout: float) -> bool:
         """Complete an acquire whose trylock returned ``rc`` (nonzero: busy or owner dead)."""
@@ -116,12 +183,6 @@ class ShmLock:
         finally:
             self.release()
 
-    def release(self) -> None:
-        """Release the lock (held by this thread)."""
-        rc = _unlock(self._addr)
-        if rc:
-            raise RuntimeError(f"release of lock {self.name} not held by this thread ({errno.errorcode.get(rc, rc)})")
-
     def locked(self) -> bool:
         """True when some thread or process holds the lock (a snapshot)."""
         if not self._finish(_trylock(self._addr), False, 0):
@@ -145,15 +206,15 @@ class ShmLock:
             )
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
-        if exc_type is not None and self._on_recover is not None and not issubclass(exc_type, _ORDERLY):
-            try:  # not raised on purpose: the section may be half done (see the module notes)
-                self._on_recover()
-            finally:
-                _unlock(self._addr)
-            return
-        if _unlock(self._addr):
-            raise RuntimeError(f"release of lock {self.name} not held by this thread")
+    def abandon(self, exc: BaseException) -> None:
+        """What ``__exit__`` does before it unlocks when ``exc`` leaves the section, for a section
+        written as ``acquire()`` / ``try`` / ``release()`` (call it from an ``except`` clause)."""
+        self._abandon(type(exc))
+
+    def _abandon(self, exc_type: type[BaseException]) -> None:
+        """Called by ``__exit__`` (before it unlocks) when an exception leaves the section."""
+        if self._on_recover is not None and not issubclass(exc_type, _ORDERLY):
+            self._on_recover()  # not raised on purpose: the section may be half done (see the module notes)
 
     def __repr__(self) -> str:
         return f"<ShmLock {self.name}>"

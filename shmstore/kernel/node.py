@@ -20,12 +20,12 @@ import os
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from ..config import SHM_DIR, Config
-from ..errors import LayoutError, LockTimeoutError, PermissionDeniedError, StorageFullError, StoreNotFoundError
+from ..errors import LayoutError, PermissionDeniedError, StorageFullError, StoreNotFoundError
 from ..units import format_size
 from . import layout as L
 from .alloc import Allocator
@@ -270,18 +270,26 @@ class NodeStore:
         level = self.levels[Level(e[L.E_LEVEL])] if e[L.E_STATE] not in (L.FREE, L.RESERVED) else None
         if level is not None:
             level.drop(idx, e)
-        if not self.alloc_lock.acquire(blocking=blocking, timeout=self.cfg.lock_timeout if blocking else -1):
-            if blocking:
-                raise LockTimeoutError(f"lock alloc not acquired within {self.cfg.lock_timeout:g} s "
-                                       f"(raise lock_timeout= / SHMSTORE_LOCK_TIMEOUT)")
+        if blocking:
+            with self.alloc_lock:  # repairs what an asynchronous exception left half done (see lock.py)
+                self._free_locked(idx, e, level)
+            return True
+        lock = self.alloc_lock
+        if not lock.acquire(blocking=False):
             return False
-        try:
-            if level is not None:
-                level.free_locked(idx, e)
-            self.table.release_entry(idx, free_extent=level is None)
+        try:  # as the context manager does, in this frame: nothing can come between the acquire and the try
+            self._free_locked(idx, e, level)
+        except BaseException as exc:
+            lock.abandon(exc)
+            raise
         finally:
-            self.alloc_lock.release()
+            lock.release()
         return True
+
+    def _free_locked(self, idx: int, e: tuple[Any, ...], level: Any) -> None:
+        if level is not None:
+            level.free_locked(idx, e)
+        self.table.release_entry(idx, free_extent=level is None)
 
     def free_if_unpinned(self, idx: int, gen: int | None = None, blocking: bool = True,
                          cache: ClientCache | None = None) -> bool | None:

@@ -93,13 +93,18 @@ class Pins:
             lock = at.node.stripe_of(idx)
             # never block here: this may be a finalizer inside a locked section of this thread
             done = None
-            if lock.acquire(blocking=False):
-                try:
-                    done = at.node.free_if_unpinned(idx, gen, blocking=False, cache=at.cache)
-                finally:
-                    lock.release()
-            if done is None:
-                self.deferred.append((idx, gen))
+            try:
+                if lock.acquire(blocking=False):
+                    try:
+                        done = at.node.free_if_unpinned(idx, gen, blocking=False, cache=at.cache)
+                    except BaseException as exc:  # asynchronous (a finalizer swallows it): see lock.py
+                        lock.abandon(exc)
+                        raise
+                    finally:
+                        lock.release()
+            finally:
+                if done is None:  # busy, or cut short: this process's next verb frees it
+                    self.deferred.append((idx, gen))
         if self.detach_when_idle and not self.counts:
             self._on_idle()
 

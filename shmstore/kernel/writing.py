@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import InvalidArgumentError, ObjectExistsError, ObjectLockedError, StorageFullError
+from ..errors import InvalidArgumentError, ObjectExistsError, ObjectLockedError, ShmStoreError, StorageFullError
 from ..levels import Level, ObjectInfo
 from ..levels.disk import disk_error
 from ..levels.memory import MemoryLevel
@@ -82,18 +82,17 @@ class Puts:
                     return info
         else:
             lv = self.level(key, level)
-        idx, off, stored, ctime, stripe = self.reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta,
-                                                       level, shadow=overwrite)
+        (idx, off, stored, ctime, stripe), gen = self._reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs,
+                                                               enc.meta, level, overwrite)
         try:
-            eoff = self._lay.entry(idx)
-            lv.write(idx, L.entry_gen(self._buf, eoff), off, L.entry_flags(self._buf, eoff), enc, key)
+            lv.write(idx, gen, off, L.entry_flags(self._buf, self._lay.entry(idx)), enc, key)
+            if overwrite:
+                self.replace(key, kb, idx, stripe)
+            else:
+                self.seal(idx, stripe)
         except BaseException:
-            self.abort(idx)
+            self.give_up(idx, gen)  # a no-op once sealed (an exception after the last step)
             raise
-        if overwrite:
-            self.replace(key, kb, idx, stripe)
-        else:
-            self.seal(idx, stripe)
         return self._new_info(key, enc, Level(level), stored, ctime)
 
     def level(self, key: str, level: int) -> StorageLevel:
@@ -184,6 +183,11 @@ class Puts:
         Raises:
             ObjectExistsError, ObjectLockedError, StorageFullError, InvalidArgumentError.
         """
+        return self._reserve(key, kb, kind, size, nbytes, nblobs, meta, level, shadow)[0]
+
+    def _reserve(self, key: str, kb: bytes, kind: int, size: int, nbytes: int, nblobs: int, meta: bytes | None,
+                 level: int, shadow: bool) -> tuple[tuple[Any, ...], int]:
+        """:meth:`reserve`, and the entry's generation (what :meth:`give_up` needs)."""
         if size < 0:
             raise InvalidArgumentError(f"size of {key!r} must not be negative, got {size}")
         if level != _MEMORY:
@@ -198,9 +202,9 @@ class Puts:
                     done = self._fast_reserve(key, kb, idx, gen, h, b, b & self._smask, kind, stored, nbytes,
                                               nblobs, meta)
                     if done is not None:
-                        return done
+                        return done, gen
                 return self._reserve_locked(key, kb, idx, gen, h, b, kind, stored, nbytes, nblobs, meta, level,
-                                            shadow)
+                                            shadow), gen
             except EntryStolen:
                 continue  # another client holds that entry now
 
@@ -238,10 +242,13 @@ class Puts:
                     self._table.link(idx, b)
         except EntryStolen:
             raise
-        except BaseException:
+        except ShmStoreError:  # raised on purpose: nothing linked, the placed space (if any) named by nobody
             if placed_ok and lv is not None:
                 lv.unplace(idx, rec, placed)
             cache.entries.append((idx, gen))  # still reserved for us
+            raise
+        except BaseException:  # from anywhere (asynchronous): see give_up
+            self.give_up(idx, gen)
             raise
         return idx, off, stored, ctime, stripe
 
@@ -297,9 +304,8 @@ class Puts:
                                    rec, nblobs, kind, flags, L.WRITING if data is None else L.SEALED, meta,
                                    self._meta_addr + lay.stripe_stats(stripe), _MEMORY, data,
                                    self._arena_addr + off)
-        except BaseException:
-            self._memory.unplace(idx, rec, flags)
-            self._cache.entries.append((idx, gen))
+        except BaseException:  # maybe after the C call did it all (asynchronous): see give_up
+            self.give_up(idx, gen)  # an extent of its own is named by the entry and goes with it
             raise
         if rc == 0:
             return idx, off, stored, ctime, stripe
@@ -364,6 +370,27 @@ class Puts:
                 table.mark_deleted(old)
             if not table.pin_count(old) and not e[L.E_FLAGS] & L.FLAG_MOVING:  # else: last pin / mover
                 self.node.release(old, cache=self._cache)
+
+    def give_up(self, idx: int, gen: int) -> None:
+        """Drop entry ``idx`` (generation ``gen``) of a put of this client cut short by an exception, whatever
+        step it reached: reserved (back to this client's batch, or freed with the space it names), being
+        written (out of its chain, freed), or neither (a repair or another client has it now: nothing to do).
+
+        The exception may be asynchronous and come at any instruction, even right after a step the
+        caller did not see finish (a C call's result it never stored): so this reads where the entry
+        is instead of trusting the caller's notion.
+        """
+        buf, eoff = self._buf, self._lay.entry(idx)
+        with self.node.stripe_of(idx):
+            e = L.entry_raw(buf, eoff)
+            if e[L.E_GEN] != gen or e[L.E_WRITER] != self.slot or e[L.E_STATE] not in (L.RESERVED, L.WRITING):
+                return
+            if e[L.E_STATE] == L.RESERVED and not e[L.E_EXTENT]:
+                self._cache.entries.append((idx, gen))
+                return
+            if e[L.E_STATE] == L.WRITING:
+                self._table.unlink(idx, self._table.bucket_of(idx))
+            self.node.release(idx, cache=self._cache)
 
     def abort(self, idx: int) -> None:
         """Drop a reserved entry and give its space back."""
