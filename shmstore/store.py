@@ -18,6 +18,7 @@ import numpy as np
 from .config import Config
 from .errors import ShmStoreError, StorageFullError, StoreClosedError, StoreInUseError
 from .kernel import Kernel, NodeStore
+from .kernel.interrupts import guard as guard_signals
 from .kernel import layout as L
 from .kernel.check import check as check_node
 from .kernel.node import pid_alive, reap_children, store_prefix
@@ -43,6 +44,7 @@ class Store:
     _node: NodeStore | None = None
 
     def __init__(self, config: Config, create: bool = True, observe: bool = False) -> None:
+        guard_signals()  # from now on a signal inside the store's code waits for the verb (see interrupts.py)
         self.config = config
         self._observe = observe
         deadline = time.monotonic() + 10

@@ -41,7 +41,7 @@ import pytest
 
 import shmstore
 from shmstore import Level
-from shmstore.kernel import interrupts
+from shmstore.kernel import fastpath, interrupts
 from shmstore.kernel import layout as L
 
 from test_crash import PKG, assert_consistent, crc_of, kill_points, settle, values
@@ -223,6 +223,9 @@ def sweep(store, prepare, op, verify, mode: str) -> int:
 
 @pytest.fixture(params=["sigint", "async"])
 def mode(request) -> str:
+    if request.param == "async" and fastpath.load() is None:
+        pytest.skip("asynchronous exceptions at any point need the C helper (its unlocking __exit__ and "
+                    "insert): pure Python defers signals only")
     return request.param
 
 
@@ -382,3 +385,91 @@ def test_get_of_a_spilled_object_interrupted_at_every_step(crash_store, mode):
         assert_consistent(store)
 
     assert sweep(store, _child_store(store), op, verify, mode) > 5
+
+
+# ---- the store's signal handler ------------------------------------------------------------------------
+
+@pytest.fixture
+def sigint_restored():
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+class _Reduced:
+    """A value whose pickling runs ``hook`` inside the store's put (deep in shmstore frames)."""
+
+    def __init__(self, hook):
+        self.hook = hook
+
+    def __reduce__(self):
+        self.hook(sys._getframe())
+        return (dict, ())
+
+
+def test_a_handler_reset_by_the_program_is_wrapped_again_at_the_next_verb(store, sigint_restored):
+    calls = []
+    store.put("a", 1)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # what ipykernel does around every cell
+    store.put("b", 2)
+    h = interrupts.deferring(signal.SIGINT)
+    assert h is not None and h.wrapped is signal.default_int_handler
+
+    signal.signal(signal.SIGINT, lambda s, f: calls.append("mine"))  # a program's own handler, later
+    assert "b" in store and store.get("b") == 2  # get is a verb too
+    h = interrupts.deferring(signal.SIGINT)
+    assert h is not None
+    h(signal.SIGINT, sys._getframe())  # outside shmstore: the program's handler at once
+    assert calls == ["mine"]
+
+
+def test_a_signal_inside_a_verb_is_handled_when_the_verb_returns_and_a_second_one_at_once(store, sigint_restored):
+    calls = []
+    store.put("warm", 0)  # installs the store's handler
+    handler = interrupts.deferring(signal.SIGINT)
+    assert handler is not None
+    handler.wrapped = lambda s, f: calls.append(f.f_code.co_name)
+
+    def once(frame):
+        handler(signal.SIGINT, frame)
+        assert calls == [] and interrupts.pending()  # deferred
+
+    store.put("one", _Reduced(once))
+    me = sys._getframe().f_code.co_name
+    assert calls == [me] and not interrupts.pending()  # when Store.put returned, in its caller's frame
+    assert "one" in store
+
+    def twice(frame):
+        handler(signal.SIGINT, frame)
+        handler(signal.SIGINT, frame)  # a second Ctrl-C: the program's handler now
+        assert len(calls) == 2
+
+    store.put("two", _Reduced(twice))
+    assert len(calls) == 2 and not interrupts.pending()
+    assert store.check() == []
+
+
+def test_ctrl_c_in_a_wait_for_the_spill_process_raises_at_once_and_withdraws_the_request(tmp_path, sigint_restored):
+    import threading
+    import time
+    from shmstore.spill import requests
+    with shmstore.connect("t" + os.urandom(6).hex(), capacity="16MiB", spill_dir=str(tmp_path)) as s:
+        s.put("big", np.zeros(1 << 20, np.uint8))
+        pid = s.spill_pid
+        os.kill(pid, signal.SIGSTOP)  # it will not answer
+        try:
+            timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            t0 = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                s.move("big", Level.DISK)  # waits up to spill_timeout for the stopped spill process
+            waited = time.monotonic() - t0
+            timer.join()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert waited < 5, f"Ctrl-C took {waited:.1f} s to interrupt the wait"
+        node, slot = s._node, s.kernel.slot
+        status = L.REQUEST.get(node.buf, node.layout.client(slot) + L.REQUEST_OFFSET, "status")
+        assert status == L.RS_IDLE, "the request the interrupted wait made is still pending"
+        assert s.check() == []
+        assert requests.pending(node) == []

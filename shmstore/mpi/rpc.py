@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from typing import Any
 
 from mpi4py import MPI
 
 from .. import errors
+from ..kernel.interrupts import interruptible
 from . import tags as T
 from . import wire as W
-from .poll import cancel, prober, quiet_wait, settle
+from .poll import cancel, prober, settle
 
 __all__ = ["Messenger", "gave_up"]
 
@@ -121,14 +123,19 @@ class Messenger:
             cancel(reqs)
             raise self.late(node, "sent no frame", self.timeout, key)
 
+    @interruptible
     def barrier(self, reqs: list[MPI.Request]) -> None:
         """Wait for ``reqs`` (an ``Ibarrier``) as long as it takes, like MPI's own collectives: the other ranks
         may compute for hours before they reach it. Blocking where this rank has a core of its own, else
-        testing after naps."""
+        testing after naps. Ctrl-C raises here at once (the store's signal handler does not wait for a
+        barrier to end: it holds nothing of the store)."""
         if self.spin > 0:
             MPI.Request.Waitall(reqs)
             return
-        quiet_wait(reqs, _NAP, _NAP_MAX)
+        nap = _NAP
+        while not MPI.Request.Testall(reqs):
+            time.sleep(nap)
+            nap = min(nap * 2, _NAP_MAX)
 
     def late(self, node: int, what: str, waited: float, key: Any = None) -> errors.TransferError:
         """The error of a wait on ``node`` that passed its deadline: ``what`` it did not do, naming the node, its

@@ -8,13 +8,17 @@ WHO is ``leader`` (rank 0: node n0's leader, whose service sends the object the 
 ``non-leader`` (rank 1). WHERE is what the others do meanwhile: ``get`` (node n1's ranks fetch a large object
 from node n0 over and over, rank 0 or 1 asks the directory over and over) or ``barrier``. Every node has objects
 in memory and one spilled to disk first (SHMSTORE_SPILL_DIR). The raiser prints ``raising`` and raises
-``RuntimeError('boom from rank R')`` half a second in; the job must end within seconds, the traceback
+``RuntimeError('boom from rank R')`` half a second in (WHERE ``sigint``: it waits in a barrier the others reach
+only after a minute, and Ctrl-C, SIGINT to itself, interrupts that wait); the job must end within seconds, the traceback
 printed, whether started with ``python -m mpi4py`` or as a plain ``python`` script (shmstore then aborts
 the job itself), and leave no segment, spill file or spill process of the store behind.
 """
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -33,11 +37,18 @@ def main(name: str, who: str, where: str) -> None:
         if c.rank == 0:
             c.put("model", np.ones(8 << 20, np.uint8))
         c.barrier()
+        if c.rank == raiser and where == "sigint":
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+            print(f"raising on rank {c.rank}: Ctrl-C in a barrier", flush=True)
+            c.barrier()  # the others come in a minute: KeyboardInterrupt must not wait for them
         if c.rank == raiser:
             time.sleep(0.5)
             print(f"raising on rank {c.rank}", flush=True)
             raise RuntimeError(f"boom from rank {c.rank}")
-        if where == "barrier":
+        if where == "sigint":
+            time.sleep(60)  # computing
+            c.barrier()
+        elif where == "barrier":
             c.barrier()
         elif c.node_index == 1:
             while True:  # fetches from node n0 (rank 0's service sends), for ever
