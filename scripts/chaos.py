@@ -11,7 +11,11 @@ and CRC, so any reader can verify any object. Workers journal what they do
 (intent before, completion after) in append-only files that survive SIGKILL.
 
 Meanwhile the run SIGKILLs and SIGTERMs random workers (respawning them),
-half of the time while a move is in flight, and the spill process. Every
+half of the time while a move is in flight, and the spill process, and
+sends SIGINT (Ctrl-C) to random workers, which catch ``KeyboardInterrupt``
+and go on, as a notebook or a ``try/except KeyboardInterrupt`` loop does:
+each first finds out what its interrupted operation did (a put, delete or
+overwrite is all or nothing) and journals it. Every
 ``--unlink-every`` rounds, at a random moment, it also unlinks the store's
 names in /dev/shm behind its back (what an ``rm`` or a cleaner does) and
 makes a new store under the name at once: the old store's clients (workers
@@ -120,6 +124,10 @@ class Worker:
         self.held: list[Any] = []       # views, readers, open writers kept alive
         self.pinned: list[str] = []
         self.n = 0
+        self.current: tuple[Any, ...] | None = None  # the operation under way: what an interrupt must resolve
+        self.in_op = False
+        self.pause_asked = False
+        self.ready = journal[:-len(".log")] + ".ready"
         self.note("S", store_id(store))  # the store its keys live in
 
     def note(self, *fields: Any) -> None:
@@ -131,11 +139,70 @@ class Worker:
             (self.read, 2), (self.pin, 1), (self.hold, 2), (self.drop, 2), (self.move, 1), (self.look, 1)]
         funcs, weights = zip(*ops)
         while True:
+            try:
+                self._loop(funcs, weights)
+            except KeyboardInterrupt:  # Ctrl-C: find out what the operation did, journal it, go on
+                self._resolve_interrupted()
+
+    def _loop(self, funcs: Any, weights: Any) -> None:
+        while True:
+            if self.pause_asked:
+                self._pause()
             op = self.rng.choices(funcs, weights)[0]
+            self.current = None
+            self.in_op = True  # Ctrl-C raises from here (a deferred one maybe at a line of this loop)
             try:
                 op()
             except EXPECTED:
                 pass
+            self.in_op = False
+
+    def on_pause(self, signum: int, frame: Any) -> None:
+        """SIGUSR2: stop between two operations, attached and holding what it holds (the run checks the
+        store beside live workers that were interrupted, then kills them)."""
+        self.pause_asked = True
+
+    def _pause(self) -> None:
+        open(self.ready[:-len(".ready")] + ".paused", "w").close()
+        while True:
+            time.sleep(1)
+
+    def on_sigint(self, signum: int, frame: Any) -> None:
+        """The worker's SIGINT handler (the store puts its own in front): Ctrl-C interrupts an operation;
+        between two it is noted and dropped (there is nothing to interrupt, and this loop has no ``try``
+        around its own bookkeeping)."""
+        if self.in_op:
+            raise KeyboardInterrupt
+        self.note("i", "-")
+
+    def _resolve_interrupted(self) -> None:
+        self.in_op = False  # another Ctrl-C now is noted, not raised
+        self.note("I", "-")
+        self._resolve(self.current)
+        self.current = None
+
+    def _resolve(self, current: tuple[Any, ...] | None) -> None:
+        """Journal the outcome of an operation an interrupt cut short: each is all or nothing."""
+        if current is None:
+            return
+        what, key = current[0], current[1]
+        present = key in self.store
+        if what == "put":
+            if present:
+                self._check(key, self.store.get(key), current[2])
+                self.mine.append(key)
+            self.note("p" if present else "F", key)
+        elif what == "delete":
+            if present:  # it did not happen: the key stays this worker's
+                self.note("p", key)
+                self.mine.append(key)
+            else:
+                self.note("d", key)
+        elif what == "overwrite":
+            assert present, f"{key!r} went missing in an interrupted overwrite"
+            crc = verify(self.store.get(key))
+            assert crc in (current[2], current[3]), f"{key!r} is neither its old nor its new value"
+            self.note("o" if crc == current[2] else "f", key)
 
     def _key(self) -> str:
         self.n += 1
@@ -146,6 +213,7 @@ class Worker:
         value, crc = make_value(self.rng, key)
         levels = self.rng.choice([None, None, None, [Level.DISK], [Level.MEMORY]])
         self.note("P", key, crc)
+        self.current = ("put", key, crc)
         try:
             self.store.put(key, value, levels=levels)
         except shmstore.StorageFullError:
@@ -162,6 +230,7 @@ class Worker:
         self.n += 1
         value, crc = make_value(self.rng, key, self.n)
         levels = self.rng.choice([None, None, [Level.DISK], [Level.MEMORY]])
+        self.current = ("overwrite", key, crc, verify(self.store.get(key)))
         self.note("O", key, crc)
         try:
             self.store.put(key, value, levels=levels, overwrite=True)
@@ -175,6 +244,7 @@ class Worker:
         value, crc = make_value(self.rng, key)
         data = value_bytes(value)
         self.note("P", key, crc)
+        self.current = ("put", key, crc)
         try:
             w = self.store.open_writer(key, len(data), levels=self.rng.choice([None, [Level.DISK]]))
         except shmstore.StorageFullError:
@@ -220,6 +290,7 @@ class Worker:
             self.pinned.remove(key)
             self.store.unpin(key)
         self.note("D", key)
+        self.current = ("delete", key)
         self.store.delete(key)
         self.note("d", key)
 
@@ -276,11 +347,18 @@ class Worker:
 
 
 def worker_main(args: argparse.Namespace) -> int:
+    import faulthandler
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the run asks for the stack of a stuck worker
     rng = random.Random(f"{args.seed}-{args.tag}")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is caught from the first operation on
     with shmstore.connect(args.name, capacity=args.capacity, spill_dir=args.spill_dir, lock_timeout=30,
                           spill_timeout=30, prefault=0, max_objects=args.max_objects) as store:
+        worker = Worker(store, args.journal, rng, args.tag)
+        signal.signal(signal.SIGINT, worker.on_sigint)  # a program's own handler (the store wraps it)
+        signal.signal(signal.SIGUSR2, worker.on_pause)
+        open(worker.ready, "w").close()  # Ctrl-C and pauses from now on
         print("ready", flush=True)
-        Worker(store, args.journal, rng, args.tag).run()
+        worker.run()
     return 0
 
 
@@ -295,6 +373,7 @@ class Journal:
         #                                   O overwrite begun (o returned, f failed: back to p)
         self.old: dict[str, int] = {}     # the CRC an overwrite begun replaces
         self.where: dict[str, str] = {}   # the store (incarnation) of each key
+        self.interrupts = 0               # Ctrl-Cs the workers caught
 
     def read(self, path: str) -> None:
         where = ""
@@ -307,6 +386,9 @@ class Journal:
                 if op == "S":
                     where = key
                     continue
+                if op in ("I", "i"):  # a Ctrl-C caught (the outcome of what it cut short follows), or one between
+                    self.interrupts += op == "I"  # two operations
+                    continue
                 self.where[key] = where
                 if op == "CORRUPT":
                     raise AssertionError(f"worker read corrupt {key!r}: {' '.join(parts[2:])}")
@@ -315,8 +397,9 @@ class Journal:
                 elif op == "O":
                     self.old[key], self.crc[key] = self.crc[key], int(parts[2])
                 elif op in ("o", "f"):
-                    old = self.old.pop(key)
-                    self.crc[key] = old if op == "f" else self.crc[key]
+                    if key in self.old:  # (an interrupt may come before the "O" line)
+                        old = self.old.pop(key)
+                        self.crc[key] = old if op == "f" else self.crc[key]
                     op = "p"
                 self.state[key] = op
 
@@ -325,8 +408,10 @@ class Chaos:
     """One chaos run over one store name (see the module docstring)."""
 
     def __init__(self, seed: int, workers: int = 4, capacity: str = "16MiB", kill_spill: bool = True,
-                 max_objects: int = 65536, log: Callable[[str], None] = print, unlink_every: int = 0) -> None:
+                 max_objects: int = 65536, log: Callable[[str], None] = print, unlink_every: int = 0,
+                 interrupts: bool = True) -> None:
         self.seed, self.nworkers, self.capacity, self.kill_spill = seed, workers, capacity, kill_spill
+        self.interrupts = interrupts  # Ctrl-C to workers, which catch it and go on
         self.max_objects = max_objects  # small: the table runs out and clients take entries from each other
         self.unlink_every = unlink_every  # rounds between two unlinks of the store's names (0: never)
         self.rng = random.Random(seed)
@@ -337,8 +422,9 @@ class Chaos:
         os.mkdir(self.spill_dir)
         self.procs: dict[int, subprocess.Popen] = {}
         self.incarnation = 0
-        self.kills = {"worker SIGKILL": 0, "worker SIGTERM": 0, "spill SIGKILL": 0, "spill SIGTERM": 0,
-                      "names unlinked": 0}
+        self.kills = {"worker SIGKILL": 0, "worker SIGTERM": 0, "worker SIGINT": 0, "spill SIGKILL": 0,
+                      "spill SIGTERM": 0, "names unlinked": 0}
+        self.caught = 0  # Ctrl-Cs the workers caught and went on after (their journals)
         self.store: shmstore.Store | None = None  # the store that has the name
         self.old: list[shmstore.Store] = []       # stores whose names were unlinked this round, still in use
         self.journal = Journal()
@@ -385,6 +471,47 @@ class Chaos:
         self._reap(p, expect_killed=True)
         self.kills["worker " + signal.Signals(sig).name] += 1
         self._spawn(wid)
+
+    def _check_beside_live_workers(self) -> None:
+        """Pause the workers (between two operations, still attached: whatever a Ctrl-C they caught left,
+        nobody has cleaned up), then check every store: no lock held, no half update (``check()`` takes
+        every lock, and counts the live workers' pins)."""
+        ready = [p for p in self.procs.values()
+                 if p.poll() is None and os.path.exists(os.path.join(self.dir, p.tag + ".ready"))]  # type: ignore
+        for p in ready:
+            p.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 30
+        for p in ready:
+            paused = os.path.join(self.dir, p.tag + ".paused")  # type: ignore[attr-defined]
+            while not os.path.exists(paused) and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if p.poll() is not None:
+                self._reap(p, expect_killed=False)
+            if not os.path.exists(paused):
+                p.send_signal(signal.SIGUSR1)  # its stack, in its .err (faulthandler)
+                time.sleep(0.5)
+                with open(os.path.join(self.dir, p.tag + ".err"), "rb") as f:  # type: ignore[attr-defined]
+                    stack = f.read().decode(errors="replace")[-3000:]
+                raise AssertionError(f"worker {p.tag} did not get to its next operation within 30 s: stuck "  # type: ignore
+                                     f"(a lock it holds?) (seed {self.seed}):\n{stack}")
+        for store in [*self.old, self.store]:
+            assert store is not None
+            problems = store.check()
+            if problems:
+                raise AssertionError(f"store.check() beside live workers that caught Ctrl-Cs (seed {self.seed}):"
+                                     f"\n  " + "\n  ".join(problems[:30]))
+
+    def _interrupt_workers(self) -> None:
+        """Ctrl-C a few times to random workers (half of the time while a move is in flight), at random
+        moments: they catch it and go on; each one SIGKILLed later is reclaimed as ever."""
+        if self.rng.random() < 0.5:
+            self._wait_for_a_move(0.2)
+        for _ in range(self.rng.randint(1, 6)):
+            p = self.procs[self.rng.randrange(self.nworkers)]
+            if p.poll() is None and os.path.exists(os.path.join(self.dir, p.tag + ".ready")):  # type: ignore
+                p.send_signal(signal.SIGINT)
+                self.kills["worker SIGINT"] += 1
+            time.sleep(self.rng.uniform(0, 0.02))
 
     def _wait_for_a_move(self, seconds: float) -> None:
         """Wait (a while at most) for the spill process to be moving an object: the worker killed then may be
@@ -445,6 +572,8 @@ class Chaos:
                 unlink_at = None
                 self._unlink_names()
                 continue
+            if self.interrupts:
+                self._interrupt_workers()
             r = self.rng.random()
             if r < 0.55:
                 self._kill_worker(signal.SIGKILL)
@@ -454,6 +583,8 @@ class Chaos:
                 self._kill_spill(signal.SIGKILL)
             elif self.kill_spill and r < 0.85:
                 self._kill_spill(signal.SIGTERM)
+        if self.interrupts:
+            self._check_beside_live_workers()
         for p in self.procs.values():  # the round ends as hostile as it ran
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
@@ -518,6 +649,7 @@ class Chaos:
         for key, state in self.journal.state.items():  # the run's own deletes
             journal.state[key] = state
         self.journal = journal
+        self.caught = journal.interrupts
         assert self.store is not None
         for store in [*self.old, self.store]:  # every store of the name this run holds
             self._settle(store)
@@ -612,7 +744,8 @@ class Chaos:
             while (rounds is None or n < rounds) and (stop is None or time.monotonic() < stop):
                 self.round(seconds, unlink=bool(self.unlink_every) and (n + 1) % self.unlink_every == 0)
                 n += 1
-                self.log(f"chaos: round {n} ok: {self.checked} reads verified, kills {self.kills}")
+                self.log(f"chaos: round {n} ok: {self.checked} reads verified, kills {self.kills}, "
+                         f"{self.caught} Ctrl-Cs caught")
             self.store.close()
             self.store = None
             deadline = time.monotonic() + 20
@@ -631,7 +764,8 @@ class Chaos:
                     store.close()
             shmstore.destroy(self.name, force=True)
             shutil.rmtree(self.dir, ignore_errors=True)
-        return {"seed": self.seed, "rounds": n, "verified": self.checked, "kills": self.kills}
+        return {"seed": self.seed, "rounds": n, "verified": self.checked, "kills": self.kills,
+                "interrupts caught": self.caught}
 
 
 def _files(spill_dir: str) -> list[str]:
@@ -661,6 +795,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--capacity", default="16MiB")
     p.add_argument("--max-objects", type=int, default=65536, help="small values make clients steal table entries")
     p.add_argument("--no-spill-kills", action="store_true", help="never kill the spill process")
+    p.add_argument("--no-interrupts", action="store_true", help="never send workers SIGINT")
     p.add_argument("--unlink-every", type=int, default=3, metavar="N",
                    help="unlink the store's names behind its back once every N rounds (0: never)")
     p.add_argument("--json", action="store_true")
@@ -673,7 +808,8 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     rounds = args.rounds if args.rounds is not None or args.hours else 20
     result = Chaos(seed, args.workers, args.capacity, not args.no_spill_kills, args.max_objects,
-                   unlink_every=args.unlink_every).run(rounds, args.seconds, args.hours)
+                   unlink_every=args.unlink_every, interrupts=not args.no_interrupts).run(rounds, args.seconds,
+                                                                                          args.hours)
     print(json.dumps(result) if args.json else f"chaos: passed: {result}")
     return 0
 

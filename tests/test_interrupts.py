@@ -425,10 +425,7 @@ def test_a_handler_reset_by_the_program_is_wrapped_again_at_the_next_verb(store,
 
 def test_a_signal_inside_a_verb_is_handled_when_the_verb_returns_and_a_second_one_at_once(store, sigint_restored):
     calls = []
-    store.put("warm", 0)  # installs the store's handler
-    handler = interrupts.deferring(signal.SIGINT)
-    assert handler is not None
-    handler.wrapped = lambda s, f: calls.append(f.f_code.co_name)
+    handler = interrupts.DeferringHandler(signal.SIGINT, lambda s, f: calls.append(f.f_code.co_name))
 
     def once(frame):
         handler(signal.SIGINT, frame)
@@ -446,7 +443,18 @@ def test_a_signal_inside_a_verb_is_handled_when_the_verb_returns_and_a_second_on
 
     store.put("two", _Reduced(twice))
     assert len(calls) == 2 and not interrupts.pending()
-    assert store.check() == []
+
+    other = interrupts.DeferringHandler(signal.SIGUSR2, lambda s, f: calls.append("usr2"))
+    raising = interrupts.DeferringHandler(signal.SIGINT, signal.default_int_handler)
+
+    def two_signals(frame):  # a pause request and a Ctrl-C while one verb runs: both wait, both are handled
+        other(signal.SIGUSR2, frame)
+        raising(signal.SIGINT, frame)
+
+    with pytest.raises(KeyboardInterrupt):
+        store.put("three", _Reduced(two_signals))
+    assert calls[-1] == "usr2" and not interrupts.pending() and sys.gettrace() is None
+    assert "three" in store and store.check() == []
 
 
 def test_ctrl_c_in_a_wait_for_the_spill_process_raises_at_once_and_withdraws_the_request(tmp_path, sigint_restored):
@@ -473,3 +481,22 @@ def test_ctrl_c_in_a_wait_for_the_spill_process_raises_at_once_and_withdraws_the
         assert status == L.RS_IDLE, "the request the interrupted wait made is still pending"
         assert s.check() == []
         assert requests.pending(node) == []
+
+
+def test_a_signal_deferred_in_a_finalizer_is_raised_in_the_code_it_interrupted_not_swallowed(sigint_restored):
+    handler = interrupts.DeferringHandler(signal.SIGINT, signal.default_int_handler)
+    reached = []
+
+    class Dying:
+        def __del__(self):  # as a view's unpin: a signal lands inside it and waits for its return
+            interrupts._DEFERRED_NOW.handlers.append(handler)
+            interrupts._DEFERRED_NOW.arm(sys._getframe())
+
+    def program():
+        x = Dying()
+        del x  # the finalizer runs here; what it deferred must not vanish with it
+        reached.append("the next line")  # KeyboardInterrupt at this line
+
+    with pytest.raises(KeyboardInterrupt):
+        program()
+    assert reached == [] and not interrupts.pending() and sys.gettrace() is None

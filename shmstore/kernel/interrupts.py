@@ -24,8 +24,9 @@ the frame the signal interrupted:
    trace function set on that frame only. The verb finishes (all or
    nothing, as ever) and then raises ``KeyboardInterrupt`` to its caller.
    A finalizer (a view's unpin, run by the garbage collector anywhere)
-   cannot raise to anyone: there the signal is raised again on return, and
-   its handler runs at the next instruction after the finalizer.
+   cannot raise to anyone (Python swallows it): the signals wait on for the
+   code it interrupted, the end of its store stretch, or else the next line
+   of the program's frame.
 
 A second signal while one is deferred runs the handler at once: a verb
 stuck for good (a hung file system) can still be interrupted. That, and
@@ -101,41 +102,72 @@ class DeferringHandler:
     """The store's handler of one signal, in front of the program's ``wrapped`` handler.
 
     Process-wide (signal handlers are); runs only in the main thread, as all
-    Python signal handlers do, so it needs no lock.
+    Python signal handlers do, so it needs no lock. The signals waiting for a
+    verb wait together (:class:`_Deferred`): one trace function on one frame.
     """
 
-    __slots__ = ("signum", "wrapped", "pending", "_target", "_old_trace", "_old_local")
+    __slots__ = ("signum", "wrapped")
 
     def __init__(self, signum: int, wrapped: Callable[[int, FrameType | None], Any]) -> None:
         self.signum = signum
         self.wrapped = wrapped
-        self.pending = False
-        self._target: FrameType | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self in _DEFERRED_NOW.handlers
+
+    def __call__(self, signum: int, frame: FrameType | None) -> Any:
+        now = _DEFERRED_NOW
+        if now.delivering:  # the verb is over and the ones that waited are being handled: this one joins them
+            now.handlers.append(self)
+            return None
+        if self in now.handlers:  # a second one while the first waits: the program's handler now
+            now.handlers.remove(self)
+            if not now.handlers:
+                now.disarm()
+            return self.wrapped(signum, frame)
+        target = now.target or critical_frame(frame)
+        if target is None:  # outside the store's code
+            return self.wrapped(signum, frame)
+        now.handlers.append(self)
+        if now.target is None:
+            now.arm(target)
+        return None
+
+
+class _Deferred:
+    """The signals waiting for the store's code to return, and the frame they wait for (main thread only).
+
+    One trace function on one frame: ``arm`` sets it (turning tracing on
+    with a trace function that traces nothing else, if none was on), the
+    frame's return (or, after a finalizer, the next line of the program's
+    frame it interrupted) delivers every signal that waited, in order, and
+    ``disarm`` puts things back. A signal that comes during the delivery
+    joins it; none is ever left waiting with nothing armed.
+    """
+
+    def __init__(self) -> None:
+        self.handlers: list[DeferringHandler] = []
+        self.target: FrameType | None = None
+        self.delivering = False  # the program's handlers of the signals that waited are running
+        self._at_line = False   # deliver at the target's next line too (a program frame, after a finalizer)
         self._old_trace: Any = None
         self._old_local: Any = None
 
-    def __call__(self, signum: int, frame: FrameType | None) -> Any:
-        target = None if self.pending else critical_frame(frame)
-        if target is None:  # outside the store's code, or a second signal: the program's handler now
-            self._disarm()
-            return self.wrapped(signum, frame)
-        self.pending = True
-        self._arm(target)
-        return None
-
-    def _arm(self, target: FrameType) -> None:
-        self._target = target
+    def arm(self, target: FrameType, at_line: bool = False) -> None:
+        self.target, self._at_line = target, at_line
         self._old_trace = sys.gettrace()
         if self._old_trace is None:
             sys.settrace(_no_local_trace)  # a frame's f_trace runs only while a trace function is set
         self._old_local = target.f_trace
-        target.f_trace_lines = False
+        target.f_trace_lines = at_line
         target.f_trace = self._on_event
 
-    def _disarm(self) -> None:
-        target, self._target, self.pending = self._target, None, False
+    def disarm(self) -> None:
+        target, self.target = self.target, None
         if target is not None:
             target.f_trace = self._old_local
+            target.f_trace_lines = True
             if self._old_trace is None and sys.gettrace() is _no_local_trace:
                 sys.settrace(None)
         self._old_trace = self._old_local = None
@@ -144,15 +176,48 @@ class DeferringHandler:
         local = self._old_local
         if local is not None:  # a debugger's or coverage's tracer of this frame goes on seeing it
             local(frame, event, arg)
-        if event != "return":
+        if not (event == "return" or (event == "line" and self._at_line)):
             return self._on_event
         code = frame.f_code
-        self._disarm()
-        if code in _FINALIZERS or code.co_name == "__del__":
-            signal.raise_signal(self.signum)  # nobody to raise to here: the handler runs after the finalizer
+        if event == "return" and (code in _FINALIZERS or code.co_name == "__del__"):
+            self._after_finalizer(frame.f_back)  # nobody to raise to here (Python swallows it)
             return None
-        self.wrapped(self.signum, frame.f_back)  # raises (KeyboardInterrupt) from the verb's return
+        self._deliver(frame if event == "line" else frame.f_back)
         return None
+
+    def _after_finalizer(self, caller: FrameType | None) -> None:
+        """Wait on for the code the garbage collector interrupted to run the finalizer: the end of its
+        store stretch if it is store code, else its next line."""
+        self.disarm()
+        inner = critical_frame(caller)
+        if inner is not None:
+            self.arm(inner)
+        elif caller is not None:
+            self.arm(caller, at_line=True)
+        else:
+            for h in self.handlers:
+                signal.raise_signal(h.signum)
+            self.handlers.clear()
+
+    def _deliver(self, frame: FrameType | None) -> None:
+        """Run every waiting signal's program handler; raise the first exception one raised."""
+        first: BaseException | None = None
+        self.delivering = True
+        try:
+            self.disarm()
+            while self.handlers:
+                h = self.handlers.pop(0)
+                try:
+                    h.wrapped(h.signum, frame)
+                except BaseException as exc:
+                    first = first or exc
+        finally:
+            self.delivering = False
+        if first is not None:
+            raise first  # from the verb's return (KeyboardInterrupt), to its caller
+
+
+_DEFERRED_NOW = _Deferred()
 
 
 def _no_local_trace(frame: FrameType, event: str, arg: Any) -> None:
@@ -167,7 +232,7 @@ def deferring(signum: int) -> DeferringHandler | None:
 
 def pending() -> bool:
     """True while a signal waits for a verb to finish (tests)."""
-    return any(isinstance(h, DeferringHandler) and h.pending for h in map(_getsignal, _DEFERRED))
+    return bool(_DEFERRED_NOW.handlers)
 
 
 def guard() -> None:
