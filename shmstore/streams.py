@@ -41,7 +41,7 @@ class Writer:
     thread-safe.
     """
 
-    _idx = -1
+    _idx = _gen = -1
     _sink: Sink | None = None
     _dst: np.ndarray | None = None
     closed = True
@@ -54,7 +54,7 @@ class Writer:
         self._idx, off, _, _, self._stripe = kernel.reserve(key, kb, L.KIND_RAW, self.size, self.size, level=level)
         kernel.writers.add(self)
         try:
-            gen = L.entry_gen(kernel._buf, kernel._lay.entry(self._idx))
+            self._gen = gen = L.entry_gen(kernel._buf, kernel._lay.entry(self._idx))
             self._sink: Sink | None = kernel.node.levels[Level(level)].sink(self._idx, gen, off, self.size, key)
             self._dst = self._sink.buffer()
         except BaseException:
@@ -143,6 +143,9 @@ class Writer:
 
     def abort(self) -> None:
         """Drop the unsealed object and give its space back; idempotent."""
+        self._drop(blocking=True)
+
+    def _drop(self, blocking: bool) -> None:
         if self.closed:
             return
         self._dst = None
@@ -151,7 +154,7 @@ class Writer:
         sink, self._sink = self._sink, None
         if sink is not None:
             sink.abort()
-        self._kernel.abort(self._idx)
+        self._kernel.give_up(self._idx, self._gen, blocking)
 
     def __enter__(self) -> "Writer":
         return self
@@ -163,9 +166,12 @@ class Writer:
             self.abort()
 
     def __del__(self) -> None:
+        """Dropped unsealed: the entry goes back without waiting for a store lock (the garbage collector runs
+        this wherever it runs, maybe inside a locked section of this thread); if a lock it needs is
+        taken, this process's next verb (or its close) does it."""
         try:
-            self.abort()
-        except (OSError, ShmStoreError):  # a finalizer never raises; the janitor drops what it could not
+            self._drop(blocking=False)
+        except (OSError, ShmStoreError):  # a finalizer never raises; close gives back what it could not
             pass
 
 

@@ -32,8 +32,10 @@ from __future__ import annotations
 import gc
 import json
 import os
+import select
 import signal
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -500,3 +502,132 @@ def test_a_signal_deferred_in_a_finalizer_is_raised_in_the_code_it_interrupted_n
     with pytest.raises(KeyboardInterrupt):
         program()
     assert reached == [] and not interrupts.pending() and sys.gettrace() is None
+
+
+# ---- writers dropped where the garbage collector runs -----------------------------------------------------
+
+def _writing(store) -> list[int]:
+    t = L.entry_table(store._node.buf, store._node.layout)
+    return np.flatnonzero(t["state"] == L.WRITING).tolist()
+
+
+def _say(fd: int, *what) -> None:
+    os.write(fd, (json.dumps(what) + "\n").encode())
+
+
+def _hear(fd: int, timeout: float = 60.0) -> list:
+    """The child's next message (one JSON line), waiting ``timeout`` seconds at most."""
+    buf, deadline = b"", time.monotonic() + timeout
+    while not buf.endswith(b"\n"):
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 1 << 16) if ready else b""
+        if not chunk:
+            raise AssertionError(f"the child said nothing more within {timeout:g} s (or exited): {buf!r}")
+        buf += chunk
+    said = json.loads(buf)
+    assert said[0] != "FAIL", said[1]
+    return said
+
+
+def _reap(pid: int, timeout: float = 60.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]
+
+
+@pytest.mark.parametrize("held", ["alloc", "stripe"])
+@pytest.mark.parametrize("kind", ["small", "large", "disk"])
+def test_a_writer_finalized_inside_a_locked_section_of_its_own_thread_waits_for_no_lock(crash_store, kind, held):
+    """An unsealed writer in a reference cycle (a frame kept by an exception's traceback) is finalized wherever
+    the garbage collector runs: here inside a section of the same thread holding the ALLOC lock or the
+    writer's stripe lock. Its finalizer used to wait for that lock, held by itself, for the whole lock
+    timeout (every process of the node waiting behind it), and then, on the ALLOC lock, left the entry
+    ``writing`` and out of its chain for good (the timeout is an error raised on purpose, which runs no
+    repair): what the chaos run's ``check()`` beside live workers found after Ctrl-Cs. It must give up
+    at once and leave the entry to the process's next verb."""
+    store, timeout = crash_store, 3.0
+    size, levels = {"small": (1000, None), "large": (1 << 20, None), "disk": (100_000, [Level.DISK])}[kind]
+    r, w = os.pipe()
+    r2, w2 = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            os.close(r)
+            os.close(w2)
+            gc.disable()  # the test says where the garbage collector runs
+            s = shmstore.connect(store.name, spill_dir=store.config.spill_dir, prefault=0, lock_timeout=timeout)
+            writer = s.open_writer("dropped", size, levels=levels)
+            writer.write(b"x" * (size // 2))
+            idx, node = writer._idx, s._node
+            cycle: list = [writer]
+            cycle.append(cycle)
+            del writer, cycle
+            lock = node.alloc_lock if held == "alloc" else node.stripe_of(idx)
+            t0 = time.monotonic()
+            with lock:
+                gc.collect()  # as at any allocation inside such a section
+            _say(w, "collected", time.monotonic() - t0)
+            assert os.read(r2, 1) == b"g"
+            s.keys()  # the next verb does what the finalizer left
+            _say(w, "next")
+            assert os.read(r2, 1) == b"g"
+            s.close()
+            _say(w, "ok")
+            code = 0
+        except BaseException:
+            _say(w, "FAIL", traceback.format_exc())
+        finally:
+            os._exit(code)
+    os.close(w)
+    os.close(r2)
+    try:
+        took = _hear(r)[1]
+        problems = store.check()  # beside the live child: its writer's entry whole (or given up)
+        assert not problems, "\n".join(problems)
+        assert took < timeout / 3, f"the finalizer waited {took:.1f} s for a lock its own thread held"
+        assert "dropped" not in store
+        os.write(w2, b"g")
+        _hear(r)
+        assert _writing(store) == [], "the next verb did not give back the dropped writer's entry"
+        assert_consistent(store)
+        os.write(w2, b"g")
+        _hear(r)
+    finally:
+        os.close(w2)  # a child still waiting for the go reads the end and exits
+        status = _reap(pid)
+        os.close(r)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert_consistent(store)
+    assert store.keys() == []
+
+
+def test_a_deferred_ctrl_c_keeps_nothing_it_unwound_alive(store, sigint_restored):
+    """A Ctrl-C deferred to a verb's return is raised from the store's delivery without a reference cycle:
+    the frames it unwound go when the program's ``except`` ends, and an open writer among their locals is
+    given back there and then, not whenever (and wherever) the garbage collector runs next."""
+    raising = interrupts.DeferringHandler(signal.SIGINT, signal.default_int_handler)
+
+    def program():
+        w = store.open_writer("dropped", 100)
+        w.write(b"x" * 10)
+        store.put("after", _Reduced(lambda frame: raising(signal.SIGINT, frame)))  # raises when put returns
+
+    gc.disable()
+    try:
+        try:
+            program()
+        except KeyboardInterrupt:
+            pass
+        else:
+            pytest.fail("the deferred Ctrl-C was not raised")
+        assert _writing(store) == [], "the writer the Ctrl-C unwound is still alive, its entry still writing"
+    finally:
+        gc.enable()
+    assert "after" in store and "dropped" not in store
+    assert store.check() == []

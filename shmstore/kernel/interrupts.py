@@ -214,7 +214,13 @@ class _Deferred:
         finally:
             self.delivering = False
         if first is not None:
-            raise first  # from the verb's return (KeyboardInterrupt), to its caller
+            try:
+                raise first  # from the verb's return (KeyboardInterrupt), to its caller
+            finally:
+                # no cycle (the exception, its traceback, this frame, ``first``): it would keep every frame
+                # it unwound alive, with their locals (an open Writer), until the garbage collector ran,
+                # wherever that is; their finalizers would run there instead of where the program drops them
+                first = None
 
 
 _DEFERRED_NOW = _Deferred()

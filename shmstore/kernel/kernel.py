@@ -136,6 +136,13 @@ class Kernel:
         """Drop a reserved entry and give its space back."""
         self.puts.abort(idx)
 
+    def give_up(self, idx: int, gen: int, blocking: bool = True) -> None:
+        """Drop this client's unsealed entry ``idx`` of generation ``gen`` (a no-op if it is not that any
+        more). With ``blocking=False`` (a finalizer: it may run inside a locked section of this very
+        thread) it waits for no lock, and what it could not do this process's next verb does."""
+        if not self.puts.give_up(idx, gen, blocking):
+            self._deferred.append((idx, gen))
+
     def writable(self, off: int, size: int) -> np.ndarray:
         """Writable uint8 view of ``size`` arena bytes at ``off`` (for the writer only)."""
         return self.puts.writable(off, size)
@@ -149,7 +156,7 @@ class Kernel:
             raise StoreClosedError("store is closed (connect() again)")
         if self._fork != _FORKS[0]:
             raise StoreClosedError("store was opened before fork(); connect() again in the child")
-        self.pins.free_deferred()
+        self.pins.free_deferred(self.puts.give_up)
 
     def _begin(self, key: str) -> bytes:
         """The key's bytes, after the checks every verb makes (cheap when all is well)."""

@@ -37,7 +37,9 @@ class Pins:
         self._fast = at.fast
         self.counts: dict[int, int] = {}   # entry index -> local pins (views, readers, explicit)
         self.explicit: dict[tuple[int, bytes], list[int]] = {}  # (sid, key) -> [index, generation, count]
-        self.deferred: list[tuple[int, int]] = []  # (index, generation) to free at the next verb
+        # (index, generation) a finalizer left for the next verb: a deleted entry whose last pin it dropped,
+        # or the entry of a writer dropped unsealed (see free_deferred)
+        self.deferred: list[tuple[int, int]] = []
         self.closed = False  # detached: releases are no-ops (the slot and its pins are gone)
         self.detach_when_idle = False
         self._lock = threading.Lock()
@@ -108,11 +110,21 @@ class Pins:
         if self.detach_when_idle and not self.counts:
             self._on_idle()
 
-    def free_deferred(self) -> None:
-        """Free the deleted entries a finalizer could not (called at the start of a verb)."""
+    def free_deferred(self, give_up: Callable[[int, int], object]) -> None:
+        """Do what finalizers could not without waiting for a lock (called at the start of a verb): free each
+        deleted entry whose last pin went, and ``give_up`` (:meth:`Puts.give_up`) each entry of a writer
+        dropped unsealed.
+
+        The two kinds are told apart by the entry's state: a writer's is ``writing`` until given up, and
+        an entry pinned at generation ``gen`` was sealed then, so it is never ``writing`` at ``gen``
+        again. Either step checks the generation under the lock and does nothing to a newer object.
+        """
         node, cache = self._at.node, self._at.cache
         while self.deferred:
             idx, gen = self.deferred.pop()
+            if L.entry_state(node.buf, node.layout.entry(idx)) == L.WRITING:
+                give_up(idx, gen)
+                continue
             with node.stripe_of(idx):
                 node.free_if_unpinned(idx, gen, cache=cache)
 

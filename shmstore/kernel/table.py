@@ -138,8 +138,8 @@ class Table:
             rec = cur
         raise AssertionError(f"entry {old} is not in bucket {b}'s chain")
 
-    def unlink(self, idx: int, b: int) -> None:
-        """Remove entry ``idx`` from bucket ``b``'s chain (no-op if absent)."""
+    def unlink(self, idx: int, b: int) -> bool:
+        """Remove entry ``idx`` from bucket ``b``'s chain; False (a no-op) if it is not in it."""
         buf, lay = self.buf, self.layout
         target = idx + 1
         head_off = lay.bucket(b)
@@ -147,14 +147,15 @@ class Table:
         nxt = L.entry_next(buf, lay.entry(idx))
         if rec == target:
             L.set_bucket_head(buf, head_off, nxt)
-            return
+            return True
         while rec:
             eoff = lay.entry(rec - 1)
             cur = L.entry_next(buf, eoff)
             if cur == target:
                 L.set_entry_next(buf, eoff, nxt)
-                return
+                return True
             rec = cur
+        return False
 
     def bucket_of(self, idx: int) -> int:
         return L.entry_hash(self.buf, self.layout.entry(idx)) & self._bucket_mask

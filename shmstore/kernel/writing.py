@@ -371,7 +371,7 @@ class Puts:
             if not table.pin_count(old) and not e[L.E_FLAGS] & L.FLAG_MOVING:  # else: last pin / mover
                 self.node.release(old, cache=self._cache)
 
-    def give_up(self, idx: int, gen: int) -> None:
+    def give_up(self, idx: int, gen: int, blocking: bool = True) -> bool:
         """Drop entry ``idx`` (generation ``gen``) of a put of this client cut short by an exception, whatever
         step it reached: reserved (back to this client's batch, or freed with the space it names), being
         written (out of its chain, freed), or neither (a repair or another client has it now: nothing to do).
@@ -379,18 +379,50 @@ class Puts:
         The exception may be asynchronous and come at any instruction, even right after a step the
         caller did not see finish (a C call's result it never stored): so this reads where the entry
         is instead of trusting the caller's notion.
+
+        With ``blocking=False`` (a finalizer: a writer dropped unsealed, which the garbage collector may
+        run inside a locked section of this very thread) it waits for no lock: where one it needs is
+        taken, maybe by this thread, it changes nothing and returns False (the caller defers it to this
+        process's next verb). Blocking there would wait for itself for the whole lock timeout, and
+        then leave the entry half dropped.
+
+        Returns:
+            False where it changed nothing for want of a lock (``blocking=False`` only), else True.
         """
-        buf, eoff = self._buf, self._lay.entry(idx)
-        with self.node.stripe_of(idx):
-            e = L.entry_raw(buf, eoff)
-            if e[L.E_GEN] != gen or e[L.E_WRITER] != self.slot or e[L.E_STATE] not in (L.RESERVED, L.WRITING):
-                return
-            if e[L.E_STATE] == L.RESERVED and not e[L.E_EXTENT]:
-                self._cache.entries.append((idx, gen))
-                return
-            if e[L.E_STATE] == L.WRITING:
-                self._table.unlink(idx, self._table.bucket_of(idx))
-            self.node.release(idx, cache=self._cache)
+        lock = self.node.stripe_of(idx)
+        if blocking:
+            with lock:
+                return self._give_up_locked(idx, gen, True)
+        if not lock.acquire(blocking=False):
+            return False
+        try:  # as the context manager does, in this frame: nothing can come between the acquire and the try
+            return self._give_up_locked(idx, gen, False)
+        except BaseException as exc:
+            lock.abandon(exc)
+            raise
+        finally:
+            lock.release()
+
+    def _give_up_locked(self, idx: int, gen: int, blocking: bool) -> bool:
+        """:meth:`give_up` with the entry's stripe lock held."""
+        buf, eoff, table = self._buf, self._lay.entry(idx), self._table
+        e = L.entry_raw(buf, eoff)
+        if e[L.E_GEN] != gen or e[L.E_WRITER] != self.slot or e[L.E_STATE] not in (L.RESERVED, L.WRITING):
+            return True
+        if e[L.E_STATE] == L.RESERVED and not e[L.E_EXTENT]:
+            self._cache.entries.append((idx, gen))
+            return True
+        b = table.bucket_of(idx)
+        linked = e[L.E_STATE] == L.WRITING and table.unlink(idx, b)
+        try:
+            done = self.node.release(idx, blocking, cache=self._cache)  # False: the ALLOC lock is taken
+        except ShmStoreError:  # the ALLOC lock stayed taken for its timeout: raised on purpose, so the
+            if linked:         # stripe's repair will not run, and the entry must be whole again
+                table.link(idx, b)
+            raise
+        if not done and linked:
+            table.link(idx, b)  # as it was (a chain's order means nothing)
+        return done
 
     def abort(self, idx: int) -> None:
         """Drop a reserved entry and give its space back."""
