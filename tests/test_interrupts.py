@@ -631,3 +631,30 @@ def test_a_deferred_ctrl_c_keeps_nothing_it_unwound_alive(store, sigint_restored
         gc.enable()
     assert "after" in store and "dropped" not in store
     assert store.check() == []
+
+
+def test_ctrl_c_inside_a_views_finalizer_reaches_the_program_not_swallowed(store, sigint_restored):
+    """A view's unpin runs wherever the garbage collector frees it: Ctrl-C landing inside it waits for
+    the program's next line (raised inside the finalizer, Python would print 'Exception ignored' and drop
+    it)."""
+    from shmstore.kernel import views
+    store.put("v", np.arange(1000))
+    reached = []
+
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code is views._release.__code__:
+            sys.settrace(None)
+            os.kill(os.getpid(), signal.SIGINT)  # handled inside the finalizer
+        return None
+
+    def program():
+        view = store.get("v")
+        sys.settrace(tracer)
+        del view  # the finalizer runs here
+        reached.append("the next line")
+
+    with pytest.raises(KeyboardInterrupt):
+        program()
+    sys.settrace(None)
+    assert reached == [] and not interrupts.pending()
+    assert store.get_info("v").pins == 0 and store.check() == []

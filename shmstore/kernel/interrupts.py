@@ -45,6 +45,7 @@ import os
 import signal
 import sys
 import threading
+import weakref
 from types import CodeType, FrameType
 from typing import Any, Callable, TypeVar
 
@@ -189,6 +190,8 @@ class _Deferred:
         """Wait on for the code the garbage collector interrupted to run the finalizer: the end of its
         store stretch if it is store code, else its next line."""
         self.disarm()
+        while caller is not None and caller.f_code.co_filename == weakref.__file__:
+            caller = caller.f_back  # weakref.finalize's own frame: the callback's exceptions are swallowed there too
         inner = critical_frame(caller)
         if inner is not None:
             self.arm(inner)

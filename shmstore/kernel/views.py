@@ -12,9 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from .interrupts import finalizer
+
 __all__ = ["SharedArray", "Lease", "ARRAY_TYPES"]
 
 
+@finalizer  # run by the garbage collector anywhere: a Ctrl-C deferred inside it waits for the code it interrupted
 def _release(self: np.ndarray) -> None:
     release = getattr(self, "_release", None)
     if release is not None:

@@ -46,6 +46,7 @@ from ..errors import StorageFullError
 from ..kernel import layout as L
 from ..kernel import serialize
 from ..kernel.cache import EntryStolen, owns_entry
+from ..kernel.interrupts import finalizer
 from ..units import format_size
 from .base import Level
 from .memory import abort_arena_move, unplace_extent
@@ -407,5 +408,10 @@ class PinToken:
 def pin_token(release: Callable[[int, int], None], idx: int, gen: int) -> PinToken:
     """A token whose collection releases the pin ``(idx, gen)``."""
     token = PinToken()
-    weakref.finalize(token, release, idx, gen)
+    weakref.finalize(token, _release_pin, release, idx, gen)
     return token
+
+
+@finalizer  # run by the garbage collector anywhere: a Ctrl-C deferred inside it waits for the code it interrupted
+def _release_pin(release: Callable[[int, int], None], idx: int, gen: int) -> None:
+    release(idx, gen)
