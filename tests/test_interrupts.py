@@ -139,12 +139,15 @@ def run_interrupted(prepare, op, verify_alive, stop_at: int, mode: str = "sigint
             count = (_arm_async if mode == "async" else _arm)(stop_at)
             interrupted, where = False, ""
             try:
-                op(store)
+                try:
+                    op(store)
+                finally:  # a Ctrl-C deferred in a view's finalizer comes at the program's next line: maybe here
+                    sys.settrace(None)
+                    sys.setprofile(None)
             except KeyboardInterrupt:
                 interrupted, where = True, "".join(traceback.format_exc().splitlines(True)[-14:])
-            finally:
-                sys.settrace(None)
-                sys.setprofile(None)
+            sys.settrace(None)
+            sys.setprofile(None)
             assert not interrupts.pending(), "a signal still waits after the verb returned"
             gc.collect()
             store.keys()  # the next verb: frees what a finalizer could not (documented, see pins.py)

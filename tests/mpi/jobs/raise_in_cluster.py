@@ -24,7 +24,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from shmstore import Level
+from shmstore import Level, TransferError
 from shmstore.mpi import Cluster
 
 
@@ -52,7 +52,11 @@ def main(name: str, who: str, where: str) -> None:
             c.barrier()
         elif c.node_index == 1:
             while True:  # fetches from node n0 (rank 0's service sends), for ever
-                c.get("model")
+                try:
+                    c.get("model")
+                except TransferError as exc:  # the other rank of n1 deleted each copy this one fetched
+                    if "kept being interrupted" not in str(exc):
+                        raise
                 c.store.delete("model", missing_ok=True)  # (the other rank of n1 may have)
         else:
             while True:  # asks a key's home (a node's service, maybe the raiser's) over and over
