@@ -15,8 +15,12 @@ the raw baseline measured in the same job (``np.copyto``, MPI
 scaling) and the ratio to it. With matplotlib (``pip install
 'shmstore[plots]'``) it draws ``throughput_vs_ranks.png``,
 ``bandwidth_vs_size.png``, ``latency_vs_nodes.png``,
-``messages_vs_nodes.png`` and ``broadcast_vs_nodes.png``, baselines
-dashed.
+``messages_vs_nodes.png`` and ``broadcast_vs_nodes.png``: a marker at every
+point, baselines dashed with open markers, one series per ranks-per-node
+count. Each baseline is the median of repeats taken in turns with the
+measured operation (see ``scaling_job.py``). Results go to ``--out``, else
+``$SCALING_OUT``, else ``~/shmstore-scaling/<date-time>``; the suite runs from
+any directory.
 """
 from __future__ import annotations
 
@@ -32,8 +36,9 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIELDS = ["workload", "nodes", "ranks_per_node", "size", "value", "unit", "baseline", "baseline_value",
-          "ratio_to_baseline"]
+FIELDS = ["workload", "nodes", "node_names", "ranks_per_node", "size", "value", "unit", "baseline",
+          "baseline_value", "ratio_to_baseline", "repeats"]
+MARKERS = "os^vD<>p"  # one per ranks-per-node series
 
 
 def launcher(nodes: int, rpn: int) -> list[str] | None:
@@ -43,6 +48,7 @@ def launcher(nodes: int, rpn: int) -> list[str] | None:
     if allocated > 1 and shutil.which("srun"):
         if nodes > allocated:
             return None
+        # the launch of mpi/slurm/launch.sh (job.sbatch's), its environment (VCIs, spill directory) inherited
         return ["srun", "--mpi=pmi2", "-K", "-N", str(nodes), "-n", str(nodes * rpn), "--ntasks-per-node",
                 str(rpn), "--overcommit", *py]
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
@@ -104,103 +110,104 @@ def plot(rows: list[dict[str, Any]], outdir: str) -> list[str]:
     def pick(workload: str, **fixed: Any) -> list[dict[str, Any]]:
         return [r for r in rows if r["workload"] == workload and all(r[k] == v for k, v in fixed.items())]
 
-    def figure(name: str, title: str, xlabel: str, ylabel: str, series: list[tuple[str, str, list, str]],
+    def figure(name: str, title: str, xlabel: str, ylabel: str, series: list[tuple[str, str, list, str, str]],
                logx: bool = False, logy: bool = False) -> None:
-        if not any(pts for _, _, pts, _ in series):
+        """One PNG: every series with markers at its points (a series of one point is still seen), the
+        baselines dashed; x ticks at the measured values only."""
+        if not any(pts for _, _, pts, _, _ in series):
             return
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for label, style, pts, color in series:
+        fig, ax = plt.subplots(figsize=(10, 4.8))
+        xs_all: set[float] = set()
+        for label, style, pts, color, marker in series:
             if pts:
                 xs, ys = zip(*sorted(pts))
-                ax.plot(xs, ys, style, label=label, color=color, marker="o" if style == "-" else None)
+                xs_all.update(xs)
+                ax.plot(xs, ys, style, label=label, color=color, marker=marker, markersize=6,
+                        markerfacecolor="none" if style != "-" else color)
         ax.set_title(title)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         if logx:
             ax.set_xscale("log", base=2)
-        else:
-            ax.xaxis.get_major_locator().set_params(integer=True)
         if logy:
             ax.set_yscale("log")
         else:
             ax.set_ylim(bottom=0)
+        ax.set_xticks(sorted(xs_all))
+        ax.set_xticklabels([f"{x:g}" for x in sorted(xs_all)])
+        if len(xs_all) == 1:  # one measured x (2 nodes): a margin either side, not 1.900...2.100
+            x = next(iter(xs_all))
+            ax.set_xlim(x / 2, x * 2) if logx else ax.set_xlim(x - 1, x + 1)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the plot: hides no point
         fig.tight_layout()
         path = os.path.join(outdir, name)
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
 
+    rpns = sorted({r["ranks_per_node"] for r in rows})
+
+    def per_rpn(label: str, workload: str, x: str, y: str, style: str, color: str, **fixed: Any) -> list:
+        """One series per ranks-per-node count (a marker each)."""
+        out = []
+        for i, rpn in enumerate(rpns):
+            pts = [(r[x] / 2**20 if x == "size" else r[x], r[y]) for r in pick(workload, ranks_per_node=rpn, **fixed)]
+            if pts:
+                out.append((f"{label} ({rpn}/node)" if len(rpns) > 1 else label, style, pts, color,
+                            MARKERS[i % len(MARKERS)]))
+        return out
+
     series = []
     for verb, color in (("put", "tab:blue"), ("get", "tab:orange")):
         pts = pick(f"local_{verb}_ops", nodes=1)
-        series.append((f"{verb}s (64 B) on one node", "-", [(r["ranks_per_node"], r["value"]) for r in pts], color))
+        series.append((f"{verb}s (64 B) on one node", "-", [(r["ranks_per_node"], r["value"]) for r in pts], color,
+                       "o"))
         series.append((f"{verb}s: one rank x ranks (ideal)", "--",
-                       [(r["ranks_per_node"], r["baseline_value"]) for r in pts], color))
+                       [(r["ranks_per_node"], r["baseline_value"]) for r in pts], color, "s"))
     figure("throughput_vs_ranks.png", "Small-object throughput against ranks per node", "ranks per node",
            "operations per second (node)", series)
 
-    rpn = min((r["ranks_per_node"] for r in rows), default=1)
-    two = max((r["nodes"] for r in rows if r["workload"] == "fetch_bw"), default=2)
-    series = [("local put", "-", [(r["size"] / 2**20, r["value"]) for r in pick("local_put_bw", nodes=1,
-                                                                                   ranks_per_node=rpn)], "tab:blue"),
-              ("np.copyto (baseline)", "--", [(r["size"] / 2**20, r["baseline_value"])
-                                              for r in pick("local_put_bw", nodes=1, ranks_per_node=rpn)],
-               "tab:blue"),
-              ("local get + one pass over it", "-", [(r["size"] / 2**20, r["value"])
-                                                     for r in pick("local_get_bw", nodes=1, ranks_per_node=rpn)],
-               "tab:purple"),
-              ("pass over a private array (baseline)", "--", [(r["size"] / 2**20, r["baseline_value"]) for r in
-                                                              pick("local_get_bw", nodes=1, ranks_per_node=rpn)],
-               "tab:purple"),
-              ("fetch from another node", "-", [(r["size"] / 2**20, r["value"])
-                                                for r in pick("fetch_bw", nodes=two, ranks_per_node=rpn)],
-               "tab:orange"),
-              ("many-blob migration", "-", [(r["size"] / 2**20, r["value"])
-                                            for r in pick("migrate_blobs_bw", nodes=two, ranks_per_node=rpn)],
-               "tab:green"),
-              ("MPI Send/Recv (baseline)", "--", [(r["size"] / 2**20, r["baseline_value"])
-                                                  for r in pick("fetch_bw", nodes=two, ranks_per_node=rpn)],
-               "tab:orange"),
-              ("spill to disk", "-", [(r["size"] / 2**20, r["value"]) for r in pick("spill_bw", nodes=1,
-                                                                                     ranks_per_node=rpn)], "tab:red"),
-              ("file write (baseline)", "--", [(r["size"] / 2**20, r["baseline_value"])
-                                               for r in pick("spill_bw", nodes=1, ranks_per_node=rpn)], "tab:red")]
-    figure("bandwidth_vs_size.png", f"Bandwidth against object size ({rpn} rank(s) per node)", "object size (MiB)",
+    two = min((r["nodes"] for r in rows if r["workload"] == "fetch_bw"), default=2)  # node 0 to node 1
+    series = (per_rpn("local put", "local_put_bw", "size", "value", "-", "tab:blue", nodes=1)
+              + per_rpn("np.copyto (baseline)", "local_put_bw", "size", "baseline_value", "--", "tab:blue", nodes=1)
+              + per_rpn("local get + one pass over it", "local_get_bw", "size", "value", "-", "tab:purple", nodes=1)
+              + per_rpn("pass over a private array (baseline)", "local_get_bw", "size", "baseline_value", "--",
+                        "tab:purple", nodes=1)
+              + per_rpn("fetch from another node", "fetch_bw", "size", "value", "-", "tab:orange", nodes=two)
+              + per_rpn("many-blob migration", "migrate_blobs_bw", "size", "value", "-", "tab:green", nodes=two)
+              + per_rpn("MPI Send/Recv (baseline)", "fetch_bw", "size", "baseline_value", "--", "tab:orange",
+                        nodes=two)
+              + per_rpn("spill to disk", "spill_bw", "size", "value", "-", "tab:red", nodes=1)
+              + per_rpn("file write (baseline)", "spill_bw", "size", "baseline_value", "--", "tab:red", nodes=1))
+    figure("bandwidth_vs_size.png", f"Bandwidth against object size (fetches: {two} nodes)", "object size (MiB)",
            "GiB/s", series, logx=True)
 
-    series = [("remote 64 B get", "-", [(r["nodes"], r["value"]) for r in pick("remote_get_lat",
-                                                                             ranks_per_node=rpn)], "tab:blue"),
-              ("locate", "-", [(r["nodes"], r["value"]) for r in pick("locate_lat", ranks_per_node=rpn)],
-               "tab:green"),
-              ("MPI 8 B round trip (baseline)", "--", [(r["nodes"], r["baseline_value"])
-                                                       for r in pick("remote_get_lat", ranks_per_node=rpn)],
-               "black")]
-    figure("latency_vs_nodes.png", f"Lookup latency against node count ({rpn} rank(s) per node)", "nodes",
-           "microseconds (log)", series, logy=True)
+    series = (per_rpn("remote 64 B get", "remote_get_lat", "nodes", "value", "-", "tab:blue")
+              + per_rpn("locate", "locate_lat", "nodes", "value", "-", "tab:green")
+              + per_rpn("MPI 8 B round trip (baseline)", "remote_get_lat", "nodes", "baseline_value", "--", "black"))
+    figure("latency_vs_nodes.png", "Lookup latency against node count", "nodes", "microseconds (log)", series,
+           logy=True)
 
-    series = [("remote 64 B get", "-", [(r["nodes"], r["value"]) for r in pick("remote_get_msgs",
-                                                                             ranks_per_node=rpn)], "tab:blue"),
-              ("get: bound for any node count", "--", [(r["nodes"], r["baseline_value"])
-                                                       for r in pick("remote_get_msgs", ranks_per_node=rpn)],
-               "tab:blue"),
-              ("locate", "-", [(r["nodes"], r["value"]) for r in pick("locate_msgs", ranks_per_node=rpn)],
-               "tab:green"),
-              ("locate: bound for any node count", "--", [(r["nodes"], r["baseline_value"])
-                                                          for r in pick("locate_msgs", ranks_per_node=rpn)],
-               "tab:green")]
-    figure("messages_vs_nodes.png", f"Messages per lookup against node count ({rpn} rank(s) per node)", "nodes",
+    series = (per_rpn("remote 64 B get", "remote_get_msgs", "nodes", "value", "-", "tab:blue")
+              + per_rpn("get: bound for any node count", "remote_get_msgs", "nodes", "baseline_value", "--",
+                        "tab:blue")
+              + per_rpn("locate", "locate_msgs", "nodes", "value", "-", "tab:green")
+              + per_rpn("locate: bound for any node count", "locate_msgs", "nodes", "baseline_value", "--",
+                        "tab:green"))
+    figure("messages_vs_nodes.png", "Messages per lookup against node count", "nodes",
            "messages (requests and replies)", series)
 
     size = max((r["size"] for r in rows if r["workload"] == "broadcast"), default=0)
-    series = [("every node gets one object", "-", [(r["nodes"], r["value"]) for r in pick(
-                  "broadcast", ranks_per_node=rpn, size=size)], "tab:blue"),
-              ("MPI_Bcast (baseline)", "--", [(r["nodes"], r["baseline_value"]) for r in pick(
-                  "broadcast", ranks_per_node=rpn, size=size)], "black")]
+    series = (per_rpn("every node gets one object", "broadcast", "nodes", "value", "-", "tab:blue", size=size)
+              + per_rpn("MPI_Bcast (baseline)", "broadcast", "nodes", "baseline_value", "--", "black", size=size))
     figure("broadcast_vs_nodes.png", f"One {size / 2**20:g} MiB object to every node", "nodes", "seconds (log)",
            series, logy=True)
     return written
+
+
+def _default_out() -> str:
+    return os.path.join(os.path.expanduser("~"), "shmstore-scaling", time.strftime("%Y%m%d-%H%M%S"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, help="repeats of each measurement (median; default 3)")
     ap.add_argument("--max-ranks", type=int, default=16, help="skip runs with more ranks in all")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
-    ap.add_argument("--out", default="scaling-results", help="directory for scaling.csv and the plots")
+    ap.add_argument("--out", default=os.environ.get("SCALING_OUT") or _default_out(),
+                    help="directory for scaling.csv and the plots (default $SCALING_OUT, else "
+                         "~/shmstore-scaling/<date-time>: never inside the checkout)")
     args = ap.parse_args(argv)
     defaults = {"nodes": "1,2,4", "ranks": "1,2" if args.quick else "1,2,4",
                 "sizes": "1,8,32" if args.quick else "1,16,128", "ops": 3000 if args.quick else 5000, "repeats": 3}

@@ -22,6 +22,10 @@ Every rank opens one Cluster; rank 0 appends one JSON line per measurement to
 - ``broadcast``: every node gets one SIZE-byte object, against ``MPI_Bcast``;
 - ``spill_bw``: SIZE-byte puts into a store four times smaller than what is
   put (spilling to disk), against writing the same bytes to a file.
+
+Every baseline is taken in turns with what it is compared to, ``--repeats``
+times, and both are the medians (one sample of a baseline on a shared machine
+read a round trip of 217 us in one job and 6 us in the next).
 """
 from __future__ import annotations
 
@@ -46,10 +50,11 @@ from shmstore.mpi import Cluster, quiet_barrier  # noqa: E402
 MiB = 1 << 20
 
 
-
 class Recorder:
-    def __init__(self, cluster: Cluster, out: str) -> None:
-        self.c, self.out = cluster, out
+    """Rank 0's JSON lines: one row per measurement, its baseline from the same run beside it."""
+
+    def __init__(self, cluster: Cluster, out: str, repeats: int) -> None:
+        self.c, self.out, self.repeats = cluster, out, repeats
         self.rpn = cluster.size // len(cluster.nodes)
 
     def row(self, workload: str, size: int, value: float, unit: str, baseline: str, base: float) -> None:
@@ -57,24 +62,32 @@ class Recorder:
             return
         higher_better = unit.endswith("/s")
         ratio = (value / base if higher_better else base / value) if base and value else 0.0
-        rec = {"workload": workload, "nodes": len(self.c.nodes), "ranks_per_node": self.rpn, "size": size,
-               "value": value, "unit": unit, "baseline": baseline, "baseline_value": base,
-               "ratio_to_baseline": ratio}
+        rec = {"workload": workload, "nodes": len(self.c.nodes), "node_names": " ".join(self.c.nodes),
+               "ranks_per_node": self.rpn, "size": size, "value": value, "unit": unit, "baseline": baseline,
+               "baseline_value": base, "ratio_to_baseline": ratio, "repeats": self.repeats}
         with open(self.out, "a") as f:
             f.write(json.dumps(rec) + "\n")
 
 
-def median_time(fn, repeats: int) -> float:
-    times = []
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def interleaved(measured, baseline, repeats: int) -> tuple[float, float]:
+    """Medians of ``repeats`` timings of each, taken in turns (baseline, measured, baseline, ...): a noisy
+    moment of a shared machine hits both alike, and neither is one lucky or unlucky sample."""
+    ms, bs = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        bs.append(timed(baseline))
+        ms.append(timed(measured))
+    return statistics.median(ms), statistics.median(bs)
 
 
-def local_ops(c: Cluster, rec: Recorder, n: int) -> None:
-    """Small puts and gets on node 0: one rank alone, then every rank of the node at once."""
+def local_ops(c: Cluster, rec: Recorder, n: int, repeats: int) -> None:
+    """Small puts and gets on node 0: one rank alone, then every rank of the node at once, in turns
+    ``repeats`` times (medians)."""
     comm = c.comm
     node0 = [r for r, node in enumerate(comm.allgather(c.node_index)) if node == 0]
     rates: dict[str, list[float]] = {"put": [], "get": []}
@@ -83,7 +96,7 @@ def local_ops(c: Cluster, rec: Recorder, n: int) -> None:
             c.store.put(f"warm-{c.rank}-{i}", b"x" * 64)
             c.store.get(f"warm-{c.rank}-{i}")
             c.store.delete(f"warm-{c.rank}-{i}")
-    for alone in (True, False):
+    for alone in (True, False) * repeats:
         active = c.rank in node0 and (not alone or c.rank == node0[0])
         tag = "a" if alone else "b"
         keys = [f"ops-{tag}-{c.rank}-{i}" for i in range(n)]
@@ -110,7 +123,7 @@ def local_ops(c: Cluster, rec: Recorder, n: int) -> None:
                 c.store.delete(k)
     if c.rank == 0:
         for verb in ("put", "get"):
-            one, many = rates[verb]
+            one, many = statistics.median(rates[verb][0::2]), statistics.median(rates[verb][1::2])
             rec.row(f"local_{verb}_ops", 64, many, "ops/s", "one rank x ranks (ideal)", one * len(node0))
 
 
@@ -119,46 +132,48 @@ def local_bandwidth(c: Cluster, rec: Recorder, size: int, repeats: int) -> None:
         return
     src = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
     dst = np.empty_like(src)
-    copy = median_time(lambda: np.copyto(dst, src), repeats)
-    times = []
-    for i in range(repeats):
-        t = time.perf_counter()
-        c.store.put(f"bw-{i}", src)
-        times.append(time.perf_counter() - t)
-        c.store.delete(f"bw-{i}")
-    put = statistics.median(times)
-    rec.row("local_put_bw", size, size / put / 2**30, "GiB/s", "np.copyto", size / copy / 2**30)
+    np.copyto(dst, src)  # both targets warm: the store's arena is prefaulted, so is this buffer now
+    c.store.put("bw-warm", src)
+    c.store.delete("bw-warm")
+
+    puts, copies = [], []
+    for _ in range(repeats):  # in turns; the delete (freed at once: no view holds it) is not timed
+        copies.append(timed(lambda: np.copyto(dst, src)))
+        puts.append(timed(lambda: c.store.put("bw", src)))
+        c.store.delete("bw")
+    put_s, copy_s = statistics.median(puts), statistics.median(copies)
+    rec.row("local_put_bw", size, size / put_s / 2**30, "GiB/s", "np.copyto", size / copy_s / 2**30)
     c.store.put("bw-get", src)
-    read = median_time(lambda: int(src.sum(dtype=np.uint64)), repeats)
-    get = median_time(lambda: int(c.store.get("bw-get").sum(dtype=np.uint64)), repeats)
+    get, read = interleaved(lambda: int(c.store.get("bw-get").sum(dtype=np.uint64)),
+                            lambda: int(src.sum(dtype=np.uint64)), repeats)
     c.store.delete("bw-get")
     rec.row("local_get_bw", size, size / get / 2**30, "GiB/s", "sum over a private array", size / read / 2**30)
 
 
-def raw_send_recv(c: Cluster, a: int, b: int, buf: np.ndarray, repeats: int) -> float:
+def raw_send_recv(c: Cluster, a: int, b: int, buf: np.ndarray) -> float:
+    """One raw Send/Recv of ``buf`` from rank ``a`` to rank ``b``: its time on ``b`` (0 elsewhere)."""
     comm = c.comm
-    times = []
-    for _ in range(repeats):
-        quiet_barrier(comm)
-        t = time.perf_counter()
-        if c.rank == a:
-            comm.Send(buf, dest=b, tag=77)
-        elif c.rank == b:
-            comm.Recv(buf, source=a, tag=77)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) if c.rank == b else 0.0
+    quiet_barrier(comm)
+    t = time.perf_counter()
+    if c.rank == a:
+        comm.Send(buf, dest=b, tag=77)
+    elif c.rank == b:
+        comm.Recv(buf, source=a, tag=77)
+    return time.perf_counter() - t if c.rank == b else 0.0
 
 
 def remote(c: Cluster, rec: Recorder, size: int, repeats: int) -> None:
-    """Fetch and many-blob migration of SIZE bytes from node 0 to node 1, against raw Send/Recv."""
+    """Fetch and many-blob migration of SIZE bytes from node 0 to node 1, against raw Send/Recv of the same
+    bytes between the same ranks, taken in turns with them (into a warm buffer, as the store's arena is)."""
     a, b = c.leaders[0], c.leaders[1]
     comm = c.comm
     buf = np.zeros(size, np.uint8)
-    raw = comm.bcast(raw_send_recv(c, a, b, buf, repeats), root=b)
+    raw_send_recv(c, a, b, buf)  # warm
     data = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
     blobs = {f"w{i}": data[i * (size // 64):(i + 1) * (size // 64)] for i in range(64)}
-    fetch, mig = [], []
+    fetch, mig, raws = [], [], []
     for i in range(repeats):
+        raws.append(raw_send_recv(c, a, b, buf))
         if c.rank == a:
             c.put(f"f-{i}", data)
             c.put(f"m-{i}", blobs)
@@ -178,6 +193,7 @@ def remote(c: Cluster, rec: Recorder, size: int, repeats: int) -> None:
             c.delete(f"m-{i}")
         quiet_barrier(comm)
     f = comm.bcast(statistics.median(fetch) if c.rank == b else 0.0, root=b)
+    raw = comm.bcast(statistics.median(raws) if c.rank == b else 0.0, root=b)
     rec.row("fetch_bw", size, size / f / 2**30, "GiB/s", "MPI Send/Recv", size / raw / 2**30)
     rec.row("migrate_blobs_bw", size, size / statistics.median(mig) / 2**30, "GiB/s", "MPI Send/Recv",
             size / raw / 2**30)
@@ -187,9 +203,9 @@ def latency(c: Cluster, rec: Recorder, n: int) -> None:
     """A 64 B get from the last node and a locate, against a raw 8 B round trip (rank 0 and the last leader)."""
     comm, last = c.comm, c.leaders[-1]
     buf = np.zeros(8, np.uint8)
-    rtts = []
-    quiet_barrier(comm)
-    for _ in range(n):
+    rtts: list[float] = []
+
+    def pingpong() -> None:  # the raw round trip, taken again before each get (in turns with it)
         if c.rank == 0:
             t = time.perf_counter()
             comm.Send(buf, dest=last, tag=78)
@@ -204,12 +220,16 @@ def latency(c: Cluster, rec: Recorder, n: int) -> None:
             c.put(k, np.full(8, 1, np.int64))
     quiet_barrier(comm)
     gets, locs = [], []
+    if c.rank == last:  # the last leader's own service answers the gets; here it also answers the round trips
+        for _ in range(n):
+            pingpong()
     if c.rank == 0:
         for k in keys[:20]:
             c.get(k)
             c.locate(k)
         msgs = {"get": 0, "locate": 0}
         for k in keys[20:]:
+            pingpong()
             m, t = c.requests["messages"], time.perf_counter()
             c.get(k)
             gets.append(time.perf_counter() - t)
@@ -231,48 +251,59 @@ def latency(c: Cluster, rec: Recorder, n: int) -> None:
     quiet_barrier(comm)
 
 
-def broadcast(c: Cluster, rec: Recorder, size: int) -> None:
+def broadcast(c: Cluster, rec: Recorder, size: int, repeats: int) -> None:
+    """Every node's leader gets one SIZE-byte object (the copies spread as a tree), against ``MPI_Bcast`` of
+    the same bytes, in turns."""
     comm = c.comm
     data = np.random.default_rng(2).integers(0, 255, size, dtype=np.uint8)
     leader = c.rank == c.leaders[c.node_index]
-    if c.rank == 0:
-        c.put("bcast", data)
-    quiet_barrier(comm)
-    t = time.perf_counter()
-    if leader:
-        c.get("bcast")
-    quiet_barrier(comm)
-    tree = time.perf_counter() - t
-    buf = data.copy() if c.rank == 0 else np.empty(size, np.uint8)
-    quiet_barrier(comm)
-    t = time.perf_counter()
-    comm.Bcast(buf, root=0)
-    quiet_barrier(comm)
-    bc = time.perf_counter() - t
-    rec.row("broadcast", size, tree, "s", "MPI_Bcast", bc)
-    if c.rank == 0:
-        c.delete("bcast")
+    buf = data.copy() if c.rank == 0 else np.zeros(size, np.uint8)
+    trees, bcasts = [], []
+    for i in range(repeats):
+        quiet_barrier(comm)
+        t = time.perf_counter()
+        comm.Bcast(buf, root=0)
+        quiet_barrier(comm)
+        bcasts.append(time.perf_counter() - t)
+        if c.rank == 0:
+            c.put(f"bcast-{i}", data)
+        quiet_barrier(comm)
+        t = time.perf_counter()
+        if leader:
+            c.get(f"bcast-{i}")
+        quiet_barrier(comm)
+        trees.append(time.perf_counter() - t)
+        if c.rank == 0:
+            c.delete(f"bcast-{i}")
+    rec.row("broadcast", size, statistics.median(trees), "s", "MPI_Bcast", statistics.median(bcasts))
     quiet_barrier(comm)
 
 
-def spill(c: Cluster, rec: Recorder, size: int) -> None:
+def spill(c: Cluster, rec: Recorder, size: int, repeats: int) -> None:
+    """Four SIZE-byte puts into a store that holds about one (three spill to disk), against writing the same
+    bytes to a file in the same directory, in turns."""
     if c.rank != 0:
         return
     data = np.random.default_rng(3).integers(0, 255, size, dtype=np.uint8)
     with tempfile.TemporaryDirectory() as d:
-        t = time.perf_counter()
-        with open(os.path.join(d, "raw"), "wb") as f:
-            for _ in range(4):
-                f.write(data)
-        raw = time.perf_counter() - t
-        os.unlink(os.path.join(d, "raw"))
         with shmstore.connect("sp" + uuid.uuid4().hex[:8], capacity=max(size + (4 << 20), 8 * MiB), spill_dir=d,
                               prefault=0) as s:
-            t = time.perf_counter()
-            for i in range(4):
-                s.put(f"s{i}", data, levels=[Level.MEMORY, Level.DISK])
-            put = time.perf_counter() - t
-    rec.row("spill_bw", size, 4 * size / put / 2**30, "GiB/s", "file write", 4 * size / raw / 2**30)
+            def raw() -> None:
+                with open(os.path.join(d, "raw"), "wb") as f:
+                    for _ in range(4):
+                        f.write(data)
+                os.unlink(os.path.join(d, "raw"))
+
+            def puts() -> None:
+                for i in range(4):
+                    s.put(f"s{i}", data, levels=[Level.MEMORY, Level.DISK])
+            times, raws = [], []
+            for _ in range(repeats):  # in turns; clearing the store is not timed
+                raws.append(timed(raw))
+                times.append(timed(puts))
+                s.clear()
+            put_s, raw_s = statistics.median(times), statistics.median(raws)
+    rec.row("spill_bw", size, 4 * size / put_s / 2**30, "GiB/s", "file write", 4 * size / raw_s / 2**30)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,16 +320,16 @@ def main(argv: list[str] | None = None) -> int:
     with Cluster(name=name, capacity=cap, prefault=cap) as c:
         if c.rank == c.leaders[c.node_index]:
             c.store.wait_prefaulted(cap, timeout=120)  # warm pages: time the store, not first touches
-        rec = Recorder(c, args.out)
-        local_ops(c, rec, args.ops)
+        rec = Recorder(c, args.out, args.repeats)
+        local_ops(c, rec, args.ops, args.repeats)
         for size in sizes:
             local_bandwidth(c, rec, size, args.repeats)
         if len(c.nodes) > 1:
             latency(c, rec, 200)
             for size in sizes:
                 remote(c, rec, size, args.repeats)
-            broadcast(c, rec, max(sizes))
-        spill(c, rec, sizes[0])
+            broadcast(c, rec, max(sizes), args.repeats)
+        spill(c, rec, sizes[0], args.repeats)
         c.barrier()
     return 0
 
