@@ -17,7 +17,8 @@ from typing import Any, Callable
 from .errors import ConfigError
 from .units import parse_size
 
-__all__ = ["Config", "SHM_DIR", "env", "pure_python", "stream_count", "node_label"]
+__all__ = ["Config", "SHM_DIR", "env", "pure_python", "stream_count", "node_label", "default_node", "service_spin",
+           "cuda_aware_override", "mpich_vcis"]
 
 SHM_DIR = "/dev/shm"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -46,7 +47,7 @@ def _default_spill_dir() -> str:
     return tempfile.gettempdir()
 
 
-def _default_node() -> str:
+def default_node() -> str:
     """The node's name as the launcher knows it: ``PMI_HOSTNAME`` (MPICH's hydra), else ``SLURMD_NODENAME``
     (Slurm's name for the node, also in prologs and epilogs), else the host name; the same order
     ``shmstore.mpi`` names nodes in, so a plain ``connect()``, a Cluster and the CLI find one store."""
@@ -108,7 +109,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[], Any]]] = {
     "name": (_parse_ident, _default_name),
     "capacity": (parse_size, _default_capacity),
     "spill_dir": (str, _default_spill_dir),
-    "node": (_parse_ident, _default_node),
+    "node": (_parse_ident, default_node),
     "session": (_parse_session, lambda: ""),
     "persist": (lambda v: v if isinstance(v, bool) else _parse_bool(str(v)), lambda: False),
     "high_watermark": (_parse_fraction, lambda: 0.9),
@@ -251,6 +252,45 @@ def node_label() -> str | None:
     """``SHMSTORE_NODE``: the node id this process claims, None when unset."""
     value: str | None = env("NODE", _parse_ident)
     return value
+
+
+def _parse_spin_us(text: str) -> float:
+    us = float(text)
+    if not 0 <= us <= 1e6:
+        raise ValueError(f"must be microseconds in 0..1000000, got {text!r}")
+    return us
+
+
+def service_spin() -> float | None:
+    """``SHMSTORE_SERVICE_SPIN_US``: seconds an MPI node service probes back to back after a request (given
+    in microseconds, 0..1000000), None when unset (``shmstore.mpi.poll.spin_window`` decides)."""
+    us: float | None = env("SERVICE_SPIN_US", _parse_spin_us)
+    return None if us is None else us * 1e-6
+
+
+def _parse_auto_bool(text: str) -> bool | None:
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return _parse_bool(text)
+    except ValueError:
+        raise ValueError(f"expected 1, 0 or auto, got {text!r}") from None
+
+
+def cuda_aware_override() -> bool | None:
+    """``SHMSTORE_CUDA_AWARE``: True or False where set (1/0, true/false, yes/no, on/off), None when unset or
+    ``auto`` (ask the MPI library: ``shmstore.mpi.cuda``)."""
+    value: bool | None = env("CUDA_AWARE", _parse_auto_bool)
+    return value
+
+
+def mpich_vcis() -> int:
+    """``MPIR_CVAR_CH4_NUM_VCIS``, MPICH's own setting (its virtual communication interfaces; 1 when unset or
+    not a number): ``shmstore.mpi`` uses two bulk streams where it is above 1."""
+    try:
+        return int(os.environ.get("MPIR_CVAR_CH4_NUM_VCIS", "1"))
+    except ValueError:
+        return 1
 
 
 def _resolve(name: str, value: Any) -> Any:

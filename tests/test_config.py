@@ -102,3 +102,21 @@ def test_default_node_and_max_objects_follow_the_launcher_and_the_capacity(monke
     assert Config.from_kwargs(capacity="8GiB").max_objects == 524288
     assert Config.from_kwargs(capacity="1TiB").max_objects == 1 << 22
     assert Config.from_kwargs(capacity="8GiB", max_objects=1000).max_objects == 1000
+
+
+def test_mpi_switches_are_read_here_naming_the_variable(monkeypatch):
+    """The MPI layer's switches (service spin, MPICH's VCIs) are read by config.py like every other."""
+    from shmstore import config
+    monkeypatch.delenv("SHMSTORE_SERVICE_SPIN_US", raising=False)
+    monkeypatch.delenv("MPIR_CVAR_CH4_NUM_VCIS", raising=False)
+    assert config.service_spin() is None and config.mpich_vcis() == 1
+    monkeypatch.setenv("SHMSTORE_SERVICE_SPIN_US", "50")
+    assert config.service_spin() == pytest.approx(50e-6)
+    for bad in ("-1", "2e6", "fast"):
+        monkeypatch.setenv("SHMSTORE_SERVICE_SPIN_US", bad)
+        with pytest.raises(ConfigError, match="SHMSTORE_SERVICE_SPIN_US"):
+            config.service_spin()
+    monkeypatch.setenv("MPIR_CVAR_CH4_NUM_VCIS", "4")
+    assert config.mpich_vcis() == 4
+    monkeypatch.setenv("MPIR_CVAR_CH4_NUM_VCIS", "many")
+    assert config.mpich_vcis() == 1

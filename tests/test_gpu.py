@@ -35,13 +35,20 @@ needs_device = pytest.mark.skipif(NO_GPU is not None, reason=f"GPU level unavail
 
 # ---- without a device -------------------------------------------------------------------
 
-def test_cuda_aware_override_parses_and_rejects_nonsense():
-    pytest.importorskip("mpi4py")
-    from shmstore.mpi.cuda import parse_override
-    assert [parse_override(v) for v in (None, "", "auto", "1", "yes", "ON", "0", "false", "off")] == \
+def test_cuda_aware_override_parses_and_rejects_nonsense(monkeypatch):
+    from shmstore.config import cuda_aware_override
+
+    def parsed(value):
+        if value is None:
+            monkeypatch.delenv("SHMSTORE_CUDA_AWARE", raising=False)
+        else:
+            monkeypatch.setenv("SHMSTORE_CUDA_AWARE", value)
+        return cuda_aware_override()
+
+    assert [parsed(v) for v in (None, "", "auto", "1", "yes", "ON", "0", "false", "off")] == \
         [None, None, None, True, True, True, False, False, False]
     with pytest.raises(shmstore.ConfigError, match="SHMSTORE_CUDA_AWARE"):
-        parse_override("maybe")
+        parsed("maybe")
 
 
 def test_mpi_library_found_in_the_process_maps():

@@ -15,28 +15,11 @@ import ctypes
 import os
 from typing import Iterable
 
-from ..errors import ConfigError
+from ..config import cuda_aware_override
 
-__all__ = ["cuda_aware", "parse_override", "query_mpi", "mpi_libraries"]
+__all__ = ["cuda_aware", "query_mpi", "mpi_libraries"]
 
-ENV = "SHMSTORE_CUDA_AWARE"
 _ANSWER: list[bool] = []
-
-
-def parse_override(text: str | None) -> bool | None:
-    """The value of ``SHMSTORE_CUDA_AWARE``: True, False, or None (ask the library).
-
-    Raises:
-        ConfigError: a value that is none of 1/0, true/false, yes/no, on/off, auto.
-    """
-    if text is None or text.strip().lower() in ("", "auto"):
-        return None
-    t = text.strip().lower()
-    if t in ("1", "true", "yes", "on"):
-        return True
-    if t in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{ENV}={text!r}: expected 1, 0 or auto")
 
 
 def mpi_libraries(maps: Iterable[str]) -> list[str]:
@@ -77,6 +60,6 @@ def query_mpi() -> bool:
 def cuda_aware() -> bool:
     """Whether device buffers may go straight to MPI here (asked once per process; after MPI_Init)."""
     if not _ANSWER:
-        forced = parse_override(os.environ.get(ENV))
+        forced = cuda_aware_override()
         _ANSWER.append(forced if forced is not None else query_mpi())
     return _ANSWER[0]

@@ -17,8 +17,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from ..config import _default_node as default_node
-from ..config import node_label
+from ..config import default_node, node_label
 
 __all__ = ["Nodes", "identify", "label"]
 

@@ -24,6 +24,7 @@ from typing import Callable
 from mpi4py import MPI
 
 from .. import errors
+from ..config import service_spin
 
 __all__ = ["prober", "python_prober", "spin_window", "quiet_wait", "quiet_barrier", "settle", "cancel"]
 
@@ -156,14 +157,7 @@ def spin_window(ranks_on_host: int) -> float:
     Raises:
         ConfigError: a bad ``SHMSTORE_SERVICE_SPIN_US``.
     """
-    raw = os.environ.get("SHMSTORE_SERVICE_SPIN_US")
-    if raw is not None:
-        try:
-            us = float(raw)
-            if not 0 <= us <= 1e6:
-                raise ValueError
-        except ValueError:
-            raise errors.ConfigError(f"SHMSTORE_SERVICE_SPIN_US must be microseconds in 0..1000000, got {raw!r}") \
-                from None
-        return us * 1e-6
+    chosen = service_spin()
+    if chosen is not None:
+        return chosen
     return 200e-6 if ranks_on_host <= (os.cpu_count() or 1) else 0.0

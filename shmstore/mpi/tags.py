@@ -14,9 +14,7 @@ receiving thread copies its frames on its own core).
 """
 from __future__ import annotations
 
-import os
-
-from ..config import stream_count
+from ..config import mpich_vcis, stream_count
 
 TAG_REQUEST = 1
 TAG_REPLY_MIN = 1000
@@ -41,11 +39,7 @@ def default_streams() -> int:
     chosen = stream_count()
     if chosen is not None:
         return chosen
-    try:
-        vcis = int(os.environ.get("MPIR_CVAR_CH4_NUM_VCIS", "1"))
-    except ValueError:
-        vcis = 1
-    return STREAMS if vcis > 1 else 1
+    return STREAMS if mpich_vcis() > 1 else 1
 
 
 def frames(nbytes: int, block: int, streams: int) -> list[tuple[int, int]]:
