@@ -14,7 +14,7 @@ and never while holding a store lock:
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from .config import Config
 from .errors import (InvalidArgumentError, ObjectLockedError, ObjectNotFoundError, SpillError,
@@ -31,6 +31,7 @@ __all__ = ["Placement", "DEFAULT_PUT_LEVELS", "DEVICE_PUT_LEVELS"]
 DEFAULT_PUT_LEVELS = (Level.MEMORY, Level.DISK)
 DEVICE_PUT_LEVELS = (Level.GPU, Level.MEMORY, Level.DISK)  # for device arrays: they stay on the device
 _WAKE_EVERY = 256  # small puts between two looks at the high watermark
+_T = TypeVar("_T")
 _SPILL_STALE = 5.0  # seconds without a spill process heartbeat before looking whether it is alive
 
 
@@ -42,41 +43,20 @@ class Placement:
         self.node = node
         self.config = config
         self._puts = 0
+        self._usable: dict[tuple[Level, ...], tuple[Level, ...]] = {}  # priority list: its usable levels
 
     # ---- put ------------------------------------------------------------------
     def put(self, key: str, obj: Any, order: tuple[Level, ...], overwrite: bool = False) -> ObjectInfo:
-        """Place ``obj`` on the first level of ``order`` with room.
+        """Place ``obj`` on the first level of ``order`` with room (see :meth:`place`).
 
         Raises:
             StorageFullError: no level has room (the last level's error).
             SpillError: making room failed (disk full, I/O error).
         """
-        last: StorageFullError | None = None
-        for level in self.usable(order):
-            try:
-                info = self._put_on(key, obj, level, overwrite)
-                self.hint(info.stored)
-                return info
-            except StorageFullError as exc:
-                if exc.level is None:  # the object table is full: no level helps
-                    raise
-                last = exc
-        raise last  # type: ignore[misc]
-
-    def _put_on(self, key: str, obj: Any, level: Level, overwrite: bool = False) -> ObjectInfo:
-        """Put on ``level``, waiting for the spill process to make room there if the level spills."""
-        deadline = None
-        lv = self.node.levels[level]
-        while True:
-            try:
-                return self.kernel.put(key, obj, level, overwrite)
-            except StorageFullError as exc:
-                if lv.spill_to is None or exc.level != level or exc.requested is None \
-                        or exc.requested > lv.total():
-                    raise
-                if deadline is None:
-                    deadline = time.monotonic() + self.config.spill_timeout
-                self.make_room(key, exc.requested, deadline, level)  # raises when no room can be made
+        kernel = self.kernel
+        info: ObjectInfo = self.place(key, order, lambda level: kernel.put(key, obj, level, overwrite))
+        self.hint(info.stored)
+        return info
 
     def hint(self, nbytes: int) -> None:
         """Wake the spill process early when a put may have crossed the high watermark.
@@ -117,29 +97,47 @@ class Placement:
             return
         raise _request_error(key, r, Level(args.get("level", L.LEVEL_MEMORY)))
 
-    def place(self, key: str, order: tuple[Level, ...], make: Callable[[int], Any]) -> Any:
-        """``make(level)`` on the first level of ``order`` with room (waiting for room like ``put``).
+    def place(self, key: str, order: tuple[Level, ...], make: Callable[[Level], _T]) -> _T:
+        """``make(level)`` on the first level of ``order`` with room: the one loop that waits for room.
 
-        ``make`` reserves space (a writer, an incoming transfer) and raises
-        StorageFullError when its level has none.
+        ``make`` puts or reserves (an object, a writer, an incoming transfer)
+        and raises StorageFullError when its level has none. On a level that
+        spills, the first such error starts the ``spill_timeout`` deadline and
+        each one asks the spill process for room once (``make_room``) before
+        ``make`` is tried again; a level that cannot make room (it does not
+        spill, the object is larger than the level, the spill process found
+        nothing or timed out) passes the object to the next level at once.
+
+        Raises:
+            StorageFullError: no level has room (the last level's error), or the object table is full.
+            SpillError: making room failed (disk full, I/O error).
         """
         last: StorageFullError | None = None
-        for level in self.usable(order):
-            deadline = time.monotonic() + self.config.spill_timeout
-            lv = self.node.levels[level]
+        for level in self._usable.get(order) or self.usable(order):
+            deadline = None
             while True:
                 try:
-                    return make(int(level))
+                    return make(level)
                 except StorageFullError as exc:
+                    if exc.level is None:  # the object table is full: no level helps
+                        raise
                     last = exc
-                    if lv.spill_to is None or exc.level != level or (exc.requested or 0) > lv.total():
-                        break
-                    try:
-                        self.make_room(key, exc.requested or 0, deadline, Level(level))
-                    except StorageFullError as full:
-                        last = full
-                        break
+                    if not self._room_can_be_made(level, exc):
+                        break  # the next level
+                if deadline is None:
+                    deadline = time.monotonic() + self.config.spill_timeout
+                try:
+                    self.make_room(key, last.requested or 0, deadline, level)
+                except StorageFullError as full:  # nothing left to spill, or no answer in time
+                    last = full
+                    break
         raise last  # type: ignore[misc]
+
+    def _room_can_be_made(self, level: Level, exc: StorageFullError) -> bool:
+        """Whether the spill process could make room on ``level`` for what ``exc`` says did not fit."""
+        lv = self.node.levels[level]
+        return lv.spill_to is not None and exc.level == level and exc.requested is not None \
+            and exc.requested <= lv.total()
 
     def usable(self, order: tuple[Level, ...]) -> tuple[Level, ...]:
         """The levels of a priority list this process can use (``[GPU, MEMORY]`` on a node without a
@@ -151,6 +149,7 @@ class Placement:
         out = tuple(lv for lv in order if lv in self.node.levels and not self.node.levels[lv].available())
         if not out:
             self._check_level(order[0])
+        self._usable[order] = out  # a level's availability here never changes
         return out
 
     def _check_level(self, level: Any) -> Level:

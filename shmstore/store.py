@@ -16,7 +16,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from .config import Config
-from .errors import ShmStoreError, StorageFullError, StoreClosedError, StoreInUseError
+from .errors import ShmStoreError, StoreClosedError, StoreInUseError
 from .kernel import Kernel, NodeStore
 from .kernel.interrupts import guard as guard_signals
 from .kernel import layout as L
@@ -152,16 +152,11 @@ class Store:
             SerializationError, InvalidKeyError: bad input; nothing changes.
         """
         p = self._placement_checked()
-        if levels is None and type(obj) not in _HOST_TYPES and hasattr(obj, "__cuda_array_interface__"):
-            levels = DEVICE_PUT_LEVELS  # a device array stays on the device where there is room
-        if levels is not None:
-            return p.put(key, obj, parse_levels(levels, DEFAULT_PUT_LEVELS), overwrite)
-        try:  # the common case first: room in memory, nothing to wait for
-            info = p.kernel.put(key, obj, Level.MEMORY, overwrite)
-        except StorageFullError:
-            return p.put(key, obj, DEFAULT_PUT_LEVELS, overwrite)
-        p.hint(info.stored)
-        return info
+        if levels is None:
+            if type(obj) not in _HOST_TYPES and hasattr(obj, "__cuda_array_interface__"):
+                return p.put(key, obj, DEVICE_PUT_LEVELS, overwrite)  # a device array stays on the device
+            return p.put(key, obj, DEFAULT_PUT_LEVELS, overwrite)  # the common case: MEMORY first
+        return p.put(key, obj, parse_levels(levels, DEFAULT_PUT_LEVELS), overwrite)
 
     def get(self, key: str, conditions: Any = None, levels: Iterable[Level] | Level | None = None) -> Any:
         """The value of ``key``: views into shared memory (or into the spill file) for arrays and bytes.

@@ -8,7 +8,8 @@ import shmstore
 from shmstore import Level
 from shmstore.kernel import layout as L
 from shmstore.levels import parse_levels
-from shmstore.placement import DEFAULT_PUT_LEVELS, _request_error, spill_progress_line
+from shmstore.kernel import Kernel
+from shmstore.placement import DEFAULT_PUT_LEVELS, Placement, _request_error, spill_progress_line
 
 
 def test_parse_levels_normalises_and_keeps_order():
@@ -42,4 +43,35 @@ def test_first_level_with_room_wins(name, tmp_path):
         assert "never" not in s
         s.get("ondisk", levels=[Level.MEMORY])  # brought to the first level listed
         assert s.get_info("ondisk").level == Level.MEMORY
+        assert s.check() == []
+
+
+def test_memory_first_and_its_fallback_are_one_loop(name, tmp_path, monkeypatch):
+    """A put with the default levels tries MEMORY, asks the spill process for room once per failed try and
+    tries again; an object larger than MEMORY goes to DISK without asking (no second path in Store.put)."""
+    tries: list[tuple[str, Level]] = []
+    rooms: list[tuple[str, Level]] = []
+    kernel_put, make_room = Kernel.put, Placement.make_room
+
+    def counted_put(self, key, obj, level=Level.MEMORY, overwrite=False):
+        tries.append((key, Level(level)))
+        return kernel_put(self, key, obj, level, overwrite)
+
+    def counted_room(self, key, nbytes, deadline, level=Level.MEMORY):
+        rooms.append((key, Level(level)))
+        return make_room(self, key, nbytes, deadline, level)
+
+    monkeypatch.setattr(Kernel, "put", counted_put)
+    monkeypatch.setattr(Placement, "make_room", counted_room)
+    with shmstore.connect(name, capacity="8MiB", spill_dir=str(tmp_path), high_watermark=1.0,
+                          low_watermark=0.99) as s:
+        for i in range(7):  # 7 MiB of 8: under the high watermark, so nothing spills by itself
+            s.put(f"fill{i}", np.ones(1 << 17))
+        del tries[:]
+        assert s.put("big", np.ones(1 << 18)).level == Level.MEMORY  # 2 MiB: room is made first
+        assert rooms == [("big", Level.MEMORY)]
+        assert tries == [("big", Level.MEMORY)] * 2
+        del tries[:], rooms[:]
+        assert s.put("huge", np.ones(2 << 20)).level == Level.DISK  # 16 MiB: no room can be made in MEMORY
+        assert rooms == [] and tries == [("huge", Level.MEMORY), ("huge", Level.DISK)]
         assert s.check() == []
