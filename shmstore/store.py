@@ -273,7 +273,7 @@ class Store:
         spill = node.spill_pid()
         return {
             "name": self.config.name, "node": self.config.node, "segments": node.prefix + "-*",
-            "persistent": bool(L.header_flags(node.buf) & L.FLAG_PERSIST),
+            "persistent": bool(L.HEAD.get(node.buf, "flags") & L.FLAG_PERSIST),
             "objects": node.nobjects(),
             "levels": {lv.name.lower(): c._asdict() for lv, c in self._placement.capacity().items()},
             "spill_dir": node.disk.path,
@@ -404,7 +404,7 @@ def destroy(name: str | None = None, force: bool = False, node: str | None = Non
             if live and not force:
                 raise StoreInUseError(f"store {cfg.name!r} has {len(live)} attached client(s) (pids "
                                       f"{', '.join(map(str, live[:8]))}); close them or pass force=True")
-            L.set_header_state(ns.buf, L.STATE_DESTROYING)
+            L.HEAD.set(ns.buf, "state", L.STATE_DESTROYING)
         ns.unlink()
     finally:
         ns.close()

@@ -208,7 +208,7 @@ def _claim(seg: Segment, st: dict[str, Any]) -> bool:
         h = L.unpack_header(mm)
         if not _stale(h, _live_clients(mm, lay), pid_alive(h.spill_pid)):
             return False
-        L.set_header_state(mm, L.STATE_DESTROYING)
+        L.HEAD.set(mm, "state", L.STATE_DESTROYING)
     return True
 
 

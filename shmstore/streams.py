@@ -54,7 +54,7 @@ class Writer:
         self._idx, off, _, _, self._stripe = kernel.reserve(key, kb, L.KIND_RAW, self.size, self.size, level=level)
         kernel.writers.add(self)
         try:
-            self._gen = gen = L.entry_gen(kernel._buf, kernel._lay.entry(self._idx))
+            self._gen = gen = L.ENTRY_HEAD.get(kernel._buf, kernel._lay.entry(self._idx), "gen")
             self._sink: Sink | None = kernel.node.levels[Level(level)].sink(self._idx, gen, off, self.size, key)
             self._dst = self._sink.buffer()
         except BaseException:

@@ -115,10 +115,10 @@ def test_an_object_taking_a_high_hole_whole_moves_the_frontier(alloc):
     x = 1 << 20
     top, top_off = alloc.alloc(x, -1, L.EXT_CHUNK)
     alloc.alloc(x, -2, L.EXT_CHUNK)
-    assert L.frontier(buf) == 4096
+    assert L.ALLOC.get(buf, "frontier") == 4096
     alloc.free(top)  # a hole of exactly x at the very top
     rec, off = alloc.alloc(x, 2)
-    assert off == top_off and L.frontier(buf) == off + x
+    assert off == top_off and L.ALLOC.get(buf, "frontier") == off + x
 
 
 def test_gpu_arenas_share_the_records_but_never_space_and_survive_a_rebuild():

@@ -112,7 +112,7 @@ def test_stray_and_missing_spill_files(filled):
     assert any("99.1 belongs to no object" in p for p in filled.check())
     disk.unlink("99.1")
     idx, eoff = entry_of(filled, "disk")
-    gen = L.entry_gen(filled._node.meta.mm, eoff)
+    gen = L.ENTRY_HEAD.get(filled._node.meta.mm, eoff, "gen")
     hidden = os.path.join(disk.path, "hidden")  # no file of this store's (another store's would be tagged)
     os.rename(disk.file(idx, gen), hidden)
     try:
@@ -124,10 +124,10 @@ def test_stray_and_missing_spill_files(filled):
 
 def test_disk_quota_counter_off(filled):
     def edit(buf, lay):
-        old = L.disk_reserved(buf)
-        L.set_disk_reserved(buf, old + 4096)
+        old = L.ALLOC.get(buf, "disk_reserved")
+        L.ALLOC.set(buf, "disk_reserved", old + 4096)
         return old
-    broken(filled, "disk quota counter", edit, lambda buf, lay, old: L.set_disk_reserved(buf, old))
+    broken(filled, "disk quota counter", edit, lambda buf, lay, old: L.ALLOC.set(buf, "disk_reserved", old))
 
 
 def test_entry_free_list_broken(filled):
@@ -142,10 +142,10 @@ def test_entry_free_list_broken(filled):
 
 def test_allocator_bitmap_broken(filled):
     def edit(buf, lay):
-        mask = L.bin_mask(buf)
-        L.set_bin_mask(buf, 0)
+        mask = L.ALLOC.get(buf, "bin_mask")
+        L.ALLOC.set(buf, "bin_mask", 0)
         return mask
-    broken(filled, "bitmap and list disagree", edit, lambda buf, lay, mask: L.set_bin_mask(buf, mask))
+    broken(filled, "bitmap and list disagree", edit, lambda buf, lay, mask: L.ALLOC.set(buf, "bin_mask", mask))
 
 
 def test_check_from_the_command_line(filled):

@@ -25,6 +25,7 @@ import shmstore
 from shmstore import Level
 from shmstore.kernel import NodeStore
 from shmstore.kernel import layout as L
+from shmstore.kernel.table import find_entry
 
 from helpers import spill_running, wait_for
 
@@ -306,7 +307,7 @@ def test_move_killed_at_every_step_is_rolled_back(crash_store, direction, kind):
     def op(mover):
         node = mover.node
         h, b, _ = node.table.locate(0, b"victim")
-        idx, _, e = L.find_entry(node.buf, node.layout, b, h, 0, b"victim")
+        idx, _, e = find_entry(node.buf, node.layout, b, h, 0, b"victim")
         if direction == "spill":
             mover.spill(idx, e[L.E_GEN])
         else:

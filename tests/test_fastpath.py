@@ -51,7 +51,7 @@ def test_c_insert_writes_every_field_where_python_reads_it(store):
     a = np.arange(12, dtype=np.int16).reshape(3, 4)
     store.put("arr", a)
     idx, e, array = k.lookup("arr", b"arr", False)
-    head = L.unpack_entry(k._buf, k._lay.entry(idx))
+    head = L.entry(k._buf, k._lay.entry(idx))
     assert (head.size, head.nbytes, head.state, head.kind, head.level) == (64, 24, L.SEALED, L.KIND_NDARRAY,
                                                                           L.LEVEL_MEMORY)
     assert (head.keylen, head.session, head.writer, head.flags) == (3, k.sid, k.slot, L.FLAG_IN_CHUNK)

@@ -111,7 +111,7 @@ def private_state_problems(store, mode: str) -> list[str]:
     if shared != local:
         problems.append(f"pin bytes {sorted(shared)} but local pins {sorted(local)}")
     reserved = set(np.flatnonzero((t["state"] == L.RESERVED) & (t["writer"] == slot)).tolist())
-    cached = {i for i, g in k._cache.entries if L.entry_gen(buf, lay.entry(i)) == g}
+    cached = {i for i, g in k._cache.entries if L.ENTRY_HEAD.get(buf, lay.entry(i), "gen") == g}
     if reserved != cached and not (mode == "async" and reserved > cached):
         problems.append(f"reserved entries {sorted(reserved)} but cached {sorted(cached)}")
     writing = np.flatnonzero((t["state"] == L.WRITING) & (t["writer"] == slot)).tolist()

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 from shmstore.kernel import layout as L
+from shmstore.kernel import serialize
+from shmstore.kernel.table import find_entry
 
 
 def test_header_roundtrip():
@@ -13,20 +15,20 @@ def test_header_roundtrip():
                  100, 8, 4, 128, 1.5, "store", "node0")
     L.pack_header(buf, h)
     assert L.unpack_header(buf) == h
-    assert L.header_state(buf) == L.STATE_READY and L.spill_pid(buf) == 43
-    L.set_spill_pid(buf, 7)
+    assert L.HEAD.get(buf, "state") == L.STATE_READY and L.HEAD.get(buf, "spill_pid") == 43
+    L.HEAD.set(buf, "spill_pid", 7)
     assert L.unpack_header(buf).spill_pid == 7
 
 
 def test_entry_roundtrip_and_numpy_view_agree():
     lay = L.Layout(max_objects=8, max_clients=2, nstripes=2)
     buf = bytearray(lay.size)
-    e = L.EntryHead(4096, 128, 100, 3.0, 4.0, 0xDEADBEEF, 2, 5, 1, -1, 3, 0, 3, 1, L.SEALED, L.KIND_NDARRAY, 1, 0, 0)
+    e = L.Entry(4096, 128, 100, 3.0, 4.0, 0xDEADBEEF, 2, 5, 1, -1, 3, 0, 3, 1, L.SEALED, L.KIND_NDARRAY, 1, 0, 0)
     eoff = lay.entry(3)
     L.pack_entry(buf, eoff, e)
     L.set_entry_key(buf, eoff, b"key")
     L.set_entry_array(buf, eoff, L.array_meta("<f8", (5, 4), "F"))
-    assert L.unpack_entry(buf, eoff) == e
+    assert L.entry(buf, eoff) == e
     assert L.entry_key(buf, eoff, 3) == b"key"
     a = L.entry_array_raw(buf, eoff)
     assert a[0].rstrip(b"\0") == b"<f8" and a[1] == 2 and a[2] == 1 and a[3:5] == (5, 4)
@@ -34,13 +36,13 @@ def test_entry_roundtrip_and_numpy_view_agree():
     t = L.entry_table(buf, lay, lay.max_objects)
     assert t["offset"][3] == 4096 and t["hash"][3] == 0xDEADBEEF and t["state"][3] == L.SEALED
     assert t["writer"][3] == -1 and t["keylen"][3] == 3
-    L.set_entry_atime(buf, eoff, 9.5)
+    L.ENTRY_HEAD.set(buf, eoff, "atime", 9.5)
     assert t["atime"][3] == 9.5
-    idx, _, raw = L.find_entry(buf, lay, 0, 0xDEADBEEF, 1, b"key")
+    idx, _, raw = find_entry(buf, lay, 0, 0xDEADBEEF, 1, b"key")
     assert idx == -1 and raw is None  # not linked into a chain yet
-    L.set_bucket_head(buf, lay.bucket(5), 4)
-    L.set_entry_next(buf, eoff, 0)
-    idx, eoff2, raw = L.find_entry(buf, lay, 5, 0xDEADBEEF, 1, b"key")
+    L.BUCKET.set(buf, lay.bucket(5), "head", 4)
+    L.ENTRY_HEAD.set(buf, eoff, "next", 0)
+    idx, eoff2, raw = find_entry(buf, lay, 5, 0xDEADBEEF, 1, b"key")
     assert idx == 3 and eoff2 == eoff and raw[L.E_OFFSET] == 4096 and raw[L.E_STATE] == L.SEALED
 
 
@@ -57,14 +59,14 @@ def test_sections_are_aligned_and_disjoint():
 
 
 def test_object_header_roundtrip():
-    size, offsets = L.plan_object(100, [0, 10, 1000])
+    size, offsets = serialize.plan_object(100, [0, 10, 1000])
     assert all(o % 64 == 0 for o in offsets) and size >= offsets[-1] + 1000
     buf = bytearray(size)
     want = list(zip(offsets, [0, 10, 1000]))
-    L.pack_object_header(buf, 0, 100, want)
-    start, plen, blobs = L.unpack_object_header(buf)
+    serialize.pack_object_header(buf, 0, 100, want)
+    start, plen, blobs = serialize.unpack_object_header(buf)
     assert plen == 100 and blobs == want
-    assert start == L.object_header_size(3)
+    assert start == serialize.object_header_size(3)
 
 
 def test_sessions_and_clients():
@@ -76,7 +78,8 @@ def test_sessions_and_clients():
     L.pack_session(buf, lay.session(2), "step1")
     assert L.unpack_session(buf, lay.session(2)) == "step1"
     L.pack_client(buf, lay.client(1), 123, 1, 456, 7.0)
-    assert L.unpack_client(buf, lay.client(1)) == (123, 1, 456, 7.0)
+    c = L.CLIENT.unpack(buf, lay.client(1))
+    assert (c.pid, c.state, c.start, c.attached) == (123, 1, 456, 7.0)
     assert list(L.client_table(buf, lay)["pid"]) == [0, 123]
     pins = L.pin_table(buf, lay)
     assert pins.shape == (2, 8) and pins.dtype == np.uint8
@@ -101,7 +104,7 @@ def test_stripe_stats_of_one_level_leave_the_other_levels_alone():
 @pytest.mark.parametrize("rec", L.RECORDS, ids=lambda r: r.name)
 def test_each_record_is_declared_once_and_its_views_agree(rec):
     """The docs table, the struct, the numpy dtype and the named accessors all come from one declaration."""
-    assert rec.doc() in L.__doc__  # the documentation shows the declaration itself
+    assert rec.doc() in L.fields.__doc__  # the documentation shows the declaration itself
     values = {}
     for i, f in enumerate(rec.fields):  # a distinct value per field
         if f.code.endswith("s"):

@@ -12,7 +12,7 @@ def table(rows):
     lay = L.Layout(max_objects=len(rows), max_clients=2, nstripes=2)
     buf = bytearray(lay.size)
     for i, (state, level, flags, atime) in enumerate(rows):
-        L.pack_entry(buf, lay.entry(i), L.EntryHead(0, 64, 64, atime, 0.0, 0, 0, 0, 0, 0, 0, 0, 1, 0, state,
+        L.pack_entry(buf, lay.entry(i), L.Entry(0, 64, 64, atime, 0.0, 0, 0, 0, 0, 0, 0, 0, 1, 0, state,
                                                        L.KIND_RAW, level, flags, 0))
     return L.entry_table(buf, lay, len(rows))
 

@@ -54,7 +54,7 @@ def test_arrays_inside_values_become_blobs_read_back_as_views():
     for i in range(20):
         w = got[f"w{i}"]
         assert not w.flags.writeable and np.shares_memory(w, base) and w[-1] == i and len(w) == 100 + i
-    header, pickle_len, blobs = L.unpack_object_header(base)
+    header, pickle_len, blobs = serialize.unpack_object_header(base)
     assert len(blobs) == 20 and all(off % L.ALIGN == 0 for off, _ in blobs)  # aligned blobs
 
 

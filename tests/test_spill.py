@@ -187,7 +187,7 @@ s.close()
         assert wait_for(lambda: s.get_capacity()[Level.MEMORY].used == 0 and s.get_capacity()[Level.DISK].used == 0,
                         timeout=10)
         assert wait_for(lambda: not spill_files(s), timeout=10), spill_files(s)
-        assert L.disk_reserved(s._node.meta.mm) == 0
+        assert L.ALLOC.get(s._node.meta.mm, "disk_reserved") == 0
 
 
 def test_failed_spill_leaves_object_readable_and_reports_spill_error(name, tmp_path):
@@ -305,7 +305,7 @@ sys.stdin.readline()
     assert wait_for(lambda: not any(f.endswith(".tmp") for f in spill_files(small)), timeout=10)
     assert "half" not in small
     check_accounting(small)
-    assert L.disk_reserved(small._node.meta.mm) == small.get_capacity()[Level.DISK].used
+    assert L.ALLOC.get(small._node.meta.mm, "disk_reserved") == small.get_capacity()[Level.DISK].used
 
 
 def test_store_removal_removes_spill_files(name, tmp_path):

@@ -7,7 +7,7 @@ import numpy as np
 
 from shmstore.kernel import layout as L
 from shmstore.kernel.alloc import Allocator
-from shmstore.kernel.table import Table
+from shmstore.kernel.table import Table, find_entry
 
 
 def make(max_objects=64, nstripes=4):
@@ -20,7 +20,7 @@ def put(buf, lay, table, idx, key: bytes, state=L.SEALED, size=128, level=L.LEVE
     next_unused, head = L.entry_cursor(buf)
     L.set_entry_cursor(buf, max(next_unused, idx + 1), head)  # handed out, as new_entry does
     h, b, _ = table.locate(0, key)
-    L.pack_entry(buf, lay.entry(idx), L.EntryHead(0, size, size, 0.0, 0.0, h, 0, 0, 0, 0, 0, 0, len(key), 0, state,
+    L.pack_entry(buf, lay.entry(idx), L.Entry(0, size, size, 0.0, 0.0, h, 0, 0, 0, 0, 0, 0, len(key), 0, state,
                                                   L.KIND_RAW, level, 0, 0))
     L.set_entry_key(buf, lay.entry(idx), key)
     table.link(idx, b)
@@ -36,21 +36,22 @@ def test_link_find_unlink():
     for i, k in enumerate(keys):
         h, b, _ = table.locate(0, k)
         assert h == zlib.crc32(k, 0)
-        assert L.find_entry(buf, lay, b, h, 0, k)[0] == i
+        assert find_entry(buf, lay, b, h, 0, k)[0] == i
     for i in range(0, 40, 3):
         table.unlink(i, table.bucket_of(i))
     for i, k in enumerate(keys):
         h, b, _ = table.locate(0, k)
-        assert (L.find_entry(buf, lay, b, h, 0, k)[0] == -1) == (i % 3 == 0)
+        assert (find_entry(buf, lay, b, h, 0, k)[0] == -1) == (i % 3 == 0)
 
 
 def test_free_list_hands_out_unused_then_freed_entries_with_new_generations():
     buf, lay, table = make(max_objects=4)
     got = [table.new_entry() for _ in range(4)]
     assert got == [0, 1, 2, 3] and table.new_entry() == -1
-    gen = L.entry_gen(buf, lay.entry(2))
+    gen = L.ENTRY_HEAD.get(buf, lay.entry(2), "gen")
     table.push_free(2, 0)
-    assert L.entry_state(buf, lay.entry(2)) == L.FREE and L.entry_gen(buf, lay.entry(2)) == gen + 1
+    e = L.entry(buf, lay.entry(2))
+    assert e.state == L.FREE and e.gen == gen + 1
     assert table.new_entry() == 2 and table.new_entry() == -1
 
 
@@ -68,13 +69,13 @@ def test_prune_chains_drops_what_is_not_live_and_cuts_loops():
     buf, lay, table = make(nstripes=1)
     for i in range(6):
         put(buf, lay, table, i, f"k{i}".encode())
-    L.set_entry_state(buf, lay.entry(2), L.DELETED)  # hidden but still linked: a delete killed half way
-    L.set_entry_state(buf, lay.entry(4), L.FREE)
+    L.ENTRY_HEAD.set(buf, lay.entry(2), "state", L.DELETED)  # hidden but still linked: a delete killed half way
+    L.ENTRY_HEAD.set(buf, lay.entry(4), "state", L.FREE)
     linked = table.prune_chains(0)
     assert sorted(linked) == [0, 1, 3, 5]
     b = table.bucket_of(3)  # a chain that loops back on itself
-    L.set_entry_next(buf, lay.entry(3), 4)  # 3 -> 3 (1-based)
-    L.set_bucket_head(buf, lay.bucket(b), 4)
+    L.ENTRY_HEAD.set(buf, lay.entry(3), "next", 4)  # 3 -> 3 (1-based)
+    L.BUCKET.set(buf, lay.bucket(b), "head", 4)
     assert 3 in table.prune_chains(0)
 
 
@@ -82,9 +83,9 @@ def test_repair_stats_counts_again_from_the_entries():
     buf, lay, table = make(nstripes=2)
     for i in range(10):
         put(buf, lay, table, i, f"k{i}".encode(), level=L.LEVEL_DISK if i % 2 else L.LEVEL_MEMORY)
-    L.set_entry_state(buf, lay.entry(3), L.DELETED)
+    L.ENTRY_HEAD.set(buf, lay.entry(3), "state", L.DELETED)
     want = L.stats_table(buf, lay).copy()
-    L.stats_table(buf, lay)[:] = np.zeros(1, L.STATS_DTYPE)  # lost: a holder died mid-update
+    L.stats_table(buf, lay)[:] = np.zeros(1, L.STRIPE_STATS.dtype)  # lost: a holder died mid-update
     for s in range(lay.nstripes):
         table.repair_stats(s)
     got = L.stats_table(buf, lay)
@@ -98,7 +99,7 @@ def test_pin_counts_per_entry_and_client():
     pins[0, 7] = pins[1, 7] = pins[1, 9] = 1
     L.set_entry_cursor(buf, 10, 0)  # entries 0..9 handed out
     assert table.pin_count(7) == 0  # no slot taken yet: rows are scanned only up to the slots ever taken
-    L.set_slots_high(buf, 2)  # as NodeStore.register does before a slot is used
+    L.ALLOC.set(buf, "slots_high", 2)  # as NodeStore.register does before a slot is used
     assert table.pin_count(7) == 2 and table.pin_count(9) == 1 and table.pin_count(8) == 0
     assert list(table.pinned_by(1)) == [7, 9]
     table.unpin(1, 7)

@@ -225,7 +225,7 @@ def serialize(obj: Any) -> memoryview:
     Raises:
         SerializationError: ``obj`` cannot be pickled.
     """
-    enc = _codec._encode_pickle(obj)
+    enc = _codec.encode_pickle(obj)
     out = np.empty(_PREFIX + enc.size, np.uint8)  # not bytearray(n): zero-filling it costs 4x the copy
     out[:_PREFIX] = 0
     out[:len(_MAGIC)] = np.frombuffer(_MAGIC, np.uint8)
@@ -263,9 +263,9 @@ def _check_frame(base: np.ndarray, size: int) -> None:
     if base.nbytes < L.OBJECT_HEADER.size:
         raise errors.SerializationError(damaged)
     nblobs = L.OBJECT_HEADER.unpack(base, 0).nblobs
-    if L.object_header_size(nblobs) > base.nbytes:
+    if _codec.object_header_size(nblobs) > base.nbytes:
         raise errors.SerializationError(damaged)
-    start, plen, blobs = L.unpack_object_header(base)
+    start, plen, blobs = _codec.unpack_object_header(base)
     if start + plen > base.nbytes or any(o + n > base.nbytes for o, n in blobs):
         raise errors.SerializationError(damaged)
 

@@ -99,7 +99,7 @@ class Allocator:
         head = self._bin_head(k)
         L.extent_write(buf, lay.extent(rec), offset, size, prev_phys, next_phys, 0, head, L.EXT_FREE, 0)
         if head:
-            L.set_extent_prev_free(buf, lay.extent(head), rec)
+            L.EXTENT.set(buf, lay.extent(head), "prev_free", rec)
         self._set_bin_head(k, rec)
         self._set_bin_mask(self.bin_mask() | (1 << k))
 
@@ -108,13 +108,13 @@ class Allocator:
         buf, lay = self._buf, self._layout
         k = size.bit_length() - 1
         if prev_free:
-            L.set_extent_next_free(buf, lay.extent(prev_free), next_free)
+            L.EXTENT.set(buf, lay.extent(prev_free), "next_free", next_free)
         else:
             self._set_bin_head(k, next_free)
             if not next_free:
                 self._set_bin_mask(self.bin_mask() & ~(1 << k))
         if next_free:
-            L.set_extent_prev_free(buf, lay.extent(next_free), prev_free)
+            L.EXTENT.set(buf, lay.extent(next_free), "prev_free", prev_free)
 
     def _find(self, size: int) -> int:
         buf, lay = self._buf, self._layout
@@ -188,22 +188,22 @@ class Allocator:
             self._bin_remove(xsize, prev_free, next_free)
             L.extent_write(buf, xoff, offset, xsize, prev_phys, next_phys, 0, 0, flags, owner)
             used_rec, start = rec, offset
-            if self.gpu < 0 and flags != L.EXT_CHUNK and offset + xsize > L.frontier(buf):  # a high hole, whole
-                L.set_frontier(buf, offset + xsize)
+            if self.gpu < 0 and flags != L.EXT_CHUNK and offset + xsize > L.ALLOC.get(buf, "frontier"):  # high hole
+                L.ALLOC.set(buf, "frontier", offset + xsize)
         elif flags == L.EXT_CHUNK:  # from the end: the free rest keeps the front
             used_rec, start = self._new_record(), offset + rest
             L.extent_write(buf, lay.extent(used_rec), start, size, rec, next_phys, 0, 0, flags, owner)
             if next_phys:
-                L.set_extent_prev_phys(buf, lay.extent(next_phys), used_rec)
+                L.EXTENT.set(buf, lay.extent(next_phys), "prev_phys", used_rec)
             self._shrink(rec, offset, xsize, rest, prev_phys, used_rec, prev_free, next_free)
         else:  # from the front: the free rest keeps the end
             used_rec, start = self._new_record(), offset
             L.extent_write(buf, lay.extent(used_rec), offset, size, prev_phys, rec, 0, 0, flags, owner)
             if prev_phys:
-                L.set_extent_next_phys(buf, lay.extent(prev_phys), used_rec)
+                L.EXTENT.set(buf, lay.extent(prev_phys), "next_phys", used_rec)
             self._shrink(rec, offset + size, xsize, rest, used_rec, next_phys, prev_free, next_free)
-            if self.gpu < 0 and start + size > L.frontier(buf):
-                L.set_frontier(buf, start + size)
+            if self.gpu < 0 and start + size > L.ALLOC.get(buf, "frontier"):
+                L.ALLOC.set(buf, "frontier", start + size)
         return used_rec, start
 
     def _shrink(self, rec: int, offset: int, old_size: int, size: int, prev_phys: int, next_phys: int,
@@ -278,7 +278,7 @@ class Allocator:
                 self._drop_record(next_phys)
                 size, next_phys = size + n[1], n[3]
         if next_phys:
-            L.set_extent_prev_phys(buf, lay.extent(next_phys), rec)
+            L.EXTENT.set(buf, lay.extent(next_phys), "prev_phys", rec)
         self._bin_insert(rec, offset, size, prev_phys, next_phys)
         return freed
 
@@ -336,7 +336,7 @@ class Allocator:
                     arena._bin_insert(recs[i], offset, size, prev_phys, next_phys)
         ends = [off + size for off, size, r in kept
                 if off < self.capacity and L.extent_raw(buf, lay.extent(r))[6] == L.EXT_USED]
-        L.set_frontier(buf, max(ends + [L.frontier(buf)]))  # front cuts only: see alloc()
+        L.ALLOC.set(buf, "frontier", max(ends + [L.ALLOC.get(buf, "frontier")]))  # front cuts only: see alloc()
 
     def free_extents(self) -> list[tuple[int, int]]:
         """(offset, size) of every free extent, for checks and status."""

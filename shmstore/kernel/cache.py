@@ -89,8 +89,8 @@ class ClientCache:
                 if idx < 0:
                     break
                 eoff = lay.entry(idx)
-                L.reserve_entry(buf, eoff, self.slot)
-                self.entries.append((idx, L.entry_gen(buf, eoff)))
+                _reserve(buf, eoff, self.slot)
+                self.entries.append((idx, L.ENTRY_HEAD.get(buf, eoff, "gen")))
         if not self.entries:
             self.steal()
         if not self.entries:
@@ -117,9 +117,9 @@ class ClientCache:
         taken = idle[: max(1, len(idle) // 2)]
         for idx in taken:
             eoff = lay.entry(int(idx))
-            gen = (L.entry_gen(buf, eoff) + 1) & 0xFFFFFFFF
-            L.set_entry_gen(buf, eoff, gen)
-            L.reserve_entry(buf, eoff, self.slot)
+            gen = (L.ENTRY_HEAD.get(buf, eoff, "gen") + 1) & 0xFFFFFFFF
+            L.ENTRY_HEAD.set(buf, eoff, "gen", gen)
+            _reserve(buf, eoff, self.slot)
             self.entries.append((int(idx), gen))
         return len(taken)
 
@@ -182,5 +182,11 @@ def retire_chunk(node: NodeStore, slot: int) -> None:
     rec = L.client_chunk(buf, coff)[0]
     if rec:
         node.alloc.set_flags(rec, L.EXT_RETIRED)
-        L.set_retired_chunks(buf, L.retired_chunks(buf) + 1)
+        L.ALLOC.set(buf, "retired", L.ALLOC.get(buf, "retired") + 1)
         L.set_client_chunk(buf, coff, 0, 0, 0)
+
+
+def _reserve(buf: Any, eoff: int, slot: int) -> None:
+    """Mark a free entry as held in client ``slot``'s batch (the writer first: ``state`` publishes)."""
+    L.ENTRY_HEAD.set(buf, eoff, "writer", slot)
+    L.ENTRY_HEAD.set(buf, eoff, "state", L.RESERVED)

@@ -143,7 +143,7 @@ def _check_entries(buf: Any, lay: L.Layout, t: np.ndarray, linked: set[int], cli
     pinned = np.flatnonzero(pins.any(axis=0))
     for idx in pinned[~np.isin(state[pinned], (L.SEALED, L.DELETED))]:
         problems.append(f"entry {idx} is pinned but {_state(state[idx])}")
-    high = L.slots_high(buf)
+    high = L.ALLOC.get(buf, "slots_high")
     for used in sorted(attached | set(np.flatnonzero(pins.any(axis=1)).tolist())):
         if used >= high:
             problems.append(f"client slot {used} is in use but beyond the slots ever taken ({high})")
@@ -196,8 +196,8 @@ def _check_allocator(node: "NodeStore", buf: Any, lay: L.Layout, t: np.ndarray, 
         x = ext[rec - 1]
         problems.append(f"extent {rec} ({x['size']} B at {x['offset']}, kind {x['flags']}, owner {x['owner']}) "
                         f"is not named back by its owner: leaked")
-    if L.retired_chunks(buf) != len(retired):
-        problems.append(f"retired chunk counter says {L.retired_chunks(buf)}, there are {len(retired)}")
+    if L.ALLOC.get(buf, "retired") != len(retired):
+        problems.append(f"retired chunk counter says {L.ALLOC.get(buf, 'retired')}, there are {len(retired)}")
     for slot in np.flatnonzero((clients["state"] == 1) & (clients["chunk"] != 0)):
         rec = int(clients["chunk"][slot])
         if not 0 < rec <= n or ext["flags"][rec - 1] != L.EXT_CHUNK or ext["owner"][rec - 1] != -(slot + 1):
@@ -230,7 +230,7 @@ def _check_tiling(node: "NodeStore", arena: Any, ext: np.ndarray, used: np.ndarr
         problems.append(f"extent {prev}: last in the {name} but has a successor")
     objects = used[ext["flags"][used - 1] == L.EXT_USED]  # chunks are cut from the top, past the frontier
     if arena.gpu < 0 and len(objects) \
-            and int((ext["offset"][objects - 1] + ext["size"][objects - 1]).max()) > L.frontier(node.buf):
+            and int((ext["offset"][objects - 1] + ext["size"][objects - 1]).max()) > L.ALLOC.get(node.buf, "frontier"):
         problems.append("an object's extent lies beyond the allocator's frontier")
 
 
@@ -294,8 +294,8 @@ def _check_objects(lay: L.Layout, t: np.ndarray, ext: np.ndarray, n: int, proble
 
 def _check_disk(node: "NodeStore", buf: Any, lay: L.Layout, t: np.ndarray, problems: list[str]) -> None:
     charged = disk_charged(buf, lay)
-    if L.disk_reserved(buf) != charged:
-        problems.append(f"disk quota counter says {L.disk_reserved(buf)} B, the table charges {charged} B")
+    if L.ALLOC.get(buf, "disk_reserved") != charged:
+        problems.append(f"disk quota counter says {L.ALLOC.get(buf, 'disk_reserved')} B, the table charges {charged} B")
     names = set(node.disk.names())
     allowed: set[str] = set()
     live = np.isin(t["state"], _LIVE)

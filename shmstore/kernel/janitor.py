@@ -51,14 +51,14 @@ def release_all(node: NodeStore, slot: int) -> tuple[int, int]:
     for idx in np.flatnonzero((entries["state"] == L.WRITING) & (entries["writer"] == slot)).tolist():
         with node.stripe_of(idx):
             eoff = lay.entry(idx)
-            e = L.unpack_entry(buf, eoff)
+            e = L.entry(buf, eoff)
             if e.state == L.WRITING and e.writer == slot:
                 table.unlink(idx, table.bucket_of(idx))
                 node.release(idx)
                 dropped, freed = dropped + 1, freed + e.size
     for idx in table.pinned_by(slot).tolist():
         with node.stripe_of(idx):
-            size = L.unpack_entry(buf, lay.entry(idx)).size
+            size = L.entry(buf, lay.entry(idx)).size
             node.table.unpin(slot, idx)
             if node.free_if_unpinned(idx):
                 dropped, freed = dropped + 1, freed + size

@@ -41,6 +41,7 @@ from .janitor import release_all
 from .keys import encode_key
 from .node import NodeStore
 from .pins import ATIME_GRAIN, Pins
+from .table import find_entry
 from .writing import Puts
 
 __all__ = ["Kernel", "encode_key"]
@@ -193,7 +194,7 @@ class Kernel:
             if r == _codes.OWNER_DEAD:  # its holder died: we hold it now and must repair it first
                 self._stripes[stripe].recover_held()
         with self._stripes[stripe]:
-            idx, eoff, e = L.find_entry(buf, self._lay, b, h, self.sid, kb)
+            idx, eoff, e = find_entry(buf, self._lay, b, h, self.sid, kb)
             if e is None or e[L.E_STATE] != L.SEALED:
                 raise self._not_found(key)
             if not pin:
@@ -205,7 +206,7 @@ class Kernel:
         """The rest of a pinning lookup, without the lock: the pin keeps the entry as it is."""
         now = _monotonic()
         if now - e[L.E_ATIME] > ATIME_GRAIN:  # LRU needs no finer clock than this
-            L.set_entry_atime(self._buf, eoff, now)
+            L.ENTRY_HEAD.set(self._buf, eoff, "atime", now)
         return idx, e, self._array(idx, eoff, e[L.E_KIND], e[L.E_GEN])
 
     def _array(self, idx: int, eoff: int, kind: int, gen: int) -> tuple[Any, ...] | None:
@@ -358,7 +359,7 @@ class Kernel:
         h = _crc32(kb, self.sid)
         b = h & self._bmask
         with self._stripes[b & self._smask]:
-            idx, _, e = L.find_entry(buf, lay, b, h, self.sid, kb)
+            idx, _, e = find_entry(buf, lay, b, h, self.sid, kb)
             if e is None or e[L.E_STATE] != L.SEALED or (copy is not None and copy != e[L.E_CTIME]):
                 if missing_ok:
                     return
@@ -382,7 +383,7 @@ class Kernel:
         h = _crc32(kb, self.sid)
         b = h & self._bmask
         with self._stripes[b & self._smask]:
-            _, _, e = L.find_entry(self._buf, self._lay, b, h, self.sid, kb)
+            _, _, e = find_entry(self._buf, self._lay, b, h, self.sid, kb)
             return e is not None and e[L.E_STATE] == L.SEALED
 
     def info(self, key: str) -> ObjectInfo:

@@ -83,7 +83,6 @@ class NodeStore:
             return ShmLock(base + self.layout.lock_offset(i), name, timeout, rec)
         self.admin = lock(L.LOCK_ADMIN, "admin")
         self.alloc_lock = lock(L.LOCK_ALLOC, "alloc", lambda: rebuild_allocator(self))
-        self.spill_lock = lock(L.LOCK_SPILL, "spill")
         # a stripe whose holder died may hold a live entry out of its chain and wrong counters
         self.stripes = [lock(self.layout.stripe_lock(s), f"stripe {s}", self._stripe_repair(s))
                         for s in range(self.layout.nstripes)]
@@ -163,7 +162,7 @@ class NodeStore:
             except FileExistsError:  # stale arena of a store whose metadata is gone
                 unlink_segment(prefix + "-arena")
                 arena = Segment.create(prefix + "-arena", capacity)
-            L.set_header_state(buf, L.STATE_READY)
+            L.HEAD.set(buf, "state", L.STATE_READY)
             return cls(cfg, meta, arena, created=True)
         except BaseException:
             if arena is not None:
@@ -202,7 +201,7 @@ class NodeStore:
         """
         pid, start = os.getpid(), proc_start_time(os.getpid()) or 0
         with self.admin:
-            if L.header_state(self.buf) != L.STATE_READY:
+            if L.HEAD.get(self.buf, "state") != L.STATE_READY:
                 raise FileNotFoundError(f"store {self.cfg.name!r} is being destroyed")
             clients = L.client_table(self.buf, self.layout)
             free = [int(s) for s in (clients["state"] == 0).nonzero()[0]]
@@ -211,8 +210,8 @@ class NodeStore:
                     f"store {self.cfg.name!r} has all {self.layout.max_clients} client slots taken "
                     f"(raise max_clients= / SHMSTORE_MAX_CLIENTS when creating the store)")
             slot = free[0]
-            if slot + 1 > L.slots_high(self.buf):  # first: whoever counts pins must look at this row
-                L.set_slots_high(self.buf, slot + 1)
+            if slot + 1 > L.ALLOC.get(self.buf, "slots_high"):  # first: whoever counts pins must look at this row
+                L.ALLOC.set(self.buf, "slots_high", slot + 1)
             L.pack_client(self.buf, self.layout.client(slot), pid, 1, start, time.time())
             L.pack_request(self.buf, self.layout.client(slot), L.Request(0, 0, 0, 0, 0, 0, 0, 0, ""))
             return slot
@@ -300,9 +299,10 @@ class NodeStore:
         """
         eoff = self.layout.entry(idx)
         buf = self.buf
-        if L.entry_state(buf, eoff) != L.DELETED or (gen is not None and L.entry_gen(buf, eoff) != gen):
+        e = L.entry(buf, eoff)
+        if e.state != L.DELETED or (gen is not None and e.gen != gen):
             return False
-        if L.entry_flags(self.buf, eoff) & L.FLAG_MOVING:
+        if L.ENTRY_HEAD.get(self.buf, eoff, "flags") & L.FLAG_MOVING:
             return False  # the mover frees it when it finishes
         if self.table.pin_count(idx):
             return False
@@ -310,13 +310,14 @@ class NodeStore:
 
     # ---- spill process -----------------------------------------------------
     def spill_pid(self) -> int:
-        return L.spill_pid(self.buf)
+        pid: int = L.HEAD.get(self.buf, "spill_pid")
+        return pid
 
     def ensure_spill(self) -> int:
         """Start the spill process if none runs; returns its pid."""
         reap_children()
         with self.admin:
-            pid = L.spill_pid(self.buf)
+            pid: int = L.HEAD.get(self.buf, "spill_pid")
             if pid_alive(pid):
                 return pid
             if self.meta.named() is False:  # unlinked behind our back: one started now would open, by
@@ -329,7 +330,7 @@ class NodeStore:
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
                 start_new_session=True, close_fds=True)
             spawned.append(proc)
-            L.set_spill_pid(self.buf, proc.pid)
+            L.HEAD.set(self.buf, "spill_pid", proc.pid)
             return proc.pid
 
     @property
@@ -339,7 +340,7 @@ class NodeStore:
         return self.disk.path + ".log"
 
     def spill_alive(self) -> bool:
-        return pid_alive(L.spill_pid(self.buf))
+        return pid_alive(L.HEAD.get(self.buf, "spill_pid"))
 
     def remove_if_unused(self) -> int | None:
         """Remove the store if it is not persistent and no client is attached.
@@ -347,12 +348,12 @@ class NodeStore:
         Returns:
             How many spill files went with it, or None if the store stays.
         """
-        if L.header_flags(self.buf) & L.FLAG_PERSIST:
+        if L.HEAD.get(self.buf, "flags") & L.FLAG_PERSIST:
             return None
         with self.admin:
-            if self.clients() or L.header_state(self.buf) != L.STATE_READY:
+            if self.clients() or L.HEAD.get(self.buf, "state") != L.STATE_READY:
                 return None
-            L.set_header_state(self.buf, L.STATE_DESTROYING)
+            L.HEAD.set(self.buf, "state", L.STATE_DESTROYING)
         return self.unlink()
 
     # ---- usage ----------------------------------------------------------------
@@ -366,7 +367,7 @@ class NodeStore:
     def reclaim_retired_locked(self) -> int:
         """Free retired chunks that no entry points at (ALLOC lock held); returns how many."""
         buf = self.buf
-        if not L.retired_chunks(buf):
+        if not L.ALLOC.get(buf, "retired"):
             return 0
         ext = L.extent_table(buf, self.layout)
         retired = np.flatnonzero(ext["flags"] == L.EXT_RETIRED) + 1
@@ -375,7 +376,7 @@ class NodeStore:
         unused = np.setdiff1d(retired, t["extent"][live])
         for rec in unused:
             self.alloc.free(int(rec))
-        L.set_retired_chunks(buf, len(retired) - len(unused))
+        L.ALLOC.set(buf, "retired", len(retired) - len(unused))
         return len(unused)
 
     def reclaim_retired(self) -> int:

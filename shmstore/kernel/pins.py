@@ -90,7 +90,7 @@ class Pins:
         else:
             if not self._down(idx):
                 return
-            deleted = L.entry_state(at.buf, at.lay.entry(idx)) == L.DELETED
+            deleted = L.ENTRY_HEAD.get(at.buf, at.lay.entry(idx), "state") == L.DELETED
         if deleted:
             lock = at.node.stripe_of(idx)
             # never block here: this may be a finalizer inside a locked section of this thread
@@ -122,7 +122,7 @@ class Pins:
         node, cache = self._at.node, self._at.cache
         while self.deferred:
             idx, gen = self.deferred.pop()
-            if L.entry_state(node.buf, node.layout.entry(idx)) == L.WRITING:
+            if L.ENTRY_HEAD.get(node.buf, node.layout.entry(idx), "state") == L.WRITING:
                 give_up(idx, gen)
                 continue
             with node.stripe_of(idx):

@@ -82,7 +82,7 @@ class Prefaulter:
         self._meta(stop)
         while not stop.is_set():
             self._meta(stop)
-            target = min(self.capacity, max(prefault, L.frontier(self.meta.mm) + prefault))
+            target = min(self.capacity, max(prefault, L.ALLOC.get(self.meta.mm, "frontier") + prefault))
             if self.populated >= target:
                 stop.wait(0.2)
                 continue

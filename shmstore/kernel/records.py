@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Record", "Field"]
+__all__ = ["Record", "Field", "Placed"]
 
 _CODES = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q", "i32": "i", "i64": "q", "f64": "d"}
 _DTYPES = {"u8": "u1", "u16": "<u2", "u32": "<u4", "u64": "<u8", "i32": "<i4", "i64": "<i8", "f64": "<f8"}
@@ -77,7 +77,7 @@ class Record:
     and an offset). Thread-safe.
     """
 
-    def __init__(self, name: str, size: int, table: str) -> None:
+    def __init__(self, name: str, size: int, table: str, tuple_type: Any = None) -> None:
         self.name, self.size = name, size
         fields: list[Field] = []
         for line in table.strip().splitlines():
@@ -112,6 +112,12 @@ class Record:
         for f in self.fields:
             self._zeros.extend([0] * f.n if f.n > 1 else [b"" if f.code.endswith("s") else 0])
         self._n = {f.name: f.n for f in self.fields}
+        self._access = {f.name: (self._fields[f.name], f.offset) for f in self.fields}
+        if tuple_type is not None:
+            if tuple(tuple_type._fields) != tuple(f.name for f in self.fields):
+                raise ValueError(f"{name}: {tuple_type.__name__} names {tuple_type._fields}, the record "
+                                 f"{tuple(f.name for f in self.fields)}")
+            self.tuple = tuple_type
 
     @staticmethod
     def _dtype_of(f: Field) -> Any:
@@ -135,11 +141,27 @@ class Record:
         return self._fields[name]
 
     def get(self, buf: Any, off: int, name: str) -> Any:
-        return self._fields[name].unpack_from(buf, off + self.offset[name])[0]
+        """Field ``name`` of the record at ``off``.
+
+        Raises:
+            KeyError: a name the record does not have.
+        """
+        st, at = self._access[name]
+        return st.unpack_from(buf, off + at)[0]
 
     def set(self, buf: Any, off: int, name: str, value: Any) -> None:
-        st, at = self._fields[name], off + self.offset[name]
+        """Store field ``name`` of the record at ``off`` alone (one memcpy of its packed bytes).
+
+        Raises:
+            KeyError: a name the record does not have.
+        """
+        st, at = self._access[name]
+        at += off
         buf[at: at + st.size] = st.pack(value)  # not pack_into: see the module notes
+
+    def at(self, off: int) -> Placed:
+        """This record at a fixed offset (the header, the allocator state): ``get(buf, name)``/``set``."""
+        return Placed(self, off)
 
     def unpack(self, buf: Any, off: int = 0) -> Any:
         """The record at ``off`` as a named tuple (arrays as tuples)."""
@@ -211,3 +233,21 @@ class Record:
         head = f"{self.name} ({self.size} bytes)::\n\n    off  size type      field"
         rows = [f"    {f.offset:<4} {f.size:<4} {f.type:<9} {f.name}: {f.doc}" for f in self.fields]
         return "\n".join([head] + rows)
+
+
+class Placed:
+    """A record at a fixed offset of every buffer it is used on (``Record.at``); thread-safe, owns nothing."""
+
+    __slots__ = ("record", "offset")
+
+    def __init__(self, record: Record, offset: int) -> None:
+        self.record, self.offset = record, offset
+
+    def get(self, buf: Any, name: str) -> Any:
+        return self.record.get(buf, self.offset, name)
+
+    def set(self, buf: Any, name: str, value: Any) -> None:
+        self.record.set(buf, self.offset, name, value)
+
+    def unpack(self, buf: Any) -> Any:
+        return self.record.unpack(buf, self.offset)

@@ -78,12 +78,12 @@ def rebuild_allocator(node: "NodeStore") -> None:
     ext = L.extent_table(buf, lay)
     ext["flags"][retire - 1] = L.EXT_RETIRED
     node.alloc.rebuild(keep.tolist(), node.gpu_allocators())
-    L.set_retired_chunks(buf, len(retire))
+    L.ALLOC.set(buf, "retired", len(retire))
     c = L.client_table(buf, lay)
     for slot in np.flatnonzero((c["chunk"] != 0) & ~np.isin(c["chunk"], keep)):
         L.set_client_chunk(buf, lay.client(int(slot)), 0, 0, 0)  # its owner died allocating it
     _rebuild_free_entries(buf, lay)
-    L.set_disk_reserved(buf, disk_charged(buf, lay))
+    L.ALLOC.set(buf, "disk_reserved", disk_charged(buf, lay))
 
 
 def _rebuild_free_entries(buf: Any, lay: L.Layout) -> None:
@@ -140,4 +140,4 @@ def _still(node: "NodeStore", stripe: int, idx: int, states: tuple[int, ...]) ->
     """Whether entry ``idx`` is (still) in one of ``states`` and of ``stripe`` (its state read first, as in
     :func:`_of_stripe`), right before acting on it."""
     eoff = node.layout.entry(idx)
-    return L.entry_state(node.buf, eoff) in states and node.table.stripe_of(idx) == stripe
+    return L.ENTRY_HEAD.get(node.buf, eoff, "state") in states and node.table.stripe_of(idx) == stripe

@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import io
 import pickle
+import struct
 import sys
 import warnings
 from typing import Any
@@ -34,7 +35,8 @@ from . import layout as L
 from .copying import copy_blobs, copy_into
 from .views import ARRAY_TYPES
 
-__all__ = ["Encoded", "encode", "write", "parts", "decode", "as_u8", "KIND_NAMES"]
+__all__ = ["Encoded", "encode", "encode_pickle", "write", "parts", "decode", "as_u8", "KIND_NAMES",
+           "plan_object", "pack_object_header", "unpack_object_header", "object_header_size"]
 
 KIND_NAMES = {L.KIND_RAW: "bytes", L.KIND_NDARRAY: "ndarray", L.KIND_PICKLE: "pickle"}
 _EMPTY = np.empty(0, np.uint8)
@@ -103,7 +105,7 @@ def encode(obj: Any) -> Encoded:
         enc = _encode_device(obj)
         if enc is not None:
             return enc
-    return _encode_pickle(obj)
+    return encode_pickle(obj)
 
 
 def _encode_device(obj: Any) -> Encoded | None:
@@ -195,7 +197,7 @@ def _tensor(raw: np.ndarray, dtype: str, shape: tuple[int, ...], requires_grad: 
     return t.requires_grad_(requires_grad) if requires_grad else t
 
 
-def _encode_pickle(obj: Any) -> Encoded:
+def encode_pickle(obj: Any) -> Encoded:
     f = io.BytesIO()
     p = _Pickler(f)
     try:
@@ -203,7 +205,7 @@ def _encode_pickle(obj: Any) -> Encoded:
     except Exception as exc:  # pickle raises many types: PicklingError, TypeError, AttributeError...
         raise SerializationError(f"cannot pickle {type(obj).__name__}: {exc}") from exc
     data = f.getbuffer()
-    size, offsets = L.plan_object(len(data), [b.nbytes for b in p.blobs])
+    size, offsets = plan_object(len(data), [b.nbytes for b in p.blobs])
     enc = Encoded(L.KIND_PICKLE, size, size, len(p.blobs))
     enc.pickle, enc.blobs, enc.offsets = data, p.blobs, offsets
     return enc
@@ -237,16 +239,16 @@ def parts(enc: Encoded) -> list[tuple[int, Any]]:
         if not (src.flags.c_contiguous if order == "C" else src.flags.f_contiguous):
             src = np.array(src, order=order)
         return [(0, pickle.PickleBuffer(src).raw())]
-    header = bytearray(L.object_header_size(len(enc.blobs)))
-    L.pack_object_header(header, 0, len(enc.pickle), [(o, b.nbytes) for o, b in zip(enc.offsets, enc.blobs)])
+    header = bytearray(object_header_size(len(enc.blobs)))
+    pack_object_header(header, 0, len(enc.pickle), [(o, b.nbytes) for o, b in zip(enc.offsets, enc.blobs)])
     out = [(0, memoryview(header)), (len(header), memoryview(enc.pickle))]
     return out + [(o, b) for o, b in zip(enc.offsets, enc.blobs) if b.nbytes]
 
 
 def _write_pickle(enc: Encoded, dst: np.ndarray) -> None:
     blobs = enc.blobs
-    L.pack_object_header(dst.data, 0, len(enc.pickle), [(o, b.nbytes) for o, b in zip(enc.offsets, blobs)])
-    items = [(L.object_header_size(len(blobs)), enc.pickle)]
+    pack_object_header(dst.data, 0, len(enc.pickle), [(o, b.nbytes) for o, b in zip(enc.offsets, blobs)])
+    items = [(object_header_size(len(blobs)), enc.pickle)]
     items += [(o, b) for o, b in zip(enc.offsets, blobs) if b.nbytes]
     copy_blobs(dst, items)
 
@@ -262,9 +264,41 @@ def decode(kind: int, base: np.ndarray, nbytes: int) -> Any:
     """
     if kind == L.KIND_RAW:
         return base[:nbytes].data
-    start, plen, blobs = L.unpack_object_header(base)
+    start, plen, blobs = unpack_object_header(base)
     mv = base.data  # arrays built on slices of it keep ``base`` (the lease) as their base
     try:
         return pickle.loads(mv[start: start + plen], buffers=[mv[o: o + n] for o, n in blobs])
     except Exception as exc:
         raise SerializationError(f"cannot unpickle stored value: {exc}") from exc
+
+
+# ---- the pickled-object format: OBJECT_HEADER, BLOB records, the pickle, the blobs ---------------------
+
+def object_header_size(nblobs: int) -> int:
+    return L.OBJECT_HEADER.size + nblobs * L.BLOB.size
+
+
+def plan_object(pickle_len: int, blob_lens: list[int]) -> tuple[int, list[int]]:
+    """Total size and blob offsets of a pickled object with these parts."""
+    pos = L.align(object_header_size(len(blob_lens)) + pickle_len)
+    offsets = []
+    for n in blob_lens:
+        offsets.append(pos)
+        pos = L.align(pos + n)
+    return max(pos, L.ALIGN), offsets
+
+
+def pack_object_header(buf: Any, off: int, pickle_len: int, blobs: list[tuple[int, int]]) -> None:
+    """Write the header of a pickled object: ``blobs`` are (offset, length) in pickle order."""
+    L.OBJECT_HEADER.pack(buf, off, nblobs=len(blobs), pickle_len=pickle_len)
+    if blobs:  # BLOB records, back to back: one store
+        flat = [v for b in blobs for v in b]
+        at = off + L.OBJECT_HEADER.size
+        buf[at: at + L.BLOB.size * len(blobs)] = struct.pack(f"<{len(flat)}Q", *flat)
+
+
+def unpack_object_header(buf: Any, off: int = 0) -> tuple[int, int, list[tuple[int, int]]]:
+    """(pickle start, pickle length, [(blob offset, blob length)]) relative to ``off``."""
+    h = L.OBJECT_HEADER.unpack(buf, off)
+    flat = struct.unpack_from(f"<{2 * h.nblobs}Q", buf, off + L.OBJECT_HEADER.size)
+    return object_header_size(h.nblobs), h.pickle_len, list(zip(flat[0::2], flat[1::2]))

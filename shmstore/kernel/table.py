@@ -31,7 +31,29 @@ import numpy as np
 from . import layout as L
 from .alloc import Allocator
 
-__all__ = ["Table"]
+__all__ = ["Table", "find_entry"]
+
+
+_BUCKET_HEAD = L.BUCKET.field("head")
+
+
+def find_entry(buf: Any, layout: L.Layout, b: int, h: int, session: int,
+               key: bytes) -> tuple[int, int, tuple[Any, ...] | None]:
+    """Walk bucket ``b``'s chain for ``key``: (index, entry offset, raw ENTRY_HEAD tuple) or (-1, 0, None).
+
+    The raw tuple (indexed with ``layout.E_*``) because the kernel's hot paths call this; the stripe lock
+    of ``b`` is held.
+    """
+    rec = _BUCKET_HEAD.unpack_from(buf, layout.bucket(b))[0]
+    base, klen, kstart = layout.entries, len(key), L.ENTRY_KEY_OFFSET
+    unpack, h_, n_, kl_, s_ = L.entry_raw, L.E_HASH, L.E_NEXT, L.E_KEYLEN, L.E_SESSION
+    while rec:
+        eoff = base + (rec - 1) * L.ENTRY_SIZE
+        e = unpack(buf, eoff)
+        if e[h_] == h and e[kl_] == klen and e[s_] == session and buf[eoff + kstart: eoff + kstart + klen] == key:
+            return rec - 1, eoff, e
+        rec = e[n_]
+    return -1, 0, None
 
 
 class Table:
@@ -57,7 +79,8 @@ class Table:
         return h, b, b & self._stripe_mask
 
     def stripe_of(self, idx: int) -> int:
-        return L.entry_hash(self.buf, self.layout.entry(idx)) & self._bucket_mask & self._stripe_mask
+        h: int = L.ENTRY_HEAD.get(self.buf, self.layout.entry(idx), "hash")
+        return h & self._bucket_mask & self._stripe_mask
 
     def stripe_mask(self, stripe: int, t: np.ndarray) -> np.ndarray:
         """Boolean mask of the entries of ``t`` (an entry table view) whose key hashes to ``stripe``."""
@@ -84,7 +107,7 @@ class Table:
         linked: list[int] = []
         seen: set[int] = set()
         for b in range(stripe, lay.nbuckets, lay.nstripes):
-            prev_off, rec = lay.bucket(b), L.bucket_head(buf, lay.bucket(b))
+            prev_off, rec = lay.bucket(b), L.BUCKET.get(buf, lay.bucket(b), "head")
             while rec:
                 idx = rec - 1
                 if not 0 <= idx < lay.max_objects or idx in seen:  # garbage or a loop: cut here
@@ -104,16 +127,16 @@ class Table:
     def _set_link(self, prev_off: int, b: int, rec: int) -> None:
         """Point a bucket head (``prev_off`` is the bucket's offset) or an entry's ``next`` at ``rec``."""
         if prev_off == self.layout.bucket(b):
-            L.set_bucket_head(self.buf, prev_off, rec)
+            L.BUCKET.set(self.buf, prev_off, "head", rec)
         else:
-            L.set_entry_next(self.buf, prev_off, rec)
+            L.ENTRY_HEAD.set(self.buf, prev_off, "next", rec)
 
     # ---- chains (stripe lock held) --------------------------------------
     def link(self, idx: int, b: int) -> None:
         """Push entry ``idx`` (fully written) on bucket ``b``'s chain."""
         head_off = self.layout.bucket(b)
-        L.set_entry_next(self.buf, self.layout.entry(idx), L.bucket_head(self.buf, head_off))
-        L.set_bucket_head(self.buf, head_off, idx + 1)  # the publishing store
+        L.ENTRY_HEAD.set(self.buf, self.layout.entry(idx), "next", L.BUCKET.get(self.buf, head_off, "head"))
+        L.BUCKET.set(self.buf, head_off, "head", idx + 1)  # the publishing store
 
     def replace(self, old: int, idx: int, b: int) -> None:
         """Put entry ``idx`` (fully written) where ``old`` is in bucket ``b``'s chain, in one store.
@@ -123,17 +146,17 @@ class Table:
         ``old`` is the ghost. Never both, never neither.
         """
         buf, lay = self.buf, self.layout
-        L.set_entry_next(buf, lay.entry(idx), L.entry_next(buf, lay.entry(old)))
+        L.ENTRY_HEAD.set(buf, lay.entry(idx), "next", L.ENTRY_HEAD.get(buf, lay.entry(old), "next"))
         head_off = lay.bucket(b)
-        rec = L.bucket_head(buf, head_off)
+        rec = L.BUCKET.get(buf, head_off, "head")
         if rec == old + 1:
-            L.set_bucket_head(buf, head_off, idx + 1)  # the publishing store
+            L.BUCKET.set(buf, head_off, "head", idx + 1)  # the publishing store
             return
         while rec:
             eoff = lay.entry(rec - 1)
-            cur = L.entry_next(buf, eoff)
+            cur = L.ENTRY_HEAD.get(buf, eoff, "next")
             if cur == old + 1:
-                L.set_entry_next(buf, eoff, idx + 1)  # the publishing store
+                L.ENTRY_HEAD.set(buf, eoff, "next", idx + 1)  # the publishing store
                 return
             rec = cur
         raise AssertionError(f"entry {old} is not in bucket {b}'s chain")
@@ -143,29 +166,31 @@ class Table:
         buf, lay = self.buf, self.layout
         target = idx + 1
         head_off = lay.bucket(b)
-        rec = L.bucket_head(buf, head_off)
-        nxt = L.entry_next(buf, lay.entry(idx))
+        rec = L.BUCKET.get(buf, head_off, "head")
+        nxt = L.ENTRY_HEAD.get(buf, lay.entry(idx), "next")
         if rec == target:
-            L.set_bucket_head(buf, head_off, nxt)
+            L.BUCKET.set(buf, head_off, "head", nxt)
             return True
         while rec:
             eoff = lay.entry(rec - 1)
-            cur = L.entry_next(buf, eoff)
+            cur = L.ENTRY_HEAD.get(buf, eoff, "next")
             if cur == target:
-                L.set_entry_next(buf, eoff, nxt)
+                L.ENTRY_HEAD.set(buf, eoff, "next", nxt)
                 return True
             rec = cur
         return False
 
     def bucket_of(self, idx: int) -> int:
-        return L.entry_hash(self.buf, self.layout.entry(idx)) & self._bucket_mask
+        h: int = L.ENTRY_HEAD.get(self.buf, self.layout.entry(idx), "hash")
+        return h & self._bucket_mask
 
     # ---- entries ----------------------------------------------------------------
     def new_entry(self) -> int:
         """Pop a free entry index, or -1 when the table is full (ALLOC lock held)."""
         next_unused, free_head = L.entry_cursor(self.buf)
         if free_head:
-            L.set_entry_cursor(self.buf, next_unused, L.entry_next(self.buf, self.layout.entry(free_head - 1)))
+            nxt = L.ENTRY_HEAD.get(self.buf, self.layout.entry(free_head - 1), "next")
+            L.set_entry_cursor(self.buf, next_unused, nxt)
             return free_head - 1
         if next_unused >= self.layout.max_objects:
             return -1
@@ -182,7 +207,7 @@ class Table:
 
     def mark_deleted(self, idx: int) -> None:
         """Hide a pinned entry until its last pin goes (stripe lock held)."""
-        L.set_entry_state(self.buf, self.layout.entry(idx), L.DELETED)
+        L.ENTRY_HEAD.set(self.buf, self.layout.entry(idx), "state", L.DELETED)
         L.add_stripe_deleted(self.buf, self.layout.stripe_stats(self.stripe_of(idx)), 1)
 
     def deleted_pending(self) -> int:
@@ -222,7 +247,7 @@ class Table:
         """
         next_unused, free_head = L.entry_cursor(self.buf)
         eoff = self.layout.entry(idx)
-        gen = (L.entry_gen(self.buf, eoff) + 1) & 0xFFFFFFFF
+        gen = (L.ENTRY_HEAD.get(self.buf, eoff, "gen") + 1) & 0xFFFFFFFF
         L.ENTRY_HEAD.pack(self.buf, eoff, hash=h, next=free_head, gen=gen, writer=-1, state=L.FREE)
         L.set_entry_cursor(self.buf, next_unused, idx + 1)
 
@@ -233,12 +258,12 @@ class Table:
 
     def pin_count(self, idx: int) -> int:
         """Number of client processes pinning ``idx`` (rows of slots never taken hold no pins)."""
-        return int(np.count_nonzero(self._pins[:L.slots_high(self.buf), idx]))
+        return int(np.count_nonzero(self._pins[:L.ALLOC.get(self.buf, "slots_high"), idx]))
 
     def pin_counts(self, n: int) -> np.ndarray:
         """Pinning processes of each of the first ``n`` entries (pass ``len`` of the entry table view it
         goes with; summed over the client slots ever taken)."""
-        counts: np.ndarray = np.count_nonzero(self._pins[:L.slots_high(self.buf), :n], axis=0)
+        counts: np.ndarray = np.count_nonzero(self._pins[:L.ALLOC.get(self.buf, "slots_high"), :n], axis=0)
         return counts
 
     def pinned_by(self, slot: int) -> np.ndarray:

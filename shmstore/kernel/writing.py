@@ -23,6 +23,7 @@ from ..levels.protocol import StorageLevel
 from . import layout as L
 from . import serialize
 from .attach import Attachment
+from .table import find_entry
 from .cache import EntryStolen, owns_entry
 from .fastpath import codes as _fast_codes
 
@@ -85,7 +86,7 @@ class Puts:
         (idx, off, stored, ctime, stripe), gen = self._reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs,
                                                                enc.meta, level, overwrite)
         try:
-            lv.write(idx, gen, off, L.entry_flags(self._buf, self._lay.entry(idx)), enc, key)
+            lv.write(idx, gen, off, L.ENTRY_HEAD.get(self._buf, self._lay.entry(idx), "flags"), enc, key)
             if overwrite:
                 self.replace(key, kb, idx, stripe)
             else:
@@ -219,7 +220,7 @@ class Puts:
         lv = None
         try:
             with self._stripes[stripe]:
-                _, _, e = L.find_entry(buf, lay, b, h, self.sid, kb)
+                _, _, e = find_entry(buf, lay, b, h, self.sid, kb)
                 if e is not None and not shadow:
                     if e[L.E_STATE] == L.WRITING:
                         raise ObjectLockedError(f"{key!r} is being written by another writer", key)
@@ -338,7 +339,7 @@ class Puts:
             if rc == _fast_codes.OWNER_DEAD:
                 self._stripes[stripe].recover_held()
         with self._stripes[stripe]:
-            L.set_entry_state(self._buf, self._lay.entry(idx), L.SEALED)  # ``writer`` matters only while writing
+            L.ENTRY_HEAD.set(self._buf, self._lay.entry(idx), "state", L.SEALED)  # ``writer`` matters only writing
 
     def replace(self, key: str, kb: bytes, idx: int, stripe: int) -> None:
         """Seal overwrite entry ``idx`` in place of whatever ``key`` holds, in one chain store.
@@ -356,12 +357,12 @@ class Puts:
         b = h & self._bmask
         eoff = lay.entry(idx)
         with self._stripes[stripe]:
-            old, _, e = L.find_entry(buf, lay, b, h, self.sid, kb)
+            old, _, e = find_entry(buf, lay, b, h, self.sid, kb)
             if e is not None and e[L.E_STATE] == L.WRITING:
                 self.node.release(idx, cache=self._cache)
                 raise ObjectLockedError(f"{key!r} is being written by another writer", key)
-            L.set_entry_flags(buf, eoff, L.entry_flags(buf, eoff) & ~L.FLAG_SHADOW)
-            L.set_entry_state(buf, eoff, L.SEALED)
+            L.ENTRY_HEAD.set(buf, eoff, "flags", L.ENTRY_HEAD.get(buf, eoff, "flags") & ~L.FLAG_SHADOW)
+            L.ENTRY_HEAD.set(buf, eoff, "state", L.SEALED)
             if e is None:
                 table.link(idx, b)
                 return

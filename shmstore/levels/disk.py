@@ -437,16 +437,16 @@ class DiskLevel:
         """Charge ``size`` bytes to the quota (ALLOC lock held), or StorageFullError."""
         buf = self.node.buf
         cap = L.unpack_spill_state(buf).disk_capacity
-        used = L.disk_reserved(buf)
+        used = L.ALLOC.get(buf, "disk_reserved")
         if used + size > cap:
             raise StorageFullError(
                 f"cannot place {key!r} ({format_size(size)}) on disk: {format_size(cap - used)} free of "
                 f"{format_size(cap)} in {self.files.root} (raise {self.setting}, or point SHMSTORE_SPILL_DIR at a "
                 f"larger file system)", key, Level.DISK, size, cap - used)
-        L.set_disk_reserved(buf, used + size)
+        L.ALLOC.set(buf, "disk_reserved", used + size)
 
     def _refund_locked(self, size: int) -> None:
-        L.set_disk_reserved(self.node.buf, max(0, L.disk_reserved(self.node.buf) - size))
+        L.ALLOC.set(self.node.buf, "disk_reserved", max(0, L.ALLOC.get(self.node.buf, "disk_reserved") - size))
 
     def place(self, key: str, idx: int, gen: int, size: int, at: Any,
               write_entry: Callable[[int, int, int], None]) -> tuple[int, int, int]:
@@ -504,7 +504,7 @@ class DiskLevel:
         self.files.remove(idx, e[L.E_GEN])  # first: a crash leaves a moving entry, which recover() rolls back
         with node.alloc_lock:
             self._refund_locked(e[L.E_SIZE])
-            L.set_entry_flags(node.buf, eoff, L.entry_flags(node.buf, eoff) & ~L.FLAG_MOVING)
+            L.ENTRY_HEAD.set(node.buf, eoff, "flags", L.ENTRY_HEAD.get(node.buf, eoff, "flags") & ~L.FLAG_MOVING)
 
     def close(self) -> None:
         pass

@@ -251,7 +251,7 @@ class GpuLevel:
                 raise EntryStolen
             rec, off = arena.alloc(size, idx + 1)
             if rec:
-                L.set_entry_extent(node.buf, eoff, rec)
+                L.ENTRY_HEAD.set(node.buf, eoff, "extent", rec)
         if not rec:
             raise self.full(key, size, d)
         write_entry(off, rec, 0)
@@ -331,7 +331,7 @@ class GpuLevel:
         with node.alloc_lock:
             rec, off = arena.alloc(size, idx + 1)
             if rec:
-                L.set_entry_target_extent(node.buf, eoff, rec)
+                L.ENTRY_HEAD.set(node.buf, eoff, "target_extent", rec)
                 return off, rec
         raise self.full(None, size, d)
 

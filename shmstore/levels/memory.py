@@ -76,7 +76,7 @@ class MemoryLevel:
                 raise EntryStolen
             rec, off = self._alloc_locked(size, idx)
             if rec:
-                L.set_entry_extent(node.buf, eoff, rec)
+                L.ENTRY_HEAD.set(node.buf, eoff, "extent", rec)
                 return rec, off
         raise self.full(key, size)
 
@@ -125,7 +125,7 @@ class MemoryLevel:
     def sink(self, idx: int, gen: int, offset: int, size: int, key: str) -> "ArenaSink":
         node = self.node
         if offset + size > node.prefault.populated \
-                and not L.entry_flags(node.buf, node.layout.entry(idx)) & L.FLAG_IN_CHUNK:  # chunks are faulted in
+                and not L.ENTRY_HEAD.get(node.buf, node.layout.entry(idx), "flags") & L.FLAG_IN_CHUNK:  # chunk: faulted
             node.prefault.ensure(offset, size, key)
         return ArenaSink(np.ndarray((size,), np.uint8, self.node.arena_mm, offset))
 
@@ -141,7 +141,7 @@ class MemoryLevel:
         with node.alloc_lock:
             rec, off = self._alloc_locked(size, idx)
             if rec:
-                L.set_entry_target_extent(node.buf, eoff, rec)
+                L.ENTRY_HEAD.set(node.buf, eoff, "target_extent", rec)
                 return off, rec
         raise self.full(None, size)
 
@@ -169,8 +169,8 @@ def unplace_extent(node: NodeStore, idx: int, extent: int) -> None:
         return
     eoff = node.layout.entry(idx)
     with node.alloc_lock:
-        if L.entry_extent(node.buf, eoff) == extent:
-            L.set_entry_extent(node.buf, eoff, 0)
+        if L.ENTRY_HEAD.get(node.buf, eoff, "extent") == extent:
+            L.ENTRY_HEAD.set(node.buf, eoff, "extent", 0)
         node.alloc.free_owned(extent, idx + 1)  # records are shared: freed into their own arena
 
 
@@ -178,11 +178,11 @@ def abort_arena_move(node: NodeStore, idx: int) -> None:
     """Roll back a move onto an arena level: free the extent it placed, stop the move (stripe lock held)."""
     eoff = node.layout.entry(idx)
     with node.alloc_lock:
-        rec = L.entry_target_extent(node.buf, eoff)
-        L.set_entry_target_extent(node.buf, eoff, 0)
+        rec = L.ENTRY_HEAD.get(node.buf, eoff, "target_extent")
+        L.ENTRY_HEAD.set(node.buf, eoff, "target_extent", 0)
         if rec:
             node.alloc.free_owned(rec, idx + 1)
-        L.set_entry_flags(node.buf, eoff, L.entry_flags(node.buf, eoff) & ~L.FLAG_MOVING)
+        L.ENTRY_HEAD.set(node.buf, eoff, "flags", L.ENTRY_HEAD.get(node.buf, eoff, "flags") & ~L.FLAG_MOVING)
 
 
 def copy_in_steps(dst: np.ndarray, src: Any, progress: Callable[[int], None], step: int = 64 << 20) -> None:

@@ -299,7 +299,7 @@ class Fetcher:
 
     def _receive(self, key: str, src: int, level: int, idx: int, off: int, found: W.Found, block: int) -> None:
         kernel, nbytes = self.kernel, found.nbytes
-        gen = L.entry_gen(kernel._buf, kernel._lay.entry(idx))
+        gen = L.ENTRY_HEAD.get(kernel._buf, kernel._lay.entry(idx), "gen")
         sink = kernel.node.levels[Level(level)].sink(idx, gen, off, nbytes, "incoming transfer")
         try:
             dst = sink.buffer()  # host memory MPI can receive into (the arena), or None

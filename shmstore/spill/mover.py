@@ -85,10 +85,10 @@ class Mover:
         return e
 
     def _set_flags(self, idx: int, flags: int) -> None:
-        L.set_entry_flags(self.buf, self.lay.entry(idx), flags)
+        L.ENTRY_HEAD.set(self.buf, self.lay.entry(idx), "flags", flags)
 
     def _clear_moving(self, idx: int) -> None:
-        self._set_flags(idx, L.entry_flags(self.buf, self.lay.entry(idx)) & ~L.FLAG_MOVING)
+        self._set_flags(idx, L.ENTRY_HEAD.get(self.buf, self.lay.entry(idx), "flags") & ~L.FLAG_MOVING)
 
     # ---- one move, any two levels ---------------------------------------------------------
     def spill(self, idx: int, gen: int) -> int:
@@ -124,7 +124,7 @@ class Mover:
                     dst.charge_move_locked(idx, e)
                 except StorageFullError as exc:
                     raise MoveError(L.ERR_FULL, str(exc)) from None
-                L.set_entry_target(buf, eoff, int(to))  # before the flag: a moving entry always names it
+                L.ENTRY_HEAD.set(buf, eoff, "target", int(to))  # before the flag: a moving entry always names it
                 self._set_flags(idx, e[L.E_FLAGS] | L.FLAG_MOVING)
         src, size = node.levels[Level(e[L.E_LEVEL])], e[L.E_SIZE]
         try:
@@ -238,7 +238,7 @@ class Mover:
         return spilled
 
     def _spill_quietly(self, idx: int, to: Level = Level.DISK) -> int:
-        gen = L.entry_gen(self.buf, self.lay.entry(idx))
+        gen = L.ENTRY_HEAD.get(self.buf, self.lay.entry(idx), "gen")
         try:
             return self.move(idx, gen, to)
         except MoveError as exc:
@@ -284,7 +284,7 @@ class Mover:
                 self._give_up(idx)
         self._state(moving=0)
         with node.alloc_lock:  # the counter is derived state: make sure it is exact
-            L.set_disk_reserved(buf, disk_charged(buf, lay))
+            L.ALLOC.set(buf, "disk_reserved", disk_charged(buf, lay))
         for name in self.disk.names():
             self._remove_stray(name)
         return len(moving)

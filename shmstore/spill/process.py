@@ -67,7 +67,8 @@ class _Spiller:
             gpu.owner = True  # this process holds the device allocations of the node's GPU arenas
 
     def owns_store(self) -> bool:
-        return L.spill_pid(self.node.buf) == os.getpid() and L.header_state(self.node.buf) == L.STATE_READY
+        buf = self.node.buf
+        return bool(L.HEAD.get(buf, "spill_pid") == os.getpid() and L.HEAD.get(buf, "state") == L.STATE_READY)
 
     def run(self) -> int:
         if not self.owns_store():
@@ -146,7 +147,7 @@ class _Spiller:
                         self.label, pid, slot, dropped, format_size(freed))
         sweep_deleted(self.node)
         migrations.clear_dead(self.node)
-        if L.retired_chunks(self.node.buf):
+        if L.ALLOC.get(self.node.buf, "retired"):
             self.node.reclaim_retired()
 
     def serve(self) -> None:
