@@ -1,4 +1,5 @@
-"""Build hook: the optional C fast path of the kernel (metadata lives in setup.cfg).
+"""Build hook: the optional C helpers, the kernel's fast path and copier and the MPI prober (metadata lives in
+setup.cfg).
 
 ``optional=True``: where no C compiler is available the build goes on and
 shmstore runs on its pure-Python kernel, with the same behaviour.
@@ -6,4 +7,5 @@ shmstore runs on its pure-Python kernel, with the same behaviour.
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("shmstore.kernel._fast", ["shmstore/kernel/_fast.c"], optional=True),
-                   Extension("shmstore.kernel._copy", ["shmstore/kernel/_copy.c"], optional=True)])
+                   Extension("shmstore.kernel._copy", ["shmstore/kernel/_copy.c"], optional=True),
+                   Extension("shmstore.mpi._probe", ["shmstore/mpi/_probe.c"], optional=True)])

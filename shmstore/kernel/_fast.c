@@ -9,14 +9,12 @@
  * Every function runs with the GIL held from start to end, so their updates
  * of the process-local pin counts are atomic with respect to other threads of
  * the process; the kernel uses them for both pinning and unpinning, or for
- * neither. The exception is probe_wait, which touches no store: it waits for an
- * MPI message with the GIL released (an MPI service's idle loop).
+ * neither.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
 #include <pthread.h>
-#include <sys/prctl.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -540,68 +538,6 @@ static PyObject *release(PyObject *self, PyObject *args) {
     return PyLong_FromLong(deleted ? 2 : 1);
 }
 
-typedef int (*iprobe_fn)(int source, int tag, intptr_t comm, int *flag, void *status);
-
-static int64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-/* probe_wait(iprobe_address, any_source, tag, comm_handle, spin_ns, nap_ns, max_ns[, nap_max_ns])
- * -> 1 when a message
- * with ``tag`` is waiting, 0 after max_ns without one, -rc when MPI_Iprobe failed.
- *
- * Calls MPI_Iprobe (its address from the loaded MPI library; the communicator handle is passed in a
- * register, an int for MPICH's ABI and a pointer for Open MPI's, both fit intptr_t) with the GIL released:
- * the application's Python threads never wait for a polling service. Probes back to back for spin_ns
- * (a short window), then after naps of nap_ns, each twice the last up to nap_max_ns (default nap_ns): a
- * long wait wakes rarely (seven ranks waiting on two cores with 20 us naps left no time to the transfer
- * they waited for). */
-static PyObject *probe_wait(PyObject *self, PyObject *args) {
-    unsigned long long addr, comm;
-    int any, tag;
-    long long spin_ns, nap_ns, max_ns, nap_max_ns = 0;
-    if (!PyArg_ParseTuple(args, "KiiKLLL|L", &addr, &any, &tag, &comm, &spin_ns, &nap_ns, &max_ns, &nap_max_ns))
-        return NULL;
-    if (nap_max_ns < nap_ns)
-        nap_max_ns = nap_ns;
-    iprobe_fn iprobe = (iprobe_fn)(uintptr_t)addr;
-    int flag = 0, rc = 0;
-    char status[256]; /* larger than any MPI_Status */
-    Py_BEGIN_ALLOW_THREADS
-    int64_t start = mono_ns();
-    struct timespec nap = {(time_t)(nap_ns / 1000000000), (long)(nap_ns % 1000000000)};
-    int slack = -1; /* the thread's timer slack, while naps run with a tight one */
-    for (;;) {
-        rc = iprobe(any, tag, (intptr_t)(uintptr_t)comm, &flag, status);
-        if (rc != 0 || flag)
-            break;
-        int64_t waited = mono_ns() - start;
-        if (waited >= max_ns)
-            break;
-        if (waited < spin_ns)
-            continue; /* no sched_yield: a yield per probe made replies come 4x later, at random, on a
-                       * 2-core machine; the window is short */
-        if (slack < 0 && nap_ns < 1000000) {
-            /* Linux lets a 50 us sleep last 50 us more by default (a 20 us nap took 105 us here) */
-            slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-            if (slack > 0)
-                prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-        }
-        nanosleep(&nap, NULL);
-        if (nap_ns < nap_max_ns) {
-            nap_ns = nap_ns * 2 < nap_max_ns ? nap_ns * 2 : nap_max_ns;
-            nap.tv_sec = (time_t)(nap_ns / 1000000000);
-            nap.tv_nsec = (long)(nap_ns % 1000000000);
-        }
-    }
-    if (slack > 0)
-        prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong(rc != 0 ? -(long)(rc < 0 ? -rc : rc) : flag ? 1 : 0);
-}
-
 /* ---- LockBase: the two steps of a store lock that must run with no Python frame ----------------
  *
  * Python checks for asynchronous exceptions (a signal handler's, PyThreadState_SetAsyncExc) when a
@@ -686,7 +622,6 @@ static PyMethodDef methods[] = {
     {"has", has, METH_VARARGS, "Whether a key has a sealed entry (no pin)."},
     {"read_small", read_small, METH_VARARGS, "A small object in memory, copied under its stripe lock."},
     {"release", release, METH_VARARGS, "Drop one local pin: 0, 1 (last) or 2 (last, entry deleted)."},
-    {"probe_wait", probe_wait, METH_VARARGS, "Wait for an MPI message with the GIL released (see above)."},
     {NULL, NULL, 0, NULL},
 };
 

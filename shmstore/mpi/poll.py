@@ -5,14 +5,14 @@ come in, and cost the application nothing while none do. A Python loop of
 ``iprobe`` and ``sleep`` does neither well: every wake-up takes the GIL from
 the leader rank's own Python threads (a pure-Python loop there ran 1.16-1.8x
 slower beside an idle service), and a Python-level spin is slow to answer.
-:func:`prober` hands the loop to the kernel's C extension, which calls
+:func:`prober` hands the loop to a C extension of its own (``_probe.c``), which calls
 ``MPI_Iprobe`` of the MPI library mpi4py loaded, with the GIL released:
 back to back for a short window after a request (no ``sched_yield``
 between probes: a yield per probe made replies come 4x later, at random,
 on a 2-core machine), then after naps that double up to a limit, with a
 1 us timer slack (Linux lets a 20 us nap last 105 us by default). Where the
-extension or the symbol is missing it falls back to a Python loop, with the
-same behaviour and the old costs.
+extension or the symbol is missing, or ``SHMSTORE_PURE_PYTHON`` is set, it
+falls back to a Python loop, with the same behaviour and the old costs.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Callable
 from mpi4py import MPI
 
 from .. import errors
-from ..config import service_spin
+from ..config import pure_python, service_spin
 
 __all__ = ["prober", "python_prober", "spin_window", "quiet_wait", "quiet_barrier", "settle", "cancel"]
 
@@ -46,15 +46,25 @@ def _iprobe_address() -> int | None:
     return None
 
 
+def _probe_wait() -> Callable[..., int] | None:
+    """``_probe.probe_wait`` (the C extension, ``_probe.c``), or None: not built, or ``SHMSTORE_PURE_PYTHON``."""
+    if pure_python():
+        return None
+    try:
+        from . import _probe  # type: ignore[attr-defined]  # built by setup.py where a compiler is
+    except ImportError:
+        return None
+    probe_wait: Callable[..., int] = _probe.probe_wait
+    return probe_wait
+
+
 def prober(comm: MPI.Comm) -> Probe:
     """``probe(source, tag, spin, nap, limit, nap_max=nap) -> bool``: True once a message from ``source`` (or
     ``MPI.ANY_SOURCE``) with ``tag`` waits on ``comm``, False after ``limit`` seconds without; probing back
     to back for ``spin`` seconds, then after naps from ``nap`` seconds doubling up to ``nap_max``. The GIL is
     released while it waits."""
-    try:
-        from ..kernel import _fast  # type: ignore[attr-defined]  # built by setup.py where a compiler is
-        probe_wait = _fast.probe_wait
-    except (ImportError, AttributeError):
+    probe_wait = _probe_wait()
+    if probe_wait is None:
         return python_prober(comm)
     addr = _iprobe_address()
     if addr is None:
@@ -72,7 +82,7 @@ def prober(comm: MPI.Comm) -> Probe:
 
 
 def python_prober(comm: MPI.Comm) -> Probe:
-    """:func:`prober` in Python (where the C extension is missing): wakes take the GIL."""
+    """:func:`prober` in Python (where the C extension is missing or disabled): wakes take the GIL."""
     def probe(source: int, tag: int, spin: float, nap: float, limit: float, nap_max: float = 0.0) -> bool:
         deadline = time.monotonic() + limit
         while not comm.iprobe(source, tag):
