@@ -78,6 +78,12 @@ class Store:
         return self._checked()
 
     @property
+    def placement(self) -> Placement:
+        """Where objects go and the wait for room (``Placement.place``: what a transfer into this node uses to
+        reserve its space on the first level with room)."""
+        return self._placement_checked()
+
+    @property
     def name(self) -> str:
         return self.config.name
 

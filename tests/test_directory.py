@@ -6,23 +6,31 @@ from shmstore.mpi import wire as W
 from shmstore.mpi.directory import SPREAD_MIN, WAIT, Directory
 
 BIG = SPREAD_MIN * 8
+COPIED, STALE, FAILED = W.Outcome.COPIED, W.Outcome.STALE, W.Outcome.FAILED
 
 
 def ask(d: Directory, msg, answers: list):
     return d.handle(msg, answers.append)
 
 
+def nodes(d: Directory, msg, answers: list):
+    """The holders of each key a DirGet or DirSourceMany names (its answer is a Located)."""
+    reply = ask(d, msg, answers)
+    assert type(reply) is W.Located
+    return reply.nodes
+
+
 def test_holders_are_added_dropped_listed_and_taken():
     d, out = Directory(), []
-    assert ask(d, W.DirGet(["k"]), out) == [[]]
+    assert nodes(d, W.DirGet(["k"]), out) == [[]]
     ask(d, W.DirAdd(["k", "j"], 0, [10, 20]), out)
     ask(d, W.DirAdd(["k"], 2, [10]), out)
     ask(d, W.DirAdd(["k"], 2, [10]), out)  # twice: listed once
-    assert ask(d, W.DirGet(["k", "j", "x"]), out) == [[0, 2], [0], []]
+    assert nodes(d, W.DirGet(["k", "j", "x"]), out) == [[0, 2], [0], []]
     ask(d, W.DirDrop("k", 0), out)
-    assert ask(d, W.DirGet(["k"]), out) == [[2]]
-    assert ask(d, W.DirTake("k"), out) == [(2, None)] and ask(d, W.DirGet(["k"]), out) == [[]]
-    assert ask(d, W.DirTake("k"), out) == [] and out == []
+    assert nodes(d, W.DirGet(["k"]), out) == [[2]]
+    assert ask(d, W.DirTake("k"), out) == W.Holders([(2, None)]) and nodes(d, W.DirGet(["k"]), out) == [[]]
+    assert ask(d, W.DirTake("k"), out) == W.Holders([]) and out == []
     ask(d, W.DirDrop("j", 0), out)
     assert len(d) == 0  # a key without holders is forgotten
 
@@ -54,7 +62,7 @@ def test_a_hot_large_object_spreads_as_a_tree():
         assert set(sending.values()) <= holders
         done, sending = sending, {}
         for node, src in done.items():
-            d.handle(W.DirDone("m", src, node, "copied", BIG), lambda v: None)
+            d.handle(W.DirDone("m", src, node, COPIED, BIG), lambda v: None)
             holders.add(node)
         for node, got in answers.items():
             if got:
@@ -68,18 +76,18 @@ def test_waiters_learn_of_a_failed_or_stale_source_and_of_a_delete():
     d.handle(W.DirAdd(["m"], 0, [BIG]), lambda v: None)
     assert d.handle(W.DirSource("m", 1), got[1].append) == 0
     assert d.handle(W.DirSource("m", 2), got[2].append) is WAIT
-    d.handle(W.DirDone("m", 0, 1, "failed", 0), lambda v: None)  # node 1's fetch failed: node 0 is free again
+    d.handle(W.DirDone("m", 0, 1, FAILED, 0), lambda v: None)  # node 1's fetch failed: node 0 is free again
     assert got[2] == [0] and d.get("m") == [0]
     assert d.handle(W.DirSource("m", 3), got[3].append) is WAIT
-    d.handle(W.DirDone("m", 0, 2, "stale", 0), lambda v: None)  # node 0 had lost it: no holder is left
+    d.handle(W.DirDone("m", 0, 2, STALE, 0), lambda v: None)  # node 0 had lost it: no holder is left
     assert got[3] == [None] and d.get("m") == []
     d.handle(W.DirAdd(["m"], 1, [BIG]), lambda v: None)
     assert d.handle(W.DirSource("m", 2), got[2].append) == 1
     assert d.handle(W.DirSource("m", 3), got[3].append) is WAIT
     # deleted everywhere: the waiter hears "nobody"; node 2's fetch in flight is refused when it ends
-    assert d.handle(W.DirTake("m"), lambda v: None) == [(1, None)]
+    assert d.handle(W.DirTake("m"), lambda v: None) == W.Holders([(1, None)])
     assert got[3] == [None, None]
-    assert d.handle(W.DirDone("m", 1, 2, "copied", BIG, 5.0), lambda v: None) is False
+    assert d.handle(W.DirDone("m", 1, 2, COPIED, BIG, 5.0), lambda v: None) is False
 
 
 def test_a_fetch_in_flight_is_pending_and_a_delete_meanwhile_refuses_its_copy():
@@ -89,16 +97,16 @@ def test_a_fetch_in_flight_is_pending_and_a_delete_meanwhile_refuses_its_copy():
     d, out = Directory(), []
     ask(d, W.DirAdd(["k", "j"], 0, [64, 64]), out)
     assert ask(d, W.DirSource("k", 1), out) == 0
-    assert ask(d, W.DirGet(["k"]), out) == [[0]]  # pending is not a holder: locate does not name it yet
-    assert ask(d, W.DirDone("k", 0, 1, "copied", 64, 7), out) is True
-    assert ask(d, W.DirGet(["k"]), out) == [[0, 1]]
+    assert nodes(d, W.DirGet(["k"]), out) == [[0]]  # pending is not a holder: locate does not name it yet
+    assert ask(d, W.DirDone("k", 0, 1, COPIED, 64, 7), out) is True
+    assert nodes(d, W.DirGet(["k"]), out) == [[0, 1]]
     assert ask(d, W.DirSource("j", 2), out) == 0
-    assert ask(d, W.DirTake("j"), out) == [(0, None)]  # the fetch in flight is not a copy yet...
-    assert ask(d, W.DirDone("j", 0, 2, "copied", 64, 8), out) is False  # ...and refused: its copy must go
-    assert ask(d, W.DirGet(["j"]), out) == [[]] and len(d) == 1
+    assert ask(d, W.DirTake("j"), out) == W.Holders([(0, None)])  # the fetch in flight is not a copy yet...
+    assert ask(d, W.DirDone("j", 0, 2, COPIED, 64, 8), out) is False  # ...and refused: its copy must go
+    assert nodes(d, W.DirGet(["j"]), out) == [[]] and len(d) == 1
     assert ask(d, W.DirSource("k", 3), out) in (0, 1)
-    assert ask(d, W.DirDone("k", 0, 3, "failed", 0), out) is True and 3 not in d.get("k")
-    assert ask(d, W.DirDone("k", 0, 3, "copied", 64, 9), out) is False  # never named a source: not listed
+    assert ask(d, W.DirDone("k", 0, 3, FAILED, 0), out) is True and 3 not in d.get("k")
+    assert ask(d, W.DirDone("k", 0, 3, COPIED, 64, 9), out) is False  # never named a source: not listed
 
 
 def test_an_overwrite_replaces_the_entry_and_refuses_fetches_of_the_old_object():
@@ -108,12 +116,12 @@ def test_an_overwrite_replaces_the_entry_and_refuses_fetches_of_the_old_object()
     assert ask(d, W.DirSource("k", 2), out) in (0, 1)
     assert ask(d, W.DirSource("k", 3), out) in (0, 1)
     # node 3 overwrites: the old holders' copies are to go; node 2's fetch in flight is refused when it ends
-    assert sorted(ask(d, W.DirReplace("k", 3, 80, 9.0), out)) == [(0, None), (1, None)]
-    assert d.get("k") == [3] and ask(d, W.DirCopies("k"), out) == [(3, 9.0)]
-    assert ask(d, W.DirDone("k", 0, 2, "copied", 64, 5), out) is False  # the old object's copy is refused
-    assert ask(d, W.DirDone("k", 0, 3, "copied", 64, None), out) is True  # node 3 holds the key: listed
-    assert ask(d, W.DirDone("k", 3, 1, "stale", 0), out) is True and d.get("k") == [3]  # old news: no drop
-    assert ask(d, W.DirReplace("new", 2, 10), out) == [] and d.get("new") == [2]
+    assert sorted(ask(d, W.DirReplace("k", 3, 80, 9.0), out).copies) == [(0, None), (1, None)]
+    assert d.get("k") == [3] and ask(d, W.DirCopies("k"), out) == W.Holders([(3, 9.0)])
+    assert ask(d, W.DirDone("k", 0, 2, COPIED, 64, 5), out) is False  # the old object's copy is refused
+    assert ask(d, W.DirDone("k", 0, 3, COPIED, 64, None), out) is True  # node 3 holds the key: listed
+    assert ask(d, W.DirDone("k", 3, 1, STALE, 0), out) is True and d.get("k") == [3]  # old news: no drop
+    assert ask(d, W.DirReplace("new", 2, 10), out) == W.Holders([]) and d.get("new") == [2]
 
 
 def test_copies_are_named_so_that_a_later_object_is_never_dropped():
@@ -122,28 +130,29 @@ def test_copies_are_named_so_that_a_later_object_is_never_dropped():
     d, out = Directory(), []
     ask(d, W.DirAdd(["k"], 0, [64], [1.5]), out)
     ask(d, W.DirAdd(["k"], 1, [64], [2.5]), out)
-    assert ask(d, W.DirCopies("k"), out) == [(0, 1.5), (1, 2.5)]
+    assert ask(d, W.DirCopies("k"), out) == W.Holders([(0, 1.5), (1, 2.5)])
     ask(d, W.DirAdd(["k"], 0, [64], [3.5]), out)  # node 0 holds a later object now (an overwrite there)
     assert ask(d, W.DirDrop("k", 0, 1.5), out) is False and d.get("k") == [0, 1]  # not the copy moved from
-    assert ask(d, W.DirDrop("k", 1, 2.5), out) is True and ask(d, W.DirCopies("k"), out) == [(0, 3.5)]
+    assert ask(d, W.DirDrop("k", 1, 2.5), out) is True
+    assert ask(d, W.DirCopies("k"), out) == W.Holders([(0, 3.5)])
     assert ask(d, W.DirDrop("k", 5), out) is False
     ask(d, W.DirAdd(["k"], 0, [64], [None]), out)  # a registration that cannot name the copy keeps the name
-    assert ask(d, W.DirCopies("k"), out) == [(0, 3.5)]
+    assert ask(d, W.DirCopies("k"), out) == W.Holders([(0, 3.5)])
     assert ask(d, W.DirDrop("k", 0, None), out) is False  # "whatever is there" drops nothing named
     assert ask(d, W.DirSource("k", 2), out) == 0
-    assert ask(d, W.DirDone("k", 0, 2, "copied", 64, 4.5), out) is True
-    assert ask(d, W.DirTake("k"), out) == [(0, 3.5), (2, 4.5)]  # a delete removes exactly these
+    assert ask(d, W.DirDone("k", 0, 2, COPIED, 64, 4.5), out) is True
+    assert ask(d, W.DirTake("k"), out) == W.Holders([(0, 3.5), (2, 4.5)])  # a delete removes exactly these
 
 
 
 def test_a_batch_is_pending_key_by_key_and_refused_where_a_key_went_meanwhile():
     d, out = Directory(), []
     ask(d, W.DirAdd(["a", "b", "c"], 0, [8, 8, 8]), out)
-    assert ask(d, W.DirSourceMany(["a", "b", "c", "none"], 1), out) == [[0], [0], [0], []]
-    assert ask(d, W.DirTake("b"), out) == [(0, None)]  # deleted while the batch runs
-    refused = ask(d, W.DirDoneMany(1, [("a", 0, "copied", 8, 11), ("b", 0, "copied", 8, 12),
-                                       ("c", 0, "stale", 0, None)]), out)
-    assert refused == [("b", 12)]  # the copy of the deleted key must go; the others stand
+    assert nodes(d, W.DirSourceMany(["a", "b", "c", "none"], 1), out) == [[0], [0], [0], []]
+    assert ask(d, W.DirTake("b"), out) == W.Holders([(0, None)])  # deleted while the batch runs
+    refused = ask(d, W.DirDoneMany(1, [W.DoneItem("a", 0, COPIED, 8, 11), W.DoneItem("b", 0, COPIED, 8, 12),
+                                       W.DoneItem("c", 0, STALE, 0, None)]), out)
+    assert refused == W.Refused([("b", 12)])  # the copy of the deleted key must go; the others stand
     assert d.get("a") == [0, 1] and d.get("b") == [] and d.get("c") == []  # c: node 0 had lost it
 
 
@@ -151,12 +160,12 @@ def test_a_migration_is_pending_at_its_chosen_source_and_refused_after_a_delete(
     d, out = Directory(), []
     ask(d, W.DirAdd(["m"], 0, [BIG]), out)
     ask(d, W.DirAdd(["m"], 2, [BIG]), out)
-    assert ask(d, W.DirSource("m", 1, source=2), out) == 2  # no queueing, no choice: the caller's source
-    assert ask(d, W.DirDone("m", 2, 1, "copied", BIG, 3), out) is True and sorted(d.get("m")) == [0, 1, 2]
-    assert ask(d, W.DirSource("m", 3, source=0), out) == 0
-    assert sorted(ask(d, W.DirTake("m"), out)) == [(0, None), (1, 3), (2, None)]
-    assert ask(d, W.DirDone("m", 0, 3, "copied", BIG, 4), out) is False
-    assert ask(d, W.DirSource("m", 3, source=0), out) is None  # gone: nothing to pull
+    assert ask(d, W.DirSourceFor("m", 1, 2, None), out) == 2  # no queueing, no choice: the caller's source
+    assert ask(d, W.DirDone("m", 2, 1, COPIED, BIG, 3), out) is True and sorted(d.get("m")) == [0, 1, 2]
+    assert ask(d, W.DirSourceFor("m", 3, 0, None), out) == 0
+    assert sorted(ask(d, W.DirTake("m"), out).copies) == [(0, None), (1, 3), (2, None)]
+    assert ask(d, W.DirDone("m", 0, 3, COPIED, BIG, 4), out) is False
+    assert ask(d, W.DirSourceFor("m", 3, 0, None), out) is None  # gone: nothing to pull
 
 
 def test_a_stale_report_drops_only_the_copy_that_was_listed_when_the_source_was_named():
@@ -169,9 +178,22 @@ def test_a_stale_report_drops_only_the_copy_that_was_listed_when_the_source_was_
     assert ask(d, W.DirSource("k", 3), out) == 2  # named with node 2's copy 2.0
     assert ask(d, W.DirDrop("k", 2, 2.0, keep=0), out) is True  # moved away from node 2...
     assert ask(d, W.DirSource("k", 2), out) == 0
-    assert ask(d, W.DirDone("k", 0, 2, "copied", 64, 5.0), out) is True  # ...and landed there again
-    assert ask(d, W.DirDone("k", 2, 3, "stale", 0), out) is True
-    assert ask(d, W.DirCopies("k"), out) == [(0, 1.0), (2, 5.0)]  # the new copy stays listed
+    assert ask(d, W.DirDone("k", 0, 2, COPIED, 64, 5.0), out) is True  # ...and landed there again
+    assert ask(d, W.DirDone("k", 2, 3, STALE, 0), out) is True
+    assert ask(d, W.DirCopies("k"), out) == W.Holders([(0, 1.0), (2, 5.0)])  # the new copy stays listed
     src = ask(d, W.DirSource("k", 3), out)
-    assert ask(d, W.DirDone("k", src, 3, "stale", 0), out) is True
+    assert ask(d, W.DirDone("k", src, 3, STALE, 0), out) is True
     assert src not in d.get("k") and len(d.get("k")) == 1  # a stale report of the copy that was listed drops it
+
+
+def test_a_small_only_request_answers_large_without_registering_anything():
+    """DirSourceSmall: an object over inline_max gets LARGE and leaves no pending fetch (the fetcher comes
+    back with a DirSource once its node's migration entry is taken); a small one is named like DirSource."""
+    d, out = Directory(), []
+    ask(d, W.DirAdd(["big", "small"], 0, [BIG, 64]), out)
+    assert ask(d, W.DirSourceSmall("big", 1, 1024), out) == W.LARGE
+    assert ask(d, W.DirDone("big", 0, 1, COPIED, BIG, 1.0), out) is False  # nothing was pending
+    assert ask(d, W.DirSourceSmall("small", 1, 1024), out) == 0
+    assert ask(d, W.DirDone("small", 0, 1, COPIED, 64, 2.0), out) is True and d.get("small") == [0, 1]
+    assert ask(d, W.DirSourceSmall("none", 1, 1024), out) is None
+    assert ask(d, W.DirSourceSmall("small", 0, 1024), out) == 1  # its own copy aside, node 1 is the holder

@@ -23,7 +23,7 @@ import os
 import time
 import weakref
 import zlib
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -44,7 +44,10 @@ from .pins import ATIME_GRAIN, Pins
 from .table import find_entry
 from .writing import Puts
 
-__all__ = ["Kernel", "encode_key"]
+__all__ = ["Kernel", "Exported", "encode_key"]
+
+if TYPE_CHECKING:
+    from .protocols import Sink
 
 _U8 = np.dtype(np.uint8)
 _DTYPES: dict[bytes, np.dtype] = {}
@@ -64,6 +67,18 @@ def _dtype(raw: bytes) -> np.dtype:
     if dt is None:
         dt = _DTYPES[raw] = np.dtype(raw.rstrip(b"\0").decode())
     return dt
+
+
+class Exported(NamedTuple):
+    """An object as :meth:`Kernel.export` hands it to another node: its kind, size, blob count and
+    ENTRY_ARRAY bytes (arrays, else None), and either its stored bytes ``inline`` (small objects) or a
+    ``lease`` over them (a host or device view holding the object's pin until dropped), else None."""
+    kind: int
+    nbytes: int
+    nblobs: int
+    array_meta: bytes | None
+    inline: bytes | None
+    lease: Any
 
 
 class Kernel:
@@ -344,6 +359,41 @@ class Kernel:
             return bytes(self._ro[off: off + n]) if n else b""
         finally:
             self._release(idx, e[L.E_GEN])
+
+    # ---- export: an object as another node receives it ---------------------
+    def export(self, key: str, inline_max: int) -> Exported:
+        """``key`` as a node service sends it to another node: the stored bytes themselves where there are at
+        most ``inline_max`` of them (copied out, nothing left pinned), else a lease over them (host or device
+        memory, pinned until the lease is dropped) to send as frames.
+
+        Raises:
+            ObjectNotFoundError: no sealed object has this key.
+        """
+        small = self.read_small(key, inline_max)  # the usual case: one C call, no pin
+        if small is not None:
+            kind, nbytes, nblobs, array, data = small
+            return Exported(kind, nbytes, nblobs, array, data, None)
+        idx, e, _ = self.lookup(key, encode_key(key), True)
+        kind, nbytes, nblobs = e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS]
+        array = L.entry_array_bytes(self._buf, self._lay.entry(idx)) if kind == L.KIND_NDARRAY else None
+        if nbytes <= inline_max and e[L.E_LEVEL] == _MEMORY:  # the usual small case
+            return Exported(kind, nbytes, nblobs, array, self.copy_pinned(idx, e), None)
+        device = self._devices.get(e[L.E_LEVEL])
+        if device is not None:  # a device array holding the pin; small ones come to the host
+            lease = device.export(e, pin_token(self._release, idx, e[L.E_GEN]))
+            if nbytes <= inline_max:
+                return Exported(kind, nbytes, nblobs, array, device.host_bytes(lease), None)
+            return Exported(kind, nbytes, nblobs, array, None, lease)
+        lease = self.lease(idx, e)
+        if nbytes <= inline_max:  # small, on another level: copied out of the lease
+            return Exported(kind, nbytes, nblobs, array, bytes(lease.tobytes()), None)
+        return Exported(kind, nbytes, nblobs, array, None, lease)
+
+    def sink(self, idx: int, level: Level, offset: int, nbytes: int, what: str) -> Sink:
+        """Where the bytes of the reserved entry ``idx`` (``nbytes`` at ``offset`` on ``level``, as
+        :meth:`reserve` gave them) are written from outside this process (an incoming transfer)."""
+        gen = L.ENTRY_HEAD.get(self._buf, self._lay.entry(idx), "gen")
+        return self.node.levels[level].sink(idx, gen, offset, nbytes, what)
 
     # ---- delete / query ---------------------------------------------------
     def delete(self, key: str, missing_ok: bool = False, copy: float | None = None) -> None:

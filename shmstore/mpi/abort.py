@@ -53,10 +53,10 @@ def closed() -> None:
     _open = max(0, _open - 1)
 
 
-def leave(cluster: Any, exc: BaseException | None = None) -> None:
-    """Close ``cluster`` (left by the exception ``exc``) on this rank alone: its service stops (ranks asking it
-    get no answer: they end with the job, or time out), its store closes; no collective call (its
-    communicators are not freed: freeing is collective). If nobody catches the exception, the job ends; a
+def leave(exc: BaseException | None = None) -> None:
+    """A Cluster is left by the exception ``exc`` on this rank alone (it then stops its service, whose ranks
+    asking get no answer: they end with the job, or time out, and closes its store; no collective call: its
+    communicators are not freed, freeing is collective). If nobody catches the exception, the job ends; a
     ``sys.exit(status)`` (no excepthook sees it) ends it with that status at exit, as ``-m mpi4py`` would."""
     global _left
     _left = True
@@ -64,9 +64,6 @@ def leave(cluster: Any, exc: BaseException | None = None) -> None:
     if isinstance(exc, SystemExit):
         code = exc.code if isinstance(exc.code, int) else 1
         MPI._set_abort_status(code)  # mpi4py's own mechanism: MPI_Abort(code) instead of MPI_Finalize at exit
-    if cluster._service is not None:
-        cluster._service.close(wait=1.0)
-    cluster.store.close()
 
 
 def armed() -> bool:

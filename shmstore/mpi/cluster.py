@@ -6,13 +6,21 @@ leader) runs the node's :class:`Service`. The parts, by concept:
 - ``nodes.py``: which ranks form a node, and the node's name;
 - ``wire.py`` and ``rpc.py``: the named control messages, and a rank's
   calls to node services;
-- ``directory.py``: the location directory, partitioned across nodes (a
-  bounded number of messages whatever the node count; a key is locatable as
-  soon as ``put`` returns; hot objects spread as a tree);
+- ``links.py``: what every part below shares (communicators, messenger,
+  node index and names), built once here;
+- ``directory.py`` and ``dirclient.py``: the location directory,
+  partitioned across nodes (a bounded number of messages whatever the node
+  count; a key is locatable as soon as ``put`` returns; hot objects spread
+  as a tree), and a rank's requests to it;
 - ``fetch.py``: transfers into this node, deduplicated per node through
   the migration map, the bytes going from the source's arena (or spill
   file) straight into the destination's arena as a few raw frames;
+- ``copies.py``: migrations and deletions of a key's copies across nodes;
+- ``streams.py``: readers and writers of objects on other nodes;
 - ``service.py``: a node's answers to all of these.
+
+The Cluster composes these parts and owns what they share; none of them
+reaches into it or into another.
 
 Deadlock freedom: no rank holds a store lock while it talks MPI; a service
 never waits on another node's service (pulls and bulk sends run in their
@@ -37,11 +45,15 @@ from ..kernel import encode_key
 from ..kernel import layout as L
 from ..levels import Level
 from ..store import Store
-from . import abort, copies
+from ..streams import Reader
+from . import abort
 from . import tags as T
 from . import wire as W
-from .directory import home_of
+from .copies import Copies
+from .dirclient import DirectoryClient
+from .directory import Directory
 from .fetch import Fetcher
+from .links import Links
 from .nodes import identify
 from .poll import spin_window
 from .rpc import Messenger, gave_up
@@ -78,7 +90,7 @@ class Cluster:
             raise errors.TransferError("shmstore.mpi needs MPI_THREAD_MULTIPLE (set mpi4py.rc.thread_level = "
                                        "'multiple' before importing MPI)")
         self._comm = (comm or MPI.COMM_WORLD).Dup()
-        self._bulk = [self._comm.Dup() for _ in range(T.STREAMS)]  # bulk frames, one per stream
+        bulk = tuple(self._comm.Dup() for _ in range(T.STREAMS))  # bulk frames, one per stream
         self.rank, self.size = self._comm.rank, self._comm.size
         ids = identify(self._comm, connect_kwargs)
         self.nodes: list[str] = ids.names
@@ -88,16 +100,29 @@ class Cluster:
         self.store: Store = shmstore.connect(**dict(connect_kwargs, node=self.node))
         spin = spin_window(ids.host_ranks)
         self._msg = Messenger(self._comm, self.nodes, self.leaders, spin, self.store.config.peer_timeout)
+        self._links = Links(self._comm, bulk, self._msg, self.rank, ids.index, tuple(ids.names), tuple(ids.leaders))
         self.block_size = T.DEFAULT_BLOCK
-        self.streams = T.default_streams()
-        self._fetcher = Fetcher(self)
-        if self.rank == self.leaders[self.node_index]:
-            self._service = Service(self._comm, self, spin)
+        local = Directory(self.store.config.peer_timeout) if self._links.leader else None
+        self._dirs = DirectoryClient(self._links, local)
+        self._fetcher = Fetcher(self._links, self._dirs, self.store)
+        self._copies = Copies(self._links, self._dirs, self._fetcher, self.store.kernel)
+        if self._links.leader:
+            self._service = Service(self._links, self._dirs, self.store, self._fetcher, spin)
             self._service.start()
         self._comm.Barrier()
         self._closed = False
         _OPEN.add(self)
         abort.opened()
+
+    @property
+    def streams(self) -> int:
+        """Bulk streams per transfer into this rank's node (1 or 2; default: ``SHMSTORE_STREAMS``, else 2
+        where MPICH runs several VCIs)."""
+        return self._fetcher.streams
+
+    @streams.setter
+    def streams(self, value: int) -> None:
+        self._fetcher.streams = value
 
     @property
     def comm(self) -> MPI.Comm:
@@ -139,30 +164,6 @@ class Cluster:
         if self._closed:
             raise errors.StoreClosedError("cluster is closed")
 
-    # ---- the directory ---------------------------------------------------------
-    def _dir(self, msg: Any, post: bool = False, any_source: bool = False) -> Any:
-        """A request to the home node of ``msg``'s key (or of its first key: all must share the home);
-        ``any_source``: its answer may come from another node (a forwarded DirSource)."""
-        key = msg.key if hasattr(msg, "key") else msg.keys[0]
-        return self._dir_at(home_of(key, len(self.nodes)), msg, post, any_source=any_source)
-
-    def _dir_at(self, home: int, msg: Any, post: bool = False, linger: float = 0.0, any_source: bool = False) -> Any:
-        """A directory request to node ``home``; answered by this rank's own service's directory where it
-        keeps it (no message), else by a call (or with ``post`` a message without a reply; ``linger``: see
-        :meth:`Messenger.call`)."""
-        if home == self.node_index and self._service is not None:
-            return self._service.directory.ask(msg)
-        if post:
-            self._msg.post(home, msg)
-            return None
-        return self._msg.call(home, msg, linger=linger, any_source=any_source)
-
-    def _by_home(self, keys: list[str]) -> dict[int, list[str]]:
-        out: dict[int, list[str]] = {}
-        for k in keys:
-            out.setdefault(home_of(k, len(self.nodes)), []).append(k)
-        return out
-
     # ---- objects ---------------------------------------------------------------
     def put(self, key: str, obj: Any, levels: Iterable[Level] | Level | None = None,
             overwrite: bool = False) -> Any:
@@ -185,10 +186,10 @@ class Cluster:
         info = self.store.put(key, obj, levels, overwrite)
         try:
             if overwrite:  # this copy replaces the entry; the old copies go after (each exactly: never a later one)
-                for i, copy in self._dir(W.DirReplace(key, self.node_index, info.size, info.created)):
-                    copies.delete_on(self, i, key, copy)
+                for i, copy in self._dirs.ask(W.DirReplace(key, self.node_index, info.size, info.created)).copies:
+                    self._copies.delete_on(i, key, copy)
             else:
-                self._dir(W.DirAdd([key], self.node_index, [info.size], [info.created]))
+                self._dirs.ask(W.DirAdd([key], self.node_index, [info.size], [info.created]))
         except errors.TransferError as exc:
             gave_up(exc, "overwrite" if overwrite else "put", key)
             raise
@@ -209,7 +210,7 @@ class Cluster:
                 raise errors.ObjectNotFoundError(f"no object {key!r} on node {self.node!r} to publish", key) \
                     from None
             try:
-                self._dir(W.DirAdd([key], self.node_index, [info.size], [info.created]))
+                self._dirs.ask(W.DirAdd([key], self.node_index, [info.size], [info.created]))
             except errors.TransferError as exc:
                 gave_up(exc, "publish", key)
                 raise
@@ -257,7 +258,7 @@ class Cluster:
             gave_up(exc, "fetch", keys[0] if len(keys) == 1 else keys)
             raise
 
-    def _fetch(self, keys: list[str], levels: Any, block: int) -> None:
+    def _fetch(self, keys: list[str], levels: Iterable[Level] | Level | None, block: int) -> None:
         landed = self._fetcher.fetch_batch(keys, levels, block) if len(keys) > 1 else set()
         for key in keys:  # what the batch left (being fetched by another rank of this node, stale, large)
             if key not in landed and key not in self.store:
@@ -298,7 +299,7 @@ class Cluster:
         encode_key(key)
         dest = self._node_index(node)
         try:
-            copies.migrate(self, key, dest, keep_source)
+            self._copies.migrate(key, dest, keep_source, self.block_size)
         except errors.TransferError as exc:
             gave_up(exc, "migrate", key)
             raise
@@ -312,7 +313,7 @@ class Cluster:
         self._check()
         encode_key(key)
         try:
-            return [self.nodes[i] for i in sorted(self._dir(W.DirGet([key]))[0])]
+            return [self.nodes[i] for i in sorted(self._dirs.ask(W.DirGet([key])).nodes[0])]
         except errors.TransferError as exc:
             gave_up(exc, "locate", key)
             raise
@@ -329,12 +330,12 @@ class Cluster:
         self._check()
         encode_key(key)
         try:
-            return copies.delete_all(self, key)
+            return self._copies.delete_all(key)
         except errors.TransferError as exc:
             gave_up(exc, "delete", key)
             raise
 
-    def open_reader(self, key: str, node: int | str | None = None) -> Any:
+    def open_reader(self, key: str, node: int | str | None = None) -> Reader | RemoteReader:
         """A reader of ``key`` on ``node`` (default: this node if it has it, else the first that has),
         streaming it without copying it whole."""
         self._check()
@@ -343,15 +344,15 @@ class Cluster:
         n = self._node_index(node)
         if n == self.node_index:
             return self.store.open_reader(key)
-        return RemoteReader(self, n, key)
+        return RemoteReader(self._links, n, key)
 
-    def open_writer(self, key: str, size: int, node: int | str | None = None) -> Any:
+    def open_writer(self, key: str, size: int, node: int | str | None = None) -> PublishedWriter | RemoteWriter:
         """A writer of a new raw object ``key`` of ``size`` bytes on ``node`` (default: this node)."""
         self._check()
         n = self.node_index if node is None else self._node_index(node)
         if n == self.node_index:
-            return PublishedWriter(self, self.store.open_writer(key, size), key, size)
-        return RemoteWriter(self, n, key, size)
+            return PublishedWriter(self._dirs, self.store, self.store.open_writer(key, size), key, size)
+        return RemoteWriter(self._links, self._dirs, n, key, size)
 
     @property
     def requests(self) -> dict[str, int]:
@@ -365,8 +366,9 @@ class Cluster:
 
     def stats(self) -> dict[str, int]:
         """Node-wide counters: transfers into this node, bytes received and sent, deduplicated requests."""
-        t = L.unpack_transfer_stats(self.store.kernel.node.buf)
-        return {"transfers": t[0], "bytes_received": t[1], "bytes_sent": t[2], "migrations_deduplicated": t[3]}
+        t = L.TRANSFER_STATS.tuple._make(L.unpack_transfer_stats(self.store.kernel.node.buf))
+        return {"transfers": t.transfers, "bytes_received": t.received, "bytes_sent": t.sent,
+                "migrations_deduplicated": t.dedup}
 
     # ---- lifecycle -------------------------------------------------------------
     def close(self) -> None:
@@ -384,7 +386,7 @@ class Cluster:
         if self._service is not None:
             self._service.close()
         self._comm.Barrier()
-        for c in self._bulk:
+        for c in self._links.bulk:
             c.Free()
         self._comm.Free()
         self.store.close()
@@ -401,7 +403,14 @@ class Cluster:
         elif not self._closed:
             self._closed = True
             _OPEN.discard(self)
-            abort.leave(self, exc)
+            abort.leave(exc)
+            self._leave_here()
+
+    def _leave_here(self) -> None:
+        """Stop this node's service and close the store on this rank alone (see :func:`abort.leave`)."""
+        if self._service is not None:
+            self._service.close(wait=1.0)
+        self.store.close()
 
     def __repr__(self) -> str:
         return f"<shmstore.mpi.Cluster rank {self.rank}/{self.size} node {self.node!r} of {self.nodes}>"

@@ -87,11 +87,11 @@ class _Entry:
 
     def __init__(self) -> None:
         self.holders: list[int] = []
-        self.copies: dict[int, float | None] = {}  # holder -> its copy (creation time there), None: unknown
+        self.copies: dict[int, W.Version] = {}  # holder -> its copy (creation time there), None: unknown
         self.nbytes = 0
         # fetches named a source and not done yet, by token: (node, the copies of the sources it may use as
         # they were listed then: a report that one was empty drops it only if it still lists that copy)
-        self.pending: dict[Any, tuple[int, dict[int, float | None]]] = {}
+        self.pending: dict[Any, tuple[int, dict[int, W.Version]]] = {}
         self.sending: dict[int, int] = {}  # holder -> fetches it serves now (large objects)
         self.since: dict[int, float] = {}  # holder -> when it was last handed to a fetcher (time.monotonic)
         # (node, answer, token) waiting for a holder
@@ -115,7 +115,7 @@ class Directory:
     def ask(self, msg: Any) -> Any:
         """The answer to ``msg`` from this rank (the leader keeping this share): no message; a ``DirSource``
         that must wait for a free holder waits here."""
-        if type(msg) is not W.DirSource:  # the one request that may be answered later
+        if type(msg) not in _LATER:  # the requests that may be answered later
             return self.handle(msg, _no_answer)
         box: queue.SimpleQueue[Any] = queue.SimpleQueue()
         result = self.handle(msg, box.put)
@@ -133,24 +133,17 @@ class Directory:
             reply(value)
         return result
 
-    def _get(self, msg: W.DirGet, answer: Any, later: list[Any]) -> list[list[int]]:
-        return [list(e.holders) if (e := self._entries.get(k)) else [] for k in msg.keys]
+    def _get(self, msg: W.DirGet, answer: Any, later: list[Any]) -> W.Located:
+        return W.Located([list(e.holders) if (e := self._entries.get(k)) else [] for k in msg.keys])
 
-    def _source(self, msg: W.DirSource, answer: Callable[[Any], None], later: list[Any]) -> Any:
+    def _source(self, msg: W.DirSource | W.DirSourceSmall, answer: Callable[[Any], None], later: list[Any]) -> Any:
         e = self._entries.get(msg.key)
         if e is None:
             return None
         node, holders = msg.node, e.holders
-        if msg.source >= 0:  # a migration's pull from the holder it chose: pending, nothing to choose
-            if msg.source not in holders or e.copies.get(msg.source) != msg.source_copy:
-                return None  # replaced or moved since the caller looked: its source is not the key's now
-            _pend(e, msg.token, node, [msg.source])
-            return msg.source
         others = holders if node not in holders else [h for h in holders if h != node]
         if not others:
             return None
-        if msg.small_only and e.nbytes > msg.inline_max:
-            return W.LARGE
         src = others[node % len(others)]  # small: no queueing; fetchers start at different holders
         if e.nbytes >= SPREAD_MIN:
             if e.waiters:  # fetchers queued first get any holder freed since (a stale one)
@@ -163,7 +156,21 @@ class Directory:
         _pend(e, msg.token, node, [src])
         return src
 
-    def _source_many(self, msg: W.DirSourceMany, answer: Any, later: list[Any]) -> list[list[int]]:
+    def _source_small(self, msg: W.DirSourceSmall, answer: Callable[[Any], None], later: list[Any]) -> Any:
+        e = self._entries.get(msg.key)
+        if e is not None and e.nbytes > msg.inline_max and any(h != msg.node for h in e.holders):
+            return W.LARGE  # nothing registered: the fetcher comes back with a DirSource
+        return self._source(msg, answer, later)
+
+    def _source_for(self, msg: W.DirSourceFor, answer: Any, later: list[Any]) -> int | None:
+        """A migration's pull from the holder it chose: pending, nothing to choose."""
+        e = self._entries.get(msg.key)
+        if e is None or msg.source not in e.holders or e.copies.get(msg.source) != msg.copy:
+            return None  # replaced or moved since the caller looked: its source is not the key's now
+        _pend(e, msg.token, msg.node, [msg.source])
+        return msg.source
+
+    def _source_many(self, msg: W.DirSourceMany, answer: Any, later: list[Any]) -> W.Located:
         out = []
         for key in msg.keys:
             e = self._entries.get(key)
@@ -172,24 +179,24 @@ class Directory:
                 assert e is not None
                 _pend(e, msg.token, msg.node, others)
             out.append(others)
-        return out
+        return W.Located(out)
 
-    def _done_many(self, msg: W.DirDoneMany, answer: Any, later: list[Any]) -> list[tuple[str, float]]:
-        refused = []
+    def _done_many(self, msg: W.DirDoneMany, answer: Any, later: list[Any]) -> W.Refused:
+        refused: list[tuple[str, W.Version]] = []
         for key, source, outcome, nbytes, copy in msg.items:
             if not self._done(W.DirDone(key, source, msg.node, outcome, nbytes, copy, msg.token), answer, later) \
                     and copy is not None:
                 refused.append((key, copy))
-        return refused
+        return W.Refused(refused)
 
     def _add_many(self, msg: W.DirAdd, answer: Any, later: list[Any]) -> None:
         copies = msg.copies or [None] * len(msg.keys)
         for k, size, copy in zip(msg.keys, msg.sizes, copies):
             self._add(k, msg.node, size, copy)
 
-    def _copies(self, msg: W.DirCopies, answer: Any, later: list[Any]) -> list[tuple[int, float | None]]:
+    def _copies(self, msg: W.DirCopies, answer: Any, later: list[Any]) -> W.Holders:
         e = self._entries.get(msg.key)
-        return _listed(e) if e else []
+        return W.Holders(_listed(e) if e else [])
 
     def _done(self, msg: W.DirDone, answer: Any, later: list[Any]) -> bool:
         e = self._entries.get(msg.key)
@@ -197,15 +204,15 @@ class Directory:
         was_pending = seen is not None
         if e is not None and was_pending and e.sending.get(msg.source, 0) > 0:
             e.sending[msg.source] -= 1
-        if msg.outcome == "copied" and was_pending:
+        if msg.outcome is W.Outcome.COPIED and was_pending:
             self._add(msg.key, msg.node, msg.nbytes, msg.copy)
-        elif msg.outcome == "stale" and was_pending and e is not None and msg.source in e.holders \
+        elif msg.outcome is W.Outcome.STALE and was_pending and e is not None and msg.source in e.holders \
                 and e.copies.get(msg.source) == seen.get(msg.source, _NONE):  # type: ignore[union-attr]
             # the copy found missing is the one listed when the source was named: not a copy landed since
             self._drop(msg.key, msg.source)
         if e is not None and (e.waiters or not e.holders):
             self._serve(msg.key, later)
-        if msg.outcome != "copied" or was_pending:
+        if msg.outcome is not W.Outcome.COPIED or was_pending:
             return True
         e = self._entries.get(msg.key)
         return e is not None and msg.node in e.holders  # listed anyway (put there meanwhile), else refused
@@ -220,29 +227,30 @@ class Directory:
         self._serve(msg.key, later)
         return True
 
-    def _take(self, msg: W.DirTake, answer: Any, later: list[Any]) -> list[tuple[int, float | None]]:
+    def _take(self, msg: W.DirTake, answer: Any, later: list[Any]) -> W.Holders:
         e = self._entries.pop(msg.key, None)
         if e is None:
-            return []
+            return W.Holders([])
         later.extend((reply, None) for _, reply, _ in e.waiters)  # the key is gone: nothing to fetch
-        return _listed(e)  # fetches in flight: refused when they end
+        return W.Holders(_listed(e))  # fetches in flight: refused when they end
 
-    def _replace(self, msg: W.DirReplace, answer: Any, later: list[Any]) -> list[tuple[int, float | None]]:
+    def _replace(self, msg: W.DirReplace, answer: Any, later: list[Any]) -> W.Holders:
         old = self._entries.pop(msg.key, None)
         e = self._entries[msg.key] = _Entry()
         e.holders, e.nbytes, e.copies = [msg.node], int(msg.nbytes), {msg.node: msg.copy}
         if old is None:
-            return []
+            return W.Holders([])
         e.waiters = old.waiters  # fetchers waiting for a holder get the new object
         self._serve(msg.key, later)
-        return _listed(old, but=msg.node)  # fetches in flight: refused when they end
+        return W.Holders(_listed(old, but=msg.node))  # fetches in flight: refused when they end
 
     _on: dict[type, Callable[..., Any]] = {
-        W.DirGet: _get, W.DirSource: _source, W.DirAdd: _add_many, W.DirDone: _done, W.DirDrop: _drop_one,
+        W.DirGet: _get, W.DirSource: _source, W.DirSourceSmall: _source_small, W.DirSourceFor: _source_for,
+        W.DirAdd: _add_many, W.DirDone: _done, W.DirDrop: _drop_one,
         W.DirTake: _take, W.DirReplace: _replace, W.DirSourceMany: _source_many, W.DirDoneMany: _done_many,
         W.DirCopies: _copies}
 
-    def _add(self, key: str, node: int, nbytes: int, copy: float | None = None) -> None:
+    def _add(self, key: str, node: int, nbytes: int, copy: W.Version = None) -> None:
         e = self._entries.get(key)
         if e is None:
             e = self._entries[key] = _Entry()
@@ -303,11 +311,14 @@ class Directory:
         return len(self._entries)
 
 
+_LATER = frozenset({W.DirSource, W.DirSourceSmall})  # may wait for a free holder (answered later)
+
+
 def _no_answer(value: Any) -> None:
     raise AssertionError("only a DirSource is answered later")
 
 
-def _listed(e: _Entry, but: int = -1) -> list[tuple[int, float | None]]:
+def _listed(e: _Entry, but: int = -1) -> list[tuple[int, W.Version]]:
     """The holders of ``e`` (other than node ``but``) with their copies."""
     return [(h, e.copies.get(h)) for h in e.holders if h != but]
 
@@ -318,7 +329,7 @@ def _pend(e: _Entry, token: int, node: int, sources: list[int]) -> None:
     e.pending[token or ("node", node, next(_ANON))] = (node, {h: e.copies.get(h) for h in sources})
 
 
-def _unpend(e: _Entry, token: int, node: int, source: int) -> dict[int, float | None] | None:
+def _unpend(e: _Entry, token: int, node: int, source: int) -> dict[int, W.Version] | None:
     """End the pending fetch ``token`` of ``node`` (with token 0: one of ``node``'s that could use ``source``):
     the copies it saw, or None where it is not pending here (the entry was taken or replaced since its
     source was named: a fetch named in the new entry is another one)."""

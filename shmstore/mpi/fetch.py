@@ -28,7 +28,7 @@ import itertools
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeAlias
 
 import numpy as np
 from mpi4py import MPI
@@ -42,37 +42,44 @@ from ..placement import DEFAULT_PUT_LEVELS
 from . import tags as T
 from . import wire as W
 from .cuda import cuda_aware
+from .dirclient import DirectoryClient
+from .links import Links
 from .staging import recv_staged
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 __all__ = ["Fetcher"]
 
+Levels: TypeAlias = Iterable[Level] | Level | None  # where copies go (None: the default put levels)
 _ASK = object()  # no lookup answer yet: ask the source
 _LINGER = 1e-3  # a batch's requests ask the services to wait for the next one without naps this long
 
 
 class Fetcher:
-    """The fetching half of a :class:`Cluster` (same thread-safety)."""
+    """Transfers into this rank's node ``store`` over ``links``, asking the directory through ``dirs``.
+    Thread-safe (a Cluster's verbs and its service's pulls use it at once)."""
 
-    def __init__(self, cluster: Any) -> None:
-        self.cluster = cluster
-        self.store = cluster.store
-        self.kernel = cluster.store.kernel
-        self.me: int = cluster.node_index
+    def __init__(self, links: Links, dirs: DirectoryClient, store: Store) -> None:
+        self.links, self.dirs, self.store = links, dirs, store
+        self.kernel = store.kernel
+        self.me: int = links.node
+        self.streams = T.default_streams()  # streams per transfer (at most len(links.bulk))
         self._tokens = itertools.count(1)
         self._token_lock = threading.Lock()
 
     def _token(self) -> int:
         """A name for one fetch while it is pending at a home, unique in the job (this rank's, counted)."""
         with self._token_lock:
-            return (int(self.cluster.rank) << 40) | next(self._tokens)
+            return (int(self.links.rank) << 40) | next(self._tokens)
 
     # ---- one key ----------------------------------------------------------------
-    def fetch_one(self, key: str, source: int | None, levels: Any, block: int, missed: bool = False,
-                  source_copy: float | None = None) -> None:
+    def fetch_one(self, key: str, source: int | None, levels: Levels, block: int, missed: bool = False,
+                  source_copy: W.Version = None) -> None:
         """One deduplicated transfer of ``key`` into this node (from ``source``, whose copy the directory
         listed as ``source_copy``, else from a holder the directory names); ``missed``: the caller just found
         it missing here."""
-        c, kb = self.cluster, encode_key(key)
+        kb = encode_key(key)
         node, sid = self.kernel.node, self.kernel.sid
         if source is None and missed and self._from_directory(key, levels, block, small_only=True):
             return  # a small object: come inline, no migration entry (two ranks at once both land it: harmless)
@@ -85,7 +92,7 @@ class Fetcher:
                 err = migrations.wait(node, slot, sid, kb, self.store.config.spill_timeout * 2)
                 if err is None or err == "retry":
                     continue
-                raise _shared_error(key, c.node, err)  # the error of the transfer we waited for
+                raise _shared_error(key, self.links.name, err)  # the error of the transfer we waited for
             try:
                 if key not in self.store:
                     if source is None:
@@ -101,46 +108,48 @@ class Fetcher:
             migrations.finish(node, slot)
             return
         if key not in self.store:
-            raise errors.TransferError(f"transfer of {key!r} into node {c.node!r} kept being interrupted", key)
+            raise errors.TransferError(f"transfer of {key!r} into node {self.links.name!r} kept being interrupted",
+                                       key)
 
-    def _from_directory(self, key: str, levels: Any, block: int, small_only: bool = False) -> bool:
+    def _from_directory(self, key: str, levels: Levels, block: int, small_only: bool = False) -> bool:
         """Fetch from the holder the key's home names (one round trip to it, one to the holder; one in all
         where the home holds it); a holder without the object is reported stale and the home asked again.
         With ``small_only``, False (nothing done) where the object is larger than ``T.INLINE_MAX``."""
-        c = self.cluster
-        for _ in range(len(c.nodes) + 2):
+        nodes = self.links.nodes
+        for _ in range(len(nodes) + 2):
             # small: where a third node holds it, the home forwards the question and the holder answers
             token = self._token()
-            answer = c._dir(W.DirSource(key, self.me, T.INLINE_MAX, small_only, forward=small_only, token=token),
-                            any_source=small_only)
+            ask = W.DirSourceSmall if small_only else W.DirSource
+            answer = self.dirs.ask(ask(key, self.me, T.INLINE_MAX, token), any_source=small_only)
             src, found = (answer.node, answer.found) if isinstance(answer, W.Sourced) else (answer, _ASK)
             if src == W.LARGE:
                 return False
             if src is None:
                 if key in self.store:  # it came here meanwhile (a migration, a put)
                     return True
-                raise errors.ObjectNotFoundError(f"no node has {key!r} (nodes: {c.nodes})", key)
-            outcome, nbytes, copy = "failed", 0, None
+                raise errors.ObjectNotFoundError(f"no node has {key!r} (nodes: {list(nodes)})", key)
+            outcome, nbytes, copy = W.Outcome.FAILED, 0, None
             try:
                 nbytes, copy = self._from(src, key, levels, block, found)
-                outcome = "copied" if nbytes >= 0 else "stale"
+                outcome = W.Outcome.COPIED if nbytes >= 0 else W.Outcome.STALE
             finally:
                 # posted, no reply awaited: the home made this node pending when it named the source, so a
                 # delete meanwhile finds it; this rank's later requests to the home come after this one
                 try:
-                    listed = c._dir(W.DirDone(key, src, self.me, outcome, max(nbytes, 0), copy, token), post=True)
+                    listed = self.dirs.ask(W.DirDone(key, src, self.me, outcome, max(nbytes, 0), copy, token),
+                                           post=True)
                 except errors.TransferError:
-                    if outcome != "failed":  # else the error on its way out says what failed first
+                    if outcome is not W.Outcome.FAILED:  # else the error on its way out says what failed first
                         raise
                     listed = None
-            if outcome == "copied":
+            if outcome is W.Outcome.COPIED:
                 if listed is False and copy is not None:  # refused by our own directory: deleted or replaced
                     self.kernel.delete(key, True, copy)  # while it came; the old copy goes, ask again
                     continue
                 return True
         raise errors.TransferError(f"every node the directory names for {key!r} lost it while asked", key)
 
-    def _pull(self, key: str, source: int, source_copy: float | None, levels: Any, block: int) -> None:
+    def _pull(self, key: str, source: int, source_copy: W.Version, levels: Levels, block: int) -> None:
         """A migration's transfer from node ``source`` (its copy ``source_copy``, as the directory listed it):
         pending at the home while the bytes move, the new copy listed before it returns (the registration is
         answered).
@@ -148,40 +157,40 @@ class Fetcher:
         Raises:
             ObjectNotFoundError: the key was deleted, replaced or moved from ``source`` meanwhile.
         """
-        c = self.cluster
+        nodes = self.links.nodes
         token = self._token()
-        if c._dir(W.DirSource(key, self.me, source=source, source_copy=source_copy, token=token)) is None:
+        if self.dirs.ask(W.DirSourceFor(key, self.me, source, source_copy, token)) is None:
             raise errors.ObjectNotFoundError(f"{key!r} was deleted, replaced or moved from node "
-                                             f"{c.nodes[source]!r} while the migration began", key)
-        outcome, nbytes, copy = "failed", 0, None
+                                             f"{nodes[source]!r} while the migration began", key)
+        outcome, nbytes, copy = W.Outcome.FAILED, 0, None
         try:
             nbytes, copy = self._from(source, key, levels, block)
-            outcome = "copied" if nbytes >= 0 else "stale"
+            outcome = W.Outcome.COPIED if nbytes >= 0 else W.Outcome.STALE
         finally:
             try:
-                listed = c._dir(W.DirDone(key, source, self.me, outcome, max(nbytes, 0), copy, token))
+                listed = self.dirs.ask(W.DirDone(key, source, self.me, outcome, max(nbytes, 0), copy, token))
             except errors.TransferError:
-                if outcome != "failed":  # else the error on its way out says what failed first
+                if outcome is not W.Outcome.FAILED:  # else the error on its way out says what failed first
                     raise
                 listed = None
-        if outcome == "stale":
-            raise errors.ObjectNotFoundError(f"node {c.nodes[source]!r} has no copy of {key!r} to move", key)
+        if outcome is W.Outcome.STALE:
+            raise errors.ObjectNotFoundError(f"node {nodes[source]!r} has no copy of {key!r} to move", key)
         if listed is False:
             if copy is not None:
                 self.kernel.delete(key, True, copy)
             raise errors.ObjectNotFoundError(f"{key!r} was deleted or replaced while it moved", key)
 
-    def _from(self, src: int, key: str, levels: Any, block: int, found: Any = _ASK) -> tuple[int, float | None]:
+    def _from(self, src: int, key: str, levels: Levels, block: int, found: Any = _ASK) -> tuple[int, W.Version]:
         """Transfer ``key`` from node ``src`` (what its lookup ``found``, else asked now): its size (-1 where
         ``src`` has no copy) and the copy id of the object made here (None: it was put here meanwhile)."""
         if found is _ASK:
-            found = self.cluster._msg.call(src, W.Lookup(key, T.INLINE_MAX))  # pins it there if found
+            found = self.links.messenger.call(src, W.Lookup(key, T.INLINE_MAX))  # pins it there if found
         if found is None:
             return -1, None
         return int(found.nbytes), self._transfer(key, src, found, levels, block)
 
     # ---- batches ----------------------------------------------------------------
-    def fetch_batch(self, keys: list[str], levels: Any, block: int) -> set[str]:
+    def fetch_batch(self, keys: list[str], levels: Levels, block: int) -> set[str]:
         """Fetch the missing ``keys`` in rounds of ``T.BATCH``: the keys this rank brought here. Keys another
         rank of this node is fetching are left to it (and to the caller's check)."""
         node, sid = self.kernel.node, self.kernel.sid
@@ -199,51 +208,51 @@ class Fetcher:
                                               for k, slot in mine])
         return landed
 
-    def _round(self, keys: list[str], levels: Any, block: int) -> set[str]:
+    def _round(self, keys: list[str], levels: Levels, block: int) -> set[str]:
         """One round of a batched fetch: holders asked per home (this node pending in each entry), objects
         looked up per source, outcomes posted per home. Returns the keys now here."""
-        c = self.cluster
+        msg, dirs = self.links.messenger, self.dirs
         holders: dict[str, list[int]] = {}
         token = self._token()
-        for home, ks in c._by_home(keys).items():
-            holders.update(zip(ks, c._dir_at(home, W.DirSourceMany(ks, self.me, token), linger=_LINGER)))
+        for home, ks in dirs.by_home(keys).items():
+            holders.update(zip(ks, dirs.ask_at(home, W.DirSourceMany(ks, self.me, token), linger=_LINGER).nodes))
         by_src: dict[int, list[str]] = {}
         for k in keys:
             hs = holders[k]
             if hs:
                 by_src.setdefault(hs[self.me % len(hs)], []).append(k)
         # every key the homes made pending gets an outcome, whatever happens here
-        outcome: dict[str, tuple[int, str, int, float | None]] = {
-            k: (src, "failed", 0, None) for src, ks in by_src.items() for k in ks}
+        outcome: dict[str, W.DoneItem] = {
+            k: W.DoneItem(k, src, W.Outcome.FAILED, 0) for src, ks in by_src.items() for k in ks}
         landed: set[str] = set()
         try:
             for src, ks in by_src.items():
-                spin = c._msg.spin and c._msg.spin + 10e-6 * len(ks)  # a few us a key there: wait without naps
-                found = c._msg.call(src, W.LookupMany(ks, T.INLINE_MAX), spin=spin, linger=_LINGER).items
+                spin = msg.spin and msg.spin + 10e-6 * len(ks)  # a few us a key there: wait without naps
+                found = msg.call(src, W.LookupMany(ks, T.INLINE_MAX), spin=spin, linger=_LINGER).items
                 for k, f in zip(ks, found):  # each found is pinned there until sent
                     if f is None:
-                        outcome[k] = (src, "stale", 0, None)
+                        outcome[k] = W.DoneItem(k, src, W.Outcome.STALE, 0)
                         continue
-                    outcome[k] = (src, "copied", int(f.nbytes), self._transfer(k, src, f, levels, block))
+                    copy = self._transfer(k, src, f, levels, block)
+                    outcome[k] = W.DoneItem(k, src, W.Outcome.COPIED, int(f.nbytes), copy)
                     landed.add(k)
         finally:
             unreported = None
-            for home, ks in c._by_home(list(outcome)).items():  # every home hears, though one may be gone
+            for home, ks in dirs.by_home(list(outcome)).items():  # every home hears, though one may be gone
                 try:
-                    refused = c._dir_at(home, W.DirDoneMany(self.me, [(k, *outcome[k]) for k in ks], token),
-                                        post=True)
+                    refused = dirs.ask_at(home, W.DirDoneMany(self.me, [outcome[k] for k in ks], token), post=True)
                 except errors.TransferError as exc:
                     unreported = unreported or exc
                     continue
-                for k, copy in refused or ():  # our own directory refused it: deleted or replaced meanwhile
-                    self.kernel.delete(k, True, copy)
+                for k, copy in refused.copies if refused else ():  # our own directory refused it: deleted or
+                    self.kernel.delete(k, True, copy)                  # replaced meanwhile
                     landed.discard(k)
             if unreported is not None and sys.exc_info()[1] is None:  # else the error on its way out is first
                 raise unreported
         return landed
 
     # ---- the bytes ----------------------------------------------------------------
-    def _transfer(self, key: str, src: int, found: W.Found, levels: Any, block: int) -> float | None:
+    def _transfer(self, key: str, src: int, found: W.Found, levels: Levels, block: int) -> W.Version:
         """Make ``key`` here from what node ``src`` ``found``: the new object's creation time (its copy id:
         what a refusal deletes), None where it was put here meanwhile (another rank of this node landed the
         same small object, or put or overwrote the key: what we wanted)."""
@@ -253,12 +262,12 @@ class Fetcher:
         while True:
             try:
                 if found.inline is not None and order[0] == Level.MEMORY:  # small: one C call copies and seals
-                    copy: float | None = kernel.put_stored(key, kb, found.kind, n, found.nblobs, found.array_meta,
+                    copy: W.Version = kernel.put_stored(key, kb, found.kind, n, found.nblobs, found.array_meta,
                                                          found.inline)
                     if copy is not None:
                         self._count(n)
                         return copy
-                res = self.store._placement.place(
+                res = self.store.placement.place(
                     key, order, lambda level: (level,) + kernel.reserve(key, kb, found.kind, n, n, found.nblobs,
                                                                         found.array_meta, level=level))
                 break
@@ -290,7 +299,7 @@ class Fetcher:
     def _release(self, src: int, found: W.Found) -> None:
         """Let the source unpin what it pinned for us (a large object we will not take)."""
         if found.handle:
-            self.cluster._msg.call(src, W.Release(found.handle))
+            self.links.messenger.call(src, W.Release(found.handle))
 
     def _count(self, nbytes: int) -> None:
         node = self.kernel.node
@@ -298,9 +307,8 @@ class Fetcher:
             L.add_transfer_stats(node.buf, transfers=1, received=nbytes)
 
     def _receive(self, key: str, src: int, level: int, idx: int, off: int, found: W.Found, block: int) -> None:
-        kernel, nbytes = self.kernel, found.nbytes
-        gen = L.ENTRY_HEAD.get(kernel._buf, kernel._lay.entry(idx), "gen")
-        sink = kernel.node.levels[Level(level)].sink(idx, gen, off, nbytes, "incoming transfer")
+        nbytes = found.nbytes
+        sink = self.kernel.sink(idx, Level(level), off, nbytes, "incoming transfer")
         try:
             dst = sink.buffer()  # host memory MPI can receive into (the arena), or None
             if dst is None and cuda_aware() and hasattr(sink, "cuda_buffer"):
@@ -325,15 +333,14 @@ class Fetcher:
         """Receive an object's frames into ``dst`` (host or device memory), or with ``copy_in`` through
         host blocks handed to it; one thread per stream (this one runs the first). A source that sends no
         frame for ``peer_timeout`` seconds is taken for dead: TransferError (the caller drops the space)."""
-        c = self.cluster
-        bulk = c._bulk
-        streams = max(1, min(c.streams, len(bulk)))
-        tag, _ = c._msg.call_tagged(src, W.Data(handle, block, streams), key)
-        plan, peer = T.frames(nbytes, block, streams), c._msg.leaders[src]
+        msg, bulk = self.links.messenger, self.links.bulk
+        streams = max(1, min(self.streams, len(bulk)))
+        tag, _ = msg.call_tagged(src, W.Data(handle, block, streams), key)
+        plan, peer = T.frames(nbytes, block, streams), self.links.leaders[src]
         failed: list[BaseException] = []
 
         def wait(reqs: list[MPI.Request]) -> None:
-            c._msg.wait(reqs, src, key)
+            msg.wait(reqs, src, key)
 
         def stream(i: int) -> None:
             try:
@@ -354,7 +361,7 @@ class Fetcher:
             t.join()
         if failed:
             if isinstance(failed[0], MPI.Exception):  # a receive failed to start (its sender is gone)
-                raise c._msg.failed(src, "transfer", key, failed[0]) from failed[0]
+                raise msg.failed(src, "transfer", key, failed[0]) from failed[0]
             raise failed[0]
 
 

@@ -31,25 +31,28 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
 from mpi4py import MPI
 
 from .. import errors
-from ..kernel import encode_key
 from ..kernel import layout as L
-from ..kernel.node import NodeStore
 from ..kernel import native
-from ..levels import Level
-from ..levels.gpu import GpuLevel, pin_token, to_host
+from ..levels.gpu import to_host
 from . import tags as T
 from . import wire as W
 from .cuda import cuda_aware
+from .dirclient import DirectoryClient
 from .directory import WAIT, Directory
+from .fetch import Fetcher
+from .links import Links
 from .outbox import Outbox
 from .poll import cancel, prober, python_prober, settle
 from .staging import send_staged
+
+if TYPE_CHECKING:
+    from ..store import Store
+    from ..streams import Writer
 
 __all__ = ["Service", "HANDLE_TTL"]
 
@@ -65,33 +68,38 @@ _LINGER_MAX = 0.005   # the longest spin a request may ask for (its linger)
 
 
 class Service:
-    """Serves this node's store over ``comm``; owned by the leader's Cluster (``close`` stops it).
+    """Serves this node's ``store`` over ``links`` (its share of the directory: ``dirs.local``; pulls into the
+    node through ``fetcher``); owned by the leader's Cluster (``close`` stops it).
 
     Thread-safe towards the Cluster: it only uses the store's thread-safe API.
     """
 
-    def __init__(self, comm: MPI.Comm, cluster: Any, spin: float = 0.0) -> None:
-        self.comm = comm
+    def __init__(self, links: Links, dirs: DirectoryClient, store: Store, fetcher: Fetcher,
+                 spin: float = 0.0) -> None:
+        if dirs.local is None:
+            raise errors.InvalidArgumentError("a node service needs the node's share of the directory")
+        self.comm = links.comm
+        self.links = links
         self.spin = spin
-        self.cluster = cluster
-        self.store = cluster.store
-        self.kernel = cluster.store.kernel
-        self.timeout: float = cluster.store.config.peer_timeout
+        self.store = store
+        self.kernel = store.kernel
+        self.fetcher = fetcher
+        self.timeout: float = store.config.peer_timeout
         self._ids = itertools.count(1)
-        self._leases: dict[int, tuple[np.ndarray, float]] = {}
-        self._writers: dict[int, Any] = {}
+        self._leases: dict[int, tuple[Any, float]] = {}  # handle -> (lease: host or device bytes, deadline)
+        self._writers: dict[int, Writer] = {}
         self._stop = threading.Event()
         self._workers: list[threading.Thread] = []  # pulls and bulk sends under way
-        self._outbox = Outbox(comm, self.timeout)  # replies and posts not yet taken by their receivers
+        self._outbox = Outbox(self.comm, self.timeout)  # replies and posts not yet taken by their receivers
         self._sent_later = 0  # bytes sent inside replies, counted once the reply is out (off the reply's path)
-        self.directory = Directory(self.timeout)  # this node's share of the location directory (see directory.py)
+        self.directory: Directory = dirs.local  # this node's share of the location directory (see directory.py)
         self._handlers: dict[type, Callable[[int, int, Any], Any]] = {
             W.Lookup: self._on_lookup, W.LookupMany: self._on_lookup_many, W.Data: self._on_data,
             W.Release: self._on_release, W.Has: self._on_has, W.Delete: self._on_delete, W.Pull: self._on_pull,
             W.Read: self._on_read,
             W.WriterOpen: self._on_writer_open, W.Write: self._on_write, W.WriterClose: self._on_writer_close,
-            W.Forward: self._on_forward}
-        for kind in (W.DirAdd, W.DirDrop, W.DirGet, W.DirTake, W.DirReplace, W.DirSource, W.DirDone,
+            W.Forward: self._on_forward, W.DirSource: self._on_dir_source, W.DirSourceSmall: self._on_dir_source_small}
+        for kind in (W.DirAdd, W.DirDrop, W.DirGet, W.DirTake, W.DirReplace, W.DirSourceFor, W.DirDone,
                      W.DirSourceMany, W.DirDoneMany, W.DirCopies):
             self._handlers[kind] = self._on_directory
         self._thread = threading.Thread(target=self._loop, name="shmstore-mpi-service", daemon=True)
@@ -215,43 +223,26 @@ class Service:
 
     def _lookup(self, key: str, inline_max: int) -> tuple[W.Found | None, int]:
         """What a Lookup of ``key`` finds (None: nothing), and the bytes it carries inline."""
-        k = self.kernel
         try:
-            small = k.read_small(key, inline_max)  # the usual case: one C call, no pin
-            if small is not None:
-                kind, nbytes, nblobs, array, data = small
-                return W.Found(kind, nbytes, nblobs, array, data, 0), nbytes
-            idx, e, _ = k.lookup(key, encode_key(key), True)
+            x = self.kernel.export(key, inline_max)
         except errors.ObjectNotFoundError:
             return None, 0
-        array = L.entry_array_bytes(k._buf, k._lay.entry(idx)) if e[L.E_KIND] == L.KIND_NDARRAY else None
-        if e[L.E_NBYTES] <= inline_max and e[L.E_LEVEL] == L.LEVEL_MEMORY:  # the usual small case
-            data = k.copy_pinned(idx, e)
-            return W.Found(e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS], array, data, 0), len(data)
-        lease = self._device_lease(idx, e) if e[L.E_LEVEL] == L.LEVEL_GPU else k.lease(idx, e)
-        if e[L.E_NBYTES] <= inline_max:
-            data = _host_bytes(lease)
-            return W.Found(e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS], array, data, 0), len(data)
+        if x.inline is not None:
+            return W.Found(x.kind, x.nbytes, x.nblobs, x.array_meta, x.inline, 0), len(x.inline)
         h = next(self._ids)
-        self._leases[h] = (lease, time.monotonic() + HANDLE_TTL)
-        return W.Found(e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS], array, None, h), 0
-
-    def _device_lease(self, idx: int, e: tuple[Any, ...]) -> Any:
-        """The stored bytes of a GPU object (pinned by the caller) as a device array holding the pin."""
-        gpu = self.kernel.node.levels[Level.GPU]
-        assert isinstance(gpu, GpuLevel)
-        return gpu.array(e[L.E_OFFSET], e[L.E_NBYTES], pin_token(self.kernel._release, idx, e[L.E_GEN]))
+        self._leases[h] = (x.lease, time.monotonic() + HANDLE_TTL)
+        return W.Found(x.kind, x.nbytes, x.nblobs, x.array_meta, None, h), 0
 
     def _on_data(self, src: int, tag: int, msg: W.Data) -> Any:
         entry = self._leases.pop(msg.handle, None)
         if entry is None:
             raise errors.TransferError(f"transfer handle {msg.handle} expired (after {HANDLE_TTL:g} s)")
         lease = entry[0]
-        streams = max(1, min(int(msg.streams), len(self.cluster._bulk)))
+        bulk = self.links.bulk
+        streams = max(1, min(int(msg.streams), len(bulk)))
         self._outbox.reply(lease.nbytes, src, tag)
 
         def send() -> None:
-            bulk = self.cluster._bulk
             plan = T.frames(lease.nbytes, msg.block, streams)
             try:
                 if hasattr(lease, "__cuda_array_interface__") and not cuda_aware():  # device bytes via host blocks
@@ -299,7 +290,7 @@ class Service:
     def _on_pull(self, src: int, tag: int, msg: W.Pull) -> Any:
         def run() -> None:
             try:
-                self.cluster._fetcher.fetch_one(msg.key, msg.source, None, msg.block, source_copy=msg.copy)
+                self.fetcher.fetch_one(msg.key, msg.source, None, msg.block, source_copy=msg.copy)
                 reply: Any = None
             except Exception as exc:
                 reply = W.Failure.of(exc)
@@ -319,24 +310,39 @@ class Service:
             if result is False and isinstance(msg, W.DirDone) and msg.copy is not None:
                 self._drop_copy(msg.node, msg.key, msg.copy)
             elif isinstance(msg, W.DirDoneMany):
-                for key, copy in result:
+                for key, copy in result.copies:
                     self._drop_copy(msg.node, key, copy)
-        if isinstance(msg, W.DirSource) and msg.inline_max and type(result) is int and result >= 0:
-            if result == self.cluster.node_index:  # the home holds it: the answer carries it
-                found, sent = self._lookup(msg.key, msg.inline_max)
-                self._sent_later += sent
-                return W.Sourced(result, found)
-            if msg.forward and tag:  # the holder answers the fetcher: one hop less than a Lookup of its own
-                self._outbox.post(W.Forward(msg.key, msg.inline_max, src, tag), self.cluster.leaders[result])
-                return _NO_REPLY
         return result
+
+    def _on_dir_source(self, src: int, tag: int, msg: W.DirSource) -> Any:
+        """A DirSource: where the home (this node) is the holder named, its answer carries the lookup."""
+        result = self._on_directory(src, tag, msg)
+        if msg.inline_max and type(result) is int and result == self.links.node:
+            return self._sourced(msg.key, msg.inline_max)
+        return result
+
+    def _on_dir_source_small(self, src: int, tag: int, msg: W.DirSourceSmall) -> Any:
+        """A DirSourceSmall: answered with the lookup where this node holds it, by the holder where a third
+        node does (a Forward: one hop less than a Lookup of the fetcher's own)."""
+        result = self._on_directory(src, tag, msg)
+        if type(result) is not int or result < 0:  # none, LARGE, or waiting
+            return result
+        if result == self.links.node:
+            return self._sourced(msg.key, msg.inline_max)
+        if tag:
+            self._outbox.post(W.Forward(msg.key, msg.inline_max, src, tag), self.links.leaders[result])
+            return _NO_REPLY
+        return result
+
+    def _sourced(self, key: str, inline_max: int) -> W.Sourced:
+        found, sent = self._lookup(key, inline_max)
+        self._sent_later += sent
+        return W.Sourced(self.links.node, found)
 
     def _on_forward(self, src: int, tag: int, msg: W.Forward) -> Any:
         """Answer the fetcher whose DirSource the home forwarded here (it waits on its own reply tag)."""
         try:
-            found, sent = self._lookup(msg.key, msg.inline_max)
-            self._sent_later += sent
-            reply: Any = W.Sourced(self.cluster.node_index, found)
+            reply: Any = self._sourced(msg.key, msg.inline_max)
         except Exception as exc:  # the fetcher hears of it, as from a Lookup of its own
             reply = W.Failure.of(exc)
         self._outbox.reply(reply, msg.rank, msg.tag)
@@ -345,10 +351,10 @@ class Service:
     def _drop_copy(self, node: int, key: str, copy: float) -> None:
         """Delete the object ``copy`` of ``key`` on node ``node`` without waiting: here at once, elsewhere by a
         posted Delete (never a newer object under the key)."""
-        if node == self.cluster.node_index:
+        if node == self.links.node:
             self.kernel.delete(key, True, copy)
         else:
-            self._outbox.post(W.Delete(key, copy), self.cluster.leaders[node])
+            self._outbox.post(W.Delete(key, copy), self.links.leaders[node])
 
     def _on_read(self, src: int, tag: int, msg: W.Read) -> W.Chunk:
         with self.store.open_reader(msg.key) as r:
@@ -388,15 +394,6 @@ class Service:
             return None
 
     def _count_sent(self, nbytes: int) -> None:
-        node: NodeStore = self.kernel.node
+        node = self.kernel.node
         with node.admin:
             L.add_transfer_stats(node.buf, sent=nbytes)
-
-
-def _host_bytes(lease: Any) -> bytes:
-    """The bytes of a lease (host or device memory)."""
-    if hasattr(lease, "__cuda_array_interface__"):
-        host = np.empty(lease.nbytes, np.uint8)
-        to_host(host, lease)
-        return host.tobytes()
-    return bytes(lease.tobytes())

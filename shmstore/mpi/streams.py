@@ -2,10 +2,16 @@
 its object in the directory."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import errors
 from . import wire as W
+from .dirclient import DirectoryClient
+from .links import Links
+
+if TYPE_CHECKING:
+    from ..store import Store
+    from ..streams import Writer
 
 __all__ = ["RemoteReader", "RemoteWriter", "PublishedWriter"]
 
@@ -16,9 +22,9 @@ class RemoteReader:
     Not thread-safe.
     """
 
-    def __init__(self, cluster: Any, node: int, key: str) -> None:
-        self._cluster, self._node, self.key = cluster, node, key
-        self.size = cluster._msg.call(node, W.Read(key, 0, 0)).size
+    def __init__(self, links: Links, node: int, key: str) -> None:
+        self._msg, self._node, self.key = links.messenger, node, key
+        self.size: int = self._msg.call(node, W.Read(key, 0, 0)).size
         self._pos = 0
         self.closed = False
 
@@ -28,7 +34,7 @@ class RemoteReader:
         n = self.size - self._pos if n is None or n < 0 else min(n, self.size - self._pos)
         if n <= 0:
             return b""
-        data: bytes = self._cluster._msg.call(self._node, W.Read(self.key, self._pos, n)).data
+        data: bytes = self._msg.call(self._node, W.Read(self.key, self._pos, n)).data
         self._pos += len(data)
         return data
 
@@ -64,9 +70,9 @@ class RemoteWriter:
 
     CHUNK = 16 << 20
 
-    def __init__(self, cluster: Any, node: int, key: str, size: int) -> None:
-        self._cluster, self._node, self.key, self.size = cluster, node, key, size
-        self._handle = cluster._msg.call(node, W.WriterOpen(key, size))
+    def __init__(self, links: Links, dirs: DirectoryClient, node: int, key: str, size: int) -> None:
+        self._msg, self._dirs, self._node, self.key, self.size = links.messenger, dirs, node, key, size
+        self._handle = self._msg.call(node, W.WriterOpen(key, size))
         self.closed = False
 
     def write(self, data: Any) -> int:
@@ -74,19 +80,19 @@ class RemoteWriter:
             raise errors.StoreClosedError(f"writer of {self.key!r} is closed")
         mv = memoryview(data).cast("B")
         for pos in range(0, len(mv), self.CHUNK):
-            self._cluster._msg.call(self._node, W.Write(self._handle, bytes(mv[pos: pos + self.CHUNK])), self.key)
+            self._msg.call(self._node, W.Write(self._handle, bytes(mv[pos: pos + self.CHUNK])), self.key)
         return len(mv)
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            copy = self._cluster._msg.call(self._node, W.WriterClose(self._handle, False), self.key)
-            self._cluster._dir(W.DirAdd([self.key], self._node, [self.size], [copy]))  # sealed there: locatable
+            copy = self._msg.call(self._node, W.WriterClose(self._handle, False), self.key)
+            self._dirs.ask(W.DirAdd([self.key], self._node, [self.size], [copy]))  # sealed there: locatable
 
     def abort(self) -> None:
         if not self.closed:
             self.closed = True
-            self._cluster._msg.call(self._node, W.WriterClose(self._handle, True), self.key)
+            self._msg.call(self._node, W.WriterClose(self._handle, True), self.key)
 
     def __enter__(self) -> "RemoteWriter":
         return self
@@ -102,8 +108,8 @@ class PublishedWriter:
     """A writer of this node's store that registers its object in the directory once sealed (a Cluster's
     ``open_writer`` for this node). Not thread-safe."""
 
-    def __init__(self, cluster: Any, writer: Any, key: str, size: int) -> None:
-        self._cluster, self._writer, self.key, self._size = cluster, writer, key, size
+    def __init__(self, dirs: DirectoryClient, store: Store, writer: Writer, key: str, size: int) -> None:
+        self._dirs, self._store, self._writer, self.key, self._size = dirs, store, writer, key, size
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._writer, name)
@@ -113,10 +119,10 @@ class PublishedWriter:
         self._writer.close()
         if not closed:
             try:
-                ctime: float | None = self._cluster.store.get_info(self.key).created
+                ctime: W.Version = self._store.get_info(self.key).created
             except errors.ObjectNotFoundError:
                 return  # deleted already
-            self._cluster._dir(W.DirAdd([self.key], self._cluster.node_index, [self._size], [ctime]))
+            self._dirs.ask(W.DirAdd([self.key], self._dirs.links.node, [self._size], [ctime]))
 
     def __enter__(self) -> "PublishedWriter":
         return self

@@ -19,7 +19,8 @@ send of one waits for its receiver, for ever if it died.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import enum
+from typing import Any, Callable, NamedTuple, TypeAlias
 
 from mpi4py import MPI
 
@@ -27,12 +28,25 @@ from .. import errors
 from . import tags as T
 
 __all__ = [
+    "Version", "Outcome",
     "Lookup", "LookupMany", "Data", "Release", "Has", "Delete", "Pull", "Read", "WriterOpen", "Write", "WriterClose",
-    "DirAdd", "DirDrop", "DirGet", "DirTake", "DirReplace", "DirSource", "DirDone", "DirSourceMany",
-    "DirDoneMany", "DirCopies", "Forward", "Stop",
-    "Found", "FoundMany", "Sourced", "Chunk", "Failure", "LARGE",
+    "DirAdd", "DirDrop", "DirGet", "DirTake", "DirReplace", "DirSource", "DirSourceSmall", "DirSourceFor", "DirDone",
+    "DirSourceMany", "DoneItem", "DirDoneMany", "DirCopies", "Forward", "Stop",
+    "Found", "FoundMany", "Sourced", "Holders", "Located", "Refused", "Chunk", "Failure", "LARGE", "MESSAGES",
     "encode", "decode", "request", "request_nowait", "post", "reply", "reply_nowait", "receive", "receive_reply",
 ]
+
+Version: TypeAlias = float | None
+"""Which object under a key a node's copy is: its creation time there (``ObjectInfo.created``); None: unknown.
+What tells a copy from a later object put under the same key, so that a deletion removes exactly the copy it
+means (see ``directory.py``)."""
+
+
+class Outcome(enum.Enum):
+    """How a fetch from a holder ended (:class:`DirDone`, :class:`DoneItem`)."""
+    COPIED = "copied"  # the fetcher holds a copy now
+    STALE = "stale"    # the holder had no copy (the directory drops it)
+    FAILED = "failed"  # the transfer failed (the holder is free again, nothing listed)
 
 
 # ---- requests to a node's objects ------------------------------------------------
@@ -69,7 +83,7 @@ class Delete(NamedTuple):
     """Delete this node's copy of ``key``: True if there was one. With ``copy`` (its creation time) only
     that very object (a copy the directory listed or refused), never a later one under the key."""
     key: str
-    copy: float | None = None
+    copy: Version = None
 
 
 class Pull(NamedTuple):
@@ -78,7 +92,7 @@ class Pull(NamedTuple):
     key: str
     source: int
     block: int
-    copy: float | None = None
+    copy: Version = None
 
 
 class Read(NamedTuple):
@@ -116,7 +130,7 @@ class DirAdd(NamedTuple):
     keys: list[str]
     node: int
     sizes: list[int]
-    copies: list[float | None] | None = None
+    copies: list[Version] | None = None
 
 
 class DirDrop(NamedTuple):
@@ -126,51 +140,68 @@ class DirDrop(NamedTuple):
     ways would otherwise drop both copies). True if it was dropped."""
     key: str
     node: int
-    copy: float | None = None
+    copy: Version = None
     keep: int = -1
 
 
 class DirCopies(NamedTuple):
-    """The holders of ``key`` with their copies: a list of (node, copy)."""
+    """The holders of ``key`` with their copies: :class:`Holders`."""
     key: str
 
 
 class DirGet(NamedTuple):
-    """The holders of each key: a list of node-index lists."""
+    """The holders of each key: :class:`Located`."""
     keys: list[str]
 
 
 class DirTake(NamedTuple):
-    """The holders of ``key`` with their copies, a list of (node, copy), forgetting the key (a delete of every
-    copy; fetches in flight are refused when they end)."""
+    """The holders of ``key`` with their copies (:class:`Holders`), forgetting the key (a delete of every copy;
+    fetches in flight are refused when they end)."""
     key: str
 
 
 class DirReplace(NamedTuple):
     """Node ``node`` holds the only copy of ``key`` now (``nbytes``, its ``copy``; an overwrite): the other
-    holders with their copies, a list of (node, copy), which the overwriter then deletes (fetches in flight
-    are refused when they end)."""
+    holders with their copies (:class:`Holders`), which the overwriter then deletes (fetches in flight are
+    refused when they end)."""
     key: str
     node: int
     nbytes: int
-    copy: float | None = None
+    copy: Version = None
 
 
 class DirSource(NamedTuple):
     """The holder node ``node`` should fetch ``key`` from (None: no node has it); ``node`` is pending in the
-    entry until its :class:`DirDone`. A large object's holder
-    sends to one node at a time: the answer waits for a free holder, so copies spread as a tree. Where the
-    home itself is that holder it looks the object up at once (``inline_max`` as in :class:`Lookup`) and
-    answers a :class:`Sourced`: one round trip saved. With ``small_only`` an object larger than ``inline_max``
-    gets the answer :data:`LARGE` instead (the fetcher deduplicates large transfers on its node first)."""
+    entry until its :class:`DirDone` (named by ``token``, which the DirDone brings back; 0: none, unit tests).
+    A large object's holder sends to one node at a time: the answer waits for a free holder, so copies spread
+    as a tree. Where the home itself is that holder it looks the object up at once (``inline_max`` as in
+    :class:`Lookup`; 0: it does not) and answers a :class:`Sourced`: one round trip saved."""
     key: str
     node: int
     inline_max: int = 0
-    small_only: bool = False  # objects over inline_max: answer LARGE, nothing registered (see fetch.py)
-    source: int = -1  # >= 0: a migration pulling from this node: answered at once (None: no entry any more,
-    source_copy: float | None = None  # or ``source`` lists another copy than this one: replaced or moved since)
-    forward: bool = False  # a holder on a third node answers instead of the home (a Forward): one hop saved
-    token: int = 0  # names this fetch while it is pending; its DirDone brings it back (0: none, unit tests)
+    token: int = 0
+
+
+class DirSourceSmall(NamedTuple):
+    """:class:`DirSource` of an object expected small: one larger than ``inline_max`` gets the answer
+    :data:`LARGE` instead, and nothing is registered (the fetcher deduplicates large transfers on its node
+    first, see ``fetch.py``). Where a third node holds it, the home forwards the question there
+    (:class:`Forward`) and that holder answers a :class:`Sourced`: one hop saved."""
+    key: str
+    node: int
+    inline_max: int
+    token: int = 0
+
+
+class DirSourceFor(NamedTuple):
+    """A migration's pull of ``key`` into ``node`` from the holder ``source`` it chose, whose copy was listed
+    as ``copy``: ``source``, pending at once (no queueing, no choice), or None where the key has no entry any
+    more or ``source`` lists another copy than this one (replaced or moved since)."""
+    key: str
+    node: int
+    source: int
+    copy: Version
+    token: int = 0
 
 
 class Forward(NamedTuple):
@@ -182,11 +213,11 @@ class Forward(NamedTuple):
     tag: int
 
 
-LARGE = -1  # a DirSource(small_only=True) answer: the object is larger than inline_max
+LARGE = -1  # a DirSourceSmall answer: the object is larger than inline_max
 
 
 class DirSourceMany(NamedTuple):
-    """For a batch: the holders of each key other than ``node`` (a list per key); ``node`` is pending in
+    """For a batch: the holders of each key other than ``node`` (:class:`Located`); ``node`` is pending in
     every entry with one, until the batch's :class:`DirDoneMany`. No queueing (batches are of small objects)."""
     keys: list[str]
     node: int
@@ -194,25 +225,34 @@ class DirSourceMany(NamedTuple):
 
 
 class DirDone(NamedTuple):
-    """Node ``node``'s fetch of ``key`` from ``source`` ended: ``outcome`` is "copied" (``node`` now holds
-    ``nbytes``), "stale" (``source`` had no copy) or "failed". Frees ``source`` for the next fetcher. Posted;
+    """Node ``node``'s fetch of ``key`` from ``source`` ended with ``outcome``: copied (``node`` now holds
+    ``nbytes``), stale (``source`` had no copy) or failed. Frees ``source`` for the next fetcher. Posted;
     where the home answers it (on its own node) the answer is False if the copy was refused: ``node`` was not
     pending any more (the key was deleted or overwritten meanwhile) and its copy must go."""
     key: str
     source: int
     node: int
-    outcome: str
+    outcome: Outcome
     nbytes: int
-    copy: float | None = None  # the fetched object's creation time on ``node`` (what a refusal deletes); None: none
+    copy: Version = None  # the fetched object's creation time on ``node`` (what a refusal deletes); None: none
     token: int = 0  # the DirSource's: which pending fetch this is (a fetch named in an entry replaced since
     #                 must not be taken for another fetch of the same node, named in the new one)
 
 
+class DoneItem(NamedTuple):
+    """One key's :class:`DirDone` in a :class:`DirDoneMany`."""
+    key: str
+    source: int
+    outcome: Outcome
+    nbytes: int
+    copy: Version = None
+
+
 class DirDoneMany(NamedTuple):
-    """:class:`DirDone` of each of a batch's keys from node ``node``: ``items`` of (key, source, outcome,
-    nbytes, copy). Posted; where the home answers it, the (key, copy) of the copies it refused."""
+    """:class:`DirDone` of each of a batch's keys from node ``node``. Posted; where the home answers it, the
+    copies it refused (:class:`Refused`)."""
     node: int
-    items: list[tuple[str, int, str, int, float | None]]
+    items: list[DoneItem]
     token: int = 0
 
 
@@ -238,6 +278,28 @@ class Sourced(NamedTuple):
     :class:`Lookup` found (None: its copy is gone)."""
     node: int
     found: Found | None
+
+
+class Holders(NamedTuple):
+    """The holders of a key, each with its copy: what :class:`DirCopies`, :class:`DirTake` and
+    :class:`DirReplace` answer."""
+    copies: list[tuple[int, Version]]
+
+    @property
+    def nodes(self) -> list[int]:
+        return [n for n, _ in self.copies]
+
+
+class Located(NamedTuple):
+    """The holders of each key asked (a list of node indices per key): what :class:`DirGet` and
+    :class:`DirSourceMany` answer."""
+    nodes: list[list[int]]
+
+
+class Refused(NamedTuple):
+    """The copies a home refused, ``(key, copy)`` each (deleted or replaced while they came): what a
+    :class:`DirDoneMany` answered on the home's own node gets; those copies must go."""
+    copies: list[tuple[str, Version]]
 
 
 class Chunk(NamedTuple):
@@ -275,36 +337,60 @@ class Failure(NamedTuple):
 
 
 # ---- on the wire ------------------------------------------------------------------
-_TYPES: tuple[Any, ...] = (
-    Lookup, LookupMany, Data, Release, Has, Delete, Pull, Read, WriterOpen, Write, WriterClose, Stop,
-    DirAdd, DirDrop, DirGet, DirTake, DirReplace, DirSource, DirDone, Found, FoundMany, Sourced, Chunk, Failure,
-    DirSourceMany, DirDoneMany, DirCopies, Forward)
-_CODE = {t: i for i, t in enumerate(_TYPES)}
-_PLAIN, _SOURCED, _FOUND_MANY = -1, _CODE[Sourced], _CODE[FoundMany]
+MESSAGES: dict[int, type[Any]] = {  # every message by its code on the wire (codes never reused)
+    0: Lookup, 1: LookupMany, 2: Data, 3: Release, 4: Has, 5: Delete, 6: Pull, 7: Read, 8: WriterOpen, 9: Write,
+    10: WriterClose, 11: Stop, 12: DirAdd, 13: DirDrop, 14: DirGet, 15: DirTake, 16: DirReplace, 17: DirSource,
+    18: DirDone, 19: Found, 20: FoundMany, 21: Sourced, 22: Chunk, 23: Failure, 24: DirSourceMany,
+    25: DirDoneMany, 26: DirCopies, 27: Forward, 28: DirSourceSmall, 29: DirSourceFor, 30: Holders, 31: Located,
+    32: Refused,
+}
+_PLAIN = -1
+_OUTCOMES = {o.value: o for o in Outcome}
+
+# Messages whose fields hold other messages or enums, taken apart to plain data and made again (pickle would
+# rebuild them through Python calls); the others travel as ``tuple(msg)`` and come back by ``cls._make``.
+_PACK: dict[type, Callable[[Any], Any]] = {
+    Sourced: lambda m: (m.node, None if m.found is None else tuple(m.found)),
+    FoundMany: lambda m: [None if f is None else tuple(f) for f in m.items],
+    DirDone: lambda m: (m.key, m.source, m.node, m.outcome.value, m.nbytes, m.copy, m.token),
+    DirDoneMany: lambda m: (m.node, [(i.key, i.source, i.outcome.value, i.nbytes, i.copy) for i in m.items],
+                            m.token),
+}
+_UNPACK: dict[type, Callable[[Any], Any]] = {
+    Sourced: lambda f: Sourced(f[0], None if f[1] is None else Found._make(f[1])),
+    FoundMany: lambda f: FoundMany([None if x is None else Found._make(x) for x in f]),
+    DirDone: lambda f: DirDone(f[0], f[1], f[2], _OUTCOMES[f[3]], f[4], f[5], f[6]),
+    DirDoneMany: lambda f: DirDoneMany(f[0], [DoneItem(k, s, _OUTCOMES[o], n, c) for k, s, o, n, c in f[1]], f[2]),
+}
+_ENCODE: dict[type, tuple[int, Callable[[Any], Any]]] = {
+    t: (code, _PACK.get(t, tuple)) for code, t in MESSAGES.items()}
+_DECODE: dict[int, Callable[[Any], Any]] = {
+    code: _UNPACK.get(t, t._make) for code, t in MESSAGES.items()}
 
 
 def encode(obj: Any) -> tuple[int, Any]:
     """``obj`` as plain data: ``(code, fields)`` of a message above, ``(-1, obj)`` of anything else."""
-    code = _CODE.get(type(obj))
-    if code is None:
+    coder = _ENCODE.get(type(obj))
+    if coder is None:
         return _PLAIN, obj
-    if code == _SOURCED:
-        return code, (obj.node, None if obj.found is None else tuple(obj.found))
-    if code == _FOUND_MANY:
-        return code, [None if f is None else tuple(f) for f in obj.items]
-    return code, tuple(obj)
+    return coder[0], coder[1](obj)
 
 
 def decode(frame: tuple[int, Any]) -> Any:
-    """The message (or value) :func:`encode` made ``frame`` of."""
+    """The message (or value) :func:`encode` made ``frame`` of.
+
+    Raises:
+        TransferError: ``frame`` names no message (a peer of another version).
+    """
     code, fields = frame
     if code == _PLAIN:
         return fields
-    if code == _SOURCED:
-        return Sourced(fields[0], None if fields[1] is None else Found._make(fields[1]))
-    if code == _FOUND_MANY:
-        return FoundMany([None if f is None else Found._make(f) for f in fields])
-    return _TYPES[code]._make(fields)
+    try:
+        make = _DECODE[code]
+    except KeyError:
+        raise errors.TransferError(f"unknown message code {code} (ranks of different shmstore versions?)") \
+            from None
+    return make(fields)
 
 
 def request(comm: MPI.Comm, msg: Any, dest: int, reply_tag: int, linger: float = 0.0) -> None:

@@ -44,7 +44,7 @@ def cluster():
 @pytest.fixture
 def comm(cluster):
     """The cluster's private communicator (for test-side barriers)."""
-    return cluster._comm
+    return cluster.comm
 
 
 def pytest_collection_modifyitems(items):

@@ -432,7 +432,7 @@ def test_a_holder_whose_fetcher_never_reports_is_free_again_after_the_deadline()
     later: list = []
     assert d.handle(W.DirSource("m", 4, token=14), later.append) is WAIT  # node 2, queued first, got it
     assert queued == [0] and later == []
-    d.handle(W.DirDone("m", 0, 2, "copied", SPREAD_MIN * 4, 1.0, 12), lambda v: None)  # a holder more
+    d.handle(W.DirDone("m", 0, 2, W.Outcome.COPIED, SPREAD_MIN * 4, 1.0, 12), lambda v: None)  # a holder more
     assert d.get("m") == [0, 2]
 
 
