@@ -38,6 +38,51 @@ def test_fast_path_is_configured_from_the_entry_declaration():
     assert (lay["entry_size"], lay["array_off"], lay["key_off"]) == (L.ENTRY_SIZE, L.ENTRY_ARRAY_OFFSET,
                                                                      L.ENTRY_KEY_OFFSET)
     assert lay["stats_objects_off"] == L.STRIPE_STATS.offset["objects"]
+    widths = {f.name: f.size for f in L.ENTRY_HEAD.fields}
+    for name, width in widths.items():
+        if f"{name}_off" in lay:
+            assert lay[f"{name}_width"] == width, name
+    assert lay["bucket_width"] == L.BUCKET.size and lay["array_size"] == L.ENTRY_ARRAY.size
+    used = next(f for f in L.STRIPE_STATS.fields if f.name == "used")
+    assert lay["stats_used_width"] * used.n == used.size and lay["stats_used_off"] == used.offset
+
+
+@pytest.mark.parametrize("field", ["size_width", "state_width", "bucket_width", "stats_used_width"])
+def test_configure_refuses_a_layout_with_a_field_of_another_width(field):
+    """A record that widens a field the C code stores with a fixed type is refused, not written wrongly."""
+    from shmstore.kernel import layout as L
+    fast = fastpath.load()
+    if fast is None:
+        pytest.skip("the C fast path is not built here (pure-Python kernel)")
+    lay = L.fast_path_layout()
+    lay[field] *= 2
+    with pytest.raises(ValueError, match=f"the layout's {field} is {lay[field]} bytes, _fast.c stores it in "
+                                         f"{lay[field] // 2}.*rebuild"):
+        fast.configure(lay)
+    fast.configure(L.fast_path_layout())  # the real layout is still taken
+
+
+def test_the_c_tuples_are_in_the_declared_order(store):
+    """get_entry's and read_small's tuples unpack as fastpath.Found and fastpath.Small say."""
+    import numpy as np
+
+    from shmstore.kernel import layout as L
+    k = store._kernel
+    if k._fast is None:
+        pytest.skip("the C fast path is not built here (pure-Python kernel)")
+    store.put("arr", np.arange(6, dtype=np.int32))
+    r = fastpath.Found._make(k._fast.get_entry(k._ctx, "arr"))
+    e = L.entry(k._buf, r.eoff)
+    try:
+        assert r.eoff == k._lay.entry(r.idx)
+        assert (r.gen, r.offset, r.level, r.nbytes, r.kind) == (e.gen, e.offset, e.level, e.nbytes, e.kind)
+    finally:
+        k._fast.release(k._ctx, r.idx)
+    s = fastpath.Small._make(k._fast.read_small(k._ctx, "arr", 1 << 20, k._at.arena_addr, L.LEVEL_MEMORY,
+                                                L.KIND_NDARRAY, L.ENTRY_ARRAY.size))
+    assert (s.kind, s.nbytes, s.nblobs) == (L.KIND_NDARRAY, 24, 0)
+    assert s.data == np.arange(6, dtype=np.int32).tobytes()
+    assert s.array == L.entry_array_bytes(k._buf, r.eoff)
 
 
 def test_c_insert_writes_every_field_where_python_reads_it(store):

@@ -21,8 +21,20 @@
 
 static Py_ssize_t ENTRY_SIZE, HASH_OFF, NEXT_OFF, KEYLEN_OFF, SESSION_OFF, STATE_OFF, KEY_OFF, ARRAY_OFF;
 static Py_ssize_t STATS_OBJECTS_OFF, OFFSET_OFF, NBYTES_OFF, ATIME_OFF, GEN_OFF, KIND_OFF, LEVEL_OFF, MAX_KEY;
-static Py_ssize_t WRITER_OFF, SIZE_OFF, CTIME_OFF, EXTENT_OFF, NBLOBS_OFF, FLAGS_OFF;
+static Py_ssize_t WRITER_OFF, SIZE_OFF, CTIME_OFF, EXTENT_OFF, NBLOBS_OFF, FLAGS_OFF, ARRAY_SIZE;
+static Py_ssize_t BUCKET_WIDTH, STATS_USED_OFF, STATS_USED_WIDTH, STATS_OBJECTS_WIDTH;
 static long SEALED, WRITING, DELETED, RESERVED;
+
+/* The width this file reads and writes each field with (the C type of its PUT/memcpy): configure() refuses
+ * a layout that declares another, which would otherwise be written wrongly with no error. */
+static const struct { const char *name; Py_ssize_t width; } WIDTHS[] = {
+    {"offset_width", sizeof(uint64_t)}, {"size_width", sizeof(uint64_t)}, {"nbytes_width", sizeof(uint64_t)},
+    {"atime_width", sizeof(double)}, {"ctime_width", sizeof(double)}, {"hash_width", sizeof(uint32_t)},
+    {"next_width", sizeof(int32_t)}, {"gen_width", sizeof(uint32_t)}, {"writer_width", sizeof(int32_t)},
+    {"extent_width", sizeof(int32_t)}, {"nblobs_width", sizeof(uint32_t)}, {"keylen_width", sizeof(uint16_t)},
+    {"session_width", sizeof(uint16_t)}, {"state_width", sizeof(uint8_t)}, {"kind_width", sizeof(uint8_t)},
+    {"level_width", sizeof(uint8_t)}, {"flags_width", sizeof(uint8_t)}, {"bucket_width", sizeof(int32_t)},
+    {"stats_used_width", sizeof(int64_t)}, {"stats_objects_width", sizeof(int64_t)}};
 
 /* Return codes, the same as fastpath.codes on the Python side. */
 enum { RC_MISSING = -1, RC_BUSY = -2, RC_OWNER_DEAD = -3, RC_BEING_WRITTEN = -4, RC_EXISTS = -5, RC_STOLEN = -6 };
@@ -50,7 +62,21 @@ static PyObject *configure(PyObject *self, PyObject *args) {
         {"stats_objects_off", &STATS_OBJECTS_OFF}, {"offset_off", &OFFSET_OFF}, {"nbytes_off", &NBYTES_OFF},
         {"atime_off", &ATIME_OFF}, {"gen_off", &GEN_OFF}, {"kind_off", &KIND_OFF}, {"level_off", &LEVEL_OFF},
         {"max_key", &MAX_KEY}, {"writer_off", &WRITER_OFF}, {"size_off", &SIZE_OFF}, {"ctime_off", &CTIME_OFF},
-        {"extent_off", &EXTENT_OFF}, {"nblobs_off", &NBLOBS_OFF}, {"flags_off", &FLAGS_OFF}};
+        {"extent_off", &EXTENT_OFF}, {"nblobs_off", &NBLOBS_OFF}, {"flags_off", &FLAGS_OFF},
+        {"array_size", &ARRAY_SIZE}, {"bucket_width", &BUCKET_WIDTH}, {"stats_used_off", &STATS_USED_OFF},
+        {"stats_used_width", &STATS_USED_WIDTH}, {"stats_objects_width", &STATS_OBJECTS_WIDTH}};
+    for (size_t i = 0; i < sizeof WIDTHS / sizeof WIDTHS[0]; i++) {
+        Py_ssize_t w = setting(d, WIDTHS[i].name);
+        if (w < 0)
+            return NULL;
+        if (w != WIDTHS[i].width) {
+            PyErr_Format(PyExc_ValueError, "the layout's %s is %zd bytes, _fast.c stores it in %zd: rebuild the "
+                         "extension from this source (python setup.py build_ext --inplace) or set "
+                         "SHMSTORE_PURE_PYTHON=1", WIDTHS[i].name, w, WIDTHS[i].width);
+            return NULL;
+        }
+    }
+    configured = 0;
     for (size_t i = 0; i < sizeof offs / sizeof offs[0]; i++)
         if ((*offs[i].dst = setting(d, offs[i].name)) < 0)
             return NULL;
@@ -81,7 +107,7 @@ static uint32_t crc32_seeded(uint32_t seed, const unsigned char *p, Py_ssize_t n
 static Py_ssize_t find(char *base, Py_ssize_t buckets, Py_ssize_t entries, Py_ssize_t b, unsigned long h,
                        unsigned long sid, const char *key, Py_ssize_t klen, Py_ssize_t *eoff_out) {
     int32_t rec;
-    memcpy(&rec, base + buckets + 4 * b, 4);
+    memcpy(&rec, base + buckets + BUCKET_WIDTH * b, sizeof rec);
     while (rec) {
         Py_ssize_t eoff = entries + (Py_ssize_t)(rec - 1) * ENTRY_SIZE;
         char *e = base + eoff;
@@ -168,6 +194,11 @@ static PyObject *insert(PyObject *self, PyObject *args) {
     Py_buffer ab = {0};
     if (array != Py_None && PyObject_GetBuffer(array, &ab, PyBUF_SIMPLE) < 0)
         return NULL;
+    if (ab.buf && ab.len > ARRAY_SIZE) {
+        PyBuffer_Release(&ab);
+        PyErr_Format(PyExc_ValueError, "array metadata of %zd bytes, the entry holds %zd", ab.len, ARRAY_SIZE);
+        return NULL;
+    }
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock */
     double atime = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
@@ -211,16 +242,17 @@ static PyObject *insert(PyObject *self, PyObject *args) {
             memcpy(e + KEY_OFF, key, (size_t)klen);
             char *st = (char *)(uintptr_t)stats;
             int64_t used, objects;
-            memcpy(&used, st + 8 * level, 8);
-            memcpy(&objects, st + STATS_OBJECTS_OFF, 8);
+            char *used_at = st + STATS_USED_OFF + STATS_USED_WIDTH * level, *head = base + buckets + BUCKET_WIDTH * b;
+            memcpy(&used, used_at, sizeof used);
+            memcpy(&objects, st + STATS_OBJECTS_OFF, sizeof objects);
             used += (int64_t)size;
             objects += 1;
-            memcpy(st + 8 * level, &used, 8);
-            memcpy(st + STATS_OBJECTS_OFF, &objects, 8);
+            memcpy(used_at, &used, sizeof used);
+            memcpy(st + STATS_OBJECTS_OFF, &objects, sizeof objects);
             int32_t first, rec = (int32_t)(idx + 1);
-            memcpy(&first, base + buckets + 4 * b, 4);
-            memcpy(e + NEXT_OFF, &first, 4);
-            memcpy(base + buckets + 4 * b, &rec, 4); /* the publishing store, after the entry is whole */
+            memcpy(&first, head, sizeof first);
+            memcpy(e + NEXT_OFF, &first, sizeof first);
+            memcpy(head, &rec, sizeof rec); /* the publishing store, after the entry is whole */
             ((volatile char *)e)[STATE_OFF] = (char)state; /* sealed now, if asked */
         }
         pthread_mutex_unlock(m);

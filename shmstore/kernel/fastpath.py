@@ -6,11 +6,12 @@ extension was built (the test suite runs both).
 from __future__ import annotations
 
 from types import ModuleType
+from typing import NamedTuple
 
 from ..config import pure_python
 from . import layout as L
 
-__all__ = ["load", "codes"]
+__all__ = ["load", "codes", "Found", "Small"]
 
 
 class codes:
@@ -22,6 +23,31 @@ class codes:
     BEING_WRITTEN = -4  # insert: the key is being written
     EXISTS = -5         # insert: the key exists
     STOLEN = -6         # insert: the entry is not reserved for this client any more
+
+
+class Found(NamedTuple):
+    """The order of the tuple ``get_entry`` returns for a sealed entry (pinned and touched).
+
+    The hot path unpacks it positionally, in this order; others may ``Found._make`` it.
+    """
+
+    idx: int     # entry index
+    gen: int     # its generation
+    offset: int  # of the object in its level
+    level: int
+    nbytes: int  # logical size
+    kind: int
+    eoff: int    # offset of the entry in the metadata segment
+
+
+class Small(NamedTuple):
+    """The order of the tuple ``read_small`` returns for a small object in memory (copied, not pinned)."""
+
+    kind: int
+    nbytes: int
+    nblobs: int
+    array: bytes | None  # the ENTRY_ARRAY bytes of an array, else None
+    data: bytes          # the stored bytes
 
 
 def load() -> ModuleType | None:
