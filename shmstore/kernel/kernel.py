@@ -47,7 +47,7 @@ from .writing import Puts
 __all__ = ["Kernel", "Exported", "encode_key"]
 
 if TYPE_CHECKING:
-    from .protocols import Sink
+    from ..levels.protocol import Sink
 
 _U8 = np.dtype(np.uint8)
 _DTYPES: dict[bytes, np.dtype] = {}
@@ -378,16 +378,23 @@ class Kernel:
         array = L.entry_array_bytes(self._buf, self._lay.entry(idx)) if kind == L.KIND_NDARRAY else None
         if nbytes <= inline_max and e[L.E_LEVEL] == _MEMORY:  # the usual small case
             return Exported(kind, nbytes, nblobs, array, self.copy_pinned(idx, e), None)
-        device = self._devices.get(e[L.E_LEVEL])
-        if device is not None:  # a device array holding the pin; small ones come to the host
-            lease = device.export(e, pin_token(self._release, idx, e[L.E_GEN]))
-            if nbytes <= inline_max:
-                return Exported(kind, nbytes, nblobs, array, device.host_bytes(lease), None)
-            return Exported(kind, nbytes, nblobs, array, None, lease)
-        lease = self.lease(idx, e)
+        lease = self._device_lease(idx, e) if e[L.E_LEVEL] == L.LEVEL_GPU else self.lease(idx, e)
         if nbytes <= inline_max:  # small, on another level: copied out of the lease
+            if hasattr(lease, "__cuda_array_interface__"):  # level-specific: device bytes through the host
+                from ..levels.gpu import to_host
+                host = np.empty(nbytes, _U8)
+                to_host(host, lease)
+                return Exported(kind, nbytes, nblobs, array, host.tobytes(), None)
             return Exported(kind, nbytes, nblobs, array, bytes(lease.tobytes()), None)
         return Exported(kind, nbytes, nblobs, array, None, lease)
+
+    def _device_lease(self, idx: int, e: tuple[Any, ...]) -> Any:
+        """The stored bytes of a GPU object (pinned by the caller) as a device array holding the pin."""
+        # level-specific: the GPU level's export (moved from mpi/service.py), to become a level protocol method
+        from ..levels.gpu import GpuLevel, pin_token
+        gpu = self.node.levels[Level.GPU]
+        assert isinstance(gpu, GpuLevel)
+        return gpu.array(e[L.E_OFFSET], e[L.E_NBYTES], pin_token(self._release, idx, e[L.E_GEN]))
 
     def sink(self, idx: int, level: Level, offset: int, nbytes: int, what: str) -> Sink:
         """Where the bytes of the reserved entry ``idx`` (``nbytes`` at ``offset`` on ``level``, as
