@@ -366,7 +366,7 @@ class Cluster:
 
     def stats(self) -> dict[str, int]:
         """Node-wide counters: transfers into this node, bytes received and sent, deduplicated requests."""
-        t = L.TRANSFER_STATS.tuple._make(L.unpack_transfer_stats(self.store.kernel.node.buf))
+        t = L.unpack_transfer_stats(self.store.kernel.node.buf)  # the TRANSFER_STATS record, by name
         return {"transfers": t.transfers, "bytes_received": t.received, "bytes_sent": t.sent,
                 "migrations_deduplicated": t.dedup}
 
