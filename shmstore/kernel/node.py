@@ -261,12 +261,12 @@ class NodeStore:
         repairs it), never a file without an entry.
         """
         eoff = self.layout.entry(idx)
-        e = L.entry_raw(self.buf, eoff)
-        if cache is not None and e[L.E_FLAGS] & L.FLAG_IN_CHUNK:
+        e = L.entry(self.buf, eoff)
+        if cache is not None and e.flags & L.FLAG_IN_CHUNK:
             cache.entries.append((idx, self.table.keep_entry(idx, cache.slot)))
             return True
         # a reserved entry is on no level yet (an extent it names is freed by the table)
-        level = self.levels[Level(e[L.E_LEVEL])] if e[L.E_STATE] not in (L.FREE, L.RESERVED) else None
+        level = self.levels[Level(e.level)] if e.state not in (L.FREE, L.RESERVED) else None
         if level is not None:
             level.drop(idx, e)
         if blocking:
