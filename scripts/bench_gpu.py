@@ -25,7 +25,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shmstore  # noqa: E402
 from shmstore import Level  # noqa: E402
-from shmstore.levels.gpu import cupy_or_reason  # noqa: E402
+from shmstore.levels.device import cupy_or_reason  # noqa: E402
 
 MiB = 1 << 20
 

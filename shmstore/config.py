@@ -18,7 +18,7 @@ from .errors import ConfigError
 from .units import parse_size
 
 __all__ = ["Config", "SHM_DIR", "env", "pure_python", "stream_count", "node_label", "default_node", "service_spin",
-           "cuda_aware_override", "mpich_vcis"]
+           "cuda_aware_override", "mpich_vcis", "no_gpu"]
 
 SHM_DIR = "/dev/shm"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -213,6 +213,11 @@ def pure_python() -> bool:
     return bool(env("PURE_PYTHON", _parse_bool, False))
 
 
+def no_gpu() -> bool:
+    """``SHMSTORE_NO_GPU``: keep the GPU level unavailable even where CuPy and a device are (``=0`` does not)."""
+    return bool(env("NO_GPU", _parse_bool, False))
+
+
 def _parse_streams(text: str) -> int:
     value = int(text)
     if not 1 <= value <= 2:
@@ -293,17 +298,15 @@ def mpich_vcis() -> int:
         return 1
 
 
-_UNSET: Any = object()
-
-
 def _resolve(name: str, value: Any) -> Any:
-    """A setting: ``value`` (a keyword argument) parsed, else ``SHMSTORE_<NAME>`` (through :func:`env`), else
-    its default."""
     parser, default = _FIELDS[name]
+    source = f"{name}="
     if value is None:
-        value = env(name, parser, _UNSET)
-        return default() if value is _UNSET else value
+        env = "SHMSTORE_" + name.upper()
+        if env not in os.environ:
+            return default()
+        value, source = os.environ[env], env
     try:
         return parser(value)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"bad value for {name}=: {exc}") from None
+        raise ConfigError(f"bad value for {source}: {exc}") from None

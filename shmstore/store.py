@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import functools
 import os
 import time
 import weakref
@@ -24,7 +25,9 @@ from .kernel.check import check as check_node
 from .kernel.node import pid_alive, reap_children, store_prefix
 from .kernel.segment import unlink_segment, unlink_semaphore
 from .levels import Capacity, Level, ObjectInfo, parse_levels
+from .levels.registry import open_levels
 from .placement import DEFAULT_PUT_LEVELS, DEVICE_PUT_LEVELS, Placement
+from .spill.requests import request_arena
 from .streams import Reader, Writer
 
 __all__ = ["Store", "connect", "destroy", "observe"]
@@ -59,7 +62,8 @@ class Store:
                     raise
                 time.sleep(0.01)
         self._node = node
-        try:
+        try:  # the levels as this client reaches them: a device level asks the spill process for its arenas
+            node.use_levels(open_levels(node, functools.partial(request_arena, node, slot)))
             self._kernel = Kernel(node, slot, config.session, on_detach=self._on_detach)
             self._placement = Placement(self._kernel, node, config)
             if not observe:

@@ -17,8 +17,7 @@ from .kernel import layout as L
 from .kernel.kernel import Kernel, encode_key
 from .kernel.serialize import as_u8
 from .levels import Level
-from .levels.disk import disk_error
-from .levels.protocol import Sink
+from .kernel.protocols import Sink
 from .units import format_size
 
 __all__ = ["Writer", "Reader"]
@@ -90,9 +89,9 @@ class Writer:
         elif n:
             try:
                 self._sink.write(src, self._pos)  # type: ignore[union-attr]
-            except OSError as exc:
+            except (OSError, ShmStoreError):  # the level's own error, naming its limit or path
                 self.abort()
-                raise disk_error(self.key, self.size, self._kernel.node.disk.path, exc) from exc
+                raise
         self._pos += n
         return n
 
@@ -132,10 +131,10 @@ class Writer:
         try:
             if sink is not None:
                 sink.close()
-        except OSError as exc:
+        except (OSError, ShmStoreError):  # the level's own error, naming its limit or path
             self._sink = sink
             self.abort()
-            raise disk_error(self.key, self.size, self._kernel.node.disk.path, exc) from exc
+            raise
         self._dst = None
         self.closed = True
         self._kernel.writers.discard(self)

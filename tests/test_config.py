@@ -120,3 +120,23 @@ def test_mpi_switches_are_read_here_naming_the_variable(monkeypatch):
     assert config.mpich_vcis() == 4
     monkeypatch.setenv("MPIR_CVAR_CH4_NUM_VCIS", "many")
     assert config.mpich_vcis() == 1
+
+
+@pytest.mark.parametrize("raw, off", [("1", True), ("yes", True), ("true", True), ("0", False), ("no", False),
+                                      ("false", False), ("", False)])
+def test_no_gpu_is_a_boolean(monkeypatch, raw, off):
+    """``SHMSTORE_NO_GPU=0`` keeps the GPU level (it used to disable it: any value counted as set)."""
+    from shmstore.config import no_gpu
+    from shmstore.levels import device
+    monkeypatch.setenv("SHMSTORE_NO_GPU", raw)
+    assert no_gpu() is off
+    monkeypatch.setattr(device, "_CUPY", [])  # asked again, not the answer this process kept
+    _, why = device.cupy_or_reason()
+    assert (why == "SHMSTORE_NO_GPU is set") is off
+
+
+def test_no_gpu_rejects_nonsense(monkeypatch):
+    from shmstore.config import no_gpu
+    monkeypatch.setenv("SHMSTORE_NO_GPU", "maybe")
+    with pytest.raises(ConfigError, match="SHMSTORE_NO_GPU"):
+        no_gpu()

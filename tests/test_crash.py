@@ -26,6 +26,7 @@ from shmstore import Level
 from shmstore.kernel import NodeStore
 from shmstore.kernel import layout as L
 from shmstore.kernel.table import find_entry
+from shmstore.levels.registry import open_levels
 
 from helpers import spill_running, wait_for
 
@@ -288,6 +289,7 @@ def _mover_context(store):
 
     def prepare():
         node = NodeStore.open(store.config, create=False)
+        node.use_levels(open_levels(node))  # as the spill process opens them
         return Mover(node)
     return prepare
 
@@ -373,6 +375,7 @@ def test_allocator_repair_during_a_move_keeps_the_movers_extents(crash_store, di
     os.kill(pid, signal.SIGKILL)  # this test is the mover now
     assert wait_for(lambda: not spill_running(pid), timeout=10)
     node = NodeStore.open(store.config, create=False)
+    node.use_levels(open_levels(node))  # as the spill process opens them
     try:
         mover = Mover(node)
         copy = mover.disk.write if direction == "spill" else mover.disk.read_into
@@ -385,7 +388,7 @@ def test_allocator_repair_during_a_move_keeps_the_movers_extents(crash_store, di
             mover.disk.write = copy_then_repair
         else:
             mover.disk.read_into = copy_then_repair
-        idx, e, _ = store._kernel.lookup("victim", b"victim", False)
+        idx, e, _ = store._kernel.lookup(store._kernel.begin("victim"), False)
         moved = mover.spill(idx, e[L.E_GEN]) if direction == "spill" else mover.restore(idx, e[L.E_GEN])
         assert moved > 0
         for i in range(20):  # reuse whatever the repair freed

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import shmstore
-from shmstore.levels.disk import SpillDir
+from shmstore.kernel.spilldir import SpillFiles
 
 
 @pytest.fixture
 def spill(tmp_path):
-    d = SpillDir(str(tmp_path), "store-dir")
+    d = SpillFiles(str(tmp_path), "store-dir")
     yield d
     d.close()
 

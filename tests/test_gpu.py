@@ -18,7 +18,6 @@ import shmstore
 from shmstore import Level
 from shmstore.kernel import layout as L
 from shmstore.kernel.alloc import Allocator
-from shmstore.kernel.janitor import drop_lost_gpu_arenas
 from shmstore.levels.gpu import cupy_or_reason, device_of
 
 from helpers import Child, wait_for
@@ -122,7 +121,7 @@ def test_gpu_arena_metadata_on_a_real_store(store):
         from shmstore.kernel.repair import rebuild_allocator
         rebuild_allocator(node)
     assert store.check() == []
-    assert drop_lost_gpu_arenas(node) == 2  # the owner is dead: the objects went with its device memory
+    assert node.levels[Level.GPU].drop_lost() == 2  # the owner is dead: the objects went with its device memory
     assert L.unpack_gpu(buf, lay, d).state == L.GPU_LOST
     assert "g0" not in store and "g1" not in store and not store.list(Level.GPU)
     assert node.used(L.LEVEL_GPU) == 0

@@ -1,10 +1,17 @@
 """The level conformance suite: the same tests for every registered level.
 
 A level is a module plus a line in ``shmstore/levels/registry.py``; these
-tests are what it must pass. Each runs on a real store with the level as the
-only one allowed (``levels=[level]``); moves run to and from every other
-level. A level this machine cannot use (GPU without CuPy or a device) is
-skipped with the level's own reason.
+tests are what it must pass, in two parts:
+
+- on a bare metadata segment: the level built by ``open_levels`` from a node
+  store that no client uses and no spill process serves (its
+  ``LevelHost``), and the protocol driven directly: place, write, view,
+  sink, free, and the level's own check, recount and recovery;
+- through a real store, with the level as the only one allowed
+  (``levels=[level]``); moves run to and from every other level.
+
+A level this machine cannot use (GPU without CuPy or a device) is skipped
+with the level's own reason.
 """
 from __future__ import annotations
 
@@ -15,8 +22,16 @@ import numpy as np
 import pytest
 
 import shmstore
-from shmstore.levels.protocol import StorageLevel
-from shmstore.levels.registry import LEVELS
+from shmstore.config import Config
+from shmstore.kernel import NodeStore
+from shmstore.kernel import layout as L
+from shmstore.kernel import serialize
+from shmstore.kernel.attach import Attachment
+from shmstore.kernel.cache import ClientCache
+from shmstore.kernel.check import check
+from shmstore.kernel.janitor import release_all
+from shmstore.levels.protocol import DeviceLevel, MovableLevel, StorageLevel
+from shmstore.levels.registry import DEVICE_LEVELS, LEVELS, open_levels
 
 from helpers import Child, wait_for
 
@@ -24,9 +39,163 @@ MiB = 1 << 20
 CAPACITY = 32 * MiB
 
 
-@pytest.fixture(params=sorted(LEVELS), ids=lambda lv: lv.name.lower())
+ALL = sorted({*LEVELS, *DEVICE_LEVELS})
+
+
+@pytest.fixture(params=ALL, ids=lambda lv: lv.name.lower())
 def level(request):
     return request.param
+
+
+class Bare:
+    """A node store's bare metadata with its levels opened on it (this process makes the device arenas) and
+    one client slot, as the protocol's callers hold it."""
+
+    def __init__(self, node, slot):
+        self.node, self.slot = node, slot
+        self.at = Attachment(node, slot, 0, "", ClientCache(node, slot), None)
+
+    def reserve(self, key: str) -> tuple[int, int]:
+        return self.at.cache.take_entry(key)
+
+    def place(self, lv, key: str, size: int) -> tuple[int, int, int, int, int]:
+        """Place ``size`` bytes for a new entry as a put does (the entry names its space from the start);
+        returns (idx, gen, offset, extent, flags)."""
+        idx, gen = self.reserve(key)
+        eoff = self.node.layout.entry(idx)
+        with self.node.stripe_of(idx):
+            def write_entry(off, rec, flags):
+                L.ENTRY_HEAD.pack(self.node.buf, eoff, offset=off, extent=rec, flags=flags, size=size, nbytes=size,
+                                  level=int(lv.level))
+            off, rec, flags = lv.place(key, idx, gen, size, self.at, write_entry)
+        return idx, gen, off, rec, flags
+
+    def free(self, lv, idx: int) -> None:
+        """Free a placed entry as ``NodeStore.release`` does: bytes outside the table first, then the space."""
+        node = self.node
+        with node.stripe_of(idx):
+            e = L.entry_raw(node.buf, node.layout.entry(idx))
+            lv.drop(idx, e)
+            with node.alloc_lock:
+                lv.free_locked(idx, e)
+                node.table.release_entry(idx, free_extent=False)
+
+
+@pytest.fixture
+def bare(name, tmp_path, level):
+    cfg = Config.from_kwargs(name=name, capacity=CAPACITY, disk_capacity=CAPACITY, gpu_capacity=CAPACITY,
+                             spill_dir=str(tmp_path), prefault=0)
+    node = NodeStore.open(cfg)
+    try:
+        node.use_levels(open_levels(node))
+        why = node.levels[level].available()
+        if why:
+            pytest.skip(f"{level} is not available here: {why}")
+        b = Bare(node, node.register())
+        yield b
+        assert check(node) == []
+        release_all(node, b.slot)
+        node.deregister(b.slot)
+    finally:
+        node.unlink()
+        node.close()
+
+
+def host_bytes(buf, off: int, n: int) -> bytes:
+    """The bytes a level's ``view`` gave, on the host (a device array comes back through ``get``)."""
+    if hasattr(buf, "__cuda_array_interface__"):
+        return bytes(buf[off: off + n].get()) if n else b""
+    return bytes(memoryview(buf)[off: off + n]) if n else b""
+
+
+# ---- on a bare metadata segment: the protocol itself ---------------------------------------
+
+def test_bare_levels_are_built_from_the_host_alone(bare, level):
+    lv = bare.node.levels[level]
+    assert isinstance(lv, StorageLevel) and isinstance(lv, MovableLevel) and lv.level == level
+    assert (level in bare.node.devices) == (level in DEVICE_LEVELS)
+    if level in DEVICE_LEVELS:
+        assert isinstance(bare.node.devices[level], DeviceLevel)
+    assert lv.setting and lv.total() > 0
+    high, low = lv.watermarks()
+    assert 0 < low <= high <= 1
+    assert lv.spill_to is None or lv.spill_to > level  # spills go to slower levels
+    assert lv.check(L.entry_table(bare.node.buf, bare.node.layout).copy()) == []
+
+
+@pytest.mark.parametrize("size", [0, 1000, 3 * MiB + 17])
+def test_bare_place_write_view_free(bare, level, size):
+    lv = bare.node.levels[level]
+    before = lv.largest_free()
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    enc = serialize.encode(data)
+    idx, gen, off, rec, flags = bare.place(lv, "k", enc.size)
+    lv.write(idx, gen, off, flags, enc, "k")
+    buf, at = lv.view(idx, gen, off, enc.size)
+    assert host_bytes(buf, at, enc.size) == data
+    del buf
+    bare.free(lv, idx)
+    if not flags & L.FLAG_IN_CHUNK:  # a cut of the client's chunk goes back with the chunk
+        assert lv.largest_free() == before
+
+
+def test_bare_sink_fills_the_placement(bare, level):
+    lv = bare.node.levels[level]
+    data = bytes(range(256)) * 4096
+    idx, gen, off, rec, flags = bare.place(lv, "w", len(data))
+    sink = lv.sink(idx, gen, off, len(data), "w")
+    for pos in range(0, len(data), 100_000):
+        sink.write(data[pos: pos + 100_000], pos)
+    sink.close()
+    buf, at = lv.view(idx, gen, off, len(data))
+    assert host_bytes(buf, at, len(data)) == data
+    del buf
+    bare.free(lv, idx)
+
+
+def test_bare_unplace_gives_the_space_back(bare, level):
+    lv = bare.node.levels[level]
+    before = lv.largest_free()
+    idx, gen, off, rec, flags = bare.place(lv, "u", 2 * MiB)
+    lv.unplace(idx, rec, flags)
+    bare.free(lv, idx)  # an entry that was never made: nothing of it is left on the level
+    assert lv.largest_free() == before
+
+
+def test_bare_full_names_the_level_and_places_nothing(bare, level):
+    lv = bare.node.levels[level]
+    idx, gen = bare.reserve("big")
+    with bare.node.stripe_of(idx), pytest.raises(shmstore.StorageFullError) as exc:
+        lv.place("big", idx, gen, lv.total() + MiB, bare.at, lambda off, rec, flags: None)
+    assert exc.value.level == level and lv.setting.split()[0] in str(exc.value)
+    bare.at.cache.entries.append((idx, gen))
+
+
+def test_bare_orphans_are_what_no_entry_explains(bare, level):
+    """Bytes written for an entry that was never made (a put killed before it wrote its entry) are orphans:
+    ``remove_orphans`` takes them (files; an arena's space is the allocator's); ``recount_locked`` then
+    derives the level's counters from the table again, and nothing died here, so ``drop_lost`` drops
+    nothing."""
+    lv = bare.node.levels[level]
+    idx, gen, off, rec, flags = bare.place(lv, "k", 4096)
+    lv.write(idx, gen, off, flags, serialize.encode(b"x" * 4096), "k")
+    removed = lv.remove_orphans()
+    assert removed in (0, 1)
+    if removed:
+        with pytest.raises(OSError):
+            lv.view(idx, gen, off, 4096)
+    else:  # nothing of it outside the arena: it stays readable until its space is freed
+        buf, at = lv.view(idx, gen, off, 4096)
+        assert host_bytes(buf, at, 4096) == b"x" * 4096
+        del buf
+    assert lv.drop_lost() == 0
+    bare.free(lv, idx)
+    with bare.node.alloc_lock:
+        lv.recount_locked(L.entry_table(bare.node.buf, bare.node.layout))
+    assert lv.check(L.entry_table(bare.node.buf, bare.node.layout).copy()) == []
+
+
+# ---- through a real store ---------------------------------------------------------------
 
 
 @pytest.fixture
@@ -133,7 +302,7 @@ def test_moves_to_and_from_every_other_level(lstore, level):
     value = {"a": np.arange(300_000), "b": b"raw" * 100}
     lstore.put("k", value, levels=[level])
     stored = lstore.get_info("k").stored
-    for other in sorted(LEVELS):
+    for other in ALL:
         if other == level or lstore._node.levels[other].available():
             continue
         assert lstore.move("k", other).level == other
@@ -145,7 +314,7 @@ def test_moves_to_and_from_every_other_level(lstore, level):
 
 
 def test_get_with_levels_brings_the_object_here(lstore, level):
-    for other in sorted(LEVELS):
+    for other in ALL:
         if other == level or lstore._node.levels[other].available():
             continue
         lstore.put(f"from-{other}", np.full(1000, 5), levels=[other])
@@ -157,7 +326,7 @@ def test_get_with_levels_brings_the_object_here(lstore, level):
 def test_a_pinned_object_never_moves(lstore, level):
     lstore.put("k", np.arange(1000), levels=[level])
     lstore.pin("k")
-    for other in sorted(LEVELS):
+    for other in ALL:
         if other != level and not lstore._node.levels[other].available():
             with pytest.raises(shmstore.ObjectLockedError):
                 lstore.move("k", other)

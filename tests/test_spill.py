@@ -469,8 +469,8 @@ def test_a_forked_child_does_not_keep_the_spill_directory(tmp_path):
     no other holds one: a child forked meanwhile lets go of what it inherited, or it would keep the directory
     from going (for as long as it lives) once the parent has closed its store."""
     import time
-    from shmstore.levels.disk import LINGER, SpillDir
-    d = SpillDir(str(tmp_path), "store-dir")
+    from shmstore.kernel.spilldir import LINGER, SpillFiles
+    d = SpillFiles(str(tmp_path), "store-dir")
     d.ensure()
     pid = os.fork()
     if pid == 0:  # the child lives on a while
@@ -478,7 +478,7 @@ def test_a_forked_child_does_not_keep_the_spill_directory(tmp_path):
         os._exit(0)
     try:
         d.close()  # the parent is done with it
-        last = SpillDir(str(tmp_path), "store-dir")  # the store's last process (its spill process) removes it
+        last = SpillFiles(str(tmp_path), "store-dir")  # the store's last process (its spill process) removes it
         start = time.monotonic()
         assert last.remove_all() == 0
         assert not os.path.exists(d.path) and time.monotonic() - start < LINGER

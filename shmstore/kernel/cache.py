@@ -31,22 +31,12 @@ import threading
 
 from ..errors import StorageFullError
 from . import layout as L
-from .lock import Orderly, holding
+from .lock import holding
 from .node import NodeStore
 
-__all__ = ["ClientCache", "ENTRY_BATCH", "retire_chunk", "owns_entry", "EntryStolen"]
+__all__ = ["ClientCache", "ENTRY_BATCH", "retire_chunk"]
 
 ENTRY_BATCH = 32
-
-
-class EntryStolen(Orderly):
-    """A batch entry was taken by a client whose table ran out: take another (private, never escapes)."""
-
-
-def owns_entry(buf: Any, eoff: int, slot: int, gen: int) -> bool:
-    """True if the entry at ``eoff`` is reserved for client ``slot`` with generation ``gen``."""
-    e = L.entry_raw(buf, eoff)
-    return bool(e[L.E_STATE] == L.RESERVED and e[L.E_WRITER] == slot and e[L.E_GEN] == gen)
 
 
 class ClientCache:

@@ -16,9 +16,9 @@ and checks, exactly:
   the record free list holds exactly the unused records; every used extent
   is named back by its owner (``alloc.py``); every object in memory lies
   inside its extent and no two objects overlap;
-- the DISK level: the quota counter equals what the table charges
-  (``repair.disk_charged``); each object on disk has its file, and no file
-  is there that no entry explains.
+- each level's own state (``StorageLevel.check``): for DISK, the quota
+  counter equals what the table charges, each object on disk has its file,
+  and no file is there that no entry explains.
 
 Problems come back as sentences; an empty list means consistent. Retired
 chunks that no object uses any more are not problems: the janitor frees them
@@ -34,7 +34,7 @@ import numpy as np
 
 from . import layout as L
 from .lock import holding
-from .repair import disk_charged, valid_extents
+from .repair import valid_extents
 
 if TYPE_CHECKING:
     from .node import NodeStore
@@ -74,7 +74,8 @@ def _check_frozen(node: "NodeStore") -> list[str]:
     _check_entries(buf, lay, t, linked, clients, pins, problems)
     _check_stats(lay, t, stats, problems)
     _check_allocator(node, buf, lay, t, ext, clients, problems)
-    _check_disk(node, buf, lay, t, problems)
+    for level in node.levels.values():
+        problems.extend(level.check(t))
     return problems
 
 
@@ -290,29 +291,6 @@ def _check_objects(lay: L.Layout, t: np.ndarray, ext: np.ndarray, n: int, proble
     for (_, a1, i), (b0, b1, j) in zip(spans, spans[1:]):
         if b0 < a1:
             problems.append(f"entries {i} and {j} overlap in the arena at [{b0}, {min(a1, b1)})")
-
-
-def _check_disk(node: "NodeStore", buf: Any, lay: L.Layout, t: np.ndarray, problems: list[str]) -> None:
-    charged = disk_charged(buf, lay)
-    if L.ALLOC.get(buf, "disk_reserved") != charged:
-        problems.append(f"disk quota counter says {L.ALLOC.get(buf, 'disk_reserved')} B, the table charges {charged} B")
-    names = set(node.disk.names())
-    allowed: set[str] = set()
-    live = np.isin(t["state"], _LIVE)
-    for idx in np.flatnonzero(live).tolist():
-        e = t[idx]
-        name = f"{idx}.{e['gen']}"
-        on_disk, moving = e["level"] == L.LEVEL_DISK, bool(e["flags"] & L.FLAG_MOVING)
-        if on_disk and e["state"] != L.WRITING:
-            if name not in names:
-                problems.append(f"entry {idx} ({_key(buf, lay, t, idx)!r}) is on disk but its file {name} is missing")
-            elif node.disk.size(name) < e["size"]:
-                problems.append(f"spill file {name} is shorter than entry {idx} ({e['size']} B)")
-            allowed.add(name)
-        elif on_disk or (moving and e["target"] == L.LEVEL_DISK):  # being written, or being spilled
-            allowed.update((name, name + ".tmp"))
-    for name in sorted(names - allowed):
-        problems.append(f"spill file {name} belongs to no object")
 
 
 def _key(buf: Any, lay: L.Layout, t: np.ndarray, idx: Any) -> str:

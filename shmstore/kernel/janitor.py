@@ -12,8 +12,7 @@ from . import layout as L
 from .cache import retire_chunk
 from .node import NodeStore, pid_alive
 
-__all__ = ["reclaim", "release_all", "dead_clients", "janitor_pass", "sweep_deleted", "give_back", "probe_locks",
-           "drop_lost_gpu_arenas"]
+__all__ = ["reclaim", "release_all", "dead_clients", "janitor_pass", "sweep_deleted", "give_back", "probe_locks"]
 
 
 def dead_clients(node: NodeStore) -> list[tuple[int, int]]:
@@ -114,33 +113,3 @@ def probe_locks(node: NodeStore) -> None:
     for lock in (*node.stripes, node.alloc_lock, node.admin):
         if lock.acquire(blocking=False):
             lock.release()
-
-
-def drop_lost_gpu_arenas(node: NodeStore) -> int:
-    """Mark the GPU arenas whose owner (a dead spill process) took the device memory with it as lost,
-    and drop the objects that lived there; returns how many objects were lost.
-
-    Their space goes back to the lost arena's bins, which the next owner
-    reuses when it makes the arena again (same size, new IPC handle).
-    """
-    buf, lay, table = node.buf, node.layout, node.table
-    lost = 0
-    for d in range(L.MAX_GPUS):
-        g = L.unpack_gpu(buf, lay, d)
-        if g.state != L.GPU_READY or pid_alive(g.owner):
-            continue
-        with node.alloc_lock:
-            L.set_gpu(buf, lay, d, state=L.GPU_LOST)
-        t = L.entry_table(buf, lay)
-        lo, hi = L.gpu_base(d), L.gpu_base(d) + int(g.capacity)
-        on = (t["level"] == L.LEVEL_GPU) & (t["offset"] >= lo) & (t["offset"] < hi)
-        for idx in np.flatnonzero(on & (t["state"] == L.SEALED)).tolist():
-            with node.stripe_of(idx):
-                e = L.entry_raw(buf, lay.entry(idx))
-                if e[L.E_STATE] != L.SEALED or e[L.E_LEVEL] != L.LEVEL_GPU:
-                    continue
-                table.mark_deleted(idx)  # hidden first, then out of its chain (see repair.py)
-                table.unlink(idx, table.bucket_of(idx))
-                node.free_if_unpinned(idx)
-                lost += 1
-    return lost

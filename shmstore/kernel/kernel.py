@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 import numpy as np
 
 from ..errors import InvalidArgumentError, ObjectNotFoundError, SpillError, StorageFullError, StoreClosedError
-from ..levels import Capacity, Level, ObjectInfo
+from ..values import Capacity, Level, ObjectInfo
 from . import layout as L
 from . import serialize
-from .views import Lease, SharedArray
+from .views import Lease, SharedArray, pin_token
 from . import fastpath
 from .fastpath import codes as _codes
 from .attach import Attachment
@@ -47,7 +47,7 @@ from .writing import Puts
 __all__ = ["Kernel", "Exported", "encode_key"]
 
 if TYPE_CHECKING:
-    from ..levels.protocol import Sink
+    from .protocols import Sink
 
 _U8 = np.dtype(np.uint8)
 _DTYPES: dict[bytes, np.dtype] = {}
@@ -111,6 +111,7 @@ class Kernel:
         self._buf, self._lay, self._table, self._stripes = at.buf, at.lay, at.table, at.stripes
         self._bmask, self._smask, self._ro, self._fast = at.bmask, at.smask, at.ro, _fast
         self._arrays: dict[tuple[int, int], tuple[Any, ...]] = {}
+        self._devices = node.devices  # the levels whose values are device arrays (get branches on them)
         self.writers: weakref.WeakSet[Any] = weakref.WeakSet()  # open Writers, aborted by close()
         self._fork = _FORKS[0]
         self._closed = self._detached = False
@@ -263,7 +264,7 @@ class Kernel:
             if default is _RAISE:
                 raise
             return default
-        if e[L.E_LEVEL] == L.LEVEL_GPU:
+        if e[L.E_LEVEL] in self._devices:
             obj = self._device_value(idx, e, array)
         elif array is not None:
             obj = self.lease(idx, e, array)  # the array itself holds the pin: one numpy object
@@ -272,16 +273,14 @@ class Kernel:
         return obj if conditions is None else apply_conditions(key, obj, conditions)
 
     def _device_value(self, idx: int, e: tuple[Any, ...], array: tuple[Any, ...] | None) -> Any:
-        """The value of a GPU object (pinned by the caller): a CuPy array over the shared allocation,
-        whose memory owner holds the pin."""
-        from ..levels.gpu import GpuLevel, pin_token
-        level = self.node.levels[Level.GPU]
-        assert isinstance(level, GpuLevel)
+        """The value of an object on a device level (pinned by the caller): a device array over the shared
+        allocation, whose memory owner holds the pin."""
+        level = self._devices[e[L.E_LEVEL]]
         token = pin_token(self._release, idx, e[L.E_GEN])  # dropped on failure: its finalizer unpins
         try:
             return level.value(e, array, token)
         except OSError as exc:
-            raise SpillError(f"cannot read object (entry {idx}) on the GPU: {exc}") from exc
+            raise SpillError(f"cannot read object (entry {idx}) on {level.level}: {exc}") from exc
 
     def _get_fast(self, key: str) -> Any:
         """``get`` of an array in memory through the C fast path: one C call finds, pins and
@@ -378,23 +377,16 @@ class Kernel:
         array = L.entry_array_bytes(self._buf, self._lay.entry(idx)) if kind == L.KIND_NDARRAY else None
         if nbytes <= inline_max and e[L.E_LEVEL] == _MEMORY:  # the usual small case
             return Exported(kind, nbytes, nblobs, array, self.copy_pinned(idx, e), None)
-        lease = self._device_lease(idx, e) if e[L.E_LEVEL] == L.LEVEL_GPU else self.lease(idx, e)
+        device = self._devices.get(e[L.E_LEVEL])
+        if device is not None:  # a device array holding the pin; small ones come to the host
+            lease = device.export(e, pin_token(self._release, idx, e[L.E_GEN]))
+            if nbytes <= inline_max:
+                return Exported(kind, nbytes, nblobs, array, device.host_bytes(lease), None)
+            return Exported(kind, nbytes, nblobs, array, None, lease)
+        lease = self.lease(idx, e)
         if nbytes <= inline_max:  # small, on another level: copied out of the lease
-            if hasattr(lease, "__cuda_array_interface__"):  # level-specific: device bytes through the host
-                from ..levels.gpu import to_host
-                host = np.empty(nbytes, _U8)
-                to_host(host, lease)
-                return Exported(kind, nbytes, nblobs, array, host.tobytes(), None)
             return Exported(kind, nbytes, nblobs, array, bytes(lease.tobytes()), None)
         return Exported(kind, nbytes, nblobs, array, None, lease)
-
-    def _device_lease(self, idx: int, e: tuple[Any, ...]) -> Any:
-        """The stored bytes of a GPU object (pinned by the caller) as a device array holding the pin."""
-        # level-specific: the GPU level's export (moved from mpi/service.py), to become a level protocol method
-        from ..levels.gpu import GpuLevel, pin_token
-        gpu = self.node.levels[Level.GPU]
-        assert isinstance(gpu, GpuLevel)
-        return gpu.array(e[L.E_OFFSET], e[L.E_NBYTES], pin_token(self._release, idx, e[L.E_GEN]))
 
     def sink(self, idx: int, level: Level, offset: int, nbytes: int, what: str) -> Sink:
         """Where the bytes of the reserved entry ``idx`` (``nbytes`` at ``offset`` on ``level``, as

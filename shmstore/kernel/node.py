@@ -30,9 +30,8 @@ from ..units import format_size
 from . import layout as L
 from .alloc import Allocator
 from .lock import ShmLock, init_lock
-from ..levels.base import Level
-from ..levels.disk import SpillDir, incarnation
-from ..levels.registry import open_levels
+from ..values import Level
+from .spilldir import SpillFiles, incarnation
 from .segment import Segment, Wakeup, unlink_segment, unlink_semaphore
 from .repair import rebuild_allocator, repair_stripe
 from .prefault import Prefaulter
@@ -41,6 +40,7 @@ from .table import Table
 
 if TYPE_CHECKING:
     from .cache import ClientCache
+    from .protocols import DeviceLevel, Levels, MovableLevel
 
 __all__ = ["NodeStore", "store_prefix", "proc_start_time", "pid_alive", "reap_children"]
 
@@ -59,6 +59,15 @@ class NodeStore:
     Owns its mappings; ``close`` unmaps them. Only the janitor (spill
     process), the last client, or :func:`shmstore.destroy` unlink the names.
     Process-safe through its locks; thread-safe.
+
+    Knows no level: the metadata is the same for all of them. The process
+    that uses the store's levels (a ``Store``, the spill process) opens them
+    on it (``levels/registry.py``: each level is built from this store as
+    its :class:`~shmstore.kernel.protocols.LevelHost`) and hands them in with
+    :meth:`use_levels`; from then on this store frees an entry's space on its
+    level and closes the levels with itself. A store without levels (a bare
+    one: ``destroy``, tests) reads and repairs the metadata; freeing an
+    entry that is on a level needs that level.
     """
 
     meta: Segment
@@ -91,10 +100,11 @@ class NodeStore:
         self.small_max = self.chunk_size // 16
         arena.advise_hugepages()
         self.arena_ro = memoryview(self.arena_mm).toreadonly()
-        # its own files in the directory named after it (a name can outlive its store: see levels/disk.py)
-        self.disk = SpillDir(L.spill_dir(self.buf), self.prefix.lstrip("/"),
+        # its own files in the directory named after it (a name can outlive its store: see kernel/spilldir.py)
+        self.disk = SpillFiles(L.spill_dir(self.buf), self.prefix.lstrip("/"),
                              incarnation(self.header.creator_pid, self.header.created))
-        self.levels = open_levels(self)  # every registered level, as this process reaches it
+        self.levels: dict[Level, MovableLevel] = {}  # handed in by use_levels
+        self.devices: dict[Level, DeviceLevel] = {}
         self.wake = Wakeup(self.prefix + "-wake", create=False)  # the creator made it (see _create)
         self.prefault = Prefaulter(meta, arena, self.capacity, self.layout)
 
@@ -151,7 +161,7 @@ class NodeStore:
                                         lay.nbuckets, time.time(), cfg.name, cfg.node))
             L.pack_session(buf, lay.session(0), "")
             L.set_spill_dir(buf, os.path.abspath(cfg.spill_dir))
-            disk = cfg.disk_capacity if cfg.disk_capacity is not None else SpillDir(cfg.spill_dir, "").free_bytes()
+            disk = cfg.disk_capacity if cfg.disk_capacity is not None else SpillFiles(cfg.spill_dir, "").free_bytes()
             L.pack_spill_state(buf, L.SpillState(cfg.high_watermark, cfg.low_watermark, disk, 0, 0, 0, 0, 0, 0, 0, 0.0,
                                                  cfg.gpu_capacity or 0))
             Wakeup(prefix + "-wake", create=True).close()
@@ -190,6 +200,11 @@ class NodeStore:
         except BaseException:
             meta.close()
             raise
+
+    def use_levels(self, opened: Levels) -> None:
+        """Take the levels opened on this store in this process (``open_levels(self, ...)``); they are
+        this store's from now on, closed by :meth:`close`."""
+        self.levels, self.devices = opened.levels, opened.devices
 
     # ---- clients -----------------------------------------------------------
     def register(self) -> int:
@@ -285,7 +300,7 @@ class NodeStore:
             lock.release()
         return True
 
-    def _free_locked(self, idx: int, e: tuple[Any, ...], level: Any) -> None:
+    def _free_locked(self, idx: int, e: tuple[Any, ...], level: MovableLevel | None) -> None:
         if level is not None:
             level.free_locked(idx, e)
         self.table.release_entry(idx, free_extent=level is None)
@@ -414,7 +429,7 @@ class NodeStore:
         it, and with it a store that ``shmstore gc`` or ``destroy`` finds.
 
         Only what is this store's own: its spill files carry its incarnation
-        (``SpillDir``), and names that were unlinked behind its back (an
+        (``SpillFiles``), and names that were unlinked behind its back (an
         ``rm`` in /dev/shm) may name a newer store of the same name by now,
         which its last client must not take with it.
         """

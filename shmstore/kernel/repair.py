@@ -4,9 +4,10 @@ Two repairs, each run by whoever next takes the lock the dead process held
 (the lock reports ``EOWNERDEAD``), with that lock held:
 
 - the ALLOC lock (:func:`rebuild_allocator`): the allocator's free space,
-  the entry free list, the retired-chunk count and the DISK quota counter
-  are all derived again from what owns space, which is the truth: entries
-  and client records (see ``alloc.py`` on two-way ownership);
+  the entry free list, the retired-chunk count and each level's own counter
+  (the DISK quota: ``StorageLevel.recount_locked``) are all derived again
+  from what owns space, which is the truth: entries and client records (see
+  ``alloc.py`` on two-way ownership);
 - a stripe lock (:func:`repair_stripe`): chains lose anything that is not
   ``writing`` or ``sealed`` (a delete killed between hiding an entry and
   unlinking it), an entry left out of its chain while still ``writing`` (a
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from .node import NodeStore
     from .table import Table
 
-__all__ = ["rebuild_allocator", "repair_stripe", "valid_extents", "disk_charged"]
+__all__ = ["rebuild_allocator", "repair_stripe", "valid_extents"]
 
 
 def valid_extents(buf: Any, lay: L.Layout) -> tuple[np.ndarray, np.ndarray]:
@@ -63,14 +64,6 @@ def valid_extents(buf: Any, lay: L.Layout) -> tuple[np.ndarray, np.ndarray]:
     return recs[used | chunk | retired], recs[retired]
 
 
-def disk_charged(buf: Any, lay: L.Layout) -> int:
-    """What the DISK quota counter must hold: objects on disk plus moves onto it in flight (charged first)."""
-    t = L.entry_table(buf, lay)
-    live = (t["state"] != L.FREE) & (t["state"] != L.RESERVED)
-    spilling = (t["target"] == L.LEVEL_DISK) & ((t["flags"] & L.FLAG_MOVING) != 0)
-    return int(t["size"][live & ((t["level"] == L.LEVEL_DISK) | spilling)].sum())
-
-
 def rebuild_allocator(node: "NodeStore") -> None:
     """Derive everything the ALLOC lock guards again (ALLOC lock held, its last holder died)."""
     buf, lay = node.buf, node.layout
@@ -83,7 +76,9 @@ def rebuild_allocator(node: "NodeStore") -> None:
     for slot in np.flatnonzero((c["chunk"] != 0) & ~np.isin(c["chunk"], keep)):
         L.set_client_chunk(buf, lay.client(int(slot)), 0, 0, 0)  # its owner died allocating it
     _rebuild_free_entries(buf, lay)
-    L.ALLOC.set(buf, "disk_reserved", disk_charged(buf, lay))
+    t = L.entry_table(buf, lay)
+    for level in node.levels.values():  # the levels this process opened: every one (see NodeStore)
+        level.recount_locked(t)
 
 
 def _rebuild_free_entries(buf: Any, lay: L.Layout) -> None:

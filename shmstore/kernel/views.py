@@ -8,13 +8,14 @@ from it (a derived view never skips over an ndarray subclass).
 """
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from typing import Any, Callable
 
 import numpy as np
 
 from .interrupts import finalizer
 
-__all__ = ["SharedArray", "Lease", "ARRAY_TYPES"]
+__all__ = ["SharedArray", "Lease", "ARRAY_TYPES", "PinToken", "pin_token"]
 
 
 @finalizer  # run by the garbage collector anywhere: a Ctrl-C deferred inside it waits for the code it interrupted
@@ -60,3 +61,22 @@ class SharedArray(np.ndarray):
 
 
 ARRAY_TYPES = (np.ndarray, SharedArray)  # stored as arrays (plain ndarray subclasses are not)
+
+
+class PinToken:
+    """Holds one pin of an object while a device array over it lives (the array's memory owner): the
+    device levels' counterpart of :class:`Lease`."""
+
+    __slots__ = ("__weakref__",)
+
+
+def pin_token(release: Callable[[int, int], None], idx: int, gen: int) -> PinToken:
+    """A token whose collection releases the pin ``(idx, gen)``."""
+    token = PinToken()
+    weakref.finalize(token, _release_pin, release, idx, gen)
+    return token
+
+
+@finalizer  # run by the garbage collector anywhere: a Ctrl-C deferred inside it waits for the code it interrupted
+def _release_pin(release: Callable[[int, int], None], idx: int, gen: int) -> None:
+    release(idx, gen)

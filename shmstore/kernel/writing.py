@@ -16,18 +16,17 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import InvalidArgumentError, ObjectExistsError, ObjectLockedError, ShmStoreError, StorageFullError
-from ..levels import Level, ObjectInfo
-from ..levels.disk import disk_error
+from ..values import Level, ObjectInfo
 from ..levels.memory import MemoryLevel
-from ..levels.protocol import StorageLevel
 from . import layout as L
 from . import serialize
 from .attach import Attachment
 from .table import find_entry
-from .cache import EntryStolen, owns_entry
+from .table import EntryStolen, owns_entry
 from .fastpath import codes as _fast_codes
+from .protocols import StorageLevel
 
-__all__ = ["Puts", "disk_error"]
+__all__ = ["Puts"]
 
 _U8 = np.dtype(np.uint8)
 _MEMORY = int(Level.MEMORY)

@@ -28,16 +28,19 @@ arena lost, drops those objects (logging how many) and makes the arena
 again on the next use. MEMORY and DISK objects survive such a death; GPU
 objects do not (CUDA gives no way to keep an allocation past its owner).
 
-CuPy is imported here only, lazily (extra ``gpu``): without it, or without
-a device, the level reports itself unavailable with the reason, and every
-other level works. The metadata operations (freeing, repair) never need it.
+CuPy is imported lazily, in ``levels/device.py`` only (extra ``gpu``):
+without it, or without a device, the level reports itself unavailable with
+the reason, and every other level works. The metadata operations (freeing,
+repair) never need it.
+
+The level is built from the store's ``LevelHost`` and a way to ask the spill
+process for an arena (``request_arena``); the spill process builds it
+without one, and then makes and owns the arenas itself (``make_arena``).
 """
 from __future__ import annotations
 
-import importlib
 import os
 import threading
-import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -45,83 +48,47 @@ import numpy as np
 from ..errors import StorageFullError
 from ..kernel import layout as L
 from ..kernel import serialize
-from ..kernel.cache import EntryStolen, owns_entry
-from ..kernel.interrupts import finalizer
+from ..kernel.alloc import Allocator
+from ..kernel.procs import pid_alive
+from ..kernel.protocols import LevelHost, RequestArena
+from ..kernel.table import EntryStolen, owns_entry
+from ..kernel.views import pin_token
 from ..units import format_size
-from .base import Level
+from ..values import Level
+from .device import cupy_or_reason, is_device_array, to_host
 from .memory import abort_arena_move, unplace_extent
 
 if TYPE_CHECKING:
-    from ..kernel.alloc import Allocator
-    from ..kernel.node import NodeStore
+    from ..kernel.attach import Attachment
 
-__all__ = ["GpuLevel", "cupy_or_reason", "device_of", "is_device_array", "to_host", "DEFAULT_FRACTION"]
+__all__ = ["GpuLevel", "cupy_or_reason", "device_of", "is_device_array", "to_host", "pin_token", "DEFAULT_FRACTION"]
 
 DEFAULT_FRACTION = 0.5  # of the device's free memory, for an arena whose size was not set
-_CUPY: list[tuple[Any, str | None]] = []  # the answer, asked once per process
-
-
-def cupy_or_reason() -> tuple[Any, str | None]:
-    """(the cupy module, None), or (None, why the GPU level cannot be used here). Asked once per process."""
-    if not _CUPY:
-        _CUPY.append(_probe())
-    return _CUPY[0]
-
-
-def _probe() -> tuple[Any, str | None]:
-    if os.environ.get("SHMSTORE_NO_GPU"):
-        return None, "SHMSTORE_NO_GPU is set"
-    try:
-        cupy = importlib.import_module("cupy")
-    except ImportError:
-        return None, "CuPy is not installed (pip install 'shmstore[gpu]')"
-    try:
-        n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # CUDARuntimeError without a driver
-        return None, f"no usable CUDA device ({exc})"
-    if n < 1:
-        return None, "no CUDA device"
-    return cupy, None
-
-
-def is_device_array(obj: Any) -> bool:
-    """True for a device array: anything with ``__cuda_array_interface__`` (CuPy, torch CUDA tensors, Numba)."""
-    return hasattr(obj, "__cuda_array_interface__")
-
-
 def device_of(offset: int) -> int:
     """The device ordinal of a GPU arena offset."""
     return (offset >> L.GPU_BASE_SHIFT) - 1
 
 
-def to_host(dst: np.ndarray, src: Any) -> None:
-    """Copy ``src`` (device or host bytes) into the host uint8 array ``dst``; zero bytes touch nothing."""
-    if not dst.nbytes:
-        return
-    if is_device_array(src):
-        cupy, _ = cupy_or_reason()
-        cupy.asarray(src).view(cupy.uint8).reshape(-1)[:dst.nbytes].get(out=dst)
-        cupy.cuda.get_current_stream().synchronize()
-    else:
-        dst[...] = np.frombuffer(src, np.uint8, dst.nbytes)
-
-
 class GpuLevel:
-    """Device memory of the node's GPUs (see :class:`~shmstore.levels.protocol.StorageLevel`).
+    """Device memory of the node's GPUs (see :class:`~shmstore.kernel.protocols.DeviceLevel`).
 
-    Owned by the NodeStore; owns this process's IPC mappings of the arenas
-    (closed by ``close``). Process-safe through the store's locks; thread-safe.
+    Built from the store's :class:`~shmstore.kernel.protocols.LevelHost` and
+    owned by it; owns this process's IPC mappings of the arenas, and in the
+    process built without ``request_arena`` (the spill process) the arenas'
+    device allocations themselves; ``close`` releases them. Process-safe
+    through the store's locks; thread-safe.
     """
 
     level = Level.GPU
     spill_to: Level | None = Level.MEMORY
     setting = "gpu_capacity= / SHMSTORE_GPU_CAPACITY when creating the store"
 
-    def __init__(self, node: NodeStore) -> None:
-        self.node = node
+    def __init__(self, host: LevelHost, request_arena: RequestArena | None = None) -> None:
+        self.host = host
+        self._request_arena = request_arena
         self._maps: dict[int, tuple[int, int, Any]] = {}  # device -> (epoch, base pointer, what to close)
         self._lock = threading.Lock()
-        self.owner = False  # True in the spill process, which holds the allocations
+        self.owner = request_arena is None  # this process makes and holds the allocations (the spill process)
 
     # ---- where -------------------------------------------------------------------
     def available(self) -> str | None:
@@ -134,38 +101,35 @@ class GpuLevel:
         return int(cupy.cuda.Device().id) if cupy is not None else 0
 
     def total(self) -> int:
-        g = L.unpack_gpu(self.node.buf, self.node.layout, self.device())
-        return int(g.capacity) if g.state == L.GPU_READY else int(L.unpack_spill_state(self.node.buf).gpu_capacity)
+        g = L.unpack_gpu(self.host.buf, self.host.layout, self.device())
+        return int(g.capacity) if g.state == L.GPU_READY else int(L.unpack_spill_state(self.host.buf).gpu_capacity)
 
     def watermarks(self) -> tuple[float, float]:
-        s = L.unpack_spill_state(self.node.buf)
+        s = L.unpack_spill_state(self.host.buf)
         return s.high, s.low
 
-    def _arena(self, d: int, slot: int = -1) -> Allocator:
+    def _arena(self, d: int) -> Allocator:
         """GPU arena ``d``'s allocator, asking the spill process to make the arena first if needed.
 
         Raises:
             StorageFullError: the spill process could not make it (device memory, no CUDA there).
         """
-        alloc = self.node.gpu_alloc(d)
+        alloc = self.host.gpu_alloc(d)
         if alloc is not None:
             return alloc
-        if self.owner:
-            self.create_arena(d)
-        else:
-            from ..spill import requests  # the one request a level sends: made by whoever uses the level first
-            seq = requests.submit(self.node, slot, L.REQ_GPU, idx=d, level=int(Level.GPU))
-            r = requests.wait(self.node, slot, seq, self.node.cfg.spill_timeout)
-            if r is None or r.status != L.RS_DONE:
-                why = "no answer from the spill process" if r is None else r.message
+        if self._request_arena is None:
+            self.make_arena(d)
+        else:  # the one request a level sends: made by whoever uses the level first
+            why = self._request_arena(d)
+            if why is not None:
                 raise StorageFullError(f"no GPU arena on device {d}: {why} (see {self.setting})", None, Level.GPU)
-        alloc = self.node.gpu_alloc(d)
+        alloc = self.host.gpu_alloc(d)
         if alloc is None:
             raise StorageFullError(f"no GPU arena on device {d} ({self.setting})", None, Level.GPU)
         return alloc
 
     # ---- the arena's owner (the spill process) ------------------------------------------
-    def create_arena(self, d: int) -> None:
+    def make_arena(self, d: int) -> None:
         """Allocate device ``d``'s arena and publish its IPC handle (spill process only).
 
         A lost arena (its previous owner died) is made again with the same
@@ -174,7 +138,7 @@ class GpuLevel:
         cupy, why = cupy_or_reason()
         if cupy is None:
             raise StorageFullError(f"the spill process cannot make a GPU arena: {why}", None, Level.GPU)
-        buf, lay = self.node.buf, self.node.layout
+        buf, lay = self.host.buf, self.host.layout
         g = L.unpack_gpu(buf, lay, d)
         if g.state == L.GPU_READY and g.owner == os.getpid():
             return
@@ -187,8 +151,7 @@ class GpuLevel:
             handle = bytes(cupy.cuda.runtime.ipcGetMemHandle(ptr))
         with self._lock:
             self._maps[d] = (g.epoch + 1, ptr, ("free", ptr))
-        from ..kernel.alloc import Allocator
-        with self.node.alloc_lock:
+        with self.host.alloc_lock:
             fresh = g.state != L.GPU_LOST
             L.set_gpu(buf, lay, d, device=d, base=L.gpu_base(d), capacity=cap, owner=os.getpid(), epoch=g.epoch + 1,
                       handle=handle, message=b"")
@@ -212,7 +175,7 @@ class GpuLevel:
     def pointer(self, offset: int) -> int:
         """The device address of arena ``offset`` in this process (opening the arena's handle once)."""
         d = device_of(offset)
-        g = L.unpack_gpu(self.node.buf, self.node.layout, d)
+        g = L.unpack_gpu(self.host.buf, self.host.layout, d)
         if g.state != L.GPU_READY:
             raise OSError(f"GPU arena {d} is {('gone', 'being made', 'ready', 'failed', 'lost')[g.state]}")
         with self._lock:
@@ -241,11 +204,11 @@ class GpuLevel:
         return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(mem, 0), order=order)
 
     # ---- space ---------------------------------------------------------------------
-    def place(self, key: str, idx: int, gen: int, size: int, at: Any,
+    def place(self, key: str, idx: int, gen: int, size: int, at: Attachment,
               write_entry: Callable[[int, int, int], None]) -> tuple[int, int, int]:
         d = self.device()
-        arena = self._arena(d, at.slot)
-        node, eoff = self.node, self.node.layout.entry(idx)
+        arena = self._arena(d)
+        node, eoff = self.host, self.host.layout.entry(idx)
         with node.alloc_lock:
             if not owns_entry(node.buf, eoff, at.slot, gen):
                 raise EntryStolen
@@ -259,40 +222,41 @@ class GpuLevel:
 
     def full(self, key: str | None, size: int, d: int) -> StorageFullError:
         cap = self.total()
-        used = self.node.used(L.LEVEL_GPU)
+        used = self.host.used(L.LEVEL_GPU)
         return StorageFullError(
             f"cannot place {key!r} ({format_size(size)}) on GPU {d}: {format_size(cap - used)} free of "
             f"{format_size(cap)} (raise {self.setting}, or allow Level.MEMORY)", key, Level.GPU, size, cap - used)
 
     def unplace(self, idx: int, extent: int, flags: int) -> None:
-        unplace_extent(self.node, idx, extent)
+        unplace_extent(self.host, idx, extent)
 
     def drop(self, idx: int, e: tuple[Any, ...]) -> None:
         pass
 
     def free_locked(self, idx: int, e: tuple[Any, ...]) -> None:
         if e[L.E_EXTENT]:  # records are shared: the allocator frees it into its own arena's bins
-            self.node.alloc.free_owned(e[L.E_EXTENT], idx + 1)
+            self.host.alloc.free_owned(e[L.E_EXTENT], idx + 1)
 
     def largest_free(self) -> int:
-        alloc = self.node.gpu_alloc(self.device())
+        alloc = self.host.gpu_alloc(self.device())
         if alloc is None:
             return 0
-        with self.node.alloc_lock:
+        with self.host.alloc_lock:
             return max((size for _, size in alloc.free_extents()), default=0)
 
     # ---- bytes ---------------------------------------------------------------------
-    def write(self, idx: int, gen: int, offset: int, flags: int, enc: Any, key: str) -> None:
+    def write(self, idx: int, gen: int, offset: int, flags: int, enc: serialize.Encoded, key: str) -> None:
         if not enc.size:
             return
         cupy, _ = cupy_or_reason()
         dst = self.array(offset, enc.size)
+        c_order = enc.array is None or enc.array[2] == "C"
         if enc.kind == L.KIND_NDARRAY and is_device_array(enc.src):
             src = cupy.asarray(enc.src)
-            src = cupy.ascontiguousarray(src) if enc.array[2] == "C" else cupy.asfortranarray(src)
+            src = cupy.ascontiguousarray(src) if c_order else cupy.asfortranarray(src)
             dst.data.copy_from_device(src.data, enc.size)
         elif enc.kind == L.KIND_NDARRAY:
-            src = np.ascontiguousarray(enc.src) if enc.array[2] == "C" else np.asfortranarray(enc.src)
+            src = np.ascontiguousarray(enc.src) if c_order else np.asfortranarray(enc.src)
             dst.data.copy_from_host(src.ctypes.data, enc.size)
         else:
             host = np.empty(enc.size, np.uint8)
@@ -320,6 +284,14 @@ class GpuLevel:
         host.flags.writeable = False
         return serialize.decode(e[L.E_KIND], host, n)
 
+    def export(self, e: tuple[Any, ...], token: Any) -> Any:
+        return self.array(e[L.E_OFFSET], e[L.E_NBYTES], token)
+
+    def host_bytes(self, arr: Any) -> bytes:
+        host = np.empty(arr.nbytes, np.uint8)
+        to_host(host, arr)
+        return host.tobytes()
+
     # ---- moves onto this level -----------------------------------------------------------
     def charge_move_locked(self, idx: int, e: tuple[Any, ...]) -> None:
         pass
@@ -327,7 +299,7 @@ class GpuLevel:
     def space_for_move(self, idx: int, size: int) -> tuple[int, int]:
         d = self.device()
         arena = self._arena(d)
-        node, eoff = self.node, self.node.layout.entry(idx)
+        node, eoff = self.host, self.host.layout.entry(idx)
         with node.alloc_lock:
             rec, off = arena.alloc(size, idx + 1)
             if rec:
@@ -350,7 +322,47 @@ class GpuLevel:
         progress(size)
 
     def abort_move(self, idx: int, e: tuple[Any, ...]) -> None:
-        abort_arena_move(self.node, idx)
+        abort_arena_move(self.host, idx)
+
+    # ---- checks and recovery ---------------------------------------------------------
+    def check(self, t: np.ndarray) -> list[str]:
+        return []  # the arenas' tiling is the allocator's (check.py checks every arena)
+
+    def recount_locked(self, t: np.ndarray) -> None:
+        pass  # no counter of its own: the allocator is rebuilt by the ALLOC repair
+
+    def remove_orphans(self) -> int:
+        return 0
+
+    def drop_lost(self) -> int:
+        """Mark the arenas whose owner (a dead spill process) took the device memory with it as lost, and
+        drop the objects that lived there; returns how many objects were lost.
+
+        Their space goes back to the lost arena's bins, which the next owner
+        reuses when it makes the arena again (same size, new IPC handle).
+        """
+        host = self.host
+        buf, lay, table = host.buf, host.layout, host.table
+        lost = 0
+        for d in range(L.MAX_GPUS):
+            g = L.unpack_gpu(buf, lay, d)
+            if g.state != L.GPU_READY or pid_alive(g.owner):
+                continue
+            with host.alloc_lock:
+                L.set_gpu(buf, lay, d, state=L.GPU_LOST)
+            t = L.entry_table(buf, lay)
+            lo, hi = L.gpu_base(d), L.gpu_base(d) + int(g.capacity)
+            on = (t["level"] == self.level) & (t["offset"] >= lo) & (t["offset"] < hi)
+            for idx in np.flatnonzero(on & (t["state"] == L.SEALED)).tolist():
+                with host.stripe_of(idx):
+                    e = L.entry_raw(buf, lay.entry(idx))
+                    if e[L.E_STATE] != L.SEALED or e[L.E_LEVEL] != self.level:
+                        continue
+                    table.mark_deleted(idx)  # hidden first, then out of its chain (see repair.py)
+                    table.unlink(idx, table.bucket_of(idx))
+                    host.free_if_unpinned(idx)
+                    lost += 1
+        return lost
 
     def close(self) -> None:
         if self.owner:
@@ -397,21 +409,3 @@ class DeviceSink:
 
     def abort(self) -> None:
         self._dst = None
-
-
-class PinToken:
-    """Holds one pin of a GPU object while a CuPy array over it lives (the array's memory owner)."""
-
-    __slots__ = ("__weakref__",)
-
-
-def pin_token(release: Callable[[int, int], None], idx: int, gen: int) -> PinToken:
-    """A token whose collection releases the pin ``(idx, gen)``."""
-    token = PinToken()
-    weakref.finalize(token, _release_pin, release, idx, gen)
-    return token
-
-
-@finalizer  # run by the garbage collector anywhere: a Ctrl-C deferred inside it waits for the code it interrupted
-def _release_pin(release: Callable[[int, int], None], idx: int, gen: int) -> None:
-    release(idx, gen)

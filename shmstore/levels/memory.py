@@ -15,43 +15,46 @@ import numpy as np
 from ..errors import StorageFullError
 from ..kernel import layout as L
 from ..kernel import serialize
-from ..kernel.cache import EntryStolen, owns_entry
+from ..kernel.protocols import LevelHost
+from ..kernel.table import EntryStolen, owns_entry
 from ..units import format_size
-from .base import Level
+from ..values import Level
+from .device import is_device_array, to_host
 
 if TYPE_CHECKING:
-    from ..kernel.node import NodeStore
+    from ..kernel.attach import Attachment
 
 __all__ = ["MemoryLevel", "ArenaSink"]
 
 
 class MemoryLevel:
-    """The shm arena of one node store (see :class:`~shmstore.levels.protocol.StorageLevel`).
+    """The shm arena of one node store (see :class:`~shmstore.kernel.protocols.MovableLevel`).
 
-    Owned by the NodeStore; owns nothing of its own (the arena is the
-    store's). Process-safe through the store's locks; thread-safe.
+    Built from the store's :class:`~shmstore.kernel.protocols.LevelHost` and
+    owned by it; owns nothing of its own (the arena is the store's).
+    Process-safe through the store's locks; thread-safe.
     """
 
     level = Level.MEMORY
     spill_to: Level | None = Level.DISK
     setting = "capacity= / SHMSTORE_CAPACITY"
 
-    def __init__(self, node: NodeStore) -> None:
-        self.node = node
+    def __init__(self, host: LevelHost) -> None:
+        self.host = host
 
     def available(self) -> str | None:
         return None
 
     def total(self) -> int:
-        return int(self.node.capacity)
+        return int(self.host.capacity)
 
     def watermarks(self) -> tuple[float, float]:
         """(high, low) fractions of the capacity that the spill policy keeps usage between."""
-        s = L.unpack_spill_state(self.node.buf)
+        s = L.unpack_spill_state(self.host.buf)
         return s.high, s.low
 
     # ---- space ---------------------------------------------------------------------
-    def place(self, key: str, idx: int, gen: int, size: int, at: Any,
+    def place(self, key: str, idx: int, gen: int, size: int, at: Attachment,
               write_entry: Callable[[int, int, int], None]) -> tuple[int, int, int]:
         cache = at.cache
         if size <= cache.small_max:
@@ -70,7 +73,7 @@ class MemoryLevel:
         Raises:
             StorageFullError: no extent fits. EntryStolen: the entry is not ``slot``'s any more.
         """
-        node, eoff = self.node, self.node.layout.entry(idx)
+        node, eoff = self.host, self.host.layout.entry(idx)
         with node.alloc_lock:
             if not owns_entry(node.buf, eoff, slot, gen):
                 raise EntryStolen
@@ -81,7 +84,7 @@ class MemoryLevel:
         raise self.full(key, size)
 
     def _alloc_locked(self, size: int, idx: int) -> tuple[int, int]:
-        node = self.node
+        node = self.host
         rec, off = node.alloc.alloc(size, idx + 1)
         if not rec and node.reclaim_retired_locked():
             rec, off = node.alloc.alloc(size, idx + 1)
@@ -89,7 +92,7 @@ class MemoryLevel:
 
     def full(self, key: str | None, size: int) -> StorageFullError:
         """The error for ``key`` of ``size`` bytes not fitting in memory."""
-        used, cap = self.node.used(L.LEVEL_MEMORY), self.node.capacity
+        used, cap = self.host.used(L.LEVEL_MEMORY), self.host.capacity
         hint = "" if cap - used < size else ", in pieces too small"
         return StorageFullError(
             f"cannot place {key!r} ({format_size(size)}) in memory: {format_size(cap - used)} free of "
@@ -98,7 +101,7 @@ class MemoryLevel:
 
     def largest_free(self) -> int:
         """The largest piece of free space (what one object can take)."""
-        node = self.node
+        node = self.host
         with node.alloc_lock:
             node.reclaim_retired_locked()
             free = node.alloc.free_extents()
@@ -106,38 +109,38 @@ class MemoryLevel:
 
     def unplace(self, idx: int, extent: int, flags: int) -> None:
         if not flags & L.FLAG_IN_CHUNK:  # a cut of a chunk stays unused until the chunk goes
-            unplace_extent(self.node, idx, extent)
+            unplace_extent(self.host, idx, extent)
 
     def drop(self, idx: int, e: tuple[Any, ...]) -> None:
         pass  # the bytes live in the arena: freeing the extent is all
 
     def free_locked(self, idx: int, e: tuple[Any, ...]) -> None:
         if e[L.E_EXTENT] and not e[L.E_FLAGS] & L.FLAG_IN_CHUNK:
-            self.node.alloc.free_owned(e[L.E_EXTENT], idx + 1)
+            self.host.alloc.free_owned(e[L.E_EXTENT], idx + 1)
 
     # ---- bytes ---------------------------------------------------------------------
-    def write(self, idx: int, gen: int, offset: int, flags: int, enc: Any, key: str) -> None:
-        prefault = self.node.prefault
+    def write(self, idx: int, gen: int, offset: int, flags: int, enc: serialize.Encoded, key: str) -> None:
+        prefault = self.host.prefault
         if offset + enc.size > prefault.populated and not flags & L.FLAG_IN_CHUNK:  # chunks are faulted in
             prefault.ensure(offset, enc.size, key)
-        serialize.write(enc, self.node.arena_mm, offset)
+        serialize.write(enc, self.host.arena_mm, offset)
 
     def sink(self, idx: int, gen: int, offset: int, size: int, key: str) -> "ArenaSink":
-        node = self.node
+        node = self.host
         if offset + size > node.prefault.populated \
                 and not L.ENTRY_HEAD.get(node.buf, node.layout.entry(idx), "flags") & L.FLAG_IN_CHUNK:  # chunk: faulted
             node.prefault.ensure(offset, size, key)
-        return ArenaSink(np.ndarray((size,), np.uint8, self.node.arena_mm, offset))
+        return ArenaSink(np.ndarray((size,), np.uint8, self.host.arena_mm, offset))
 
     def view(self, idx: int, gen: int, offset: int, nbytes: int) -> tuple[Any, int]:
-        return self.node.arena_ro, offset
+        return self.host.arena_ro, offset
 
     # ---- moves onto this level -----------------------------------------------------------
     def charge_move_locked(self, idx: int, e: tuple[Any, ...]) -> None:
         pass  # space is placed by space_for_move (room may have to be made first)
 
     def space_for_move(self, idx: int, size: int) -> tuple[int, int]:
-        node, eoff = self.node, self.node.layout.entry(idx)
+        node, eoff = self.host, self.host.layout.entry(idx)
         with node.alloc_lock:
             rec, off = self._alloc_locked(size, idx)
             if rec:
@@ -147,23 +150,35 @@ class MemoryLevel:
 
     def write_move(self, idx: int, gen: int, offset: int, src: Any, size: int,
                    progress: Callable[[int], None]) -> None:
-        self.node.arena.populate(offset, size)
-        dst = np.ndarray((size,), np.uint8, self.node.arena_mm, offset)
-        if hasattr(src, "__cuda_array_interface__"):  # down from the GPU level
-            from .gpu import to_host
+        self.host.arena.populate(offset, size)
+        dst = np.ndarray((size,), np.uint8, self.host.arena_mm, offset)
+        if is_device_array(src):  # down from the GPU level
             to_host(dst, src)
             progress(size)
         else:
             copy_in_steps(dst, src, progress)
 
     def abort_move(self, idx: int, e: tuple[Any, ...]) -> None:
-        abort_arena_move(self.node, idx)
+        abort_arena_move(self.host, idx)
+
+    # ---- checks and recovery: the allocator's (check.py, repair.py) cover the arena --------------
+    def check(self, t: np.ndarray) -> list[str]:
+        return []
+
+    def recount_locked(self, t: np.ndarray) -> None:
+        pass  # no counter of its own: the allocator is rebuilt by the ALLOC repair
+
+    def remove_orphans(self) -> int:
+        return 0
+
+    def drop_lost(self) -> int:
+        return 0  # the arena outlives every process
 
     def close(self) -> None:
         pass
 
 
-def unplace_extent(node: NodeStore, idx: int, extent: int) -> None:
+def unplace_extent(node: LevelHost, idx: int, extent: int) -> None:
     """Give back the extent placed for entry ``idx`` whose entry was not made (any arena level)."""
     if not extent:
         return
@@ -174,7 +189,7 @@ def unplace_extent(node: NodeStore, idx: int, extent: int) -> None:
         node.alloc.free_owned(extent, idx + 1)  # records are shared: freed into their own arena
 
 
-def abort_arena_move(node: NodeStore, idx: int) -> None:
+def abort_arena_move(node: LevelHost, idx: int) -> None:
     """Roll back a move onto an arena level: free the extent it placed, stop the move (stripe lock held)."""
     eoff = node.layout.entry(idx)
     with node.alloc_lock:
@@ -203,7 +218,8 @@ class ArenaSink:
 
     def write(self, data: Any, pos: int) -> None:
         if self._dst is not None:
-            self._dst[pos: pos + len(data)] = data
+            src = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)  # bytes-like too
+            self._dst[pos: pos + len(src)] = src
 
     def buffer(self) -> np.ndarray | None:
         return self._dst

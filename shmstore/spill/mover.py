@@ -1,4 +1,4 @@
-"""Moving objects between MEMORY and DISK (run by the spill process only).
+"""Moving objects between levels (run by the spill process only): MEMORY to DISK and back, GPU to MEMORY.
 
 A move, step by step:
 
@@ -16,8 +16,8 @@ the move give up); deleters mark a moving entry ``deleted`` and step 3 frees
 it. A move that fails leaves the object where it was, readable.
 
 Crash safety: every change of the DISK quota happens in one ALLOC section
-with the entry change it pays for, so the counter always equals
-``repair.disk_charged`` of the table; the entry is switched before the old
+with the entry change it pays for, so the counter always equals what the
+table charges (``DiskLevel.charged``); the entry is switched before the old
 copy is freed, and files are removed before the entries that name them are
 freed. If the spill process is killed mid-move, its replacement's
 :meth:`Mover.recover` rolls every half-done move back before serving
@@ -34,11 +34,9 @@ import numpy as np
 
 from ..errors import SpillError, StorageFullError
 from ..levels import Level
-from ..levels.disk import SpillDir
-from ..levels.protocol import StorageLevel
 from ..kernel import layout as L
 from ..kernel.node import NodeStore
-from ..kernel.repair import disk_charged
+from ..kernel.protocols import MovableLevel
 from ..units import format_size
 from .policy import spill_candidates, watermark_excess
 
@@ -60,25 +58,25 @@ class Mover:
         self.node = node
         self.buf = node.buf
         self.lay = node.layout
-        self.disk: SpillDir = node.disk
+        self.disk = node.disk  # the store's spill directory (tests wrap its writes and reads)
 
     # ---- helpers -----------------------------------------------------------
     def key_of(self, idx: int) -> str:
-        eoff = self.lay.entry(idx)
-        return L.entry_key(self.buf, eoff, L.entry(self.buf, eoff).keylen).decode(errors="replace")
+        e = L.entry_raw(self.buf, self.lay.entry(idx))
+        return L.entry_key(self.buf, self.lay.entry(idx), e[L.E_KEYLEN]).decode(errors="replace")
 
     def _state(self, **changes: Any) -> None:
         """Update fields of the spill state, one store each (clients read it without a lock)."""
         for name, value in changes.items():
             L.SPILL_STATE.set(self.buf, L.SPILL_OFFSET, name, value)
 
-    def _check_movable(self, idx: int, gen: int, level: int | None) -> L.Entry:
-        e = L.entry(self.buf, self.lay.entry(idx))
-        if e.state != L.SEALED or e.gen != gen:
+    def _check_movable(self, idx: int, gen: int, level: int | None) -> tuple[Any, ...]:
+        e = L.entry_raw(self.buf, self.lay.entry(idx))
+        if e[L.E_STATE] != L.SEALED or e[L.E_GEN] != gen:
             raise MoveError(L.ERR_MISSING, f"object (entry {idx}) is gone")
-        if level is not None and e.level != level:
+        if level is not None and e[L.E_LEVEL] != level:
             raise MoveError(L.ERR_MISSING, f"{self.key_of(idx)!r} is not on level {level} any more")
-        if e.flags & L.FLAG_MOVING:
+        if e[L.E_FLAGS] & L.FLAG_MOVING:
             raise MoveError(L.ERR_LOCKED, f"{self.key_of(idx)!r} is being moved already")
         if self.node.table.pin_count(idx):
             raise MoveError(L.ERR_LOCKED, f"{self.key_of(idx)!r} is pinned (a view, reader or pin holds it)")
@@ -86,6 +84,9 @@ class Mover:
 
     def _set_flags(self, idx: int, flags: int) -> None:
         L.ENTRY_HEAD.set(self.buf, self.lay.entry(idx), "flags", flags)
+
+    def _clear_moving(self, idx: int) -> None:
+        self._set_flags(idx, L.ENTRY_HEAD.get(self.buf, self.lay.entry(idx), "flags") & ~L.FLAG_MOVING)
 
     # ---- one move, any two levels ---------------------------------------------------------
     def spill(self, idx: int, gen: int) -> int:
@@ -114,7 +115,7 @@ class Mover:
         lock, eoff = node.stripe_of(idx), lay.entry(idx)
         with lock:
             e = self._check_movable(idx, gen, expect)
-            if e.level == to:
+            if e[L.E_LEVEL] == to:
                 return 0
             with node.alloc_lock:  # a level that counts space up front is charged with the flag set
                 try:
@@ -122,8 +123,8 @@ class Mover:
                 except StorageFullError as exc:
                     raise MoveError(L.ERR_FULL, str(exc)) from None
                 L.ENTRY_HEAD.set(buf, eoff, "target", int(to))  # before the flag: a moving entry always names it
-                self._set_flags(idx, e.flags | L.FLAG_MOVING)
-        src, size = node.levels[Level(e.level)], e.size
+                self._set_flags(idx, e[L.E_FLAGS] | L.FLAG_MOVING)
+        src, size = node.levels[Level(e[L.E_LEVEL])], e[L.E_SIZE]
         try:
             off, rec = self._space_for(dst, idx, size)
         except MoveError:
@@ -132,7 +133,7 @@ class Mover:
             raise
         self._state(moving=idx + 1, moving_to=int(to), progress=0, total=size)
         try:
-            self._copy(src, dst, idx, gen, e.offset, off, size)
+            self._copy(src, dst, idx, gen, e[L.E_OFFSET], off, size)
         except (OSError, SpillError) as exc:
             with lock:
                 self._give_up(idx)
@@ -141,16 +142,16 @@ class Mover:
             raise MoveError(L.ERR_IO, f"cannot {verb} {self.key_of(idx)!r} ({format_size(size)}) from {src.level} "
                                       f"to {to}: {getattr(exc, 'strerror', None) or exc}") from exc
         with lock:
-            now = L.entry(buf, eoff)
+            now = L.entry_raw(buf, eoff)
             self._state(moving=0)
-            if now.state != L.SEALED or node.table.pin_count(idx):  # deleted or read meanwhile
+            if now[L.E_STATE] != L.SEALED or node.table.pin_count(idx):  # deleted or read meanwhile
                 self._give_up(idx)
                 return 0
             with node.alloc_lock:  # the entry names its new copy before the old one is freed
                 L.pack_entry(buf, eoff, self._moved(now, off, rec, int(to)))
                 src.free_locked(idx, now)
             soff = lay.stripe_stats(node.table.stripe_of(idx))
-            L.add_stripe_stats(buf, soff, now.level, -size, -1)
+            L.add_stripe_stats(buf, soff, now[L.E_LEVEL], -size, -1)
             L.add_stripe_stats(buf, soff, int(to), size, 1)
             src.drop(idx, now)  # a crash before this leaves a stray file: recover() removes it
         s = L.unpack_spill_state(buf)
@@ -159,12 +160,12 @@ class Mover:
 
     def _give_up(self, idx: int) -> None:
         """Roll back the move of ``idx``: the target's copy and charge go, the object stays (stripe lock held)."""
-        e = L.entry(self.buf, self.lay.entry(idx))
-        if e.flags & L.FLAG_MOVING:
-            self.node.levels[Level(e.target)].abort_move(idx, e)
+        e = L.entry_raw(self.buf, self.lay.entry(idx))
+        if e[L.E_FLAGS] & L.FLAG_MOVING:
+            self.node.levels[Level(e[L.E_TARGET])].abort_move(idx, e)
         self.node.free_if_unpinned(idx)  # deleted meanwhile: free it now
 
-    def _space_for(self, dst: StorageLevel, idx: int, size: int) -> tuple[int, int]:
+    def _space_for(self, dst: MovableLevel, idx: int, size: int) -> tuple[int, int]:
         """A placement on ``dst`` for entry ``idx``, making room there once if it has none."""
         for attempt in range(2):
             try:
@@ -176,7 +177,7 @@ class Mover:
             self.make_room(size, exclude=idx, level=dst.level)
         raise AssertionError("unreachable")
 
-    def _copy(self, src: StorageLevel, dst: StorageLevel, idx: int, gen: int, src_off: int, dst_off: int,
+    def _copy(self, src: MovableLevel, dst: MovableLevel, idx: int, gen: int, src_off: int, dst_off: int,
               size: int) -> None:
         buf, off = src.view(idx, gen, src_off, size)
         if buf is None or not size:  # an empty object: nothing to copy, no pointer handed on
@@ -194,10 +195,14 @@ class Mover:
                 buf.close()  # a mapping of the source made for this move
 
     @staticmethod
-    def _moved(e: L.Entry, offset: int, extent: int, level: int) -> L.Entry:
-        atime = time.monotonic() if level < e.level else e.atime  # brought up because wanted: not the next victim
-        return e._replace(offset=offset, extent=extent, level=level, target_extent=0, target=0, atime=atime,
-                          flags=e.flags & ~(L.FLAG_MOVING | L.FLAG_IN_CHUNK))
+    def _moved(e: tuple[Any, ...], offset: int, extent: int, level: int) -> tuple[Any, ...]:
+        f = list(e)
+        f[L.E_OFFSET], f[L.E_EXTENT], f[L.E_LEVEL] = offset, extent, level
+        f[L.E_TARGET_EXTENT] = f[L.E_TARGET] = 0
+        if level < e[L.E_LEVEL]:
+            f[L.E_ATIME] = time.monotonic()  # brought up because it is wanted: not the next victim
+        f[L.E_FLAGS] = e[L.E_FLAGS] & ~(L.FLAG_MOVING | L.FLAG_IN_CHUNK)
+        return tuple(f)
 
     # ---- policy-driven moves ---------------------------------------------------
     def largest_free(self, level: Level = Level.MEMORY) -> int:
@@ -264,7 +269,7 @@ class Mover:
     # ---- recovery ---------------------------------------------------------------
     def recover(self) -> int:
         """Roll back the moves a killed spill process left half done; drop stray files (of this store's: a
-        newer store under the same name keeps its files beside ours, see ``levels/disk.py``).
+        newer store under the same name keeps its files beside ours, see ``kernel/spilldir.py``).
 
         Returns how many moves were rolled back.
         """
@@ -277,27 +282,9 @@ class Mover:
                 self._give_up(idx)
         self._state(moving=0)
         with node.alloc_lock:  # the counter is derived state: make sure it is exact
-            L.ALLOC.set(buf, "disk_reserved", disk_charged(buf, lay))
-        for name in self.disk.names():
-            self._remove_stray(name)
+            t = L.entry_table(buf, lay)
+            for level in node.levels.values():
+                level.recount_locked(t)
+        for level in node.levels.values():  # what no entry explains (DISK: files of a killed writer or mover)
+            level.remove_orphans()
         return len(moving)
-
-    def _remove_stray(self, name: str) -> None:
-        """Remove a file no entry explains, re-checking under the entry's lock (a put may be racing).
-
-        ``<idx>.<gen>`` belongs to a DISK entry; ``<idx>.<gen>.tmp`` to one
-        being written to disk by a client (a writer, a put on DISK).
-        """
-        parts = name.split(".")
-        try:
-            idx, gen = int(parts[0]), int(parts[1])
-        except (ValueError, IndexError):
-            return  # not ours: leave it
-        if len(parts) > 3 or (len(parts) == 3 and parts[2] != "tmp") or not 0 <= idx < self.lay.max_objects:
-            return
-        with self.node.stripe_of(idx):
-            e = L.entry_raw(self.buf, self.lay.entry(idx))
-            if e[L.E_STATE] not in (L.FREE, L.RESERVED) and e[L.E_GEN] == gen and e[L.E_LEVEL] == L.LEVEL_DISK:
-                if len(parts) == 2 or e[L.E_STATE] == L.WRITING:
-                    return
-            self.disk.unlink(name)

@@ -38,9 +38,9 @@ from ..errors import ShmStoreError, StorageFullError
 from ..kernel import NodeStore
 from ..kernel import layout as L
 from ..kernel import migrations
-from ..kernel.janitor import drop_lost_gpu_arenas, janitor_pass, sweep_deleted
+from ..kernel.janitor import janitor_pass, sweep_deleted
 from ..levels import Level
-from ..levels.gpu import GpuLevel
+from ..levels.registry import open_levels
 from ..units import format_size
 from . import requests
 from .logs import setup_logging
@@ -62,9 +62,6 @@ class _Spiller:
         self.mover = Mover(node)
         self.stopping = False
         self.label = f"{node.cfg.name}@{node.cfg.node}"
-        gpu = node.levels.get(Level.GPU)
-        if isinstance(gpu, GpuLevel):
-            gpu.owner = True  # this process holds the device allocations of the node's GPU arenas
 
     def owns_store(self) -> bool:
         buf = self.node.buf
@@ -83,14 +80,15 @@ class _Spiller:
             log.warning("%s: started for a store that no longer has this name; leaving alone the store that "
                         "has it now", self.label)
             return 0
-        try:
-            lost = drop_lost_gpu_arenas(self.node)
-        except Exception:
-            log.exception("%s: dropping the objects of lost GPU arenas failed", self.label)
-            lost = 0
-        if lost:
-            log.error("%s: %d GPU object(s) were lost with the previous spill process, which held the device "
-                      "memory", self.label, lost)
+        for level in self.node.levels.values():
+            try:
+                lost = level.drop_lost()
+            except Exception:
+                log.exception("%s: dropping the lost objects of %s failed", self.label, level.level)
+                lost = 0
+            if lost:
+                log.error("%s: %d object(s) on %s were lost with the previous spill process, which held their "
+                          "memory", self.label, lost, level.level)
         try:
             rolled = self.mover.recover()
         except Exception:
@@ -170,14 +168,16 @@ class _Spiller:
         if level not in self.node.levels:
             raise MoveError(L.ERR_FULL, f"no level {level} in this store")
         if req.kind == L.REQ_GPU:
-            gpu = self.node.levels[Level.GPU]
-            assert isinstance(gpu, GpuLevel)
+            device = self.node.devices.get(level)
+            if device is None:
+                raise MoveError(L.ERR_FULL, f"{level} has no arenas to make")
             try:
-                gpu.create_arena(req.idx)
+                device.make_arena(req.idx)
             except StorageFullError as exc:
                 raise MoveError(L.ERR_FULL, str(exc)) from None
             except Exception as exc:  # a CUDA error: the client gets it as a sentence
-                raise MoveError(L.ERR_FULL, f"cannot allocate the GPU arena of device {req.idx}: {exc}") from None
+                raise MoveError(L.ERR_FULL, f"cannot allocate the arena of {level} on device {req.idx}: "
+                                            f"{exc}") from None
         elif req.kind == L.REQ_SPACE:
             self.mover.make_room(req.nbytes, level=level)
         elif req.kind == L.REQ_MOVE:
@@ -218,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  prefault=0), create=False)
     except (FileNotFoundError, ShmStoreError, PermissionError, BlockingIOError):
         return 0  # the store is gone already
+    node.use_levels(open_levels(node))  # no requests to send: this process makes and owns the device arenas
     spiller = _Spiller(node)
 
     def _term(signum: int, frame: object) -> None:

@@ -24,7 +24,7 @@ from ..kernel import layout as L
 from ..kernel.interrupts import interruptible
 from ..kernel.node import NodeStore
 
-__all__ = ["submit", "wait", "pending", "complete"]
+__all__ = ["submit", "wait", "pending", "complete", "request_arena"]
 
 
 def submit(node: NodeStore, slot: int, kind: int, nbytes: int = 0, idx: int = 0, gen: int = 0,
@@ -102,3 +102,14 @@ def complete(node: NodeStore, slot: int, req: L.Request, error: int = 0, message
         L.REQUEST.set(buf, at, "error", error)
         L.REQUEST.set(buf, at, "message", message.encode()[:120])
         L.REQUEST.set(buf, at, "status", L.RS_FAILED if error else L.RS_DONE)  # the answer, last
+
+
+def request_arena(node: NodeStore, slot: int, level: int, d: int) -> str | None:
+    """Ask the spill process to make device ``d``'s arena of ``level`` (``REQ_GPU``) for client ``slot``, and
+    wait for it (``spill_timeout``): None once made, else why not. What a client's device level is opened
+    with (``open_levels``), so that the level sends no request of its own."""
+    seq = submit(node, slot, L.REQ_GPU, idx=d, level=level)
+    r = wait(node, slot, seq, node.cfg.spill_timeout)
+    if r is None:
+        return "no answer from the spill process"
+    return None if r.status == L.RS_DONE else str(r.message)

@@ -1,10 +1,13 @@
-"""Storage levels and the immutable values describing objects and capacity."""
+"""The immutable values describing storage: the ordered ``Level`` enum, ``ObjectInfo``, ``Capacity``.
+
+At the bottom of the package beside ``errors.py``: the kernel, the levels and everything above them use
+these values, and they use nothing but the errors."""
 from __future__ import annotations
 
 import enum
 from typing import NamedTuple, Sequence
 
-from ..errors import InvalidArgumentError
+from .errors import InvalidArgumentError
 
 __all__ = ["Level", "ObjectInfo", "Capacity", "parse_levels"]
 
@@ -61,7 +64,7 @@ def parse_levels(levels: object, default: Sequence[Level]) -> tuple[Level, ...]:
     """
     if levels is None:
         return tuple(default)
-    if isinstance(levels, (Level, int, str)):
+    if isinstance(levels, (int, str)):  # a Level is an int
         items = [levels]
     else:
         try:
