@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from shmstore.kernel import layout as L
-from shmstore.kernel import serialize
 from shmstore.kernel.table import find_entry
 
 
@@ -58,17 +56,6 @@ def test_sections_are_aligned_and_disjoint():
     assert L.ENTRY_KEY_OFFSET + L.MAX_KEY <= L.ENTRY_SIZE
 
 
-def test_object_header_roundtrip():
-    size, offsets = serialize.plan_object(100, [0, 10, 1000])
-    assert all(o % 64 == 0 for o in offsets) and size >= offsets[-1] + 1000
-    buf = bytearray(size)
-    want = list(zip(offsets, [0, 10, 1000]))
-    serialize.pack_object_header(buf, 0, 100, want)
-    start, plen, blobs = serialize.unpack_object_header(buf)
-    assert plen == 100 and blobs == want
-    assert start == serialize.object_header_size(3)
-
-
 def test_sessions_and_clients():
     lay = L.Layout(max_objects=8, max_clients=2, nstripes=2)
     buf = bytearray(lay.size)
@@ -99,45 +86,6 @@ def test_stripe_stats_of_one_level_leave_the_other_levels_alone():
     st = L.stats_table(buf, lay)
     assert list(st["used"][1]) == [7, 4000, 300] and st["objects"][1] == 2
     assert list(st["used"][0]) == [0, 0, 0] and st["objects"][0] == 0
-
-
-@pytest.mark.parametrize("rec", L.RECORDS, ids=lambda r: r.name)
-def test_each_record_is_declared_once_and_its_views_agree(rec):
-    """The docs table, the struct, the numpy dtype and the named accessors all come from one declaration."""
-    assert rec.doc() in L.fields.__doc__  # the documentation shows the declaration itself
-    values = {}
-    for i, f in enumerate(rec.fields):  # a distinct value per field
-        if f.code.endswith("s"):
-            values[f.name] = bytes([65 + i]) * min(f.size, 3)
-        elif f.n > 1:
-            values[f.name] = [i * 10 + j for j in range(f.n)]
-        else:
-            values[f.name] = float(i) + 0.5 if f.type == "f64" else i + 1
-    buf = bytearray(rec.size + 16)
-    rec.pack(buf, 8, **values)
-    back = rec.unpack(buf, 8)._asdict()
-    view = np.ndarray((1,), rec.dtype, buffer=buf, offset=8)[0]
-    for f in rec.fields:
-        want = values[f.name]
-        got = back[f.name]
-        if f.code.endswith("s"):
-            assert got.rstrip(b"\0") == want and bytes(view[f.name]).rstrip(b"\0") == want
-        elif f.n > 1:
-            assert list(got) == want and list(view[f.name]) == want
-        else:
-            assert got == want == view[f.name] == rec.get(buf, 8, f.name), f.name
-        assert rec.struct.size >= f.offset + f.size
-    with pytest.raises(TypeError, match="no field"):
-        rec.pack(buf, 0, no_such_field=1)
-
-
-def test_a_record_rejects_overlapping_fields():
-    from shmstore.kernel.records import Record
-    with pytest.raises(ValueError, match="overlaps"):
-        Record("BAD", 16, """
-            0   a   u64  first
-            4   b   u32  inside the first
-        """)
 
 
 def test_stores_never_show_other_processes_a_zero():

@@ -80,3 +80,14 @@ def test_as_u8_views_without_copying_when_it_can():
     assert serialize.as_u8(strided).nbytes == 80  # copied: not contiguous
     with pytest.raises(TypeError):
         serialize.as_u8("text")
+
+
+def test_object_header_roundtrip():
+    size, offsets = serialize.plan_object(100, [0, 10, 1000])
+    assert all(o % 64 == 0 for o in offsets) and size >= offsets[-1] + 1000
+    buf = bytearray(size)
+    want = list(zip(offsets, [0, 10, 1000]))
+    serialize.pack_object_header(buf, 0, 100, want)
+    start, plen, blobs = serialize.unpack_object_header(buf)
+    assert plen == 100 and blobs == want
+    assert start == serialize.object_header_size(3)
