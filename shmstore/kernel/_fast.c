@@ -2,8 +2,8 @@
  *
  * The pure-Python kernel does the same things; this module only saves the
  * interpreter's overhead on the hottest paths (a put or get of a small
- * object). It knows no binary layout of its own: layout.py hands it every
- * offset through configure(), and the kernel passes the store's addresses,
+ * object). It knows no binary layout of its own: the layout package hands it every
+ * offset and width through configure(), and the kernel passes the store's addresses,
  * once in a context capsule (get_entry, release) or on each call.
  *
  * Every function runs with the GIL held from start to end, so their updates
@@ -95,7 +95,7 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* zlib.crc32(data, seed): the key hash of layout.py. */
+/* zlib.crc32(data, seed): the key hash of table.py. */
 static uint32_t crc32_seeded(uint32_t seed, const unsigned char *p, Py_ssize_t n) {
     uint32_t c = ~seed;
     while (n-- > 0)
@@ -644,7 +644,7 @@ static PyTypeObject LockBaseType = {
 };
 
 static PyMethodDef methods[] = {
-    {"configure", configure, METH_VARARGS, "Set the entry layout (from layout.py)."},
+    {"configure", configure, METH_VARARGS, "Set the entry layout (from layout.fast_path_layout())."},
     {"insert", insert, METH_VARARGS, "Write, count and link a reserved entry under its stripe lock."},
     {"set_byte", set_byte, METH_VARARGS, "Store one byte under a lock (sealing an entry)."},
     {"pin", pin, METH_VARARGS, "One more local pin (stripe lock held)."},
