@@ -2,10 +2,11 @@
 
 Every key has a home node, ``crc32(key) % nodes``, whose leader keeps that
 key's entry in memory (a :class:`Directory`, served by the node's service).
-A get miss asks the home once (``DirSource``: which holder to fetch from;
-where the home holds the object itself, small objects come in its answer)
-and then that holder (``Lookup``): at most two round trips before bytes
-move, whatever the number of nodes; ``locate`` is one round trip,
+A get miss asks the home once (``DirSourceSmall``, then for a large object
+``DirSource``: which holder to fetch from; where the home holds the object
+itself, small objects come in its answer) and then that holder
+(``Lookup``): at most two round trips before bytes move, whatever the
+number of nodes; ``locate`` is one round trip,
 ``delete`` one to the home plus one per holder. Paths that make a copy
 register it (``Cluster.put``, a migration, a remote writer: ``DirAdd``,
 answered, so a key is locatable when ``put`` returns); paths that remove one
@@ -15,7 +16,7 @@ replaces it, a migration drops its source).
 A fetch is registered when the home names its source: the fetch, named by
 a token it sends along, is *pending* in the entry until its ``DirDone``
 comes back with that token (posted, no reply awaited; a batch's
-``DirSourceMany``/``DirDoneMany`` and a migration's pull alike), which lists
+``DirSourceMany``/``DirDoneMany`` and a migration's ``DirSourceFor`` alike), which lists
 the new copy. A small fetch whose source is a third node is forwarded
 there (``Forward``) and answered by the holder. A ``delete`` or an overwrite meanwhile
 takes or replaces the entry, and a ``DirDone`` that finds its node no
@@ -51,7 +52,7 @@ What the directory cannot see: objects put or deleted through a plain
 node-local ``shmstore.connect()`` (they are found on their own node only;
 ``Cluster.publish(keys)`` registers them), and copies removed behind its
 back. Such an entry is stale, never harmful: a fetcher that finds a holder
-without the object tells the home (``DirDone`` "stale"), which drops it,
+without the object tells the home (``DirDone``, ``Outcome.STALE``), which drops it,
 and asks again. Entries live as long as the job: the directory is in the
 leaders' memory, not in the stores (a job that dies takes it along).
 """
