@@ -14,10 +14,11 @@ and checks, exactly:
 - the allocator: used and free extents tile the arena exactly, linked to
   their physical neighbours; free extents sit in the right bins, coalesced;
   the record free list holds exactly the unused records; every used extent
-  is named back by its owner (``alloc.py``); every object in memory lies
-  inside its extent and no two objects overlap;
-- each level's own state (``StorageLevel.check``): for DISK, the quota
-  counter equals what the table charges, each object on disk has its file,
+  is named back by its owner (``alloc.py``); a move's extent is its own;
+- each level's own state (``StorageLevel.check``): on an arena level
+  (MEMORY, GPU) every object lies inside its extent and no two objects (nor
+  a move's new copy) overlap; on DISK the quota counter equals what the
+  table charges, no object names arena space, each object has its file,
   and no file is there that no entry explains.
 
 Problems come back as sentences; an empty list means consistent. Retired
@@ -203,7 +204,7 @@ def _check_allocator(node: "NodeStore", buf: Any, lay: L.Layout, t: np.ndarray, 
         rec = int(clients["chunk"][slot])
         if not 0 < rec <= n or ext["flags"][rec - 1] != L.EXT_CHUNK or ext["owner"][rec - 1] != -(slot + 1):
             problems.append(f"client slot {slot}'s chunk {rec} is not a chunk of it")
-    _check_objects(lay, t, ext, n, problems)
+    _check_moves(t, ext, n, problems)
 
 
 def _check_tiling(node: "NodeStore", arena: Any, ext: np.ndarray, used: np.ndarray, free: np.ndarray,
@@ -257,27 +258,10 @@ def _check_bins(lay: L.Layout, arena: Any, ext: np.ndarray, problems: list[str])
     return seen
 
 
-def _check_objects(lay: L.Layout, t: np.ndarray, ext: np.ndarray, n: int, problems: list[str]) -> None:
+def _check_moves(t: np.ndarray, ext: np.ndarray, n: int, problems: list[str]) -> None:
+    """The extent a move placed is named only while it moves, and is its own. Where each level's objects lie
+    (inside their extents, overlapping nothing) each level checks itself (``StorageLevel.check``)."""
     live = np.isin(t["state"], _LIVE)
-    spans = []
-    for idx in np.flatnonzero(live & (t["level"] == L.LEVEL_MEMORY)).tolist():
-        e = t[idx]
-        rec, off, size = int(e["extent"]), int(e["offset"]), int(e["size"])
-        if not 0 < rec <= n:
-            problems.append(f"entry {idx}: in memory but names no extent ({rec})")
-            continue
-        x = ext[rec - 1]
-        chunked = bool(e["flags"] & L.FLAG_IN_CHUNK)
-        kind_ok = x["flags"] in (L.EXT_CHUNK, L.EXT_RETIRED) if chunked else (
-            x["flags"] == L.EXT_USED and x["owner"] == idx + 1)
-        if not kind_ok or not (x["offset"] <= off and off + size <= x["offset"] + x["size"]):
-            problems.append(f"entry {idx}: its bytes [{off}, {off + size}) are not inside its extent {rec} "
-                            f"(kind {x['flags']}, owner {x['owner']}, [{x['offset']}, {x['offset'] + x['size']}))")
-        spans.append((off, off + size, idx))
-    for idx in np.flatnonzero(live & (t["level"] == L.LEVEL_DISK)).tolist():
-        e = t[idx]
-        if e["offset"] or e["extent"]:
-            problems.append(f"entry {idx}: on disk but names arena space")
     moving = live & ((t["flags"] & L.FLAG_MOVING) != 0)
     for idx in np.flatnonzero(~moving & (t["target_extent"] != 0)).tolist():  # ``target`` counts only while moving
         problems.append(f"entry {idx}: not moving but names the extent of a move")
@@ -285,12 +269,6 @@ def _check_objects(lay: L.Layout, t: np.ndarray, ext: np.ndarray, n: int, proble
         rec = int(t["target_extent"][idx])
         if not 0 < rec <= n or not (ext["flags"][rec - 1] == L.EXT_USED and ext["owner"][rec - 1] == idx + 1):
             problems.append(f"entry {idx}: the extent {rec} its move placed is not its own")
-        else:
-            spans.append((int(ext["offset"][rec - 1]), int(ext["offset"][rec - 1] + ext["size"][rec - 1]), idx))
-    spans.sort()
-    for (_, a1, i), (b0, b1, j) in zip(spans, spans[1:]):
-        if b0 < a1:
-            problems.append(f"entries {i} and {j} overlap in the arena at [{b0}, {min(a1, b1)})")
 
 
 def _key(buf: Any, lay: L.Layout, t: np.ndarray, idx: Any) -> str:

@@ -168,6 +168,8 @@ class DiskLevel:
             e = t[idx]
             name = self.files.name(idx, int(e["gen"]))
             on_disk, moving = e["level"] == self.level, bool(e["flags"] & L.FLAG_MOVING)
+            if on_disk and (e["offset"] or e["extent"]):
+                problems.append(f"entry {idx}: on disk but names arena space")
             if on_disk and e["state"] != L.WRITING:
                 if name not in names:
                     key = L.entry_key(buf, lay.entry(idx), int(e["keylen"])).decode(errors="replace")

@@ -56,7 +56,7 @@ from ..kernel.views import pin_token
 from ..units import format_size
 from ..values import Level
 from .device import cupy_or_reason, is_device_array, to_host
-from .memory import abort_arena_move, unplace_extent
+from .memory import abort_arena_move, check_arena_objects, unplace_extent
 
 if TYPE_CHECKING:
     from ..kernel.attach import Attachment
@@ -326,7 +326,7 @@ class GpuLevel:
 
     # ---- checks and recovery ---------------------------------------------------------
     def check(self, t: np.ndarray) -> list[str]:
-        return []  # the arenas' tiling is the allocator's (check.py checks every arena)
+        return check_arena_objects(self.host, self.level, t, "on the GPU")  # the tiling is the allocator's
 
     def recount_locked(self, t: np.ndarray) -> None:
         pass  # no counter of its own: the allocator is rebuilt by the ALLOC repair

@@ -161,9 +161,9 @@ class MemoryLevel:
     def abort_move(self, idx: int, e: tuple[Any, ...]) -> None:
         abort_arena_move(self.host, idx)
 
-    # ---- checks and recovery: the allocator's (check.py, repair.py) cover the arena --------------
+    # ---- checks and recovery: the allocator's (check.py, repair.py) cover the arena itself ---------
     def check(self, t: np.ndarray) -> list[str]:
-        return []
+        return check_arena_objects(self.host, self.level, t, "in memory")
 
     def recount_locked(self, t: np.ndarray) -> None:
         pass  # no counter of its own: the allocator is rebuilt by the ALLOC repair
@@ -176,6 +176,41 @@ class MemoryLevel:
 
     def close(self) -> None:
         pass
+
+
+def check_arena_objects(host: LevelHost, level: int, t: np.ndarray, where: str) -> list[str]:
+    """What is wrong with where the objects of arena level ``level`` lie, per the entry table copy ``t`` (every
+    lock held): each inside an extent of its own (or a cut of a chunk), and no two of them, nor a move's new
+    copy onto the level, overlapping."""
+    ext = L.extent_table(host.buf, host.layout)
+    n, _ = L.extent_cursor(host.buf)
+    live = np.isin(t["state"], (L.WRITING, L.SEALED, L.DELETED))
+    problems: list[str] = []
+    spans = []
+    for idx in np.flatnonzero(live & (t["level"] == level)).tolist():
+        e = t[idx]
+        rec, off, size = int(e["extent"]), int(e["offset"]), int(e["size"])
+        if not 0 < rec <= n:
+            problems.append(f"entry {idx}: {where} but names no extent ({rec})")
+            continue
+        x = ext[rec - 1]
+        chunked = bool(e["flags"] & L.FLAG_IN_CHUNK)
+        kind_ok = x["flags"] in (L.EXT_CHUNK, L.EXT_RETIRED) if chunked else (
+            x["flags"] == L.EXT_USED and x["owner"] == idx + 1)
+        if not kind_ok or not (x["offset"] <= off and off + size <= x["offset"] + x["size"]):
+            problems.append(f"entry {idx}: its bytes [{off}, {off + size}) are not inside its extent {rec} "
+                            f"(kind {x['flags']}, owner {x['owner']}, [{x['offset']}, {x['offset'] + x['size']}))")
+        spans.append((off, off + size, idx))
+    moving = live & ((t["flags"] & L.FLAG_MOVING) != 0) & (t["target"] == level) & (t["target_extent"] != 0)
+    for idx in np.flatnonzero(moving).tolist():  # the new copy of a move in flight (check.py: it is its own)
+        rec = int(t["target_extent"][idx])
+        if 0 < rec <= n and ext["flags"][rec - 1] == L.EXT_USED and ext["owner"][rec - 1] == idx + 1:
+            spans.append((int(ext["offset"][rec - 1]), int(ext["offset"][rec - 1] + ext["size"][rec - 1]), idx))
+    spans.sort()
+    for (_, a1, i), (b0, b1, j) in zip(spans, spans[1:]):
+        if b0 < a1:
+            problems.append(f"entries {i} and {j} overlap in the arena at [{b0}, {min(a1, b1)})")
+    return problems
 
 
 def unplace_extent(node: LevelHost, idx: int, extent: int) -> None:

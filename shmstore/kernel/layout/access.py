@@ -199,12 +199,9 @@ def set_client_chunk(buf: Any, coff: int, rec: int, offset: int, size: int) -> N
 
 # ---- entries --------------------------------------------------------------------------------------------
 
-_make_entry, _unpack_entry = Entry._make, ENTRY_HEAD.struct.unpack_from
-
-
 def entry(buf: Any, eoff: int) -> Entry:
     """The entry head at ``eoff``, named (the cold paths'; the hot ones index ``entry_raw`` with ``E_*``)."""
-    return _make_entry(_unpack_entry(buf, eoff))
+    return Entry._make(ENTRY_HEAD.struct.unpack_from(buf, eoff))
 
 
 def pack_entry(buf: Any, eoff: int, e: Any) -> None:
