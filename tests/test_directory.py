@@ -10,7 +10,13 @@ COPIED, STALE, FAILED = W.Outcome.COPIED, W.Outcome.STALE, W.Outcome.FAILED
 
 
 def ask(d: Directory, msg, answers: list):
-    return d.handle(msg, answers.append)
+    """The answer to ``msg``; the holder's index where it names one (a Source)."""
+    return src(d.handle(msg, answers.append))
+
+
+def src(reply):
+    """The node a DirSource answer names (a Source), else the answer itself (None, WAIT, LARGE)."""
+    return reply.node if type(reply) is W.Source else reply
 
 
 def nodes(d: Directory, msg, answers: list):
@@ -51,8 +57,8 @@ def test_a_hot_large_object_spreads_as_a_tree():
     d = Directory()
     answers: dict[int, list] = {n: [] for n in range(1, 8)}
     d.handle(W.DirAdd(["m"], 0, [BIG]), lambda v: None)
-    first = {n: d.handle(W.DirSource("m", n), answers[n].append) for n in range(1, 8)}
-    sending = {n: src for n, src in first.items() if src is not WAIT}
+    first = {n: src(d.handle(W.DirSource("m", n), answers[n].append)) for n in range(1, 8)}
+    sending = {n: s for n, s in first.items() if s is not WAIT}
     assert list(sending.values()) == [0]  # one holder, one transfer
     rounds = []
     holders = {0}
@@ -61,12 +67,12 @@ def test_a_hot_large_object_spreads_as_a_tree():
         assert len(set(sending.values())) == len(sending)  # no holder sends twice at once
         assert set(sending.values()) <= holders
         done, sending = sending, {}
-        for node, src in done.items():
-            d.handle(W.DirDone("m", src, node, COPIED, BIG), lambda v: None)
+        for node, source in done.items():
+            d.handle(W.DirDone("m", source, node, COPIED, BIG), lambda v: None)
             holders.add(node)
         for node, got in answers.items():
             if got:
-                sending[node] = got.pop()
+                sending[node] = src(got.pop())
     assert rounds == [1, 2, 4] and holders == set(range(8))
     assert sorted(d.get("m")) == list(range(8))
 
@@ -74,15 +80,15 @@ def test_a_hot_large_object_spreads_as_a_tree():
 def test_waiters_learn_of_a_failed_or_stale_source_and_of_a_delete():
     d, got = Directory(), {n: [] for n in range(4)}
     d.handle(W.DirAdd(["m"], 0, [BIG]), lambda v: None)
-    assert d.handle(W.DirSource("m", 1), got[1].append) == 0
+    assert d.handle(W.DirSource("m", 1), got[1].append) == W.Source(0)
     assert d.handle(W.DirSource("m", 2), got[2].append) is WAIT
     d.handle(W.DirDone("m", 0, 1, FAILED, 0), lambda v: None)  # node 1's fetch failed: node 0 is free again
-    assert got[2] == [0] and d.get("m") == [0]
+    assert got[2] == [W.Source(0)] and d.get("m") == [0]
     assert d.handle(W.DirSource("m", 3), got[3].append) is WAIT
     d.handle(W.DirDone("m", 0, 2, STALE, 0), lambda v: None)  # node 0 had lost it: no holder is left
     assert got[3] == [None] and d.get("m") == []
     d.handle(W.DirAdd(["m"], 1, [BIG]), lambda v: None)
-    assert d.handle(W.DirSource("m", 2), got[2].append) == 1
+    assert d.handle(W.DirSource("m", 2), got[2].append) == W.Source(1)
     assert d.handle(W.DirSource("m", 3), got[3].append) is WAIT
     # deleted everywhere: the waiter hears "nobody"; node 2's fetch in flight is refused when it ends
     assert d.handle(W.DirTake("m"), lambda v: None) == W.Holders([(1, None)])
@@ -181,9 +187,9 @@ def test_a_stale_report_drops_only_the_copy_that_was_listed_when_the_source_was_
     assert ask(d, W.DirDone("k", 0, 2, COPIED, 64, 5.0), out) is True  # ...and landed there again
     assert ask(d, W.DirDone("k", 2, 3, STALE, 0), out) is True
     assert ask(d, W.DirCopies("k"), out) == W.Holders([(0, 1.0), (2, 5.0)])  # the new copy stays listed
-    src = ask(d, W.DirSource("k", 3), out)
-    assert ask(d, W.DirDone("k", src, 3, STALE, 0), out) is True
-    assert src not in d.get("k") and len(d.get("k")) == 1  # a stale report of the copy that was listed drops it
+    source = ask(d, W.DirSource("k", 3), out)
+    assert ask(d, W.DirDone("k", source, 3, STALE, 0), out) is True
+    assert source not in d.get("k") and len(d.get("k")) == 1  # a stale report of the copy that was listed drops it
 
 
 def test_a_small_only_request_answers_large_without_registering_anything():
@@ -191,7 +197,7 @@ def test_a_small_only_request_answers_large_without_registering_anything():
     back with a DirSource once its node's migration entry is taken); a small one is named like DirSource."""
     d, out = Directory(), []
     ask(d, W.DirAdd(["big", "small"], 0, [BIG, 64]), out)
-    assert ask(d, W.DirSourceSmall("big", 1, 1024), out) == W.LARGE
+    assert type(ask(d, W.DirSourceSmall("big", 1, 1024), out)) is W.Large
     assert ask(d, W.DirDone("big", 0, 1, COPIED, BIG, 1.0), out) is False  # nothing was pending
     assert ask(d, W.DirSourceSmall("small", 1, 1024), out) == 0
     assert ask(d, W.DirDone("small", 0, 1, COPIED, 64, 2.0), out) is True and d.get("small") == [0, 1]

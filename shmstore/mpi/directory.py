@@ -155,7 +155,7 @@ class Directory:
                 return WAIT
             src = free
         _pend(e, msg.token, node, [src])
-        return src
+        return W.Source(src)
 
     def _source_small(self, msg: W.DirSourceSmall, answer: Callable[[Any], None], later: list[Any]) -> Any:
         e = self._entries.get(msg.key)
@@ -163,13 +163,13 @@ class Directory:
             return W.LARGE  # nothing registered: the fetcher comes back with a DirSource
         return self._source(msg, answer, later)
 
-    def _source_for(self, msg: W.DirSourceFor, answer: Any, later: list[Any]) -> int | None:
+    def _source_for(self, msg: W.DirSourceFor, answer: Any, later: list[Any]) -> W.Source | None:
         """A migration's pull from the holder it chose: pending, nothing to choose."""
         e = self._entries.get(msg.key)
         if e is None or msg.source not in e.holders or e.copies.get(msg.source) != msg.copy:
             return None  # replaced or moved since the caller looked: its source is not the key's now
         _pend(e, msg.token, msg.node, [msg.source])
-        return msg.source
+        return W.Source(msg.source)
 
     def _source_many(self, msg: W.DirSourceMany, answer: Any, later: list[Any]) -> W.Located:
         out = []
@@ -299,7 +299,7 @@ class Directory:
                 break
             e.waiters.popleft()
             _pend(e, token, node, [src])
-            later.append((reply, src))
+            later.append((reply, W.Source(src)))
         if not e.holders and not e.waiters and not e.pending:
             del self._entries[key]
 

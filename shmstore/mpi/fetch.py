@@ -121,13 +121,13 @@ class Fetcher:
             token = self._token()
             ask = W.DirSourceSmall if small_only else W.DirSource
             answer = self.dirs.ask(ask(key, self.me, T.INLINE_MAX, token), any_source=small_only)
-            src, found = (answer.node, answer.found) if isinstance(answer, W.Sourced) else (answer, _ASK)
-            if src == W.LARGE:
+            if type(answer) is W.Large:
                 return False
-            if src is None:
+            if answer is None:
                 if key in self.store:  # it came here meanwhile (a migration, a put)
                     return True
                 raise errors.ObjectNotFoundError(f"no node has {key!r} (nodes: {list(nodes)})", key)
+            src, found = answer.node, answer.found if type(answer) is W.Sourced else _ASK  # Sourced: looked up
             outcome, nbytes, copy = W.Outcome.FAILED, 0, None
             try:
                 nbytes, copy = self._from(src, key, levels, block, found)

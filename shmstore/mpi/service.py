@@ -317,7 +317,7 @@ class Service:
     def _on_dir_source(self, src: int, tag: int, msg: W.DirSource) -> Any:
         """A DirSource: where the home (this node) is the holder named, its answer carries the lookup."""
         result = self._on_directory(src, tag, msg)
-        if msg.inline_max and type(result) is int and result == self.links.node:
+        if msg.inline_max and type(result) is W.Source and result.node == self.links.node:
             return self._sourced(msg.key, msg.inline_max)
         return result
 
@@ -325,12 +325,12 @@ class Service:
         """A DirSourceSmall: answered with the lookup where this node holds it, by the holder where a third
         node does (a Forward: one hop less than a Lookup of the fetcher's own)."""
         result = self._on_directory(src, tag, msg)
-        if type(result) is not int or result < 0:  # none, LARGE, or waiting
+        if type(result) is not W.Source:  # none, LARGE, or waiting
             return result
-        if result == self.links.node:
+        if result.node == self.links.node:
             return self._sourced(msg.key, msg.inline_max)
         if tag:
-            self._outbox.post(W.Forward(msg.key, msg.inline_max, src, tag), self.links.leaders[result])
+            self._outbox.post(W.Forward(msg.key, msg.inline_max, src, tag), self.links.leaders[result.node])
             return _NO_REPLY
         return result
 

@@ -32,7 +32,8 @@ __all__ = [
     "Lookup", "LookupMany", "Data", "Release", "Has", "Delete", "Pull", "Read", "WriterOpen", "Write", "WriterClose",
     "DirAdd", "DirDrop", "DirGet", "DirTake", "DirReplace", "DirSource", "DirSourceSmall", "DirSourceFor", "DirDone",
     "DirSourceMany", "DoneItem", "DirDoneMany", "DirCopies", "Forward", "Stop",
-    "Found", "FoundMany", "Sourced", "Holders", "Located", "Refused", "Chunk", "Failure", "LARGE", "MESSAGES",
+    "Found", "FoundMany", "Source", "Sourced", "Large", "Holders", "Located", "Refused", "Chunk", "Failure", "LARGE",
+    "MESSAGES",
     "encode", "decode", "request", "request_nowait", "post", "reply", "reply_nowait", "receive", "receive_reply",
 ]
 
@@ -171,8 +172,9 @@ class DirReplace(NamedTuple):
 
 
 class DirSource(NamedTuple):
-    """The holder node ``node`` should fetch ``key`` from (None: no node has it); ``node`` is pending in the
-    entry until its :class:`DirDone` (named by ``token``, which the DirDone brings back; 0: none, unit tests).
+    """The holder node ``node`` should fetch ``key`` from (a :class:`Source`; None: no node has it); ``node`` is
+    pending in the entry until its :class:`DirDone` (named by ``token``, which the DirDone brings back; 0: none,
+    unit tests).
     A large object's holder sends to one node at a time: the answer waits for a free holder, so copies spread
     as a tree. Where the home itself is that holder it looks the object up at once (``inline_max`` as in
     :class:`Lookup`; 0: it does not) and answers a :class:`Sourced`: one round trip saved."""
@@ -184,9 +186,9 @@ class DirSource(NamedTuple):
 
 class DirSourceSmall(NamedTuple):
     """:class:`DirSource` of an object expected small: one larger than ``inline_max`` gets the answer
-    :data:`LARGE` instead, and nothing is registered (the fetcher deduplicates large transfers on its node
-    first, see ``fetch.py``). Where a third node holds it, the home forwards the question there
-    (:class:`Forward`) and that holder answers a :class:`Sourced`: one hop saved."""
+    :data:`LARGE` (a :class:`Large`) instead, and nothing is registered (the fetcher deduplicates large
+    transfers on its node first, see ``fetch.py``). Where a third node holds it, the home forwards the question
+    there (:class:`Forward`) and that holder answers a :class:`Sourced`: one hop saved."""
     key: str
     node: int
     inline_max: int
@@ -195,8 +197,8 @@ class DirSourceSmall(NamedTuple):
 
 class DirSourceFor(NamedTuple):
     """A migration's pull of ``key`` into ``node`` from the holder ``source`` it chose, whose copy was listed
-    as ``copy``: ``source``, pending at once (no queueing, no choice), or None where the key has no entry any
-    more or ``source`` lists another copy than this one (replaced or moved since)."""
+    as ``copy``: ``Source(source)``, pending at once (no queueing, no choice), or None where the key has no entry
+    any more or ``source`` lists another copy than this one (replaced or moved since)."""
     key: str
     node: int
     source: int
@@ -213,7 +215,6 @@ class Forward(NamedTuple):
     tag: int
 
 
-LARGE = -1  # a DirSourceSmall answer: the object is larger than inline_max
 
 
 class DirSourceMany(NamedTuple):
@@ -271,6 +272,19 @@ class Found(NamedTuple):
 class FoundMany(NamedTuple):
     """What a :class:`LookupMany` found: a Found or None per key."""
     items: list[Found | None]
+
+
+class Source(NamedTuple):
+    """A :class:`DirSource` (or :class:`DirSourceSmall`, :class:`DirSourceFor`) answer: fetch from the holder
+    ``node`` (its Lookup comes next); the fetcher is pending there until its :class:`DirDone`."""
+    node: int
+
+
+class Large(NamedTuple):
+    """A :class:`DirSourceSmall` answer: the object is larger than its ``inline_max``; nothing registered."""
+
+
+LARGE = Large()  # (tell it by its type: every empty NamedTuple compares equal to it)
 
 
 class Sourced(NamedTuple):
@@ -342,7 +356,7 @@ MESSAGES: dict[int, type[Any]] = {  # every message by its code on the wire (cod
     10: WriterClose, 11: Stop, 12: DirAdd, 13: DirDrop, 14: DirGet, 15: DirTake, 16: DirReplace, 17: DirSource,
     18: DirDone, 19: Found, 20: FoundMany, 21: Sourced, 22: Chunk, 23: Failure, 24: DirSourceMany,
     25: DirDoneMany, 26: DirCopies, 27: Forward, 28: DirSourceSmall, 29: DirSourceFor, 30: Holders, 31: Located,
-    32: Refused,
+    32: Refused, 33: Source, 34: Large,
 }
 _PLAIN = -1
 _OUTCOMES = {o.value: o for o in Outcome}

@@ -425,13 +425,13 @@ def test_a_holder_whose_fetcher_never_reports_is_free_again_after_the_deadline()
     d = Directory(stale_after=0.2)
     queued: list = []
     d.handle(W.DirAdd(["m"], 0, [SPREAD_MIN * 4]), lambda v: None)
-    assert d.handle(W.DirSource("m", 1, token=11), lambda v: None) == 0  # node 1 fetches, then dies
+    assert d.handle(W.DirSource("m", 1, token=11), lambda v: None) == W.Source(0)  # node 1 fetches, then dies
     assert d.handle(W.DirSource("m", 2, token=12), queued.append) is WAIT
     assert d.handle(W.DirSource("m", 3, token=13), lambda v: None) is WAIT and queued == []
     time.sleep(0.25)
     later: list = []
     assert d.handle(W.DirSource("m", 4, token=14), later.append) is WAIT  # node 2, queued first, got it
-    assert queued == [0] and later == []
+    assert queued == [W.Source(0)] and later == []
     d.handle(W.DirDone("m", 0, 2, W.Outcome.COPIED, SPREAD_MIN * 4, 1.0, 12), lambda v: None)  # a holder more
     assert d.get("m") == [0, 2]
 
