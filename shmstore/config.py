@@ -298,15 +298,17 @@ def mpich_vcis() -> int:
         return 1
 
 
+_UNSET: Any = object()
+
+
 def _resolve(name: str, value: Any) -> Any:
+    """A setting: ``value`` (a keyword argument) parsed, else ``SHMSTORE_<NAME>`` (through :func:`env`), else
+    its default."""
     parser, default = _FIELDS[name]
-    source = f"{name}="
     if value is None:
-        env = "SHMSTORE_" + name.upper()
-        if env not in os.environ:
-            return default()
-        value, source = os.environ[env], env
+        value = env(name, parser, _UNSET)
+        return default() if value is _UNSET else value
     try:
         return parser(value)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"bad value for {source}: {exc}") from None
+        raise ConfigError(f"bad value for {name}=: {exc}") from None

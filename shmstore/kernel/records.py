@@ -17,9 +17,12 @@ the position of each field in an unpacked tuple (:meth:`Record.indices`), its
 byte offset (:attr:`Record.offset`), keyword packing (:meth:`Record.pack`) and
 the documentation table (:meth:`Record.doc`). Adding a field is one line.
 
-Writes of single fields go through :meth:`Record.set` (a struct of that
-field alone): a struct that spans other fields would write its pad bytes as
-zeros over them.
+Single fields are read and written with :meth:`Record.get`/:meth:`Record.set`
+(a struct of that field alone: a struct that spans other fields would write
+its pad bytes as zeros over them); :meth:`Record.at` binds a record to a fixed
+offset (a segment header). ``tuple_type`` names a ``NamedTuple`` class to
+unpack into instead of the generated one, so that mypy knows its fields; the
+record refuses one whose fields are not its own, in its order.
 
 Every store into shared memory copies packed bytes in (``buf[a:b] =
 struct.pack(...)``), never ``struct.pack_into``: pack_into first fills its

@@ -41,8 +41,8 @@ class EntryStolen(Orderly):
 
 def owns_entry(buf: Any, eoff: int, slot: int, gen: int) -> bool:
     """True if the entry at ``eoff`` is reserved for client ``slot`` with generation ``gen``."""
-    e = L.entry_raw(buf, eoff)
-    return bool(e[L.E_STATE] == L.RESERVED and e[L.E_WRITER] == slot and e[L.E_GEN] == gen)
+    e = L.entry(buf, eoff)
+    return e.state == L.RESERVED and e.writer == slot and e.gen == gen
 
 
 _BUCKET_HEAD = L.BUCKET.field("head")
@@ -126,13 +126,13 @@ class Table:
                     break
                 seen.add(idx)
                 eoff = lay.entry(idx)
-                e = L.entry_raw(buf, eoff)
-                if e[L.E_STATE] in (L.WRITING, L.SEALED) and e[L.E_HASH] & self._bucket_mask == b:
+                e = L.entry(buf, eoff)
+                if e.state in (L.WRITING, L.SEALED) and e.hash & self._bucket_mask == b:
                     linked.append(idx)
                     prev_off = eoff
                 else:
-                    self._set_link(prev_off, b, e[L.E_NEXT])  # drop it, keep the rest
-                rec = e[L.E_NEXT]
+                    self._set_link(prev_off, b, e.next)  # drop it, keep the rest
+                rec = e.next
         return np.array(sorted(linked), dtype=np.int64)
 
     def _set_link(self, prev_off: int, b: int, rec: int) -> None:
@@ -210,10 +210,10 @@ class Table:
 
     def count(self, idx: int, sign: int) -> None:
         """Add (sign=1) or remove (sign=-1) entry ``idx`` from its stripe's usage (stripe lock held)."""
-        e = L.entry_raw(self.buf, self.layout.entry(idx))
+        e = L.entry(self.buf, self.layout.entry(idx))
         soff = self.layout.stripe_stats(self.stripe_of(idx))
-        L.add_stripe_stats(self.buf, soff, e[L.E_LEVEL], sign * e[L.E_SIZE], sign)
-        if sign < 0 and e[L.E_STATE] == L.DELETED:
+        L.add_stripe_stats(self.buf, soff, e.level, sign * e.size, sign)
+        if sign < 0 and e.state == L.DELETED:
             L.add_stripe_deleted(self.buf, soff, -1)
 
     def mark_deleted(self, idx: int) -> None:
@@ -233,22 +233,22 @@ class Table:
         """
         self.count(idx, -1)
         eoff = self.layout.entry(idx)
-        e = L.entry_raw(self.buf, eoff)
-        gen: int = (e[L.E_GEN] + 1) & 0xFFFFFFFF
-        L.ENTRY_HEAD.pack(self.buf, eoff, hash=e[L.E_HASH], gen=gen, writer=slot, state=L.RESERVED)
+        e = L.entry(self.buf, eoff)
+        gen = (e.gen + 1) & 0xFFFFFFFF
+        L.ENTRY_HEAD.pack(self.buf, eoff, hash=e.hash, gen=gen, writer=slot, state=L.RESERVED)
         return gen
 
     def release_entry(self, idx: int, free_extent: bool = True) -> None:
         """Free entry ``idx`` onto the global lists, and its own extent unless its level freed its space
         (stripe + ALLOC locks held)."""
         buf, eoff = self.buf, self.layout.entry(idx)
-        e = L.entry_raw(buf, eoff)
-        state = e[L.E_STATE]
+        e = L.entry(buf, eoff)
+        state = e.state
         if state in (L.WRITING, L.SEALED, L.DELETED):
             self.count(idx, -1)
-        if free_extent and e[L.E_EXTENT] and not e[L.E_FLAGS] & L.FLAG_IN_CHUNK:
-            self.alloc.free_owned(e[L.E_EXTENT], idx + 1)
-        self.push_free(idx, e[L.E_HASH])
+        if free_extent and e.extent and not e.flags & L.FLAG_IN_CHUNK:
+            self.alloc.free_owned(e.extent, idx + 1)
+        self.push_free(idx, e.hash)
 
     def push_free(self, idx: int, h: int) -> None:
         """Put entry ``idx`` on the global free list, a new generation (ALLOC lock held).

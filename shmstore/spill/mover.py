@@ -62,21 +62,21 @@ class Mover:
 
     # ---- helpers -----------------------------------------------------------
     def key_of(self, idx: int) -> str:
-        e = L.entry_raw(self.buf, self.lay.entry(idx))
-        return L.entry_key(self.buf, self.lay.entry(idx), e[L.E_KEYLEN]).decode(errors="replace")
+        eoff = self.lay.entry(idx)
+        return L.entry_key(self.buf, eoff, L.entry(self.buf, eoff).keylen).decode(errors="replace")
 
     def _state(self, **changes: Any) -> None:
         """Update fields of the spill state, one store each (clients read it without a lock)."""
         for name, value in changes.items():
             L.SPILL_STATE.set(self.buf, L.SPILL_OFFSET, name, value)
 
-    def _check_movable(self, idx: int, gen: int, level: int | None) -> tuple[Any, ...]:
-        e = L.entry_raw(self.buf, self.lay.entry(idx))
-        if e[L.E_STATE] != L.SEALED or e[L.E_GEN] != gen:
+    def _check_movable(self, idx: int, gen: int, level: int | None) -> L.Entry:
+        e = L.entry(self.buf, self.lay.entry(idx))
+        if e.state != L.SEALED or e.gen != gen:
             raise MoveError(L.ERR_MISSING, f"object (entry {idx}) is gone")
-        if level is not None and e[L.E_LEVEL] != level:
+        if level is not None and e.level != level:
             raise MoveError(L.ERR_MISSING, f"{self.key_of(idx)!r} is not on level {level} any more")
-        if e[L.E_FLAGS] & L.FLAG_MOVING:
+        if e.flags & L.FLAG_MOVING:
             raise MoveError(L.ERR_LOCKED, f"{self.key_of(idx)!r} is being moved already")
         if self.node.table.pin_count(idx):
             raise MoveError(L.ERR_LOCKED, f"{self.key_of(idx)!r} is pinned (a view, reader or pin holds it)")
@@ -84,9 +84,6 @@ class Mover:
 
     def _set_flags(self, idx: int, flags: int) -> None:
         L.ENTRY_HEAD.set(self.buf, self.lay.entry(idx), "flags", flags)
-
-    def _clear_moving(self, idx: int) -> None:
-        self._set_flags(idx, L.ENTRY_HEAD.get(self.buf, self.lay.entry(idx), "flags") & ~L.FLAG_MOVING)
 
     # ---- one move, any two levels ---------------------------------------------------------
     def spill(self, idx: int, gen: int) -> int:
@@ -115,7 +112,7 @@ class Mover:
         lock, eoff = node.stripe_of(idx), lay.entry(idx)
         with lock:
             e = self._check_movable(idx, gen, expect)
-            if e[L.E_LEVEL] == to:
+            if e.level == to:
                 return 0
             with node.alloc_lock:  # a level that counts space up front is charged with the flag set
                 try:
@@ -123,8 +120,8 @@ class Mover:
                 except StorageFullError as exc:
                     raise MoveError(L.ERR_FULL, str(exc)) from None
                 L.ENTRY_HEAD.set(buf, eoff, "target", int(to))  # before the flag: a moving entry always names it
-                self._set_flags(idx, e[L.E_FLAGS] | L.FLAG_MOVING)
-        src, size = node.levels[Level(e[L.E_LEVEL])], e[L.E_SIZE]
+                self._set_flags(idx, e.flags | L.FLAG_MOVING)
+        src, size = node.levels[Level(e.level)], e.size
         try:
             off, rec = self._space_for(dst, idx, size)
         except MoveError:
@@ -133,7 +130,7 @@ class Mover:
             raise
         self._state(moving=idx + 1, moving_to=int(to), progress=0, total=size)
         try:
-            self._copy(src, dst, idx, gen, e[L.E_OFFSET], off, size)
+            self._copy(src, dst, idx, gen, e.offset, off, size)
         except (OSError, SpillError) as exc:
             with lock:
                 self._give_up(idx)
@@ -142,16 +139,16 @@ class Mover:
             raise MoveError(L.ERR_IO, f"cannot {verb} {self.key_of(idx)!r} ({format_size(size)}) from {src.level} "
                                       f"to {to}: {getattr(exc, 'strerror', None) or exc}") from exc
         with lock:
-            now = L.entry_raw(buf, eoff)
+            now = L.entry(buf, eoff)
             self._state(moving=0)
-            if now[L.E_STATE] != L.SEALED or node.table.pin_count(idx):  # deleted or read meanwhile
+            if now.state != L.SEALED or node.table.pin_count(idx):  # deleted or read meanwhile
                 self._give_up(idx)
                 return 0
             with node.alloc_lock:  # the entry names its new copy before the old one is freed
                 L.pack_entry(buf, eoff, self._moved(now, off, rec, int(to)))
                 src.free_locked(idx, now)
             soff = lay.stripe_stats(node.table.stripe_of(idx))
-            L.add_stripe_stats(buf, soff, now[L.E_LEVEL], -size, -1)
+            L.add_stripe_stats(buf, soff, now.level, -size, -1)
             L.add_stripe_stats(buf, soff, int(to), size, 1)
             src.drop(idx, now)  # a crash before this leaves a stray file: recover() removes it
         s = L.unpack_spill_state(buf)
@@ -160,9 +157,9 @@ class Mover:
 
     def _give_up(self, idx: int) -> None:
         """Roll back the move of ``idx``: the target's copy and charge go, the object stays (stripe lock held)."""
-        e = L.entry_raw(self.buf, self.lay.entry(idx))
-        if e[L.E_FLAGS] & L.FLAG_MOVING:
-            self.node.levels[Level(e[L.E_TARGET])].abort_move(idx, e)
+        e = L.entry(self.buf, self.lay.entry(idx))
+        if e.flags & L.FLAG_MOVING:
+            self.node.levels[Level(e.target)].abort_move(idx, e)
         self.node.free_if_unpinned(idx)  # deleted meanwhile: free it now
 
     def _space_for(self, dst: MovableLevel, idx: int, size: int) -> tuple[int, int]:
@@ -195,14 +192,10 @@ class Mover:
                 buf.close()  # a mapping of the source made for this move
 
     @staticmethod
-    def _moved(e: tuple[Any, ...], offset: int, extent: int, level: int) -> tuple[Any, ...]:
-        f = list(e)
-        f[L.E_OFFSET], f[L.E_EXTENT], f[L.E_LEVEL] = offset, extent, level
-        f[L.E_TARGET_EXTENT] = f[L.E_TARGET] = 0
-        if level < e[L.E_LEVEL]:
-            f[L.E_ATIME] = time.monotonic()  # brought up because it is wanted: not the next victim
-        f[L.E_FLAGS] = e[L.E_FLAGS] & ~(L.FLAG_MOVING | L.FLAG_IN_CHUNK)
-        return tuple(f)
+    def _moved(e: L.Entry, offset: int, extent: int, level: int) -> L.Entry:
+        atime = time.monotonic() if level < e.level else e.atime  # brought up because wanted: not the next victim
+        return e._replace(offset=offset, extent=extent, level=level, target_extent=0, target=0, atime=atime,
+                          flags=e.flags & ~(L.FLAG_MOVING | L.FLAG_IN_CHUNK))
 
     # ---- policy-driven moves ---------------------------------------------------
     def largest_free(self, level: Level = Level.MEMORY) -> int:

@@ -199,9 +199,12 @@ def set_client_chunk(buf: Any, coff: int, rec: int, offset: int, size: int) -> N
 
 # ---- entries --------------------------------------------------------------------------------------------
 
+_make_entry, _unpack_entry = Entry._make, ENTRY_HEAD.struct.unpack_from
+
+
 def entry(buf: Any, eoff: int) -> Entry:
     """The entry head at ``eoff``, named (the cold paths'; the hot ones index ``entry_raw`` with ``E_*``)."""
-    return Entry._make(ENTRY_HEAD.struct.unpack_from(buf, eoff))
+    return _make_entry(_unpack_entry(buf, eoff))
 
 
 def pack_entry(buf: Any, eoff: int, e: Any) -> None:
