@@ -19,7 +19,7 @@ from typing import Any, Callable, TypeVar
 from .config import Config
 from .errors import (InvalidArgumentError, ObjectLockedError, ObjectNotFoundError, SpillError,
                      StorageFullError)
-from .kernel import Kernel, NodeStore, encode_key
+from .kernel import Kernel, NodeStore
 from .kernel import layout as L
 from .levels import Capacity, Level, ObjectInfo
 from .spill import requests
@@ -167,9 +167,7 @@ class Placement:
     # ---- get / move -------------------------------------------------------------
     def bring(self, key: str, order: tuple[Level, ...]) -> None:
         """Make sure ``key`` is on one of ``order``'s levels, moving it to the first if not."""
-        kb = encode_key(key)
-        _, e, _ = self.kernel.lookup(key, kb, False)
-        if Level(e[L.E_LEVEL]) not in order:
+        if Level(self.kernel.lookup(self.kernel.begin(key), False).entry.level) not in order:
             self.move(key, self.usable(order)[0])
 
     def move(self, key: str, level: Level, progress: Callable[[L.SpillState], None] | None = None) -> ObjectInfo:
@@ -179,11 +177,10 @@ class Placement:
             ObjectNotFoundError, ObjectLockedError (pinned), StorageFullError, SpillError.
         """
         level = self._check_level(level)
-        kb = encode_key(key)
-        idx, e, _ = self.kernel.lookup(key, kb, False)
-        if e[L.E_LEVEL] != level:
+        idx, e, _ = self.kernel.lookup(self.kernel.begin(key), False)
+        if e.level != level:
             deadline = time.monotonic() + self.config.spill_timeout
-            self._request(key, L.REQ_MOVE, deadline, progress, idx=idx, gen=e[L.E_GEN], level=int(level))
+            self._request(key, L.REQ_MOVE, deadline, progress, idx=idx, gen=e.gen, level=int(level))
         return self.kernel.info(key)
 
     # ---- capacity ---------------------------------------------------------------

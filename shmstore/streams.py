@@ -14,7 +14,8 @@ import numpy as np
 
 from .errors import InvalidArgumentError, ShmStoreError, StoreClosedError
 from .kernel import layout as L
-from .kernel.kernel import Kernel, encode_key
+from .kernel.kernel import Kernel
+from .kernel.refs import Contents
 from .kernel.serialize import as_u8
 from .levels import Level
 from .kernel.protocols import Sink
@@ -46,18 +47,17 @@ class Writer:
     closed = True
 
     def __init__(self, kernel: Kernel, key: str, size: int, level: int = L.LEVEL_MEMORY) -> None:
-        kb = encode_key(key)
         self.key, self.size, self.level = key, _check_size(key, size), level
-        kernel._check()
+        ref = kernel.begin(key)
         self._kernel = kernel
-        self._idx, off, _, _, self._stripe = kernel.reserve(key, kb, L.KIND_RAW, self.size, self.size, level=level)
+        r = kernel.puts.reserve(ref, Contents(L.KIND_RAW, self.size, self.size), level)
+        self._idx, self._gen, self._stripe = r.idx, r.gen, r.stripe
         kernel.writers.add(self)
         try:
-            self._gen = gen = L.ENTRY_HEAD.get(kernel._buf, kernel._lay.entry(self._idx), "gen")
-            self._sink: Sink | None = kernel.node.levels[Level(level)].sink(self._idx, gen, off, self.size, key)
+            self._sink: Sink | None = kernel.node.levels[Level(level)].sink(r.idx, r.gen, r.offset, self.size, key)
             self._dst = self._sink.buffer()
         except BaseException:
-            kernel.abort(self._idx)
+            kernel.puts.abort(self._idx)
             raise
         self._pos = 0
         self.closed = False
@@ -138,7 +138,7 @@ class Writer:
         self._dst = None
         self.closed = True
         self._kernel.writers.discard(self)
-        self._kernel.seal(self._idx, self._stripe)
+        self._kernel.puts.seal(self._idx, self._stripe)
 
     def abort(self) -> None:
         """Drop the unsealed object and give its space back; idempotent."""
@@ -185,12 +185,10 @@ class Reader:
     _data: np.ndarray | None = None
 
     def __init__(self, kernel: Kernel, key: str) -> None:
-        kb = encode_key(key)
-        kernel._check()
-        idx, e, _ = kernel.lookup(key, kb, True)
+        idx, e, _ = kernel.lookup(kernel.begin(key), True)
         self.key = key
         self._data = kernel.lease(idx, e).view(np.ndarray)
-        self.size = e[L.E_NBYTES]
+        self.size = e.nbytes
         self._pos = 0
         self.closed = False
 

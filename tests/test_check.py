@@ -33,7 +33,7 @@ def filled(name, tmp_path):
 
 
 def entry_of(store, key: str) -> tuple[int, int]:
-    idx, e, _ = store._kernel.lookup(key, key.encode(), False)
+    idx, e, _ = store._kernel.lookup(store._kernel.begin(key), False)
     return idx, store._node.layout.entry(idx)
 
 

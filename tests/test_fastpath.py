@@ -95,7 +95,7 @@ def test_c_insert_writes_every_field_where_python_reads_it(store):
         pytest.skip("the C fast path is not built here (pure-Python kernel)")
     a = np.arange(12, dtype=np.int16).reshape(3, 4)
     store.put("arr", a)
-    idx, e, array = k.lookup("arr", b"arr", False)
+    idx, e, array = k.lookup(k.begin("arr"), False)
     head = L.entry(k._buf, k._lay.entry(idx))
     assert (head.size, head.nbytes, head.state, head.kind, head.level) == (64, 24, L.SEALED, L.KIND_NDARRAY,
                                                                           L.LEVEL_MEMORY)
@@ -114,7 +114,7 @@ def test_fast_get_refreshes_the_access_time_and_releases_its_pin(store):
     from shmstore.kernel import layout as L
     store.put("a", np.arange(4))
     k = store._kernel
-    idx = k.lookup("a", b"a", False)[0]
+    idx = k.lookup(k.begin("a"), False).idx
     before = L.entry_raw(k._buf, k._lay.entry(idx))[L.E_ATIME]
     time.sleep(0.1)
     view = store.get("a")

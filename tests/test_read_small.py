@@ -7,13 +7,12 @@ import pytest
 
 import shmstore
 from shmstore import Level
-from shmstore.kernel import encode_key
 from shmstore.kernel import layout as L
 
 
 def general(store, key):
     k = store.kernel
-    idx, e, _ = k.lookup(key, encode_key(key), True)
+    idx, e, _ = k.lookup(k.begin(key), True)
     array = L.entry_array_bytes(k._buf, k._lay.entry(idx)) if e[L.E_KIND] == L.KIND_NDARRAY else None
     return e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS], array, k.copy_pinned(idx, e)
 

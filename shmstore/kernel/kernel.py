@@ -22,13 +22,12 @@ from __future__ import annotations
 import os
 import time
 import weakref
-import zlib
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
 
 from ..errors import InvalidArgumentError, ObjectNotFoundError, SpillError, StorageFullError, StoreClosedError
-from ..values import Capacity, Level, ObjectInfo
+from ..values import Level, ObjectInfo
 from . import layout as L
 from . import serialize
 from .views import Lease, SharedArray, pin_token
@@ -41,10 +40,11 @@ from .janitor import release_all
 from .keys import encode_key
 from .node import NodeStore
 from .pins import ATIME_GRAIN, Pins
+from .refs import KeyRef, key_ref
 from .table import find_entry
 from .writing import Puts
 
-__all__ = ["Kernel", "Exported", "encode_key"]
+__all__ = ["Kernel", "Exported", "Located", "encode_key"]
 
 if TYPE_CHECKING:
     from .protocols import Sink
@@ -58,7 +58,7 @@ _RAISE = object()  # get's default: raise ObjectNotFoundError on a miss
 _MISS = object()   # _get_fast's answer for a key with no object
 _ARRAY_CACHE = 65536  # (dtype, shape, order) of arrays this process got recently
 _monotonic = time.monotonic
-_crc32 = zlib.crc32
+_new = tuple.__new__  # a named tuple from a raw one in one C call (the lookup is on get's path)
 _fast: Any = fastpath.load()  # the C helper (no stubs), or None
 
 
@@ -79,6 +79,14 @@ class Exported(NamedTuple):
     array_meta: bytes | None
     inline: bytes | None
     lease: Any
+
+
+class Located(NamedTuple):
+    """A sealed entry as :meth:`Kernel.lookup` found it: its index, its ENTRY_HEAD and, for an array,
+    (dtype, shape, order), else None."""
+    idx: int
+    entry: L.Entry
+    array: tuple[Any, ...] | None
 
 
 class Kernel:
@@ -116,7 +124,7 @@ class Kernel:
         self._fork = _FORKS[0]
         self._closed = self._detached = False
 
-    # ---- the put side: Puts does the work --------------------------------------
+    # ---- the put side: Puts does the work (writers and transfers use ``kernel.puts``) -------------
     def put(self, key: str, obj: Any, level: Level = Level.MEMORY, overwrite: bool = False) -> ObjectInfo:
         """Store ``obj`` under ``key`` on ``level``, at once or not at all.
 
@@ -131,27 +139,7 @@ class Kernel:
             StorageFullError: no room on the level, at once.
             SerializationError, InvalidKeyError: bad input; nothing changes.
         """
-        return self.puts.put(key, self._begin(key), obj, level, overwrite)
-
-    def reserve(self, key: str, kb: bytes, kind: int, size: int, nbytes: int, nblobs: int = 0,
-                meta: bytes | None = None, level: int = _MEMORY) -> tuple[int, int, int, float, int]:
-        """An invisible ``writing`` entry with ``size`` bytes on ``level`` (see :meth:`Puts.reserve`)."""
-        return self.puts.reserve(key, kb, kind, size, nbytes, nblobs, meta, level)
-
-    def put_stored(self, key: str, kb: bytes, kind: int, nbytes: int, nblobs: int, meta: bytes | None,
-                   data: bytes) -> float | None:
-        """A small object from its stored bytes (as another node's store holds them) in one C call, sealed at
-        once: its creation time (``ObjectInfo.created``); None (nothing changed) where it must go the general way (see
-        :meth:`Puts.put_stored`)."""
-        return self.puts.put_stored(key, kb, kind, nbytes, nblobs, meta, data)
-
-    def seal(self, idx: int, stripe: int | None = None) -> None:
-        """Make a reserved entry visible."""
-        self.puts.seal(idx, stripe)
-
-    def abort(self, idx: int) -> None:
-        """Drop a reserved entry and give its space back."""
-        self.puts.abort(idx)
+        return self.puts.put(self.begin(key), obj, level, overwrite)
 
     def give_up(self, idx: int, gen: int, blocking: bool = True) -> None:
         """Drop this client's unsealed entry ``idx`` of generation ``gen`` (a no-op if it is not that any
@@ -159,10 +147,6 @@ class Kernel:
         thread) it waits for no lock, and what it could not do this process's next verb does."""
         if not self.puts.give_up(idx, gen, blocking):
             self._deferred.append((idx, gen))
-
-    def writable(self, off: int, size: int) -> np.ndarray:
-        """Writable uint8 view of ``size`` arena bytes at ``off`` (for the writer only)."""
-        return self.puts.writable(off, size)
 
     # ---- sessions and checks ----------------------------------------------
     def session_name(self, sid: int) -> str:
@@ -175,32 +159,35 @@ class Kernel:
             raise StoreClosedError("store was opened before fork(); connect() again in the child")
         self.pins.free_deferred(self.puts.give_up)
 
-    def _begin(self, key: str) -> bytes:
-        """The key's bytes, after the checks every verb makes (cheap when all is well)."""
+    def begin(self, key: str) -> KeyRef:
+        """The key's reference in this session (its bytes, hash, bucket and stripe), after the checks every
+        verb makes (cheap when all is well): what a verb, a writer or a transfer starts with.
+
+        Raises:
+            InvalidKeyError: not a valid key. StoreClosedError: the store is closed, or this is a forked child.
+        """
         _guard_signals()  # a signal from here on waits for the verb to finish (see interrupts.py)
         kb = encode_key(key)
         if self._closed or self._deferred or self._fork != _FORKS[0]:
             self._check()
-        return kb
+        return key_ref(key, kb, self.sid, self._bmask, self._smask)
+
+    def _stripe_of(self, key: str) -> int:
+        """The stripe of a key the C fast path took (a str it checked): to repair its lock."""
+        return key_ref(key, key.encode(), self.sid, self._bmask, self._smask).stripe
 
     def _not_found(self, key: str) -> ObjectNotFoundError:
         where = f" in session {self.session!r}" if self.session else ""
         return ObjectNotFoundError(f"no object {key!r}{where}", key)
 
     # ---- get --------------------------------------------------------------
-    def lookup(self, key: str, kb: bytes, pin: bool) -> tuple[int, tuple[Any, ...], tuple[Any, ...] | None]:
-        """Find the sealed entry of ``key``; pin it for this process if ``pin``.
-
-        Returns:
-            (index, raw ENTRY_HEAD tuple, (dtype, shape, order) for arrays else None).
+    def lookup(self, ref: KeyRef, pin: bool) -> Located:
+        """Find the sealed entry of ``ref``'s key (see :meth:`begin`); pin it for this process if ``pin``.
 
         Raises:
             ObjectNotFoundError: no sealed object has this key.
         """
-        buf = self._buf
-        h = _crc32(kb, self.sid)
-        b = h & self._bmask
-        stripe = b & self._smask
+        buf, key, stripe = self._buf, ref.key, ref.stripe
         if pin and _fast is not None:  # C: lock, walk, pin, touch, unlock; the pin keeps the entry still after
             r = _fast.get_entry(self._ctx, key)
             if type(r) is tuple:
@@ -210,20 +197,21 @@ class Kernel:
             if r == _codes.OWNER_DEAD:  # its holder died: we hold it now and must repair it first
                 self._stripes[stripe].recover_held()
         with self._stripes[stripe]:
-            idx, eoff, e = find_entry(buf, self._lay, b, h, self.sid, kb)
+            idx, eoff, e = find_entry(buf, self._lay, ref.bucket, ref.h, self.sid, ref.kb)
             if e is None or e[L.E_STATE] != L.SEALED:
                 raise self._not_found(key)
             if not pin:
-                return idx, e, self._array(idx, eoff, e[L.E_KIND], e[L.E_GEN])
+                return _new(Located, (idx, _new(L.Entry, e), self._array(idx, eoff, e[L.E_KIND], e[L.E_GEN])))
             self.pins.up(idx)
         return self._pinned(idx, eoff, e)
 
-    def _pinned(self, idx: int, eoff: int, e: tuple[Any, ...]) -> tuple[int, tuple[Any, ...], tuple[Any, ...] | None]:
+    def _pinned(self, idx: int, eoff: int, e: tuple[Any, ...]) -> Located:
         """The rest of a pinning lookup, without the lock: the pin keeps the entry as it is."""
+        entry: L.Entry = _new(L.Entry, e)
         now = _monotonic()
-        if now - e[L.E_ATIME] > ATIME_GRAIN:  # LRU needs no finer clock than this
+        if now - entry.atime > ATIME_GRAIN:  # LRU needs no finer clock than this
             L.ENTRY_HEAD.set(self._buf, eoff, "atime", now)
-        return idx, e, self._array(idx, eoff, e[L.E_KIND], e[L.E_GEN])
+        return _new(Located, (idx, entry, self._array(idx, eoff, entry.kind, entry.gen)))
 
     def _array(self, idx: int, eoff: int, kind: int, gen: int) -> tuple[Any, ...] | None:
         """(dtype, shape, order) of an ndarray entry, else None."""
@@ -257,9 +245,9 @@ class Kernel:
                 return default
             if obj is not None:
                 return obj if conditions is None else apply_conditions(key, obj, conditions)
-        kb = self._begin(key)
+        ref = self.begin(key)
         try:
-            idx, e, array = self.lookup(key, kb, True)
+            idx, e, array = self.lookup(ref, True)
         except ObjectNotFoundError:
             if default is _RAISE:
                 raise
@@ -269,7 +257,7 @@ class Kernel:
         elif array is not None:
             obj = self.lease(idx, e, array)  # the array itself holds the pin: one numpy object
         else:
-            obj = serialize.decode(e[L.E_KIND], self.lease(idx, e), e[L.E_NBYTES])
+            obj = serialize.decode(e.kind, self.lease(idx, e), e.nbytes)
         return obj if conditions is None else apply_conditions(key, obj, conditions)
 
     def _device_value(self, idx: int, e: tuple[Any, ...], array: tuple[Any, ...] | None) -> Any:
@@ -291,7 +279,7 @@ class Kernel:
             if r == _codes.MISSING:
                 return _MISS
             if r == _codes.OWNER_DEAD:  # the stripe lock's holder died: we hold it now and must repair it
-                self._stripes[_crc32(key.encode(), self.sid) & self._bmask & self._smask].recover_held()
+                self._stripes[self._stripe_of(key)].recover_held()
             return None
         idx, gen, off, level, nbytes, kind, eoff = r
         array = self._arrays.get((idx, gen)) or self._array(idx, eoff, kind, gen)
@@ -347,7 +335,7 @@ class Kernel:
         if r == _codes.MISSING:
             raise self._not_found(key)
         if r == _codes.OWNER_DEAD:  # the stripe lock's holder died: we hold it now and must repair it
-            self._stripes[_crc32(key.encode(), self.sid) & self._bmask & self._smask].recover_held()
+            self._stripes[self._stripe_of(key)].recover_held()
         return None
 
     def copy_pinned(self, idx: int, e: tuple[Any, ...]) -> bytes:
@@ -372,14 +360,14 @@ class Kernel:
         if small is not None:
             kind, nbytes, nblobs, array, data = small
             return Exported(kind, nbytes, nblobs, array, data, None)
-        idx, e, _ = self.lookup(key, encode_key(key), True)
-        kind, nbytes, nblobs = e[L.E_KIND], e[L.E_NBYTES], e[L.E_NBLOBS]
+        idx, e, _ = self.lookup(self.begin(key), True)
+        kind, nbytes, nblobs = e.kind, e.nbytes, e.nblobs
         array = L.entry_array_bytes(self._buf, self._lay.entry(idx)) if kind == L.KIND_NDARRAY else None
-        if nbytes <= inline_max and e[L.E_LEVEL] == _MEMORY:  # the usual small case
+        if nbytes <= inline_max and e.level == _MEMORY:  # the usual small case
             return Exported(kind, nbytes, nblobs, array, self.copy_pinned(idx, e), None)
-        device = self._devices.get(e[L.E_LEVEL])
+        device = self._devices.get(Level(e.level))
         if device is not None:  # a device array holding the pin; small ones come to the host
-            lease = device.export(e, pin_token(self._release, idx, e[L.E_GEN]))
+            lease = device.export(e, pin_token(self._release, idx, e.gen))
             if nbytes <= inline_max:
                 return Exported(kind, nbytes, nblobs, array, device.host_bytes(lease), None)
             return Exported(kind, nbytes, nblobs, array, None, lease)
@@ -403,12 +391,10 @@ class Kernel:
         Raises:
             ObjectNotFoundError: no such object (unless ``missing_ok``).
         """
-        kb = self._begin(key)
-        buf, lay = self._buf, self._lay
-        h = _crc32(kb, self.sid)
-        b = h & self._bmask
-        with self._stripes[b & self._smask]:
-            idx, _, e = find_entry(buf, lay, b, h, self.sid, kb)
+        ref = self.begin(key)
+        b = ref.bucket
+        with self._stripes[ref.stripe]:
+            idx, _, e = find_entry(self._buf, self._lay, b, ref.h, self.sid, ref.kb)
             if e is None or e[L.E_STATE] != L.SEALED or (copy is not None and copy != e[L.E_CTIME]):
                 if missing_ok:
                     return
@@ -427,12 +413,10 @@ class Kernel:
             if r == 1 or r == 0:
                 return bool(r)
             if r == _codes.OWNER_DEAD:  # the stripe lock's holder died: we hold it now and must repair it
-                self._stripes[_crc32(key.encode(), self.sid) & self._bmask & self._smask].recover_held()
-        kb = self._begin(key)
-        h = _crc32(kb, self.sid)
-        b = h & self._bmask
-        with self._stripes[b & self._smask]:
-            _, _, e = find_entry(self._buf, self._lay, b, h, self.sid, kb)
+                self._stripes[self._stripe_of(key)].recover_held()
+        ref = self.begin(key)
+        with self._stripes[ref.stripe]:
+            _, _, e = find_entry(self._buf, self._lay, ref.bucket, ref.h, self.sid, ref.kb)
             return e is not None and e[L.E_STATE] == L.SEALED
 
     def info(self, key: str) -> ObjectInfo:
@@ -441,8 +425,7 @@ class Kernel:
         Raises:
             ObjectNotFoundError: no such object.
         """
-        kb = self._begin(key)
-        idx, e, _ = self.lookup(key, kb, False)
+        idx, e, _ = self.lookup(self.begin(key), False)
         return self._info(key, e, self._table.pin_count(idx))
 
     def _info(self, key: str, e: tuple[Any, ...], pins: int) -> ObjectInfo:
@@ -469,15 +452,6 @@ class Kernel:
                 out.append(self._info(key, e, int(pins[idx])))
         return out
 
-    def capacity(self) -> dict[Level, Capacity]:
-        """Usage of the MEMORY level."""
-        self._check()
-        t = L.entry_table(self._buf, self._lay)
-        mem = (t["state"] != L.FREE) & (t["level"] == _MEMORY)
-        pinned = int(t["size"][mem & (self._table.pin_counts(len(t)) > 0)].sum())
-        used, total = self.node.used(_MEMORY), self.node.capacity
-        return {Level.MEMORY: Capacity(total, used, pinned, total - used, int(mem.sum()))}
-
     # ---- pins ------------------------------------------------------------------
     def pin(self, key: str) -> None:
         """Pin ``key`` (counted): spill never moves it until as many ``unpin``.
@@ -485,9 +459,9 @@ class Kernel:
         Raises:
             ObjectNotFoundError: no such object.
         """
-        kb = self._begin(key)
-        idx, e, _ = self.lookup(key, kb, True)
-        self.pins.add_explicit(kb, idx, e[L.E_GEN])
+        ref = self.begin(key)
+        idx, e, _ = self.lookup(ref, True)
+        self.pins.add_explicit(ref.kb, idx, e.gen)
 
     def unpin(self, key: str) -> None:
         """Undo one ``pin`` of ``key`` by this process.
@@ -495,7 +469,7 @@ class Kernel:
         Raises:
             InvalidArgumentError: this process holds no pin on ``key``.
         """
-        held = self.pins.drop_explicit(self._begin(key))
+        held = self.pins.drop_explicit(self.begin(key).kb)
         if held is None:
             raise InvalidArgumentError(f"{key!r} is not pinned by this process")
         self.pins.release(*held)

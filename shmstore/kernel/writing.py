@@ -10,61 +10,56 @@ drops it itself.
 from __future__ import annotations
 
 import time
-import zlib
-from typing import Any, NamedTuple
+from typing import Any, Callable
 
-import numpy as np
-
-from ..errors import InvalidArgumentError, ObjectExistsError, ObjectLockedError, ShmStoreError, StorageFullError
+from ..errors import InvalidArgumentError, ShmStoreError
 from ..values import Level, ObjectInfo
-from ..levels.memory import MemoryLevel
 from . import layout as L
 from . import serialize
 from .attach import Attachment
-from .table import find_entry
-from .table import EntryStolen, owns_entry
+from .table import EntryStolen, find_entry, owns_entry
 from .fastpath import codes as _fast_codes
+from .refs import Contents, KeyRef, Reservation, being_written_error, exists_error
 from .protocols import StorageLevel
 
 __all__ = ["Puts"]
 
-_U8 = np.dtype(np.uint8)
 _MEMORY = int(Level.MEMORY)
 _monotonic = time.monotonic
-_crc32 = zlib.crc32
-_EXISTS = "{!r} already exists (delete it first, pass overwrite=True, or use another key)"
 
-
-class _Stored(NamedTuple):
-    """An object's stored bytes for :meth:`Puts._fast_insert` to copy (what it reads of an Encoded)."""
-    size: int
-    src: bytes
+Shortcut = Callable[[Attachment, KeyRef, "serialize.Encoded | Contents", Callable[[int, int], object]],
+                    "Reservation | None"]
+"""A level's optional ``try_put(at, ref, what, give_up)``: ``what`` placed and its entry inserted in one
+step (with ``what.src``: copied and sealed, a whole put; without: reserved), or None (nothing changed) where
+the general way must do it. Raises ObjectExistsError or ObjectLockedError; ``give_up(idx, gen)`` drops an
+entry it was cut short inside. Only MEMORY has one (its C fast path); the verbs never ask which level."""
 
 
 class Puts:
     """The put side of a :class:`~shmstore.kernel.Kernel`: reserve an entry, copy, seal.
 
-    Owned by the kernel; shares its :class:`~shmstore.kernel.attach.Attachment`.
-    Process-safe through the store's locks; thread-safe.
+    Owned by the kernel, which hands it out as ``kernel.puts`` (writers and
+    transfers reserve, seal and abort through it); shares the kernel's
+    :class:`~shmstore.kernel.attach.Attachment`. Process-safe through the
+    store's locks; thread-safe.
     """
 
     def __init__(self, at: Attachment) -> None:
         self.node, self.slot, self.sid, self.session = at.node, at.slot, at.sid, at.session
         self._cache, self._fast, self._prefault = at.cache, at.fast, at.prefault
         self._buf, self._lay, self._table, self._stripes = at.buf, at.lay, at.table, at.stripes
-        self._bmask, self._smask = at.bmask, at.smask
         self._meta_addr, self._stripe_addrs = at.meta_addr, at.stripe_addrs
-        self._arena, self._arena_addr = at.arena, at.arena_addr
         self._at = at
-        memory = at.node.levels[Level.MEMORY]
-        assert isinstance(memory, MemoryLevel)
-        self._memory = memory
+        self._levels: dict[int, tuple[StorageLevel, Shortcut | None]] = {}  # level: (it, its try_put)
 
-    def put(self, key: str, kb: bytes, obj: Any, level: int = _MEMORY, overwrite: bool = False) -> ObjectInfo:
-        """Store ``obj`` under ``key`` (its checked bytes ``kb``) on ``level``.
+    def put(self, ref: KeyRef, obj: Any, level: int = _MEMORY, overwrite: bool = False) -> ObjectInfo:
+        """Store ``obj`` under the key of ``ref`` on ``level``.
 
-        With ``overwrite``, an existing object of ``key`` is replaced
-        atomically (see :meth:`replace`).
+        A level with a shortcut for small values (``try_put``: MEMORY's one
+        C call) is asked first; everything else goes the one general way:
+        reserve, write outside any lock, seal. With ``overwrite``, an
+        existing object of the key is replaced atomically (see
+        :meth:`replace`).
 
         Raises:
             ObjectExistsError: the key is present. ObjectLockedError: it is being written.
@@ -73,30 +68,27 @@ class Puts:
             InvalidArgumentError: the level is not available here.
         """
         enc = serialize.encode(obj)
-        if level == _MEMORY:
-            lv: StorageLevel = self._memory
-            if not overwrite and self._fast is not None and enc.kind != L.KIND_PICKLE \
-                    and enc.size <= self._cache.small_max and not enc.device:
-                info = self._fast_put(key, kb, enc)
-                if info is not None:
-                    return info
-        else:
-            lv = self.level(key, level)
-        (idx, off, stored, ctime, stripe), gen = self._reserve(key, kb, enc.kind, enc.size, enc.nbytes, enc.nblobs,
-                                                               enc.meta, level, overwrite)
+        lv, shortcut = self._levels.get(level) or self._level(ref.key, level)
+        if shortcut is not None and not overwrite and enc.src is not None:  # one buffer to copy: try the level's
+            done = shortcut(self._at, ref, enc, self.give_up)  # shortcut (copied and sealed at once), else None
+            if done is not None:
+                return self._new_info(ref.key, enc, lv.level, done.stored, done.ctime)
+        r = self.reserve(ref, Contents(enc.kind, enc.size, enc.nbytes, enc.nblobs, enc.meta), level, overwrite)
         try:
-            lv.write(idx, gen, off, L.ENTRY_HEAD.get(self._buf, self._lay.entry(idx), "flags"), enc, key)
+            lv.write(r.idx, r.gen, r.offset, L.ENTRY_HEAD.get(self._buf, self._lay.entry(r.idx), "flags"), enc,
+                     ref.key)
             if overwrite:
-                self.replace(key, kb, idx, stripe)
+                self.replace(ref, r.idx, r.stripe)
             else:
-                self.seal(idx, stripe)
+                self.seal(r.idx, r.stripe)
         except BaseException:
-            self.give_up(idx, gen)  # a no-op once sealed (an exception after the last step)
+            self.give_up(r.idx, r.gen)  # a no-op once sealed (an exception after the last step)
             raise
-        return self._new_info(key, enc, Level(level), stored, ctime)
+        return self._new_info(ref.key, enc, lv.level, r.stored, r.ctime)
 
-    def level(self, key: str, level: int) -> StorageLevel:
-        """The level ``level`` of this store, if this process can use it.
+    def _level(self, key: str, level: int) -> tuple[StorageLevel, Shortcut | None]:
+        """The level ``level`` of this store and its shortcut for small values (if it has one), if this
+        process can use it (remembered: a level's availability here never changes).
 
         Raises:
             InvalidArgumentError: it is not available here (saying why).
@@ -106,151 +98,98 @@ class Puts:
         if lv is None or why:
             raise InvalidArgumentError(f"cannot place {key!r} on {Level(level).name}: {why} "
                                        f"(use Level.MEMORY or Level.DISK)")
-        return lv
+        found = self._levels[level] = (lv, getattr(lv, "try_put", None))  # optional: see Shortcut
+        return found
 
-    def _fast_put(self, key: str, kb: bytes, enc: serialize.Encoded) -> ObjectInfo | None:
-        """A small array or bytes value put in one C call: copied into a cut of this client's
-        chunk, then its entry written already sealed and linked under the stripe lock.
+    def put_stored(self, ref: KeyRef, what: Contents, level: int = _MEMORY) -> float | None:
+        """A small object from its stored bytes ``what.src`` (a fetched copy), copied and sealed in one step
+        by ``level``'s shortcut (as a small :meth:`put`): its creation time (``ObjectInfo.created``).
 
-        Returns None (nothing changed) to leave it to the general path: a strided
-        array, no room, or a busy stripe lock.
-        """
-        if enc.kind == L.KIND_NDARRAY:
-            flags = enc.src.flags
-            if not (flags.c_contiguous or flags.f_contiguous):
-                return None
-        stored = L.align(max(enc.size, 1))
-        h = _crc32(kb, self.sid)
-        b = h & self._bmask
-        while True:
-            idx, gen = self._cache.take_entry(key)
-            try:
-                done = self._fast_reserve(key, kb, idx, gen, h, b, b & self._smask, enc.kind, stored, enc.nbytes,
-                                          enc.nblobs, enc.meta, enc)
-            except EntryStolen:
-                continue
-            if done is None:
-                self._cache.entries.append((idx, gen))  # the general path takes an entry of its own
-                return None
-            return self._new_info(key, enc, Level.MEMORY, stored, done[3])
-
-    def put_stored(self, key: str, kb: bytes, kind: int, nbytes: int, nblobs: int, meta: bytes | None,
-                   data: bytes) -> float | None:
-        """A small MEMORY object from its stored bytes ``data`` (a fetched copy), copied and sealed in one
-        call of the C fast path (as :meth:`_fast_put`): its creation time (``ctime``).
-
-        Returns None (nothing changed) where the general path (reserve,
-        write, seal) must do it: no C extension, larger than a chunk's
-        cut, empty, no room, a busy stripe lock.
+        Returns None (nothing changed) where the general way (reserve, write,
+        seal) must do it: a level without a shortcut, no C extension, larger
+        than a chunk's cut, empty, no room, a busy stripe lock.
 
         Raises:
             ObjectExistsError: the key is present. ObjectLockedError: it is being written.
+            InvalidArgumentError: the level is not available here.
         """
-        if self._fast is None or not 0 < nbytes <= self._cache.small_max or len(data) != nbytes:
+        if not 0 < what.nbytes == len(what.src):
             return None
-        stored = L.align(nbytes)
-        h = _crc32(kb, self.sid)
-        b = h & self._bmask
-        raw = _Stored(nbytes, data)  # what the C call copies (no Encoded, no array: a fetch's hot path)
-        while True:
-            idx, gen = self._cache.take_entry(key)
-            try:
-                done = self._fast_reserve(key, kb, idx, gen, h, b, b & self._smask, kind, stored, nbytes, nblobs,
-                                          meta, raw)
-            except EntryStolen:
-                continue
-            if done is None:
-                self._cache.entries.append((idx, gen))
-                return None
-            return float(done[3])
+        _, shortcut = self._levels.get(level) or self._level(ref.key, level)
+        done = None if shortcut is None else shortcut(self._at, ref, what, self.give_up)
+        return None if done is None else float(done.ctime)
 
     def _new_info(self, key: str, enc: serialize.Encoded, level: Level, stored: int, ctime: float) -> ObjectInfo:
         """ObjectInfo of an object this process just sealed (nobody pins it yet)."""
         return ObjectInfo(key, enc.nbytes, level, False, True, enc.nblobs, serialize.KIND_NAMES[enc.kind],
                           stored, 0, self.session, ctime)
 
-    def reserve(self, key: str, kb: bytes, kind: int, size: int, nbytes: int, nblobs: int = 0,
-                meta: bytes | None = None, level: int = _MEMORY,
-                shadow: bool = False) -> tuple[int, int, int, float, int]:
-        """Create an invisible ``writing`` entry with ``size`` bytes on ``level`` (arena or disk quota).
+    def reserve(self, ref: KeyRef, what: Contents, level: int = _MEMORY, shadow: bool = False) -> Reservation:
+        """Create an invisible ``writing`` entry for ``what`` (``what.src`` unused) on ``level``, with
+        ``what.size`` bytes of the level's space (arena or disk quota).
 
         With ``shadow`` the entry is an overwrite's: in no chain and whatever
         the key holds now, until :meth:`replace` swaps it in.
 
-        Returns:
-            (entry index, arena offset, bytes taken, creation time, stripe).
-
         Raises:
             ObjectExistsError, ObjectLockedError, StorageFullError, InvalidArgumentError.
         """
-        return self._reserve(key, kb, kind, size, nbytes, nblobs, meta, level, shadow)[0]
-
-    def _reserve(self, key: str, kb: bytes, kind: int, size: int, nbytes: int, nblobs: int, meta: bytes | None,
-                 level: int, shadow: bool) -> tuple[tuple[Any, ...], int]:
-        """:meth:`reserve`, and the entry's generation (what :meth:`give_up` needs)."""
-        if size < 0:
-            raise InvalidArgumentError(f"size of {key!r} must not be negative, got {size}")
-        if level != _MEMORY:
-            self.level(key, level)
-        stored = L.align(max(size, 1))  # extents are exact multiples of the alignment
-        h = _crc32(kb, self.sid)
-        b = h & self._bmask
+        if what.size < 0:
+            raise InvalidArgumentError(f"size of {ref.key!r} must not be negative, got {what.size}")
+        lv, shortcut = self._levels.get(level) or self._level(ref.key, level)
+        if shortcut is not None and not shadow:
+            done = shortcut(self._at, ref, what if what.src is None else what._replace(src=None), self.give_up)
+            if done is not None:
+                return done
         while True:
-            idx, gen = self._cache.take_entry(key)
+            held = self._cache.take_entry(ref.key)
             try:
-                if self._fast is not None and level == _MEMORY and not shadow:
-                    done = self._fast_reserve(key, kb, idx, gen, h, b, b & self._smask, kind, stored, nbytes,
-                                              nblobs, meta)
-                    if done is not None:
-                        return done, gen
-                return self._reserve_locked(key, kb, idx, gen, h, b, kind, stored, nbytes, nblobs, meta, level,
-                                            shadow), gen
+                return self._reserve_locked(ref, held, what, lv, shadow)
             except EntryStolen:
                 continue  # another client holds that entry now
 
-    def _reserve_locked(self, key: str, kb: bytes, idx: int, gen: int, h: int, b: int, kind: int, stored: int,
-                        nbytes: int, nblobs: int, meta: bytes | None, level: int,
-                        shadow: bool = False) -> tuple[Any, ...]:
-        """``reserve`` in Python under the stripe lock (the C path's fallback, and DISK)."""
+    def _reserve_locked(self, ref: KeyRef, held: tuple[int, int], what: Contents, lv: StorageLevel,
+                        shadow: bool) -> Reservation:
+        """:meth:`reserve` in Python under the stripe lock, on entry ``held`` = (index, generation)."""
         buf, lay, cache = self._buf, self._lay, self._cache
-        stripe, eoff = b & self._smask, lay.entry(idx)
+        (idx, gen), key, kb, stripe, level = held, ref.key, ref.kb, ref.stripe, int(lv.level)
+        stored = L.align(max(what.size, 1))  # extents are exact multiples of the alignment
+        eoff = lay.entry(idx)
         rec = placed = 0
         placed_ok = False
-        lv = None
         try:
             with self._stripes[stripe]:
-                _, _, e = find_entry(buf, lay, b, h, self.sid, kb)
+                _, _, e = find_entry(buf, lay, ref.bucket, ref.h, self.sid, kb)
                 if e is not None and not shadow:
                     if e[L.E_STATE] == L.WRITING:
-                        raise ObjectLockedError(f"{key!r} is being written by another writer", key)
-                    raise ObjectExistsError(_EXISTS.format(key), key)
+                        raise being_written_error(key)
+                    raise exists_error(key)
                 if not owns_entry(buf, eoff, self.slot, gen):
                     raise EntryStolen
                 ctime = time.time()
                 flags = L.FLAG_SHADOW if shadow else 0
-                head = {"size": stored, "nbytes": nbytes, "atime": _monotonic(), "ctime": ctime, "hash": h,
-                        "gen": gen, "writer": self.slot, "nblobs": nblobs, "keylen": len(kb), "session": self.sid,
-                        "state": L.WRITING, "kind": kind, "level": level, "flags": flags}
-                lv = self.node.levels[Level(level)]
+                head = {"size": stored, "nbytes": what.nbytes, "atime": _monotonic(), "ctime": ctime,
+                        "hash": ref.h, "gen": gen, "writer": self.slot, "nblobs": what.nblobs, "keylen": len(kb),
+                        "session": self.sid, "state": L.WRITING, "kind": what.kind, "level": level, "flags": flags}
 
                 def write_entry(off: int, rec: int, flags_: int) -> None:
-                    self._write_entry(eoff, dict(head, offset=off, extent=rec, flags=flags | flags_), meta, kb)
+                    self._write_entry(eoff, dict(head, offset=off, extent=rec, flags=flags | flags_), what.meta, kb)
                 off, rec, placed = lv.place(key, idx, gen, stored, self._at, write_entry)
                 placed_ok = True
                 L.add_stripe_stats(buf, lay.stripe_stats(stripe), level, stored, 1)
                 if not shadow:
-                    self._table.link(idx, b)
+                    self._table.link(idx, ref.bucket)
         except EntryStolen:
             raise
         except ShmStoreError:  # raised on purpose: nothing linked, the placed space (if any) named by nobody
-            if placed_ok and lv is not None:
+            if placed_ok:
                 lv.unplace(idx, rec, placed)
             cache.entries.append((idx, gen))  # still reserved for us
             raise
         except BaseException:  # from anywhere (asynchronous): see give_up
             self.give_up(idx, gen)
             raise
-        return idx, off, stored, ctime, stripe
+        return Reservation(idx, gen, off, stored, ctime, stripe)
 
     def _write_entry(self, eoff: int, head: dict[str, Any], meta: bytes | None, kb: bytes) -> None:
         buf = self._buf
@@ -258,73 +197,6 @@ class Puts:
         if meta is not None:
             L.set_entry_array(buf, eoff, meta)
         L.set_entry_key(buf, eoff, kb)
-
-    def _fast_reserve(self, key: str, kb: bytes, idx: int, gen: int, h: int, b: int, stripe: int, kind: int,
-                      stored: int, nbytes: int, nblobs: int, meta: bytes | None,
-                      enc: serialize.Encoded | _Stored | None = None) -> tuple[Any, ...] | None:
-        """``reserve`` through the C fast path: place first, then one locked C call.
-
-        With ``enc`` (a contiguous array or bytes value) its bytes are copied
-        into the placed space first and the entry is made sealed: a whole put.
-
-        Returns None (nothing changed) to leave it to the Python path: no room
-        (so that path reports the right error), or the stripe lock was busy.
-
-        Raises:
-            EntryStolen: the entry is not ours any more (nothing changed).
-        """
-        cache = self._cache
-        if stored <= cache.small_max:
-            with cache.chunk_lock:  # until the entry names the chunk (see cache.py)
-                rec, off = cache.carve(stored)
-                if rec:
-                    return self._fast_insert(key, kb, idx, gen, h, b, stripe, kind, stored, nbytes, nblobs, meta,
-                                             enc, rec, off, L.FLAG_IN_CHUNK)
-        try:
-            rec, off = self._memory.alloc_extent(key, idx, gen, stored, self.slot)
-        except StorageFullError:
-            return None
-        return self._fast_insert(key, kb, idx, gen, h, b, stripe, kind, stored, nbytes, nblobs, meta, enc, rec,
-                                 off, 0)
-
-    def _fast_insert(self, key: str, kb: bytes, idx: int, gen: int, h: int, b: int, stripe: int, kind: int,
-                     stored: int, nbytes: int, nblobs: int, meta: bytes | None,
-                     enc: serialize.Encoded | _Stored | None,
-                     rec: int, off: int, flags: int) -> tuple[Any, ...] | None:
-        lay = self._lay
-        try:
-            data = None
-            if enc is not None:
-                if off + enc.size > self._prefault.populated and not flags & L.FLAG_IN_CHUNK:
-                    self._prefault.ensure(off, enc.size, key)
-                data = enc.src
-            ctime = time.time()
-            rc = self._fast.insert(self._meta_addr, lay.buckets, lay.entries, b, h, self.sid, kb,
-                                   self._stripe_addrs[stripe], idx, gen, self.slot, off, stored, nbytes, ctime,
-                                   rec, nblobs, kind, flags, L.WRITING if data is None else L.SEALED, meta,
-                                   self._meta_addr + lay.stripe_stats(stripe), _MEMORY, data,
-                                   self._arena_addr + off)
-        except BaseException:  # maybe after the C call did it all (asynchronous): see give_up
-            self.give_up(idx, gen)  # an extent of its own is named by the entry and goes with it
-            raise
-        if rc == 0:
-            return idx, off, stored, ctime, stripe
-        self._memory.unplace(idx, rec, flags)
-        if rc == _fast_codes.STOLEN:
-            raise EntryStolen
-        if rc == _fast_codes.OWNER_DEAD:  # we hold the lock now and must repair it first
-            self._stripes[stripe].recover_held()
-        if rc == _fast_codes.BEING_WRITTEN:
-            self._cache.entries.append((idx, gen))
-            raise ObjectLockedError(f"{key!r} is being written by another writer", key)
-        if rc == _fast_codes.EXISTS:
-            self._cache.entries.append((idx, gen))
-            raise ObjectExistsError(_EXISTS.format(key), key)
-        return None
-
-    def writable(self, off: int, size: int) -> np.ndarray:
-        """Writable uint8 view of ``size`` arena bytes at ``off`` (for the writer only)."""
-        return np.ndarray((size,), _U8, self._arena, off)
 
     def seal(self, idx: int, stripe: int | None = None) -> None:
         """Make a reserved entry visible (the lock orders the data before the state)."""
@@ -340,8 +212,8 @@ class Puts:
         with self._stripes[stripe]:
             L.ENTRY_HEAD.set(self._buf, self._lay.entry(idx), "state", L.SEALED)  # ``writer`` matters only writing
 
-    def replace(self, key: str, kb: bytes, idx: int, stripe: int) -> None:
-        """Seal overwrite entry ``idx`` in place of whatever ``key`` holds, in one chain store.
+    def replace(self, ref: KeyRef, idx: int, stripe: int) -> None:
+        """Seal overwrite entry ``idx`` in place of whatever the key of ``ref`` holds, in one chain store.
 
         The old object is hidden and freed like a delete: views of it stay
         valid until dropped. A get never finds the key missing meanwhile; a
@@ -349,17 +221,15 @@ class Puts:
         neither (see :meth:`Table.replace`).
 
         Raises:
-            ObjectLockedError: a plain put of ``key`` is being written (ours is dropped).
+            ObjectLockedError: a plain put of the key is being written (ours is dropped).
         """
-        buf, lay, table = self._buf, self._lay, self._table
-        h = _crc32(kb, self.sid)
-        b = h & self._bmask
+        buf, lay, table, b = self._buf, self._lay, self._table, ref.bucket
         eoff = lay.entry(idx)
         with self._stripes[stripe]:
-            old, _, e = find_entry(buf, lay, b, h, self.sid, kb)
+            old, _, e = find_entry(buf, lay, b, ref.h, self.sid, ref.kb)
             if e is not None and e[L.E_STATE] == L.WRITING:
                 self.node.release(idx, cache=self._cache)
-                raise ObjectLockedError(f"{key!r} is being written by another writer", key)
+                raise being_written_error(ref.key)
             L.ENTRY_HEAD.set(buf, eoff, "flags", L.ENTRY_HEAD.get(buf, eoff, "flags") & ~L.FLAG_SHADOW)
             L.ENTRY_HEAD.set(buf, eoff, "state", L.SEALED)
             if e is None:

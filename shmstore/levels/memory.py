@@ -8,6 +8,7 @@ names in the ALLOC-locked section that allocates it (two-way ownership:
 """
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -15,6 +16,8 @@ import numpy as np
 from ..errors import StorageFullError
 from ..kernel import layout as L
 from ..kernel import serialize
+from ..kernel.fastpath import codes
+from ..kernel.refs import Contents, KeyRef, Reservation, being_written_error, exists_error
 from ..kernel.protocols import LevelHost
 from ..kernel.table import EntryStolen, owns_entry
 from ..units import format_size
@@ -23,8 +26,11 @@ from .device import is_device_array, to_host
 
 if TYPE_CHECKING:
     from ..kernel.attach import Attachment
+    from ..kernel.serialize import Encoded
 
 __all__ = ["MemoryLevel", "ArenaSink"]
+
+_MEMORY = int(Level.MEMORY)
 
 
 class MemoryLevel:
@@ -106,6 +112,91 @@ class MemoryLevel:
             node.reclaim_retired_locked()
             free = node.alloc.free_extents()
         return max((size for _, size in free), default=0)
+
+    # ---- the shortcut for small values: the C fast path (kernel/_fast.c) -----------------------------
+    def try_put(self, at: Attachment, ref: KeyRef, what: Encoded | Contents,
+                give_up: Callable[[int, int], object]) -> Reservation | None:
+        """:meth:`place` plus :meth:`write` and the entry's insert in one locked C call: with ``what.src``
+        (a contiguous array or bytes value of at most a chunk's cut, or a fetched copy) its bytes are copied
+        and the entry sealed, a whole put; without, the entry is reserved (state ``writing``).
+
+        Returns None (nothing changed) to leave it to the general way:
+        no C extension, a value the C call cannot copy, no room (so that
+        way reports the right error), or a busy stripe lock. ``give_up``
+        drops the entry where an exception cuts this short.
+
+        Raises:
+            ObjectExistsError: the key is present. ObjectLockedError: it is being written.
+        """
+        cache, src = at.cache, what.src
+        if at.fast is None:
+            return None
+        if src is not None and (what.kind == L.KIND_PICKLE or what.size > cache.small_max or what.device
+                                or (type(src) is np.ndarray and not (src.flags.c_contiguous
+                                                                     or src.flags.f_contiguous))):
+            return None
+        while True:
+            held = cache.take_entry(ref.key)
+            try:
+                done = self._place_and_insert(at, ref, held, what, give_up)
+            except EntryStolen:
+                continue  # another client holds that entry now
+            if done is None:
+                cache.entries.append(held)  # the general way takes an entry of its own
+            return done
+
+    def _place_and_insert(self, at: Attachment, ref: KeyRef, held: tuple[int, int], what: Encoded | Contents,
+                          give_up: Callable[[int, int], object]) -> Reservation | None:
+        """Place ``what`` for entry ``held`` = (index, generation), in a cut of the client's chunk or an extent
+        of its own, then insert the entry (see :meth:`_insert`).
+
+        Raises:
+            EntryStolen: the entry is not ours any more (nothing changed).
+        """
+        cache, stored = at.cache, L.align(max(what.size, 1))
+        if stored <= cache.small_max:
+            with cache.chunk_lock:  # until the entry names the chunk (see cache.py)
+                rec, off = cache.carve(stored)
+                if rec:
+                    return self._insert(at, ref, held, what, (off, rec, L.FLAG_IN_CHUNK, stored), give_up)
+        try:
+            rec, off = self.alloc_extent(ref.key, held[0], held[1], stored, at.slot)
+        except StorageFullError:
+            return None
+        return self._insert(at, ref, held, what, (off, rec, 0, stored), give_up)
+
+    def _insert(self, at: Attachment, ref: KeyRef, held: tuple[int, int], what: Encoded | Contents,
+                space: tuple[int, int, int, int], give_up: Callable[[int, int], object]) -> Reservation | None:
+        """The locked C call: the entry of ``held`` written and linked (copied and sealed with ``what.src``)
+        in ``space`` = (offset, extent, flags, bytes taken); undone where it did not happen."""
+        (idx, gen), (off, rec, flags, stored), lay = held, space, at.lay
+        try:
+            data = what.src
+            if data is not None and off + what.size > at.prefault.populated and not flags & L.FLAG_IN_CHUNK:
+                at.prefault.ensure(off, what.size, ref.key)
+            ctime = time.time()
+            rc = at.fast.insert(at.meta_addr, lay.buckets, lay.entries, ref.bucket, ref.h, at.sid, ref.kb,
+                                at.stripe_addrs[ref.stripe], idx, gen, at.slot, off, stored, what.nbytes, ctime,
+                                rec, what.nblobs, what.kind, flags, L.WRITING if data is None else L.SEALED,
+                                what.meta, at.meta_addr + lay.stripe_stats(ref.stripe), _MEMORY, data,
+                                at.arena_addr + off)
+        except BaseException:  # maybe after the C call did it all (asynchronous): see Puts.give_up
+            give_up(idx, gen)  # an extent of its own is named by the entry and goes with it
+            raise
+        if rc == 0:
+            return Reservation(idx, gen, off, stored, ctime, ref.stripe)
+        self.unplace(idx, rec, flags)
+        if rc == codes.STOLEN:
+            raise EntryStolen
+        if rc == codes.OWNER_DEAD:  # we hold the lock now and must repair it first
+            at.stripes[ref.stripe].recover_held()
+        if rc == codes.BEING_WRITTEN:
+            at.cache.entries.append(held)
+            raise being_written_error(ref.key)
+        if rc == codes.EXISTS:
+            at.cache.entries.append(held)
+            raise exists_error(ref.key)
+        return None
 
     def unplace(self, idx: int, extent: int, flags: int) -> None:
         if not flags & L.FLAG_IN_CHUNK:  # a cut of a chunk stays unused until the chunk goes

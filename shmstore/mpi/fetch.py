@@ -37,6 +37,7 @@ from .. import errors
 from ..kernel import encode_key
 from ..kernel import layout as L
 from ..kernel import migrations
+from ..kernel.refs import Contents
 from ..levels import Level, parse_levels
 from ..placement import DEFAULT_PUT_LEVELS
 from . import tags as T
@@ -257,19 +258,18 @@ class Fetcher:
         what a refusal deletes), None where it was put here meanwhile (another rank of this node landed the
         same small object, or put or overwrote the key: what we wanted)."""
         order = parse_levels(levels, DEFAULT_PUT_LEVELS)
-        kernel, kb, n = self.kernel, encode_key(key), found.nbytes
+        kernel, ref, n = self.kernel, self.kernel.begin(key), found.nbytes
+        what = Contents(found.kind, n, n, found.nblobs, found.array_meta)
         deadline, nap = time.monotonic() + self.store.config.spill_timeout, 20e-6
         while True:
             try:
                 if found.inline is not None and order[0] == Level.MEMORY:  # small: one C call copies and seals
-                    copy: W.Version = kernel.put_stored(key, kb, found.kind, n, found.nblobs, found.array_meta,
-                                                         found.inline)
+                    copy: W.Version = kernel.puts.put_stored(ref, what._replace(src=found.inline), Level.MEMORY)
                     if copy is not None:
                         self._count(n)
                         return copy
-                res = self.store.placement.place(
-                    key, order, lambda level: (level,) + kernel.reserve(key, kb, found.kind, n, n, found.nblobs,
-                                                                        found.array_meta, level=level))
+                level, r = self.store.placement.place(key, order,
+                                                      lambda level: (level, kernel.puts.reserve(ref, what, level)))
                 break
             except errors.ObjectExistsError:
                 self._release(src, found)
@@ -286,15 +286,14 @@ class Fetcher:
             except BaseException:
                 self._release(src, found)
                 raise
-        level, idx, off, stored, ctime, stripe = res
         try:
-            self._receive(key, src, level, idx, off, found, block)
+            self._receive(key, src, level, r.idx, r.offset, found, block)
         except BaseException:
-            kernel.abort(idx)
+            kernel.puts.abort(r.idx)
             raise
-        kernel.seal(idx, stripe)
+        kernel.puts.seal(r.idx, r.stripe)
         self._count(n)
-        return float(ctime)
+        return float(r.ctime)
 
     def _release(self, src: int, found: W.Found) -> None:
         """Let the source unpin what it pinned for us (a large object we will not take)."""
