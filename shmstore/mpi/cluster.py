@@ -125,6 +125,17 @@ class Cluster:
         self._fetcher.streams = value
 
     @property
+    def links(self) -> Links:
+        """What every part of this cluster shares (communicators, messenger, where this rank is); owned by the
+        cluster (a seam for tools and tests: calls through ``links.messenger`` reach node services)."""
+        return self._links
+
+    @property
+    def service(self) -> Service | None:
+        """This node's service where this rank leads the node, else None (a seam for tools and tests)."""
+        return self._service
+
+    @property
     def comm(self) -> MPI.Comm:
         """The job's communicator as the cluster uses it (a private duplicate: its traffic never meets yours)."""
         return self._comm

@@ -107,6 +107,11 @@ class Service:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def sending(self) -> bool:
+        """Whether a bulk send is under way (its requester's next request, a registration, comes soon)."""
+        return any(t.name == _SENDER and t.is_alive() for t in self._workers)
+
     def close(self, wait: float = 60.0) -> None:
         """Stop serving (once nobody sends requests any more); idempotent. Drops uncollected leases and
         aborts remote writers. ``wait``: seconds to give the loop, and each pull or send under way, to end
@@ -138,7 +143,7 @@ class Service:
             if self._outbox.out or self._outbox.handed:
                 self._outbox.tend()
             try:
-                if self._outbox.out or any(t.name == _SENDER and t.is_alive() for t in self._workers):
+                if self._outbox.out or self.sending:
                     # a transfer's next request (its registration) comes as soon as the bytes are out
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, 0.002)
                     last = time.monotonic()

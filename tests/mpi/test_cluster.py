@@ -466,7 +466,7 @@ def test_directory_stays_exact_under_concurrent_put_fetch_migrate_delete(cluster
     cluster.barrier()  # every fetch's registration handled
     def truth(k):
         return [name for i, name in enumerate(cluster.nodes)
-                if (k in cluster.store if i == cluster.node_index else cluster._msg.call(i, W.Has(k)))]
+                if (k in cluster.store if i == cluster.node_index else cluster.links.messenger.call(i, W.Has(k)))]
 
     for k in every[comm.rank::comm.size]:
         assert set(truth(k)) <= set(cluster.locate(k)), k
@@ -487,17 +487,18 @@ def test_get_many_fetches_small_objects_in_batched_round_trips(cluster, comm, ke
             cluster.put(k, np.full(16, i))
     comm.Barrier()
     calls: list[str] = []
-    call = cluster._msg.call
+    messenger = cluster.links.messenger
+    call = messenger.call
 
     def counting(node, msg, key=None, **kw):
         calls.append(type(msg).__name__)
         return call(node, msg, key, **kw)
 
-    cluster._msg.call = counting
+    messenger.call = counting
     try:
         values = cluster.get_many(keys + keys[:3])  # repeats are fine
     finally:
-        del cluster._msg.call
+        del messenger.call
     assert [int(v[0]) for v in values] == list(range(n)) + [0, 1, 2]
     if cluster.node_index != 0:  # fetched: a few batched requests, not three per key
         rounds = -(-n // T.BATCH)  # each: holders per home node, lookups per source node, registration per home

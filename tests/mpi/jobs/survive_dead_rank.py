@@ -103,11 +103,10 @@ def run(c: Cluster, op: str, keys: list[str], first: int, calls: int) -> tuple[s
 def kill_self(c: Cluster, op: str, how: signal.Signals) -> None:
     """Die (SIGKILL: nothing cleaned) or hang (SIGSTOP) mid-transfer where this node's service sends one, else
     after a moment."""
-    service = c._service
+    service = c.service
     deadline = time.monotonic() + random.Random(c.store.name).uniform(0.05, 0.3)
     while time.monotonic() < deadline:
-        if op in ("get", "fetch", "migrate") and service is not None and \
-                any(t.name == "shmstore-mpi-send" and t.is_alive() for t in service._workers):
+        if op in ("get", "fetch", "migrate") and service is not None and service.sending:
             break
         time.sleep(0.0005)
     print(f"{'killing' if how == signal.SIGKILL else 'stopping'} rank {c.rank} (leader of {c.node}) during {op}",
