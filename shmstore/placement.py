@@ -14,6 +14,7 @@ and never while holding a store lock:
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Callable, TypeVar
 
 from .config import Config
@@ -53,8 +54,7 @@ class Placement:
             StorageFullError: no level has room (the last level's error).
             SpillError: making room failed (disk full, I/O error).
         """
-        kernel = self.kernel
-        info: ObjectInfo = self.place(key, order, lambda level: kernel.put(key, obj, level, overwrite))
+        info: ObjectInfo = self.place(key, order, partial(self.kernel.put, key, obj, overwrite=overwrite))
         self.hint(info.stored)
         return info
 

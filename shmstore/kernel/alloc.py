@@ -195,20 +195,23 @@ class Allocator:
             L.extent_write(buf, lay.extent(used_rec), start, size, rec, next_phys, 0, 0, flags, owner)
             if next_phys:
                 L.EXTENT.set(buf, lay.extent(next_phys), "prev_phys", used_rec)
-            self._shrink(rec, offset, xsize, rest, prev_phys, used_rec, prev_free, next_free)
+            self._shrink(rec, offset, (xsize, rest), (prev_phys, used_rec), (prev_free, next_free))
         else:  # from the front: the free rest keeps the end
             used_rec, start = self._new_record(), offset
             L.extent_write(buf, lay.extent(used_rec), offset, size, prev_phys, rec, 0, 0, flags, owner)
             if prev_phys:
                 L.EXTENT.set(buf, lay.extent(prev_phys), "next_phys", used_rec)
-            self._shrink(rec, offset + size, xsize, rest, used_rec, next_phys, prev_free, next_free)
+            self._shrink(rec, offset + size, (xsize, rest), (used_rec, next_phys), (prev_free, next_free))
             if self.gpu < 0 and start + size > L.ALLOC.get(buf, "frontier"):
                 L.ALLOC.set(buf, "frontier", start + size)
         return used_rec, start
 
-    def _shrink(self, rec: int, offset: int, old_size: int, size: int, prev_phys: int, next_phys: int,
-                prev_free: int, next_free: int) -> None:
-        """Rewrite free extent ``rec`` smaller, moving it to another bin only if it must."""
+    def _shrink(self, rec: int, offset: int, sizes: tuple[int, int], phys: tuple[int, int],
+                free: tuple[int, int]) -> None:
+        """Rewrite free extent ``rec`` smaller (``sizes`` = (old, new)) at ``offset``, between its physical
+        neighbours ``phys`` = (previous, next), moving it out of its bin (linked ``free`` = (previous, next))
+        to another only if it must."""
+        (old_size, size), (prev_phys, next_phys), (prev_free, next_free) = sizes, phys, free
         if size.bit_length() == old_size.bit_length():  # same bin: in place
             L.extent_write(self._buf, self._layout.extent(rec), offset, size, prev_phys, next_phys, prev_free,
                            next_free, L.EXT_FREE, 0)

@@ -24,7 +24,6 @@ from .protocols import StorageLevel
 
 __all__ = ["Puts"]
 
-_MEMORY = int(Level.MEMORY)
 _monotonic = time.monotonic
 
 Shortcut = Callable[[Attachment, KeyRef, "serialize.Encoded | Contents", Callable[[int, int], object]],
@@ -32,7 +31,8 @@ Shortcut = Callable[[Attachment, KeyRef, "serialize.Encoded | Contents", Callabl
 """A level's optional ``try_put(at, ref, what, give_up)``: ``what`` placed and its entry inserted in one
 step (with ``what.src``: copied and sealed, a whole put; without: reserved), or None (nothing changed) where
 the general way must do it. Raises ObjectExistsError or ObjectLockedError; ``give_up(idx, gen)`` drops an
-entry it was cut short inside. Only MEMORY has one (its C fast path); the verbs never ask which level."""
+entry it was cut short inside. Only the arena level has one (its C fast path); the verbs never ask which level
+has one."""
 
 
 class Puts:
@@ -52,11 +52,11 @@ class Puts:
         self._at = at
         self._levels: dict[int, tuple[StorageLevel, Shortcut | None]] = {}  # level: (it, its try_put)
 
-    def put(self, ref: KeyRef, obj: Any, level: int = _MEMORY, overwrite: bool = False) -> ObjectInfo:
+    def put(self, ref: KeyRef, obj: Any, level: int, overwrite: bool = False) -> ObjectInfo:
         """Store ``obj`` under the key of ``ref`` on ``level``.
 
-        A level with a shortcut for small values (``try_put``: MEMORY's one
-        C call) is asked first; everything else goes the one general way:
+        A level with a shortcut for small values (``try_put``: the arena's
+        one C call) is asked first; everything else goes the one general way:
         reserve, write outside any lock, seal. With ``overwrite``, an
         existing object of the key is replaced atomically (see
         :meth:`replace`).
@@ -101,7 +101,7 @@ class Puts:
         found = self._levels[level] = (lv, getattr(lv, "try_put", None))  # optional: see Shortcut
         return found
 
-    def put_stored(self, ref: KeyRef, what: Contents, level: int = _MEMORY) -> float | None:
+    def put_stored(self, ref: KeyRef, what: Contents, level: int) -> float | None:
         """A small object from its stored bytes ``what.src`` (a fetched copy), copied and sealed in one step
         by ``level``'s shortcut (as a small :meth:`put`): its creation time (``ObjectInfo.created``).
 
@@ -124,7 +124,7 @@ class Puts:
         return ObjectInfo(key, enc.nbytes, level, False, True, enc.nblobs, serialize.KIND_NAMES[enc.kind],
                           stored, 0, self.session, ctime)
 
-    def reserve(self, ref: KeyRef, what: Contents, level: int = _MEMORY, shadow: bool = False) -> Reservation:
+    def reserve(self, ref: KeyRef, what: Contents, level: int, shadow: bool = False) -> Reservation:
         """Create an invisible ``writing`` entry for ``what`` (``what.src`` unused) on ``level``, with
         ``what.size`` bytes of the level's space (arena or disk quota).
 

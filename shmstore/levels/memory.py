@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["MemoryLevel", "ArenaSink"]
 
 _MEMORY = int(Level.MEMORY)
+_new = tuple.__new__
 
 
 class MemoryLevel:
@@ -184,7 +185,8 @@ class MemoryLevel:
             give_up(idx, gen)  # an extent of its own is named by the entry and goes with it
             raise
         if rc == 0:
-            return Reservation(idx, gen, off, stored, ctime, ref.stripe)
+            done: Reservation = _new(Reservation, (idx, gen, off, stored, ctime, ref.stripe))  # no Python __new__
+            return done
         self.unplace(idx, rec, flags)
         if rc == codes.STOLEN:
             raise EntryStolen
