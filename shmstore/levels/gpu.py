@@ -64,6 +64,8 @@ if TYPE_CHECKING:
 __all__ = ["GpuLevel", "cupy_or_reason", "device_of", "is_device_array", "to_host", "pin_token", "DEFAULT_FRACTION"]
 
 DEFAULT_FRACTION = 0.5  # of the device's free memory, for an arena whose size was not set
+
+
 def device_of(offset: int) -> int:
     """The device ordinal of a GPU arena offset."""
     return (offset >> L.GPU_BASE_SHIFT) - 1

@@ -1,4 +1,4 @@
-"""Requests from clients to the spill process: make room, move an object.
+"""Requests from clients to the spill process: make room, move an object, make a device level's arena.
 
 Each client has one request record in its CLIENT record. The client writes
 it (status ``pending``, a new sequence number) and posts the store's wake
