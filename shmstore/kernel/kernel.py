@@ -197,11 +197,12 @@ class Kernel:
             if r == _codes.OWNER_DEAD:  # its holder died: we hold it now and must repair it first
                 self._stripes[stripe].recover_held()
         with self._stripes[stripe]:
-            idx, eoff, e = find_entry(buf, self._lay, ref.bucket, ref.h, self.sid, ref.kb)
-            if e is None or e[L.E_STATE] != L.SEALED:
+            idx, eoff, raw = find_entry(buf, self._lay, ref.bucket, ref.h, self.sid, ref.kb)
+            e: L.Entry | None = None if raw is None else _new(L.Entry, raw)
+            if e is None or e.state != L.SEALED:
                 raise self._not_found(key)
             if not pin:
-                return _new(Located, (idx, _new(L.Entry, e), self._array(idx, eoff, e[L.E_KIND], e[L.E_GEN])))
+                return _new(Located, (idx, e, self._array(idx, eoff, e.kind, e.gen)))
             self.pins.up(idx)
         return self._pinned(idx, eoff, e)
 
@@ -252,7 +253,7 @@ class Kernel:
             if default is _RAISE:
                 raise
             return default
-        if e[L.E_LEVEL] in self._devices:
+        if e.level in self._devices:
             obj = self._device_value(idx, e, array)
         elif array is not None:
             obj = self.lease(idx, e, array)  # the array itself holds the pin: one numpy object
@@ -260,11 +261,11 @@ class Kernel:
             obj = serialize.decode(e.kind, self.lease(idx, e), e.nbytes)
         return obj if conditions is None else apply_conditions(key, obj, conditions)
 
-    def _device_value(self, idx: int, e: tuple[Any, ...], array: tuple[Any, ...] | None) -> Any:
+    def _device_value(self, idx: int, e: L.Entry, array: tuple[Any, ...] | None) -> Any:
         """The value of an object on a device level (pinned by the caller): a device array over the shared
         allocation, whose memory owner holds the pin."""
-        level = self._devices[e[L.E_LEVEL]]
-        token = pin_token(self._release, idx, e[L.E_GEN])  # dropped on failure: its finalizer unpins
+        level = self._devices[Level(e.level)]
+        token = pin_token(self._release, idx, e.gen)  # dropped on failure: its finalizer unpins
         try:
             return level.value(e, array, token)
         except OSError as exc:
@@ -290,30 +291,30 @@ class Kernel:
         obj._release = (self._release, idx, gen)
         return obj
 
-    def lease(self, idx: int, e: tuple[Any, ...], array: tuple[Any, ...] | None = None) -> np.ndarray:
+    def lease(self, idx: int, e: L.Entry, array: tuple[Any, ...] | None = None) -> np.ndarray:
         """Read-only view of entry ``idx`` (pinned by the caller) that unpins with its last view.
 
         Its bytes as a :class:`Lease`, or with ``array = (dtype, shape,
         order)`` the stored array as a :class:`SharedArray`. A DISK object is
         mapped from its file: a slice reads only the pages it touches.
         """
-        n = e[L.E_NBYTES]
+        n, gen = e.nbytes, e.gen
         buf: Any
-        if e[L.E_LEVEL] == _MEMORY or n == 0:
-            buf, off = self._ro, e[L.E_OFFSET] if n else 0
+        if e.level == _MEMORY or n == 0:
+            buf, off = self._ro, e.offset if n else 0
         else:
-            level = Level(e[L.E_LEVEL])
+            level = Level(e.level)
             try:
-                buf, off = self.node.levels[level].view(idx, e[L.E_GEN], e[L.E_OFFSET], n)
+                buf, off = self.node.levels[level].view(idx, gen, e.offset, n)
             except OSError as exc:
-                self._release(idx, e[L.E_GEN])
+                self._release(idx, gen)
                 raise SpillError(f"cannot read object (entry {idx}) on {level}: {exc}") from exc
         view: Lease | SharedArray
         if array is None:
             view = np.ndarray.__new__(Lease, (n,), _U8, buf, off)
         else:
             view = np.ndarray.__new__(SharedArray, array[1], array[0], buf, off, None, array[2])
-        view._release = (self._release, idx, e[L.E_GEN])
+        view._release = (self._release, idx, gen)
         return view
 
     def read_small(self, key: str, max_bytes: int) -> tuple[int, int, int, bytes | None, bytes] | None:
@@ -338,14 +339,14 @@ class Kernel:
             self._stripes[self._stripe_of(key)].recover_held()
         return None
 
-    def copy_pinned(self, idx: int, e: tuple[Any, ...]) -> bytes:
+    def copy_pinned(self, idx: int, e: L.Entry) -> bytes:
         """The bytes of entry ``idx`` (pinned by the caller, in MEMORY), copied out; the pin is dropped: a
         small object sent inside a message, without a lease to build and collect."""
         try:
-            off, n = e[L.E_OFFSET], e[L.E_NBYTES]
+            off, n = e.offset, e.nbytes
             return bytes(self._ro[off: off + n]) if n else b""
         finally:
-            self._release(idx, e[L.E_GEN])
+            self._release(idx, e.gen)
 
     # ---- export: an object as another node receives it ---------------------
     def export(self, key: str, inline_max: int) -> Exported:
@@ -394,8 +395,9 @@ class Kernel:
         ref = self.begin(key)
         b = ref.bucket
         with self._stripes[ref.stripe]:
-            idx, _, e = find_entry(self._buf, self._lay, b, ref.h, self.sid, ref.kb)
-            if e is None or e[L.E_STATE] != L.SEALED or (copy is not None and copy != e[L.E_CTIME]):
+            idx, eoff, found = find_entry(self._buf, self._lay, b, ref.h, self.sid, ref.kb)
+            e = None if found is None else L.entry(self._buf, eoff)
+            if e is None or e.state != L.SEALED or (copy is not None and copy != e.ctime):
                 if missing_ok:
                     return
                 raise ObjectNotFoundError(f"no object {key!r} to delete", key)
@@ -403,7 +405,7 @@ class Kernel:
             # chain, which the stripe's repair unlinks; never a sealed entry out of every chain
             self._table.mark_deleted(idx)
             self._table.unlink(idx, b)
-            if not self._table.pin_count(idx) and not e[L.E_FLAGS] & L.FLAG_MOVING:  # else: last pin / mover
+            if not self._table.pin_count(idx) and not e.flags & L.FLAG_MOVING:  # else: last pin / mover
                 self.node.release(idx, cache=self._cache)
 
     def contains(self, key: str) -> bool:
@@ -416,8 +418,8 @@ class Kernel:
                 self._stripes[self._stripe_of(key)].recover_held()
         ref = self.begin(key)
         with self._stripes[ref.stripe]:
-            _, _, e = find_entry(self._buf, self._lay, ref.bucket, ref.h, self.sid, ref.kb)
-            return e is not None and e[L.E_STATE] == L.SEALED
+            _, eoff, found = find_entry(self._buf, self._lay, ref.bucket, ref.h, self.sid, ref.kb)
+            return found is not None and L.entry(self._buf, eoff).state == L.SEALED
 
     def info(self, key: str) -> ObjectInfo:
         """ObjectInfo of ``key``.
@@ -428,10 +430,9 @@ class Kernel:
         idx, e, _ = self.lookup(self.begin(key), False)
         return self._info(key, e, self._table.pin_count(idx))
 
-    def _info(self, key: str, e: tuple[Any, ...], pins: int) -> ObjectInfo:
-        return ObjectInfo(key, e[L.E_NBYTES], Level(e[L.E_LEVEL]), pins > 0, e[L.E_STATE] == L.SEALED,
-                          e[L.E_NBLOBS], serialize.KIND_NAMES[e[L.E_KIND]], e[L.E_SIZE], pins,
-                          self.session_name(e[L.E_SESSION]), e[L.E_CTIME])
+    def _info(self, key: str, e: L.Entry, pins: int) -> ObjectInfo:
+        return ObjectInfo(key, e.nbytes, Level(e.level), pins > 0, e.state == L.SEALED, e.nblobs,
+                          serialize.KIND_NAMES[e.kind], e.size, pins, self.session_name(e.session), e.ctime)
 
     def list(self, level: Level | None = None, all_sessions: bool = False) -> list[ObjectInfo]:
         """Sealed objects of this session (or all), optionally on one level."""
@@ -446,9 +447,9 @@ class Kernel:
         out = []
         for idx in np.flatnonzero(mask):
             eoff = self._lay.entry(int(idx))
-            e = L.entry_raw(self._buf, eoff)
-            if e[L.E_STATE] == L.SEALED:
-                key = L.entry_key(self._buf, eoff, e[L.E_KEYLEN]).decode(errors="replace")
+            e = L.entry(self._buf, eoff)
+            if e.state == L.SEALED:
+                key = L.entry_key(self._buf, eoff, e.keylen).decode(errors="replace")
                 out.append(self._info(key, e, int(pins[idx])))
         return out
 

@@ -159,9 +159,9 @@ class Puts:
         placed_ok = False
         try:
             with self._stripes[stripe]:
-                _, _, e = find_entry(buf, lay, ref.bucket, ref.h, self.sid, kb)
-                if e is not None and not shadow:
-                    if e[L.E_STATE] == L.WRITING:
+                _, other_off, other = find_entry(buf, lay, ref.bucket, ref.h, self.sid, kb)
+                if other is not None and not shadow:
+                    if L.entry(buf, other_off).state == L.WRITING:
                         raise being_written_error(key)
                     raise exists_error(key)
                 if not owns_entry(buf, eoff, self.slot, gen):
@@ -226,8 +226,9 @@ class Puts:
         buf, lay, table, b = self._buf, self._lay, self._table, ref.bucket
         eoff = lay.entry(idx)
         with self._stripes[stripe]:
-            old, _, e = find_entry(buf, lay, b, ref.h, self.sid, ref.kb)
-            if e is not None and e[L.E_STATE] == L.WRITING:
+            old, old_off, found = find_entry(buf, lay, b, ref.h, self.sid, ref.kb)
+            e = None if found is None else L.entry(buf, old_off)
+            if e is not None and e.state == L.WRITING:
                 self.node.release(idx, cache=self._cache)
                 raise being_written_error(ref.key)
             L.ENTRY_HEAD.set(buf, eoff, "flags", L.ENTRY_HEAD.get(buf, eoff, "flags") & ~L.FLAG_SHADOW)
@@ -236,9 +237,9 @@ class Puts:
                 table.link(idx, b)
                 return
             table.replace(old, idx, b)
-            if e[L.E_STATE] == L.SEALED:  # (a deleted one still linked: a delete was killed half way)
+            if e.state == L.SEALED:  # (a deleted one still linked: a delete was killed half way)
                 table.mark_deleted(old)
-            if not table.pin_count(old) and not e[L.E_FLAGS] & L.FLAG_MOVING:  # else: last pin / mover
+            if not table.pin_count(old) and not e.flags & L.FLAG_MOVING:  # else: last pin / mover
                 self.node.release(old, cache=self._cache)
 
     def give_up(self, idx: int, gen: int, blocking: bool = True) -> bool:
@@ -276,14 +277,14 @@ class Puts:
     def _give_up_locked(self, idx: int, gen: int, blocking: bool) -> bool:
         """:meth:`give_up` with the entry's stripe lock held."""
         buf, eoff, table = self._buf, self._lay.entry(idx), self._table
-        e = L.entry_raw(buf, eoff)
-        if e[L.E_GEN] != gen or e[L.E_WRITER] != self.slot or e[L.E_STATE] not in (L.RESERVED, L.WRITING):
+        e = L.entry(buf, eoff)
+        if e.gen != gen or e.writer != self.slot or e.state not in (L.RESERVED, L.WRITING):
             return True
-        if e[L.E_STATE] == L.RESERVED and not e[L.E_EXTENT]:
+        if e.state == L.RESERVED and not e.extent:
             self._cache.entries.append((idx, gen))
             return True
         b = table.bucket_of(idx)
-        linked = e[L.E_STATE] == L.WRITING and table.unlink(idx, b)
+        linked = e.state == L.WRITING and table.unlink(idx, b)
         try:
             done = self.node.release(idx, blocking, cache=self._cache)  # False: the ALLOC lock is taken
         except ShmStoreError:  # the ALLOC lock stayed taken for its timeout: raised on purpose, so the
