@@ -34,7 +34,7 @@ import time
 from typing import Callable
 
 from ..config import Config
-from ..errors import ShmStoreError, StorageFullError
+from ..errors import ConfigError, ShmStoreError, StorageFullError
 from ..kernel import NodeStore
 from ..kernel import layout as L
 from ..kernel import migrations
@@ -76,9 +76,12 @@ class _Spiller:
             # store by name and get the new one. Recovering it would roll back the moves its own
             # spill process has in flight (which then switched objects to files we had removed) and
             # take its files for strays. So we touch nothing: the new store has its spill process, and
-            # the last client of the first removes what is the first's (NodeStore.unlink).
-            log.warning("%s: started for a store that no longer has this name; leaving alone the store that "
-                        "has it now", self.label)
+            # the last client of the first removes what is the first's (NodeStore.unlink). The same rule
+            # makes a spill process started by hand beside the store's own leave: one per store, the one
+            # whose pid its header holds.
+            log.warning("%s: spill process %d serves this store, not this one (started beside it, or for an "
+                        "older store that no longer has this name); leaving it alone", self.label,
+                        L.HEAD.get(self.node.buf, "spill_pid"))
             return 0
         for level in self.node.levels.values():
             try:
@@ -214,8 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_file)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        node = NodeStore.open(Config.from_kwargs(name=args.name, node=args.node, spill_dir=args.spill_dir,
-                                                 prefault=0), create=False)
+        cfg = Config.from_kwargs(name=args.name, node=args.node, spill_dir=args.spill_dir, prefault=0)
+    except ConfigError as exc:  # a bad argument or SHMSTORE_* variable: say which, exit 2 (as argparse does)
+        if args.log_file:
+            log.error("%s", exc)  # its stderr may be /dev/null (see kernel.procs.spill_output)
+        parser.error(str(exc))
+    try:
+        node = NodeStore.open(cfg, create=False)
     except (FileNotFoundError, ShmStoreError, PermissionError, BlockingIOError):
         return 0  # the store is gone already
     node.use_levels(open_levels(node))  # no requests to send: this process makes and owns the device arenas
