@@ -74,7 +74,7 @@ class Bare:
         """Free a placed entry as ``NodeStore.release`` does: bytes outside the table first, then the space."""
         node = self.node
         with node.stripe_of(idx):
-            e = L.entry_raw(node.buf, node.layout.entry(idx))
+            e = L.entry(node.buf, node.layout.entry(idx))
             lv.drop(idx, e)
             with node.alloc_lock:
                 lv.free_locked(idx, e)

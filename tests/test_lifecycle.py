@@ -172,6 +172,9 @@ def test_spill_process_of_a_store_removed_behind_its_back_exits_and_removes_its_
     s = shmstore.connect(name, capacity="16MiB", spill_dir=str(tmp_path), persist=True)
     s.put("a", np.arange(1000), levels=[Level.DISK])
     spill = s.spill_pid
+    # it has opened the store (a spill process that starts after the names are gone opens nothing and leaves
+    # the files: under load, it could start later than the sleep below)
+    assert wait_for(lambda: L.unpack_spill_state(s._node.buf).heartbeat > 0, timeout=20)
     s.close()
     time.sleep(3 * 0.25)
     assert spill_running(spill)  # a persistent store without clients keeps its spill process

@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -300,7 +300,7 @@ class NodeStore:
             lock.release()
         return True
 
-    def _free_locked(self, idx: int, e: tuple[Any, ...], level: MovableLevel | None) -> None:
+    def _free_locked(self, idx: int, e: L.Entry, level: MovableLevel | None) -> None:
         if level is not None:
             level.free_locked(idx, e)
         self.table.release_entry(idx, free_extent=level is None)

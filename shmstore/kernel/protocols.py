@@ -132,11 +132,13 @@ class Sink(Protocol):
 class StorageLevel(Protocol):
     """One storage level of a node store, as one process sees it.
 
-    Made by the registry from a :class:`LevelHost`; owns
-    what it opened in this process (a directory descriptor, a device
-    mapping), released by ``close``. Thread-safe. The metadata methods
-    (``place`` ... ``abort_move``, ``total``) work in every process, even
-    one that cannot reach the level's bytes (a GPU level without a device):
+    Made by the registry from a :class:`LevelHost` and owned by the node
+    store it is handed to (``NodeStore.use_levels``); owns what it opened in
+    this process (a directory descriptor, a device mapping), released by
+    ``close`` (idempotent). Thread-safe. The metadata methods (``place``,
+    ``free_locked``, ``abort_move``, ``total``, ``check``,
+    ``recount_locked``, ``drop_lost`` ...) work in every process, even one
+    that cannot reach the level's bytes (a GPU level without a device):
     whoever frees an entry frees its space.
     """
 
@@ -190,10 +192,10 @@ class StorageLevel(Protocol):
             OSError: the bytes cannot be reached (a missing spill file).
         """
 
-    def drop(self, idx: int, e: tuple[Any, ...]) -> None:
+    def drop(self, idx: int, e: L.Entry) -> None:
         """Remove the bytes of entry ``e`` being freed that live outside the table (files); never raises."""
 
-    def free_locked(self, idx: int, e: tuple[Any, ...]) -> None:
+    def free_locked(self, idx: int, e: L.Entry) -> None:
         """Give back the space entry ``e`` holds on this level (its extent, its quota charge)."""
 
     def check(self, t: np.ndarray) -> list[str]:
@@ -220,7 +222,7 @@ class StorageLevel(Protocol):
 class MovableLevel(StorageLevel, Protocol):
     """A level objects can be moved onto and off (by the spill process's mover)."""
 
-    def charge_move_locked(self, idx: int, e: tuple[Any, ...]) -> None:
+    def charge_move_locked(self, idx: int, e: L.Entry) -> None:
         """Charge this level for a move of entry ``e`` onto it, where the level counts space up front.
 
         Raises:
@@ -243,7 +245,7 @@ class MovableLevel(StorageLevel, Protocol):
             OSError: the level could not store them (the move then gives up).
         """
 
-    def abort_move(self, idx: int, e: tuple[Any, ...]) -> None:
+    def abort_move(self, idx: int, e: L.Entry) -> None:
         """Roll back a move of entry ``e`` onto this level: what it placed and charged goes, and the
         entry stops moving (stripe lock held; takes the ALLOC lock)."""
 
@@ -251,7 +253,7 @@ class MovableLevel(StorageLevel, Protocol):
 class DeviceLevel(MovableLevel, Protocol):
     """A level whose bytes live in device memory, reached through arenas its owner process makes."""
 
-    def value(self, e: tuple[Any, ...], array: tuple[Any, ...] | None, token: Any) -> Any:
+    def value(self, e: L.Entry, array: tuple[Any, ...] | None, token: Any) -> Any:
         """The value of entry ``e`` (pinned by the caller): a device array over its bytes (``array`` =
         dtype, shape, order) whose memory owner is ``token`` (it holds the pin); other kinds as the level
         gives them back.
@@ -260,7 +262,7 @@ class DeviceLevel(MovableLevel, Protocol):
             OSError: the bytes cannot be reached here.
         """
 
-    def export(self, e: tuple[Any, ...], token: Any) -> Any:
+    def export(self, e: L.Entry, token: Any) -> Any:
         """The stored bytes of entry ``e`` (pinned by the caller) as one flat uint8 device array, to send
         as they are; ``token`` holds the pin as long as the array lives."""
 

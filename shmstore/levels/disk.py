@@ -94,11 +94,11 @@ class DiskLevel:
     def unplace(self, idx: int, extent: int, flags: int) -> None:
         pass  # the entry carries the charge: it goes when the entry is freed
 
-    def drop(self, idx: int, e: tuple[Any, ...]) -> None:
-        self.files.remove(idx, e[L.E_GEN])
+    def drop(self, idx: int, e: L.Entry) -> None:
+        self.files.remove(idx, e.gen)
 
-    def free_locked(self, idx: int, e: tuple[Any, ...]) -> None:
-        self._refund_locked(e[L.E_SIZE])
+    def free_locked(self, idx: int, e: L.Entry) -> None:
+        self._refund_locked(e.size)
 
     # ---- bytes ---------------------------------------------------------------------
     def write(self, idx: int, gen: int, offset: int, flags: int, enc: serialize.Encoded, key: str) -> None:
@@ -117,8 +117,8 @@ class DiskLevel:
         return self.files.map(idx, gen, nbytes), 0
 
     # ---- moves onto this level -----------------------------------------------------------
-    def charge_move_locked(self, idx: int, e: tuple[Any, ...]) -> None:
-        self._charge_locked(None, e[L.E_SIZE])
+    def charge_move_locked(self, idx: int, e: L.Entry) -> None:
+        self._charge_locked(None, e.size)
 
     def space_for_move(self, idx: int, size: int) -> tuple[int, int]:
         return 0, 0  # charged up front (charge_move_locked); the file is written whole
@@ -134,11 +134,11 @@ class DiskLevel:
             src = host
         self.files.write(idx, gen, [(0, memoryview(src).cast("B")[:size])], size, progress=progress)
 
-    def abort_move(self, idx: int, e: tuple[Any, ...]) -> None:
+    def abort_move(self, idx: int, e: L.Entry) -> None:
         node, eoff = self.host, self.host.layout.entry(idx)
-        self.files.remove(idx, e[L.E_GEN])  # first: a crash leaves a moving entry, which recover() rolls back
+        self.files.remove(idx, e.gen)  # first: a crash leaves a moving entry, which recover() rolls back
         with node.alloc_lock:
-            self._refund_locked(e[L.E_SIZE])
+            self._refund_locked(e.size)
             L.ENTRY_HEAD.set(node.buf, eoff, "flags", L.ENTRY_HEAD.get(node.buf, eoff, "flags") & ~L.FLAG_MOVING)
 
     # ---- checks and recovery -------------------------------------------------------------
@@ -205,9 +205,9 @@ class DiskLevel:
         if len(parts) > 3 or (len(parts) == 3 and parts[2] != "tmp") or not 0 <= idx < lay.max_objects:
             return False
         with self.host.stripe_of(idx):
-            e = L.entry_raw(self.host.buf, lay.entry(idx))
-            if e[L.E_STATE] not in (L.FREE, L.RESERVED) and e[L.E_GEN] == gen and e[L.E_LEVEL] == self.level:
-                if len(parts) == 2 or e[L.E_STATE] == L.WRITING:
+            e = L.entry(self.host.buf, lay.entry(idx))
+            if e.state not in (L.FREE, L.RESERVED) and e.gen == gen and e.level == self.level:
+                if len(parts) == 2 or e.state == L.WRITING:
                     return False
             self.files.unlink(name)
         return True

@@ -232,12 +232,12 @@ class GpuLevel:
     def unplace(self, idx: int, extent: int, flags: int) -> None:
         unplace_extent(self.host, idx, extent)
 
-    def drop(self, idx: int, e: tuple[Any, ...]) -> None:
+    def drop(self, idx: int, e: L.Entry) -> None:
         pass
 
-    def free_locked(self, idx: int, e: tuple[Any, ...]) -> None:
-        if e[L.E_EXTENT]:  # records are shared: the allocator frees it into its own arena's bins
-            self.host.alloc.free_owned(e[L.E_EXTENT], idx + 1)
+    def free_locked(self, idx: int, e: L.Entry) -> None:
+        if e.extent:  # records are shared: the allocator frees it into its own arena's bins
+            self.host.alloc.free_owned(e.extent, idx + 1)
 
     def largest_free(self) -> int:
         alloc = self.host.gpu_alloc(self.device())
@@ -272,22 +272,22 @@ class GpuLevel:
     def view(self, idx: int, gen: int, offset: int, nbytes: int) -> tuple[Any, int]:
         return self.array(offset, nbytes), 0
 
-    def value(self, e: tuple[Any, ...], array: tuple[Any, ...] | None, token: Any) -> Any:
+    def value(self, e: L.Entry, array: tuple[Any, ...] | None, token: Any) -> Any:
         """The value of GPU entry ``e``: a CuPy array over the arena (``array`` = dtype, shape, order), raw
         bytes as a uint8 CuPy array; a pickled value comes back to the host. ``token`` holds the pin."""
-        n, off = e[L.E_NBYTES], e[L.E_OFFSET]
+        n, off = e.nbytes, e.offset
         if array is not None:
             return self.array(off, n, token, array[0], tuple(array[1]), array[2])
-        data = self.array(off, e[L.E_SIZE] if e[L.E_KIND] == L.KIND_PICKLE else n, token)
-        if e[L.E_KIND] == L.KIND_RAW:
+        data = self.array(off, e.size if e.kind == L.KIND_PICKLE else n, token)
+        if e.kind == L.KIND_RAW:
             return data
         host = np.empty(data.size, np.uint8)
         to_host(host, data)
         host.flags.writeable = False
-        return serialize.decode(e[L.E_KIND], host, n)
+        return serialize.decode(e.kind, host, n)
 
-    def export(self, e: tuple[Any, ...], token: Any) -> Any:
-        return self.array(e[L.E_OFFSET], e[L.E_NBYTES], token)
+    def export(self, e: L.Entry, token: Any) -> Any:
+        return self.array(e.offset, e.nbytes, token)
 
     def host_bytes(self, arr: Any) -> bytes:
         host = np.empty(arr.nbytes, np.uint8)
@@ -295,7 +295,7 @@ class GpuLevel:
         return host.tobytes()
 
     # ---- moves onto this level -----------------------------------------------------------
-    def charge_move_locked(self, idx: int, e: tuple[Any, ...]) -> None:
+    def charge_move_locked(self, idx: int, e: L.Entry) -> None:
         pass
 
     def space_for_move(self, idx: int, size: int) -> tuple[int, int]:
@@ -323,7 +323,7 @@ class GpuLevel:
         cupy.cuda.get_current_stream().synchronize()
         progress(size)
 
-    def abort_move(self, idx: int, e: tuple[Any, ...]) -> None:
+    def abort_move(self, idx: int, e: L.Entry) -> None:
         abort_arena_move(self.host, idx)
 
     # ---- checks and recovery ---------------------------------------------------------
@@ -357,8 +357,8 @@ class GpuLevel:
             on = (t["level"] == self.level) & (t["offset"] >= lo) & (t["offset"] < hi)
             for idx in np.flatnonzero(on & (t["state"] == L.SEALED)).tolist():
                 with host.stripe_of(idx):
-                    e = L.entry_raw(buf, lay.entry(idx))
-                    if e[L.E_STATE] != L.SEALED or e[L.E_LEVEL] != self.level:
+                    e = L.entry(buf, lay.entry(idx))
+                    if e.state != L.SEALED or e.level != self.level:
                         continue
                     table.mark_deleted(idx)  # hidden first, then out of its chain (see repair.py)
                     table.unlink(idx, table.bucket_of(idx))

@@ -204,12 +204,12 @@ class MemoryLevel:
         if not flags & L.FLAG_IN_CHUNK:  # a cut of a chunk stays unused until the chunk goes
             unplace_extent(self.host, idx, extent)
 
-    def drop(self, idx: int, e: tuple[Any, ...]) -> None:
+    def drop(self, idx: int, e: L.Entry) -> None:
         pass  # the bytes live in the arena: freeing the extent is all
 
-    def free_locked(self, idx: int, e: tuple[Any, ...]) -> None:
-        if e[L.E_EXTENT] and not e[L.E_FLAGS] & L.FLAG_IN_CHUNK:
-            self.host.alloc.free_owned(e[L.E_EXTENT], idx + 1)
+    def free_locked(self, idx: int, e: L.Entry) -> None:
+        if e.extent and not e.flags & L.FLAG_IN_CHUNK:
+            self.host.alloc.free_owned(e.extent, idx + 1)
 
     # ---- bytes ---------------------------------------------------------------------
     def write(self, idx: int, gen: int, offset: int, flags: int, enc: serialize.Encoded, key: str) -> None:
@@ -229,7 +229,7 @@ class MemoryLevel:
         return self.host.arena_ro, offset
 
     # ---- moves onto this level -----------------------------------------------------------
-    def charge_move_locked(self, idx: int, e: tuple[Any, ...]) -> None:
+    def charge_move_locked(self, idx: int, e: L.Entry) -> None:
         pass  # space is placed by space_for_move (room may have to be made first)
 
     def space_for_move(self, idx: int, size: int) -> tuple[int, int]:
@@ -251,7 +251,7 @@ class MemoryLevel:
         else:
             copy_in_steps(dst, src, progress)
 
-    def abort_move(self, idx: int, e: tuple[Any, ...]) -> None:
+    def abort_move(self, idx: int, e: L.Entry) -> None:
         abort_arena_move(self.host, idx)
 
     # ---- checks and recovery: the allocator's (check.py, repair.py) cover the arena itself ---------
