@@ -103,7 +103,7 @@ class Placement:
         ``make`` puts or reserves (an object, a writer, an incoming transfer)
         and raises StorageFullError when its level has none. On a level that
         spills, the first such error starts the ``spill_timeout`` deadline and
-        each one asks the spill process for room once (``make_room``) before
+        each one asks the spill process for room once before
         ``make`` is tried again; a level that cannot make room (it does not
         spill, the object is larger than the level, the spill process found
         nothing or timed out) passes the object to the next level at once.
