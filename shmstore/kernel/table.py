@@ -24,13 +24,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import zlib
-
 import numpy as np
 
 from . import layout as L
 from .alloc import Allocator
 from .lock import Orderly
+from .refs import key_ref
 
 __all__ = ["Table", "EntryStolen", "owns_entry", "find_entry"]
 
@@ -84,10 +83,9 @@ class Table:
 
     # ---- hashing ---------------------------------------------------------
     def locate(self, session: int, key: bytes) -> tuple[int, int, int]:
-        """(hash, bucket, stripe) of a key."""
-        h = zlib.crc32(key, session)
-        b = h & self._bucket_mask
-        return h, b, b & self._stripe_mask
+        """(hash, bucket, stripe) of a key (its UTF-8 bytes ``key``) in ``session`` (see :func:`key_ref`)."""
+        ref = key_ref(key.decode(), key, session, self._bucket_mask, self._stripe_mask)
+        return ref.h, ref.bucket, ref.stripe
 
     def stripe_of(self, idx: int) -> int:
         h: int = L.ENTRY_HEAD.get(self.buf, self.layout.entry(idx), "hash")
