@@ -219,6 +219,7 @@ class StorageLevel(Protocol):
         """Release what this process opened for the level; idempotent."""
 
 
+@runtime_checkable  # the conformance suite asks
 class MovableLevel(StorageLevel, Protocol):
     """A level objects can be moved onto and off (by the spill process's mover)."""
 
@@ -250,6 +251,7 @@ class MovableLevel(StorageLevel, Protocol):
         entry stops moving (stripe lock held; takes the ALLOC lock)."""
 
 
+@runtime_checkable  # the conformance suite asks
 class DeviceLevel(MovableLevel, Protocol):
     """A level whose bytes live in device memory, reached through arenas its owner process makes."""
 
