@@ -195,6 +195,36 @@ def test_bare_orphans_are_what_no_entry_explains(bare, level):
     assert lv.check(L.entry_table(bare.node.buf, bare.node.layout).copy()) == []
 
 
+def test_bare_move_onto_the_level_then_abort_leaves_nothing(bare, level):
+    """The steps of a move onto the level, as the mover takes them (charge, space, copy), then the roll back
+    of one that must give up: the level's space and charge come back, the entry stops moving, and no byte of
+    the copy is left (check() at the end)."""
+    lv, node = bare.node.levels[level], bare.node
+    data = np.random.default_rng(7).integers(0, 256, 2 * MiB + 5, dtype=np.uint8)
+    before = lv.largest_free()
+    idx, gen = bare.reserve("m")
+    eoff = node.layout.entry(idx)
+    with node.stripe_of(idx):
+        L.ENTRY_HEAD.pack(node.buf, eoff, size=data.nbytes, nbytes=data.nbytes, flags=L.FLAG_MOVING,
+                          target=int(level))
+        e = L.entry(node.buf, eoff)
+        with node.alloc_lock:
+            lv.charge_move_locked(idx, e)
+    off, rec = lv.space_for_move(idx, data.nbytes)
+    seen = []
+    lv.write_move(idx, gen, off, data, data.nbytes, seen.append)
+    assert seen and seen[-1] == data.nbytes
+    buf, at = lv.view(idx, gen, off, data.nbytes)
+    assert host_bytes(buf, at, data.nbytes) == data.tobytes()
+    del buf
+    with node.stripe_of(idx):
+        lv.abort_move(idx, L.entry(node.buf, eoff))
+        assert not L.entry(node.buf, eoff).flags & L.FLAG_MOVING
+        with node.alloc_lock:
+            node.table.release_entry(idx, free_extent=False)  # never on the level: nothing of it to free
+    assert lv.largest_free() == before
+
+
 # ---- through a real store ---------------------------------------------------------------
 
 
