@@ -15,4 +15,4 @@ HOSTS=${HOSTS:-n0:2,n1:2}
 # several VCIs: transfers run over two streams, as in the README's commands
 export MPIR_CVAR_CH4_NUM_VCIS=${MPIR_CVAR_CH4_NUM_VCIS:-4}
 exec mpiexec -launcher fork -hosts "$HOSTS" -n "$NP" \
-    python -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi "$@"
+    python -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi/ranks "$@"

@@ -41,7 +41,6 @@ from mpi4py import MPI  # noqa: E402
 from shmstore.mpi import Cluster, quiet_barrier  # noqa: E402
 
 
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mib", type=int, default=32, help="object size in MiB")

@@ -26,11 +26,11 @@ busy-polls in blocking calls; 8 ranks share 2 cores here). Medians.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 import uuid
-import os
 
 import numpy as np
 
@@ -39,7 +39,6 @@ from mpi4py import MPI  # noqa: E402
 
 import shmstore  # noqa: E402
 from shmstore.mpi import Cluster, quiet_barrier  # noqa: E402
-
 
 
 def pingpong(world: MPI.Comm, last: int, n: int) -> list[float]:

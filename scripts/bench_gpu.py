@@ -78,6 +78,7 @@ ts.sort(); print(ts[len(ts) // 2]); s.close()
 
 def over_mpi(args: argparse.Namespace, cp) -> None:
     from mpi4py import MPI
+
     from shmstore.mpi import Cluster
     from shmstore.mpi.cuda import cuda_aware
     comm = MPI.COMM_WORLD

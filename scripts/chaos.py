@@ -101,7 +101,7 @@ def verify(obj: Any) -> int:
 
 def store_id(store: shmstore.Store) -> str:
     """Which store, of those that had the name, ``store`` is: its creator and creation time."""
-    h = L.unpack_header(store._node.buf)  # type: ignore[union-attr]
+    h = L.unpack_header(store.node_store.buf)
     return f"{h.creator_pid}-{h.created!r}"
 
 
@@ -516,7 +516,7 @@ class Chaos:
     def _wait_for_a_move(self, seconds: float) -> None:
         """Wait (a while at most) for the spill process to be moving an object: the worker killed then may be
         reading, pinning, overwriting or deleting that very object."""
-        buf = self.store._node.buf  # type: ignore[union-attr]
+        buf = self.store.node_store.buf
         deadline = time.monotonic() + seconds
         while not L.unpack_spill_state(buf).moving and time.monotonic() < deadline:
             time.sleep(0.001)
@@ -544,7 +544,7 @@ class Chaos:
         old = self.store
         assert old is not None
         self._serving(old)
-        prefix = old._node.prefix.lstrip("/")  # type: ignore[union-attr]
+        prefix = old.node_store.prefix.lstrip("/")
         for path in (f"/dev/shm/{prefix}-meta", f"/dev/shm/{prefix}-arena", f"/dev/shm/sem.{prefix}-wake"):
             try:
                 os.unlink(path)

@@ -5,16 +5,30 @@ and without a server in the request path; a per-node spill process keeps
 memory in check and cleans up after crashes; ``shmstore.mpi`` moves objects
 between nodes over MPI.
 """
-from .errors import (ConfigError, InvalidArgumentError, InvalidKeyError, LayoutError, LockTimeoutError,
-                     ObjectExistsError, ObjectLockedError, ObjectNotFoundError, PermissionDeniedError,
-                     SerializationError,
-                     ShmStoreError, SpillError, StorageFullError, StoreClosedError, StoreInUseError,
-                     StoreNotFoundError, TransferError)
+from .errors import (
+    ConfigError,
+    InvalidArgumentError,
+    InvalidKeyError,
+    LayoutError,
+    LockTimeoutError,
+    ObjectExistsError,
+    ObjectLockedError,
+    ObjectNotFoundError,
+    PermissionDeniedError,
+    SerializationError,
+    ShmStoreError,
+    SpillError,
+    StorageFullError,
+    StoreClosedError,
+    StoreInUseError,
+    StoreNotFoundError,
+    TransferError,
+)
+from .kernel.views import SharedArray
 from .levels import Capacity, Level, ObjectInfo
 from .store import Store, connect, destroy
 from .stores import collect_stale
 from .streams import Reader, Writer
-from .kernel.views import SharedArray
 
 __version__ = "0.1.0"
 

@@ -154,7 +154,7 @@ class Config:
     gpu_capacity: int | None
 
     @classmethod
-    def from_kwargs(cls, **kwargs: Any) -> "Config":
+    def from_kwargs(cls, **kwargs: Any) -> Config:
         """Build a Config: keyword, then ``SHMSTORE_<NAME>``, then default.
 
         Raises:

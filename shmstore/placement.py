@@ -18,8 +18,7 @@ from functools import partial
 from typing import Any, Callable, TypeVar
 
 from .config import Config
-from .errors import (InvalidArgumentError, ObjectLockedError, ObjectNotFoundError, SpillError,
-                     StorageFullError)
+from .errors import InvalidArgumentError, ObjectLockedError, ObjectNotFoundError, SpillError, StorageFullError
 from .kernel import Kernel, NodeStore
 from .kernel import layout as L
 from .levels import Capacity, Level, ObjectInfo
@@ -187,7 +186,7 @@ class Placement:
     def capacity(self) -> dict[Level, Capacity]:
         """Total, used, pinned, free, objects, spillable, spilled and restored bytes per level."""
         k, node = self.kernel, self.node
-        k._check()
+        k.check_open()
         buf = node.buf
         t = L.entry_table(buf, node.layout)
         pins = node.table.pin_counts(len(t))

@@ -12,16 +12,17 @@ import functools
 import os
 import time
 import weakref
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
 from .config import Config
 from .errors import ShmStoreError, StoreClosedError, StoreInUseError
 from .kernel import Kernel, NodeStore
-from .kernel.interrupts import guard as guard_signals
 from .kernel import layout as L
 from .kernel.check import check as check_node
+from .kernel.interrupts import guard as guard_signals
 from .kernel.node import pid_alive, reap_children, store_prefix
 from .kernel.segment import unlink_segment, unlink_semaphore
 from .levels import Capacity, Level, ObjectInfo, parse_levels
@@ -82,6 +83,13 @@ class Store:
         return self._checked()
 
     @property
+    def node_store(self) -> NodeStore:
+        """The node's metadata store under this connection: the inspection seam for tools and tests (its
+        table, usage, locks and spill process, as :mod:`shmstore.kernel.node` documents them). Storing and
+        reading objects never needs it."""
+        return self._node_checked()
+
+    @property
     def placement(self) -> Placement:
         """Where objects go and the wait for room (``Placement.place``: what a transfer into this node uses to
         reserve its space on the first level with room)."""
@@ -112,13 +120,13 @@ class Store:
 
     @property
     def closed(self) -> bool:
-        return self._kernel is None or self._kernel._closed
+        return self._kernel is None or self._kernel.closed
 
     def _checked(self) -> Kernel:
         k = self._kernel
         if k is None:
             raise StoreClosedError("store is closed (connect() again)")
-        k._check()
+        k.check_open()
         return k
 
     def _node_checked(self) -> NodeStore:
@@ -316,7 +324,7 @@ class Store:
             node.close()
         reap_children()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -421,7 +429,7 @@ def destroy(name: str | None = None, force: bool = False, node: str | None = Non
     return True
 
 
-_open_stores: "weakref.WeakSet[Store]" = weakref.WeakSet()
+_open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
 
 
 @atexit.register

@@ -15,10 +15,10 @@ import numpy as np
 from .errors import InvalidArgumentError, ShmStoreError, StoreClosedError
 from .kernel import layout as L
 from .kernel.kernel import Kernel
+from .kernel.protocols import Sink
 from .kernel.refs import Contents
 from .kernel.serialize import as_u8
 from .levels import Level
-from .kernel.protocols import Sink
 from .units import format_size
 
 __all__ = ["Writer", "Reader"]
@@ -155,7 +155,7 @@ class Writer:
             sink.abort()
         self._kernel.give_up(self._idx, self._gen, blocking)
 
-    def __enter__(self) -> "Writer":
+    def __enter__(self) -> Writer:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -245,7 +245,7 @@ class Reader:
         self.closed = True
         self._data = None
 
-    def __enter__(self) -> "Reader":
+    def __enter__(self) -> Reader:
         return self
 
     def __exit__(self, *exc: object) -> None:

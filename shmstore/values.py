@@ -5,7 +5,8 @@ these values, and they use nothing but the errors."""
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from .errors import InvalidArgumentError
 

@@ -32,7 +32,7 @@ def store(name):
 def bystanders(tmp_path_factory):
     """The live stores of other programs beside this run (tests may add more); verified and closed at the end.
 
-    None in the ranks of an MPI run (tests/mpi under mpiexec): the pytest that launched it has its own."""
+    None in the ranks of an MPI run (tests/mpi/ranks under mpiexec): the pytest that launched it has its own."""
     launched = any(v in os.environ for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"))
     out = [] if launched else [Bystander(str(tmp_path_factory.mktemp("bystander")))]
     yield out

@@ -4,10 +4,10 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import threading
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from typing import Callable
@@ -162,6 +162,7 @@ def hand_over(name: str, spill_dir: str, uid: int) -> None:
     """A dead store of user ``uid``: made here (this interpreter lives under root's home, which another user
     cannot run), then given its names, files and header."""
     import mmap
+
     from shmstore.kernel import layout as L
     dead_store(name, spill_dir)
     for seg in [s for s in os.listdir("/dev/shm") if f"-{name}-" in s]:
@@ -183,6 +184,7 @@ def hand_over(name: str, spill_dir: str, uid: int) -> None:
 def check_arena(node) -> None:
     """Assert the arena's extents tile it exactly and every live object lies in its extent."""
     import numpy as np
+
     from shmstore.kernel import layout as L
     buf, lay = node.buf, node.layout
     with node.alloc_lock:

@@ -93,6 +93,7 @@ def test_a_look_at_a_dead_store_changes_nothing_and_gc_removes_it(name, tmp_path
 
 def test_gc_of_other_users_needs_root_and_removes_only_what_they_own(name, tmp_path):
     import os
+
     import pytest
     if os.getuid() != 0:
         r = run("gc", "--all-users")

@@ -6,7 +6,6 @@ import os
 import pytest
 
 import shmstore
-
 from shmstore.config import Config
 from shmstore.errors import ConfigError
 from shmstore.units import format_size, parse_size
@@ -88,6 +87,7 @@ def test_default_node_and_max_objects_follow_the_launcher_and_the_capacity(monke
     """A plain connect(), a Cluster and the CLI name a node alike (under Slurm the CLI used the host name
     while the job's stores were named after SLURMD_NODENAME); max_objects grows with capacity."""
     import socket
+
     from shmstore.config import Config
     for var in ("SHMSTORE_NODE", "PMI_HOSTNAME", "SLURMD_NODENAME", "SHMSTORE_MAX_OBJECTS"):
         monkeypatch.delenv(var, raising=False)

@@ -31,7 +31,7 @@ def _state_dict() -> dict:
 
 
 def _arena(store) -> tuple[int, int]:
-    return store.kernel._at.arena_addr, store._node.capacity
+    return store.kernel._at.arena_addr, store.node_store.capacity
 
 
 def test_state_dict_round_trip_keeps_dtypes_shapes_and_types(store):

@@ -35,7 +35,8 @@ from __future__ import annotations
 import sys
 import threading
 import uuid
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -101,7 +102,7 @@ class ShmStoreConnector:
         where = "cluster" if self._cluster is not None else f"node {self.store.node!r}"
         return f"ShmStoreConnector(name={self.name!r}, session={self.session!r}, {where})"
 
-    def __enter__(self) -> "ShmStoreConnector":
+    def __enter__(self) -> ShmStoreConnector:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -114,7 +115,7 @@ class ShmStoreConnector:
                 **self._kwargs}
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "ShmStoreConnector":
+    def from_config(cls, config: dict[str, Any]) -> ShmStoreConnector:
         return cls(**config)
 
     def close(self, clear: bool | None = None) -> None:

@@ -26,7 +26,8 @@ or freed by the process that died, and nobody else knows its number.
 from __future__ import annotations
 
 import struct
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -243,7 +244,7 @@ class Allocator:
             return 0
         return self.free(rec)
 
-    def arena_of(self, offset: int) -> "Allocator":
+    def arena_of(self, offset: int) -> Allocator:
         """The allocator of the arena holding ``offset``: this one, or another sharing its records."""
         if self.base <= offset < self.base + self.capacity:
             return self
@@ -285,7 +286,7 @@ class Allocator:
         self._bin_insert(rec, offset, size, prev_phys, next_phys)
         return freed
 
-    def rebuild(self, keep: Iterable[int], others: Iterable["Allocator"] = ()) -> None:
+    def rebuild(self, keep: Iterable[int], others: Iterable[Allocator] = ()) -> None:
         """Recreate the free space around the used extents ``keep`` (record numbers), keeping them.
 
         ``others`` are the GPU arenas sharing this allocator's records: they

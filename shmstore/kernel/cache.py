@@ -24,10 +24,9 @@ while this client's ``chunk_lock`` is held, so the chunk cannot be retired
 """
 from __future__ import annotations
 
-from typing import Any
-
 import errno
 import threading
+from typing import Any
 
 from ..errors import StorageFullError
 from . import layout as L

@@ -27,9 +27,8 @@ on its next round.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, TYPE_CHECKING, TypeVar
-
 import zlib
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import numpy as np
 
@@ -47,7 +46,7 @@ _T = TypeVar("_T")
 _LIVE = (L.WRITING, L.SEALED, L.DELETED)
 
 
-def frozen(node: "NodeStore", fn: Callable[[], _T]) -> _T:
+def frozen(node: NodeStore, fn: Callable[[], _T]) -> _T:
     """``fn()`` holding every stripe lock and the ALLOC lock: nothing in the store changes meanwhile.
 
     Raises:
@@ -58,12 +57,12 @@ def frozen(node: "NodeStore", fn: Callable[[], _T]) -> _T:
 
 _BEYOND = 4096  # entries past the never-used cursor checked to be untouched (the tail is never scanned)
 
-def check(node: "NodeStore") -> list[str]:
+def check(node: NodeStore) -> list[str]:
     """Every inconsistency of ``node``'s metadata, spill files and counters (see the module notes)."""
     return frozen(node, lambda: _check_frozen(node))
 
 
-def _check_frozen(node: "NodeStore") -> list[str]:
+def _check_frozen(node: NodeStore) -> list[str]:
     buf, lay = node.buf, node.layout
     t = L.entry_table(buf, lay).copy()  # the entries ever handed out (see _check_entries for the rest)
     ext = L.extent_table(buf, lay).copy()
@@ -171,7 +170,7 @@ def _check_stats(lay: L.Layout, t: np.ndarray, stats: np.ndarray, problems: list
             problems.append(f"stripe {s}: deleted counter says {int(stats['deleted'][s])}, it holds {deleted}")
 
 
-def _check_allocator(node: "NodeStore", buf: Any, lay: L.Layout, t: np.ndarray, ext: np.ndarray, clients: np.ndarray,
+def _check_allocator(node: NodeStore, buf: Any, lay: L.Layout, t: np.ndarray, ext: np.ndarray, clients: np.ndarray,
                      problems: list[str]) -> None:
     n, head = L.extent_cursor(buf)
     flags = ext["flags"][:n]
@@ -207,7 +206,7 @@ def _check_allocator(node: "NodeStore", buf: Any, lay: L.Layout, t: np.ndarray, 
     _check_moves(t, ext, n, problems)
 
 
-def _check_tiling(node: "NodeStore", arena: Any, ext: np.ndarray, used: np.ndarray, free: np.ndarray,
+def _check_tiling(node: NodeStore, arena: Any, ext: np.ndarray, used: np.ndarray, free: np.ndarray,
                   problems: list[str]) -> None:
     recs = np.concatenate([used, free])
     order = recs[np.argsort(ext["offset"][recs - 1], kind="stable")]

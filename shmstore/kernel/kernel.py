@@ -28,13 +28,11 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, ObjectNotFoundError, SpillError, StorageFullError, StoreClosedError
 from ..values import Level, ObjectInfo
+from . import fastpath, serialize
 from . import layout as L
-from . import serialize
-from .views import Lease, SharedArray, pin_token
-from . import fastpath
-from .fastpath import codes as _codes
 from .attach import Attachment
 from .cache import ClientCache
+from .fastpath import codes as _codes
 from .interrupts import guard as _guard_signals
 from .janitor import release_all
 from .keys import encode_key
@@ -42,6 +40,7 @@ from .node import NodeStore
 from .pins import ATIME_GRAIN, Pins
 from .refs import KeyRef, key_ref
 from .table import find_entry
+from .views import Lease, SharedArray, pin_token
 from .writing import Puts
 
 __all__ = ["Kernel", "Exported", "Located", "encode_key"]
@@ -152,7 +151,14 @@ class Kernel:
     def session_name(self, sid: int) -> str:
         return self.session if sid == self.sid else (L.unpack_session(self._buf, self._lay.session(sid)) or "")
 
-    def _check(self) -> None:
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (or the constructor never finished)."""
+        return self._closed
+
+    def check_open(self) -> None:
+        """Raise :class:`StoreClosedError` where this connection cannot be used (closed, or opened before
+        ``fork()``); frees the pins whose views died meanwhile."""
         if self._closed:
             raise StoreClosedError("store is closed (connect() again)")
         if self._fork != _FORKS[0]:
@@ -169,7 +175,7 @@ class Kernel:
         _guard_signals()  # a signal from here on waits for the verb to finish (see interrupts.py)
         kb = encode_key(key)
         if self._closed or self._deferred or self._fork != _FORKS[0]:
-            self._check()
+            self.check_open()
         return key_ref(key, kb, self.sid, self._bmask, self._smask)
 
     def _stripe_of(self, key: str) -> int:
@@ -436,7 +442,7 @@ class Kernel:
 
     def list(self, level: Level | None = None, all_sessions: bool = False) -> list[ObjectInfo]:
         """Sealed objects of this session (or all), optionally on one level."""
-        self._check()
+        self.check_open()
         t = L.entry_table(self._buf, self._lay)
         mask = t["state"] == L.SEALED
         if not all_sessions:

@@ -35,7 +35,8 @@ Ctrl-C.
 from __future__ import annotations
 
 import errno
-from typing import Any, Callable, Literal, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, Callable, Literal, TypeVar
 
 from ..errors import LockTimeoutError, ShmStoreError
 from . import native
@@ -58,7 +59,7 @@ _ORDERLY = (ShmStoreError, Orderly)
 _T = TypeVar("_T")
 
 
-def holding(locks: Sequence["ShmLock"], fn: Callable[[], _T]) -> _T:
+def holding(locks: Sequence[ShmLock], fn: Callable[[], _T]) -> _T:
     """``fn()`` with every lock of ``locks`` held (taken in order), each released whatever happens.
 
     One ``with`` per lock, nested by recursion: a loop of releases (or an
@@ -190,7 +191,7 @@ class ShmLock(_LockBase):  # type: ignore[misc]
         _unlock(self._addr)
         return False
 
-    def __enter__(self) -> "ShmLock":
+    def __enter__(self) -> ShmLock:
         try:
             rc = _trylock(self._addr)
             if rc == 0:  # the uncontended fast path

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import struct
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from . import layout as L
 from .node import NodeStore, pid_alive, proc_start_time

@@ -27,15 +27,15 @@ import numpy as np
 from ..config import SHM_DIR, Config
 from ..errors import LayoutError, PermissionDeniedError, StorageFullError, StoreNotFoundError
 from ..units import format_size
+from ..values import Level
 from . import layout as L
 from .alloc import Allocator
 from .lock import ShmLock, init_lock
-from ..values import Level
-from .spilldir import SpillFiles, incarnation
-from .segment import Segment, Wakeup, unlink_segment, unlink_semaphore
-from .repair import rebuild_allocator, repair_stripe
 from .prefault import Prefaulter
 from .procs import pid_alive, proc_start_time, reap_children, spawned, spill_output
+from .repair import rebuild_allocator, repair_stripe
+from .segment import Segment, Wakeup, unlink_segment, unlink_semaphore
+from .spilldir import SpillFiles, incarnation
 from .table import Table
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class NodeStore:
 
     # ---- open / create / attach -------------------------------------------
     @classmethod
-    def open(cls, cfg: Config, create: bool = True) -> "NodeStore":
+    def open(cls, cfg: Config, create: bool = True) -> NodeStore:
         """Attach to the store named by ``cfg``, creating it if needed.
 
         Raises:
@@ -145,7 +145,7 @@ class NodeStore:
             time.sleep(0.005)
 
     @classmethod
-    def _create(cls, cfg: Config, prefix: str) -> "NodeStore":
+    def _create(cls, cfg: Config, prefix: str) -> NodeStore:
         capacity = L.page_align(cfg.capacity)
         lay = L.Layout(cfg.max_objects, cfg.max_clients, NSTRIPES, capacity)
         _check_room(capacity + lay.size)
@@ -185,7 +185,7 @@ class NodeStore:
             raise
 
     @classmethod
-    def _attach(cls, cfg: Config, prefix: str, deadline: float) -> "NodeStore":
+    def _attach(cls, cfg: Config, prefix: str, deadline: float) -> NodeStore:
         meta = Segment.attach(prefix + "-meta")  # FileNotFoundError goes to open()
         try:
             h = _wait_ready(meta, prefix, deadline)

@@ -20,7 +20,7 @@ the kernel, never the other way round).
   by the process that owns them (``make_arena``).
 
 A new level is a new module with a class that satisfies these, plus one
-line in ``registry.py``; ``tests/test_levels.py`` is the conformance suite
+line in ``registry.py``; ``tests/levels/test_conformance.py`` is the conformance suite
 every registered level passes, on a bare metadata segment.
 
 Locking contract (see ``kernel/alloc.py`` and ``kernel/repair.py`` for why):

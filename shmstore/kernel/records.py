@@ -216,7 +216,7 @@ class Record:
             pos = f.offset + f.size
         return struct.Struct(code)
 
-    def table_dtype(self, itemsize: int, *parts: tuple[int, "Record", str, tuple[str, ...]]) -> np.dtype:
+    def table_dtype(self, itemsize: int, *parts: tuple[int, Record, str, tuple[str, ...]]) -> np.dtype:
         """A dtype for arrays of slots of ``itemsize`` bytes holding this record at 0 and, for each
         ``(offset, record, prefix, names)`` in ``parts``, those fields of another record, prefixed."""
         names = [f.name for f in self.fields]

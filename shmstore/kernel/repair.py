@@ -22,7 +22,7 @@ an object that ``get()`` cannot find.
 """
 from __future__ import annotations
 
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -64,7 +64,7 @@ def valid_extents(buf: Any, lay: L.Layout) -> tuple[np.ndarray, np.ndarray]:
     return recs[used | chunk | retired], recs[retired]
 
 
-def rebuild_allocator(node: "NodeStore") -> None:
+def rebuild_allocator(node: NodeStore) -> None:
     """Derive everything the ALLOC lock guards again (ALLOC lock held, its last holder died)."""
     buf, lay = node.buf, node.layout
     keep, retire = valid_extents(buf, lay)
@@ -91,7 +91,7 @@ def _rebuild_free_entries(buf: Any, lay: L.Layout) -> None:
     L.set_entry_cursor(buf, next_unused, int(free[0]) + 1 if len(free) else 0)
 
 
-def repair_stripe(node: "NodeStore", stripe: int) -> int:
+def repair_stripe(node: NodeStore, stripe: int) -> int:
     """Repair one stripe (its lock held, its last holder died); returns how many entries were dropped."""
     buf, lay, table = node.buf, node.layout, node.table
     linked = table.prune_chains(stripe)
@@ -110,7 +110,7 @@ def repair_stripe(node: "NodeStore", stripe: int) -> int:
     return len(ghosts)
 
 
-def _of_stripe(table: "Table", stripe: int, t: np.ndarray, states: np.ndarray) -> np.ndarray:
+def _of_stripe(table: Table, stripe: int, t: np.ndarray, states: np.ndarray) -> np.ndarray:
     """Indices of the entries picked by ``states`` (a mask of ``t`` computed already) whose key hashes to
     ``stripe``: the states read first, the hashes after, never the other way round.
 
@@ -131,7 +131,7 @@ def _of_stripe(table: "Table", stripe: int, t: np.ndarray, states: np.ndarray) -
     return idx
 
 
-def _still(node: "NodeStore", stripe: int, idx: int, states: tuple[int, ...]) -> bool:
+def _still(node: NodeStore, stripe: int, idx: int, states: tuple[int, ...]) -> bool:
     """Whether entry ``idx`` is (still) in one of ``states`` and of ``stripe`` (its state read first, as in
     :func:`_of_stripe`), right before acting on it."""
     eoff = node.layout.entry(idx)

@@ -108,7 +108,7 @@ class Segment:
             raise
 
     @classmethod
-    def create(cls, name: str, size: int) -> "Segment":
+    def create(cls, name: str, size: int) -> Segment:
         """Create a new owner-only segment of ``size`` bytes (all or nothing).
 
         Raises:
@@ -140,7 +140,7 @@ class Segment:
             raise
 
     @classmethod
-    def attach(cls, name: str, owner: int | None = None) -> "Segment":
+    def attach(cls, name: str, owner: int | None = None) -> Segment:
         """Map an existing segment of this user (of ``owner``: root removing another user's store).
 
         Nothing is opened before it is known to be a regular file of that user
@@ -234,7 +234,7 @@ class Segment:
         except OSError:
             return None
 
-    def __enter__(self) -> "Segment":
+    def __enter__(self) -> Segment:
         return self
 
     def __exit__(self, *exc: object) -> None:

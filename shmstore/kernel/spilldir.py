@@ -34,7 +34,8 @@ import stat
 import threading
 import time
 import weakref
-from typing import Callable, Iterable
+from collections.abc import Iterable
+from typing import Callable
 
 import numpy as np
 
@@ -351,7 +352,7 @@ class SpillFiles:
             pass
 
 
-_held: "weakref.WeakSet[SpillFiles]" = weakref.WeakSet()  # this process's open directories (and their locks)
+_held: weakref.WeakSet[SpillFiles] = weakref.WeakSet()  # this process's open directories (and their locks)
 
 
 def _forget_in_child() -> None:

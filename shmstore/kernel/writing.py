@@ -17,10 +17,10 @@ from ..values import Level, ObjectInfo
 from . import layout as L
 from . import serialize
 from .attach import Attachment
-from .table import EntryStolen, find_entry, owns_entry
 from .fastpath import codes as _fast_codes
-from .refs import Contents, KeyRef, Reservation, being_written_error, exists_error
 from .protocols import StorageLevel
+from .refs import Contents, KeyRef, Reservation, being_written_error, exists_error
+from .table import EntryStolen, find_entry, owns_entry
 
 __all__ = ["Puts"]
 

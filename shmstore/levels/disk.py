@@ -17,8 +17,8 @@ import numpy as np
 from ..errors import PermissionDeniedError, SpillError, StorageFullError
 from ..kernel import layout as L
 from ..kernel import serialize
-from ..kernel.spilldir import SpillFiles
 from ..kernel.protocols import LevelHost
+from ..kernel.spilldir import SpillFiles
 from ..units import format_size
 from ..values import Level
 from .device import is_device_array, to_host
@@ -107,7 +107,7 @@ class DiskLevel:
         except OSError as exc:
             raise disk_error(key, enc.size, self.files.path, exc) from exc
 
-    def sink(self, idx: int, gen: int, offset: int, size: int, key: str) -> "FileSink":
+    def sink(self, idx: int, gen: int, offset: int, size: int, key: str) -> FileSink:
         try:
             return FileSink(self.files, idx, gen, size, key)
         except OSError as exc:

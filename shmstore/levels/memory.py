@@ -17,8 +17,8 @@ from ..errors import StorageFullError
 from ..kernel import layout as L
 from ..kernel import serialize
 from ..kernel.fastpath import codes
-from ..kernel.refs import Contents, KeyRef, Reservation, being_written_error, exists_error
 from ..kernel.protocols import LevelHost
+from ..kernel.refs import Contents, KeyRef, Reservation, being_written_error, exists_error
 from ..kernel.table import EntryStolen, owns_entry
 from ..units import format_size
 from ..values import Level
@@ -218,7 +218,7 @@ class MemoryLevel:
             prefault.ensure(offset, enc.size, key)
         serialize.write(enc, self.host.arena_mm, offset)
 
-    def sink(self, idx: int, gen: int, offset: int, size: int, key: str) -> "ArenaSink":
+    def sink(self, idx: int, gen: int, offset: int, size: int, key: str) -> ArenaSink:
         node = self.host
         if offset + size > node.prefault.populated \
                 and not L.ENTRY_HEAD.get(node.buf, node.layout.entry(idx), "flags") & L.FLAG_IN_CHUNK:  # chunk: faulted

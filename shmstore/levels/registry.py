@@ -4,7 +4,7 @@ A new level is a module with a class satisfying the protocols of
 :mod:`shmstore.kernel.protocols` (built from a ``LevelHost``), plus one line
 in :data:`LEVELS` (in :data:`DEVICE_LEVELS` for a level whose values are device
 arrays, built with a way to ask for its arenas: a ``DeviceLevel``);
-``tests/test_levels.py`` runs the conformance suite over
+``tests/levels/test_conformance.py`` runs the conformance suite over
 every registered level that is available here. The built-in levels are
 plain imports, so that readers and tools see the dependency.
 """

@@ -34,7 +34,8 @@ call, and the job aborts if nobody catches the exception (``abort.py``).
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from mpi4py import MPI
 
@@ -63,7 +64,7 @@ from .streams import PublishedWriter, RemoteReader, RemoteWriter
 __all__ = ["Cluster"]
 
 
-_OPEN: "weakref.WeakSet[Cluster]" = weakref.WeakSet()  # open clusters of this process
+_OPEN: weakref.WeakSet[Cluster] = weakref.WeakSet()  # open clusters of this process
 
 
 class Cluster:
@@ -151,7 +152,7 @@ class Cluster:
         self._msg.barrier([self._comm.Ibarrier()])
 
     @classmethod
-    def opened(cls, name: str | None = None) -> "Cluster | None":
+    def opened(cls, name: str | None = None) -> Cluster | None:
         """A Cluster this process has open (over the store ``name``, if given), else None.
 
         For code that is handed only a store's settings and must find the
@@ -402,7 +403,7 @@ class Cluster:
         self._comm.Free()
         self.store.close()
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:

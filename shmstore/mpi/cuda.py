@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..config import cuda_aware_override
 

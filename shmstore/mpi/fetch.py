@@ -28,15 +28,15 @@ import itertools
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeAlias
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Callable, TypeAlias
 
 import numpy as np
 from mpi4py import MPI
 
 from .. import errors
-from ..kernel import encode_key
+from ..kernel import encode_key, migrations
 from ..kernel import layout as L
-from ..kernel import migrations
 from ..kernel.refs import Contents
 from ..levels import Level, parse_levels
 from ..placement import DEFAULT_PUT_LEVELS

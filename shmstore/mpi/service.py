@@ -38,7 +38,7 @@ from mpi4py import MPI
 from .. import errors
 from ..kernel import layout as L
 from ..kernel import native
-from ..levels.gpu import to_host
+from ..levels.device import to_host
 from . import tags as T
 from . import wire as W
 from .cuda import cuda_aware

@@ -10,7 +10,7 @@ plan as host transfers (``tags.frames``), frame ``i`` on communicator
 empty plan sends nothing: a zero-length buffer never reaches MPI or CUDA.
 
 The copy functions are plain callables over host blocks, so the pipeline
-itself is tested on host buffers (``tests/mpi``). ``wait`` waits for a list
+itself is tested on host buffers (``tests/mpi/ranks``). ``wait`` waits for a list
 of requests; the cluster's raises ``TransferError`` when the peer sends or
 takes nothing for ``peer_timeout`` seconds (a dead rank). Blocks whose
 requests could not be cancelled then are kept for the life of the process:
@@ -18,7 +18,8 @@ MPI may still write into them.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI

@@ -55,7 +55,7 @@ class RemoteReader:
     def close(self) -> None:
         self.closed = True
 
-    def __enter__(self) -> "RemoteReader":
+    def __enter__(self) -> RemoteReader:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -94,7 +94,7 @@ class RemoteWriter:
             self.closed = True
             self._msg.call(self._node, W.WriterClose(self._handle, True), self.key)
 
-    def __enter__(self) -> "RemoteWriter":
+    def __enter__(self) -> RemoteWriter:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
@@ -124,7 +124,7 @@ class PublishedWriter:
                 return  # deleted already
             self._dirs.ask(W.DirAdd([self.key], self._dirs.links.node, [self._size], [ctime]))
 
-    def __enter__(self) -> "PublishedWriter":
+    def __enter__(self) -> PublishedWriter:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:

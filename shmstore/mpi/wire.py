@@ -331,7 +331,7 @@ class Failure(NamedTuple):
     message: str
 
     @classmethod
-    def of(cls, exc: BaseException) -> "Failure":
+    def of(cls, exc: BaseException) -> Failure:
         if isinstance(exc, errors.ShmStoreError):
             return cls(type(exc).__name__, str(exc))
         return cls("TransferError", f"{type(exc).__name__}: {exc}")  # a bug there: reported, not fatal

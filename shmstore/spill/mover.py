@@ -26,17 +26,16 @@ takes the lock it held (``kernel/repair.py``).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import time
+from typing import Any, Callable
 
 import numpy as np
 
 from ..errors import SpillError, StorageFullError
-from ..levels import Level
 from ..kernel import layout as L
 from ..kernel.node import NodeStore
 from ..kernel.protocols import MovableLevel
+from ..levels import Level
 from ..units import format_size
 from .policy import spill_candidates, watermark_excess
 

@@ -35,9 +35,8 @@ from typing import Callable
 
 from ..config import Config
 from ..errors import ConfigError, ShmStoreError, StorageFullError
-from ..kernel import NodeStore
+from ..kernel import NodeStore, migrations
 from ..kernel import layout as L
-from ..kernel import migrations
 from ..kernel.janitor import janitor_pass, sweep_deleted
 from ..levels import Level
 from ..levels.registry import open_levels

@@ -13,10 +13,36 @@ from typing import Any
 
 import numpy as np
 
-from .fields import (ALLOC_OFFSET, ALLOC_STATE, CLIENT, CLIENT_DTYPE, ENTRY_ARRAY, ENTRY_ARRAY_OFFSET, ENTRY_DTYPE,
-                     ENTRY_HEAD, ENTRY_KEY_OFFSET, EXTENT, GPU_ARENA, GPU_BASE_SHIFT, HEADER, MAX_NDIM, MIGRATION,
-                     NMIGRATIONS, REQUEST, REQUEST_OFFSET, SESSION, SPILL_DIR_OFFSET, SPILL_DIR_SIZE, SPILL_OFFSET,
-                     SPILL_STATE, STRIPE_STATS, TRANSFER_STATS, TRANSFER_STATS_OFFSET, USED_WIDTH, Entry)
+from .fields import (
+    ALLOC_OFFSET,
+    ALLOC_STATE,
+    CLIENT,
+    CLIENT_DTYPE,
+    ENTRY_ARRAY,
+    ENTRY_ARRAY_OFFSET,
+    ENTRY_DTYPE,
+    ENTRY_HEAD,
+    ENTRY_KEY_OFFSET,
+    EXTENT,
+    GPU_ARENA,
+    GPU_BASE_SHIFT,
+    HEADER,
+    MAX_NDIM,
+    MIGRATION,
+    NMIGRATIONS,
+    REQUEST,
+    REQUEST_OFFSET,
+    SESSION,
+    SPILL_DIR_OFFSET,
+    SPILL_DIR_SIZE,
+    SPILL_OFFSET,
+    SPILL_STATE,
+    STRIPE_STATS,
+    TRANSFER_STATS,
+    TRANSFER_STATS_OFFSET,
+    USED_WIDTH,
+    Entry,
+)
 from .sections import Layout
 
 __all__ = ["pack_header", "unpack_header", "unpack_spill_state", "pack_spill_state", "spill_dir", "set_spill_dir",

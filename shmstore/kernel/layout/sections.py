@@ -45,8 +45,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from .fields import (BUCKET, CLIENT, ENTRY_SIZE, EXTENT, GPU_ARENA, HEADER_SIZE, LOCK_FIRST_STRIPE, LOCK_STRIDE,
-                     MAX_GPUS, MAX_SESSIONS, MIGRATION, MIN_CHUNK, NMIGRATIONS, PAGE, SESSION, STRIPE_STATS, align)
+from .fields import (
+    BUCKET,
+    CLIENT,
+    ENTRY_SIZE,
+    EXTENT,
+    GPU_ARENA,
+    HEADER_SIZE,
+    LOCK_FIRST_STRIPE,
+    LOCK_STRIDE,
+    MAX_GPUS,
+    MAX_SESSIONS,
+    MIGRATION,
+    MIN_CHUNK,
+    NMIGRATIONS,
+    PAGE,
+    SESSION,
+    STRIPE_STATS,
+    align,
+)
 
 __all__ = ["Layout", "page_align"]
 

@@ -1,6 +1,6 @@
 """An MPI job whose fetching rank SIGKILLs itself in the middle of a transfer.
 
-Run by tests/test_mpi.py on two emulated nodes; the stores are persistent so
+Run by tests/mpi/test_jobs.py on two emulated nodes; the stores are persistent so
 the test can look at them after the job died.
 """
 import os

@@ -2,7 +2,7 @@
 
     python -m mpi4py kill_mid_update.py NAME SEED VICTIM
 
-Run by tests/test_mpi.py on two emulated nodes. First every rank puts an
+Run by tests/mpi/test_jobs.py on two emulated nodes. First every rank puts an
 anchor object (``anchor<rank>``) and fetches everyone's, so that each node
 holds all of them, committed before anything dies; the updates never touch
 them. Then every rank loops over random overwriting puts, gets, fetches,

@@ -1,4 +1,4 @@
-"""A job that moves a large object between its nodes until it is cancelled (tests/test_slurm.py scancels it).
+"""A job that moves a large object between its nodes until it is cancelled (tests/scenarios/test_slurm.py scancels it).
 
 Rank 0 puts a 192 MiB model; the first rank of every other node fetches it, drops its copy and fetches
 again, forever; it prints "transferring" once the first copy has moved.

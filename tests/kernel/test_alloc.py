@@ -6,7 +6,6 @@ import random
 import pytest
 
 import shmstore
-
 from shmstore.kernel import layout as L
 from shmstore.kernel.alloc import Allocator
 
@@ -108,7 +107,7 @@ def test_double_free_is_refused(alloc):
 
 
 def test_an_object_taking_a_high_hole_whole_moves_the_frontier(alloc):
-    """Regression (found by tests/test_levels.py): an exact fit never moved the frontier, so check()
+    """Regression (found by tests/levels/test_conformance.py): an exact fit never moved the frontier, so check()
     saw an object beyond it."""
     buf = alloc._buf
     small, _ = alloc.alloc(4096, 1)

@@ -121,7 +121,7 @@ def test_migrate_moves_or_copies_with_its_key(cluster, comm, key):
 def test_failed_fetch_clears_its_migration_entry_and_a_retry_succeeds(cluster, comm, key):
     with pytest.raises(shmstore.ObjectNotFoundError):
         cluster.get(key)
-    node = cluster.store._node
+    node = cluster.store.node_store
     flight = [L.unpack_migration(node.buf, node.layout, s).state for s in range(L.NMIGRATIONS)]
     assert L.MIG_FLIGHT not in flight
     comm.Barrier()
@@ -388,7 +388,9 @@ def test_a_wait_on_a_rank_that_never_answers_ends_at_the_deadline(cluster, comm)
     TransferError naming the node, its rank, the request and the setting after peer_timeout, napping rather
     than spinning; bulk frames that never come alike (the receive cancelled)."""
     import time
+
     from mpi4py import MPI
+
     from shmstore.mpi.rpc import Messenger
     silent = comm.Dup()  # no service reads it: every reply waits for ever, but for the deadline
     peer = (comm.rank + 1) % comm.size
@@ -421,6 +423,7 @@ def test_a_holder_whose_fetcher_never_reports_is_free_again_after_the_deadline()
     queued first gets it, and the object is not stuck for the rest of the job (a directory driven by hand,
     on any world size)."""
     import time
+
     from shmstore.mpi.directory import SPREAD_MIN, WAIT, Directory
     d = Directory(stale_after=0.2)
     queued: list = []

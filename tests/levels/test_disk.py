@@ -160,6 +160,7 @@ def test_components_planted_while_they_are_made_are_refused_never_followed(tmp_p
     every attempt either makes a real directory of ours or is refused; nothing is ever made through the link."""
     import subprocess
     import sys
+
     from shmstore.errors import PermissionDeniedError
     from shmstore.kernel.files import make_dirs
     if os.getuid() != 0:

@@ -33,13 +33,13 @@ def filled(name, tmp_path):
 
 
 def entry_of(store, key: str) -> tuple[int, int]:
-    idx, e, _ = store._kernel.lookup(store._kernel.begin(key), False)
-    return idx, store._node.layout.entry(idx)
+    idx, e, _ = store.kernel.lookup(store.kernel.begin(key), False)
+    return idx, store.node_store.layout.entry(idx)
 
 
 def broken(store, match: str, edit, undo) -> None:
     """Apply ``edit`` with the store frozen, expect a problem matching ``match``, then ``undo`` it."""
-    node = store._node
+    node = store.node_store
     saved = frozen(node, lambda: edit(node.buf, node.layout))
     try:
         problems = store.check()
@@ -78,22 +78,22 @@ def test_entry_out_of_its_chain(filled):
     idx, eoff = entry_of(filled, "small")
 
     def edit(buf, lay):
-        b = filled._node.table.bucket_of(idx)
-        filled._node.table.unlink(idx, b)
+        b = filled.node_store.table.bucket_of(idx)
+        filled.node_store.table.unlink(idx, b)
         return b
-    broken(filled, "in no chain", edit, lambda buf, lay, b: filled._node.table.link(idx, b))
+    broken(filled, "in no chain", edit, lambda buf, lay, b: filled.node_store.table.link(idx, b))
 
 
 def test_leaked_extent(filled):
     def edit(buf, lay):
-        rec, _ = filled._node.alloc.alloc(4096, 1000)  # owner entry 999 does not name it
+        rec, _ = filled.node_store.alloc.alloc(4096, 1000)  # owner entry 999 does not name it
         return rec
-    broken(filled, "not named back by its owner", edit, lambda buf, lay, rec: filled._node.alloc.free(rec))
+    broken(filled, "not named back by its owner", edit, lambda buf, lay, rec: filled.node_store.alloc.free(rec))
 
 
 def test_object_outside_its_extent(filled):
     idx, eoff = entry_of(filled, "large")
-    off = L.entry_raw(filled._node.meta.mm, eoff)[L.E_OFFSET]
+    off = L.entry_raw(filled.node_store.meta.mm, eoff)[L.E_OFFSET]
 
     def edit(buf, lay):
         np.frombuffer(buf, np.uint64, 1, eoff)[0] = off + 4096  # the offset field comes first
@@ -105,14 +105,14 @@ def test_object_outside_its_extent(filled):
 
 
 def test_stray_and_missing_spill_files(filled):
-    disk = filled._node.disk
+    disk = filled.node_store.disk
     disk.ensure()
     fd = os.open(disk.file(99, 1), os.O_WRONLY | os.O_CREAT, 0o600)  # named as this store names its files
     os.close(fd)
     assert any("99.1 belongs to no object" in p for p in filled.check())
     disk.unlink("99.1")
     idx, eoff = entry_of(filled, "disk")
-    gen = L.ENTRY_HEAD.get(filled._node.meta.mm, eoff, "gen")
+    gen = L.ENTRY_HEAD.get(filled.node_store.meta.mm, eoff, "gen")
     hidden = os.path.join(disk.path, "hidden")  # no file of this store's (another store's would be tagged)
     os.rename(disk.file(idx, gen), hidden)
     try:

@@ -35,7 +35,7 @@ def check_accounting(store) -> None:
     objects between the two readings, is quiet)."""
     def differences():
         cap = store.get_capacity()
-        infos = store._kernel.list(all_sessions=True)
+        infos = store.kernel.list(all_sessions=True)
         return {level: (cap[level].used, sum(i.stored for i in infos if i.level == level))
                 for level in (Level.MEMORY, Level.DISK)
                 if cap[level].used != sum(i.stored for i in infos if i.level == level)}
@@ -43,7 +43,7 @@ def check_accounting(store) -> None:
 
 
 def spill_files(store) -> list[str]:
-    return sorted(store._node.disk.names())
+    return sorted(store.node_store.disk.names())
 
 
 def test_priority_list_spills_lru_objects_to_disk(small):
@@ -179,7 +179,7 @@ except shmstore.ShmStoreError as exc:
 s.close()
 """, env={"N": name})
         assert mover.readline() == "ready"
-        assert wait_for(lambda: L.unpack_spill_state(s._node.meta.mm).moving or level_of(s, "big") == Level.DISK,
+        assert wait_for(lambda: L.unpack_spill_state(s.node_store.meta.mm).moving or level_of(s, "big") == Level.DISK,
                         timeout=10, interval=0.001)
         s.delete("big")
         mover.readline()
@@ -187,13 +187,13 @@ s.close()
         assert wait_for(lambda: s.get_capacity()[Level.MEMORY].used == 0 and s.get_capacity()[Level.DISK].used == 0,
                         timeout=10)
         assert wait_for(lambda: not spill_files(s), timeout=10), spill_files(s)
-        assert L.ALLOC.get(s._node.meta.mm, "disk_reserved") == 0
+        assert L.ALLOC.get(s.node_store.meta.mm, "disk_reserved") == 0
 
 
 def test_failed_spill_leaves_object_readable_and_reports_spill_error(name, tmp_path):
     with shmstore.connect(name, capacity="16MiB", spill_dir=str(tmp_path)) as s:
         spill_pid = s.spill_pid
-        blocker = s._node.disk.path
+        blocker = s.node_store.disk.path
         with open(blocker, "w") as f:  # a file where the store's spill directory should be
             f.write("not a directory")
         try:
@@ -238,7 +238,7 @@ s.close()
 """, env={"N": name})
         assert mover.readline() == "ready"
         old = s.spill_pid
-        assert wait_for(lambda: L.unpack_spill_state(s._node.meta.mm).progress > 0, timeout=20, interval=0.001)
+        assert wait_for(lambda: L.unpack_spill_state(s.node_store.meta.mm).progress > 0, timeout=20, interval=0.001)
         os.kill(old, signal.SIGKILL)
         assert wait_for(lambda: not spill_running(old), timeout=10)
         new = s.spill_pid  # restarted; it rolls back (or the waiting mover's retry finishes) the move
@@ -246,7 +246,7 @@ s.close()
         out = mover.readline(timeout=60)
         mover.wait()
         assert out.startswith(("moved", "failed"))
-        assert wait_for(lambda: not L.unpack_spill_state(s._node.meta.mm).moving, timeout=10)
+        assert wait_for(lambda: not L.unpack_spill_state(s.node_store.meta.mm).moving, timeout=10)
         lvl = level_of(s, "big")
         np.testing.assert_array_equal(s.get("big")[::4096], data[::4096])
         assert not [f for f in spill_files(s) if f.endswith(".tmp")]
@@ -305,13 +305,13 @@ sys.stdin.readline()
     assert wait_for(lambda: not any(f.endswith(".tmp") for f in spill_files(small)), timeout=10)
     assert "half" not in small
     check_accounting(small)
-    assert L.ALLOC.get(small._node.meta.mm, "disk_reserved") == small.get_capacity()[Level.DISK].used
+    assert L.ALLOC.get(small.node_store.meta.mm, "disk_reserved") == small.get_capacity()[Level.DISK].used
 
 
 def test_store_removal_removes_spill_files(name, tmp_path):
     s = shmstore.connect(name, capacity="8MiB", spill_dir=str(tmp_path))
     s.put("a", b"x" * 1000, levels=[Level.DISK])
-    path = s._node.disk.path
+    path = s.node_store.disk.path
     assert os.listdir(path)
     assert os.stat(path).st_mode & 0o777 == 0o700
     s.close()
@@ -346,12 +346,12 @@ s.put('new', np.arange(100_000), levels=[shmstore.Level.DISK])
 deadline = time.monotonic() + 60
 while not s.status()['spill']['heartbeat'] and time.monotonic() < deadline:  # its spill process has started
     time.sleep(0.01)                                                          # (and recovered) by its first beat
-stray = s._node.disk.file(5, 7)  # a file this store would take for a stray of its own (no entry 5 of gen 7)
+stray = s.node_store.disk.file(5, 7)  # a file this store would take for a stray of its own (no entry 5 of gen 7)
 open(stray, 'wb').close()
 print(stray, flush=True)
 sys.stdin.readline()
 print(os.path.exists(stray), flush=True)
-s._node.disk.unlink('5.7')
+s.node_store.disk.unlink('5.7')
 np.testing.assert_array_equal(s.get('new'), np.arange(100_000))
 assert s.check() == [], s.check()
 s.close()
@@ -360,7 +360,7 @@ s.close()
 
 def _unlink_names(store) -> None:
     """What ``rm /dev/shm/shmstore-<uid>-<name>-*`` does (a cleaner; the test suite's leak check once did)."""
-    seg = store._node.prefix.lstrip("/")
+    seg = store.node_store.prefix.lstrip("/")
     for path in (f"/dev/shm/{seg}-meta", f"/dev/shm/{seg}-arena", f"/dev/shm/sem.{seg}-wake"):
         os.unlink(path)
 
@@ -391,7 +391,7 @@ def test_a_new_store_under_an_unlinked_name_leaves_the_old_store_s_files_alone(n
         child = Child(NEW_STORE, env={"N": name, "D": str(tmp_path)})
         child.readline(timeout=60)  # the new store and its spill process are up
         _check_old(old)
-        old_spill, tag, folder = old.spill_pid, old._node.disk.tag, old._node.disk.path
+        old_spill, tag, folder = old.spill_pid, old.node_store.disk.tag, old.node_store.disk.path
         old.close()
         assert wait_for(lambda: not spill_running(old_spill), timeout=15)  # the old store went, with its files
         assert not [f for f in os.listdir(folder) if f.startswith(tag + ".")]
@@ -418,7 +418,7 @@ def test_a_spill_process_started_for_an_unlinked_store_leaves_the_new_one_alone(
         _unlink_names(old)
         child = Child(NEW_STORE, env={"N": name, "D": str(tmp_path)})
         stray = child.readline(timeout=60)
-        folder, dead = old._node.disk.path, old.spill_pid
+        folder, dead = old.node_store.disk.path, old.spill_pid
         os.kill(dead, signal.SIGKILL)
         assert wait_for(lambda: not spill_running(dead), timeout=10)
         assert old.spill_pid == dead  # not started again: it would open the new store by name
@@ -449,7 +449,7 @@ def test_the_old_store_leaves_the_directory_to_a_new_one_that_has_it_open(name, 
     old = _old_store_with_spilled_objects(name, str(tmp_path))
     try:
         _unlink_names(old)
-        folder = old._node.disk.path
+        folder = old.node_store.disk.path
         with shmstore.connect(name, capacity="8MiB", spill_dir=str(tmp_path)) as new:
             assert new.check() == []  # looks into the directory (none of its files there yet)
             old_spill = old.spill_pid
@@ -469,6 +469,7 @@ def test_a_forked_child_does_not_keep_the_spill_directory(tmp_path):
     no other holds one: a child forked meanwhile lets go of what it inherited, or it would keep the directory
     from going (for as long as it lives) once the parent has closed its store."""
     import time
+
     from shmstore.kernel.spilldir import LINGER, SpillFiles
     d = SpillFiles(str(tmp_path), "store-dir")
     d.ensure()

@@ -75,9 +75,9 @@ sys.stdin.readline()
 def test_process_killed_holding_a_lock_does_not_block_the_store(store, lock):
     store.put("before", np.arange(10))
     child = Child(CONNECT + f"""
-node = store._node
+node = store.node_store
 if {lock!r} == 'stripe':
-    lk = node.stripes[node.table.locate(store._kernel.sid, b'victim')[2]]
+    lk = node.stripes[node.table.locate(store.kernel.sid, b'victim')[2]]
 elif {lock!r} == 'alloc':
     lk = node.alloc_lock
 else:
@@ -96,7 +96,7 @@ sys.stdin.readline()
         assert other.get("before").sum() == 45
     infos = store.list()
     assert used(store) == sum(i.stored for i in infos)
-    check_arena(store._node)
+    check_arena(store.node_store)
     store.clear()
     assert used(store) == 0
 
@@ -106,8 +106,8 @@ def test_first_verb_after_a_stripe_holder_died_repairs_that_stripe(store, first)
     """The C fast paths report a dead holder of the key's stripe lock; the caller repairs that stripe."""
     store.put("victim", np.arange(7))
     child = Child(CONNECT + """
-node = store._node
-node.stripes[node.table.locate(store._kernel.sid, b'victim')[2]].acquire()
+node = store.node_store
+node.stripes[node.table.locate(store.kernel.sid, b'victim')[2]].acquire()
 print('locked', flush=True)
 sys.stdin.readline()
 """, env={"N": store.name})
@@ -118,7 +118,7 @@ sys.stdin.readline()
     else:
         with pytest.raises(shmstore.ObjectExistsError):
             store.put("victim", np.arange(3))
-    stripe = store._node.stripes[store._node.table.locate(store._kernel.sid, b"victim")[2]]
+    stripe = store.node_store.stripes[store.node_store.table.locate(store.kernel.sid, b"victim")[2]]
     assert not stripe.locked()
     np.testing.assert_array_equal(store.get("victim"), np.arange(7))
     store.delete("victim")
@@ -127,7 +127,7 @@ sys.stdin.readline()
 
 def test_allocator_rebuilt_after_death_mid_update_covers_arena(store):
     child = Child(CONNECT + """
-node = store._node
+node = store.node_store
 store.put('keep', np.ones(1000))
 node.alloc_lock.acquire()
 node.alloc.alloc(3 << 20, 0)
@@ -138,11 +138,11 @@ sys.stdin.readline()
     child.kill()
     store.put("after", np.zeros(10))
     store.put("big-after", np.zeros(8 << 20, np.uint8))  # not from a chunk: the global allocator
-    check_arena(store._node)
+    check_arena(store.node_store)
     np.testing.assert_array_equal(store.get("keep"), np.ones(1000))
     store.clear()
-    assert wait_for(lambda: store._node.reclaim_retired() >= 0 and
-                    store._node.alloc.free_extents()[-1][1] >= store._node.capacity - (2 << 20), timeout=10)
+    assert wait_for(lambda: store.node_store.reclaim_retired() >= 0 and
+                    store.node_store.alloc.free_extents()[-1][1] >= store.node_store.capacity - (2 << 20), timeout=10)
 
 
 def test_job_exit_leaves_nothing_in_dev_shm(name):
@@ -238,7 +238,7 @@ def test_emulated_nodes_never_share_memory(name):
 
 
 def test_header_records_layout(store):
-    h = L.unpack_header(store._node.meta.mm)
+    h = L.unpack_header(store.node_store.meta.mm)
     assert h.magic == L.MAGIC and h.version == L.LAYOUT_VERSION and h.uid == os.getuid()
     assert h.name == store.name and h.node == store.node
 
@@ -307,8 +307,8 @@ def test_forked_child_must_connect_again(store):
 def test_lock_held_by_a_stopped_process_times_out_clearly(name):
     with shmstore.connect(name, capacity="8MiB", lock_timeout=0.5) as s:
         child = Child(CONNECT.replace("capacity='64MiB'", "capacity='8MiB'") + """
-node = store._node
-node.stripes[node.table.locate(store._kernel.sid, b'k')[2]].acquire()
+node = store.node_store
+node.stripes[node.table.locate(store.kernel.sid, b'k')[2]].acquire()
 print('holding', flush=True)
 sys.stdin.readline()
 """, env={"N": name})

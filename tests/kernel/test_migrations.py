@@ -8,7 +8,7 @@ from shmstore.kernel import migrations
 
 
 def test_one_transfer_per_key_and_deduplicated_waiters(store):
-    node, sid = store._node, store._kernel.sid
+    node, sid = store.node_store, store.kernel.sid
     mine, slot = migrations.begin(node, sid, b"k")
     assert mine and slot >= 0
     dedup = L.unpack_transfer_stats(node.buf)[3]
@@ -22,7 +22,7 @@ def test_one_transfer_per_key_and_deduplicated_waiters(store):
 
 
 def test_a_failed_transfer_gives_its_error_and_the_next_request_retries(store):
-    node, sid = store._node, store._kernel.sid
+    node, sid = store.node_store, store.kernel.sid
     _, slot = migrations.begin(node, sid, b"k")
     migrations.finish(node, slot, error="source node is gone")
     assert migrations.wait(node, slot, sid, b"k", timeout=1) == "source node is gone"
@@ -32,7 +32,7 @@ def test_a_failed_transfer_gives_its_error_and_the_next_request_retries(store):
 
 
 def test_a_transfer_of_a_dead_process_is_taken_over_and_cleared(store):
-    node, sid = store._node, store._kernel.sid
+    node, sid = store.node_store, store.kernel.sid
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # a process that starts a transfer and dies

@@ -149,7 +149,7 @@ def spill_popen(pid: int):
 
 
 def in_its_loop(store) -> bool:
-    return L.unpack_spill_state(store._node.meta.mm).heartbeat > 0
+    return L.unpack_spill_state(store.node_store.meta.mm).heartbeat > 0
 
 
 def test_spill_process_ignores_sigint_and_ends_cleanly_on_sigterm_during_its_wait(store):
@@ -174,7 +174,7 @@ def test_spill_process_of_a_store_removed_behind_its_back_exits_and_removes_its_
     spill = s.spill_pid
     # it has opened the store (a spill process that starts after the names are gone opens nothing and leaves
     # the files: under load, it could start later than the sleep below)
-    assert wait_for(lambda: L.unpack_spill_state(s._node.buf).heartbeat > 0, timeout=20)
+    assert wait_for(lambda: L.unpack_spill_state(s.node_store.buf).heartbeat > 0, timeout=20)
     s.close()
     time.sleep(3 * 0.25)
     assert spill_running(spill)  # a persistent store without clients keeps its spill process
@@ -208,6 +208,7 @@ def test_stores_never_closed_print_nothing_at_exit_and_go_with_the_process(name,
     pin are still held at exit; the stores go all the same."""
     import subprocess
     import sys
+
     from helpers import ROOT
     r = subprocess.run([sys.executable, "-c", NEVER_CLOSED], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, PYTHONPATH=ROOT, N=name, D=str(tmp_path)))

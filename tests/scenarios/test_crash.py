@@ -92,9 +92,9 @@ def settle(store) -> None:
 
     def done() -> bool:
         _ = store.spill_pid  # restart it if it is gone (a new one recovers before its first round)
-        store._node.wake.post()
+        store.node_store.wake.post()
         others = [c for c in store.status()["clients"] if c["pid"] != os.getpid()]
-        return not others and L.unpack_spill_state(store._node.meta.mm).heartbeat > since
+        return not others and L.unpack_spill_state(store.node_store.meta.mm).heartbeat > since
     assert wait_for(done, timeout=20, interval=0.002), store.status()
 
 
@@ -302,7 +302,7 @@ def test_move_killed_at_every_step_is_rolled_back(crash_store, direction, kind):
     store.put("victim", value, levels=[Level.DISK] if direction == "restore" else None)
 
     def stop_spill() -> None:
-        pid = store._node.spill_pid()
+        pid = store.node_store.spill_pid()
         os.kill(pid, signal.SIGKILL)
         assert wait_for(lambda: not spill_running(pid), timeout=10)
 
@@ -371,7 +371,7 @@ def test_allocator_repair_during_a_move_keeps_the_movers_extents(crash_store, di
     for k, v in others.items():
         store.put(k, v)
     store.put("victim", np.arange(250_000), levels=[Level.DISK] if direction == "restore" else None)
-    pid = store._node.spill_pid()
+    pid = store.node_store.spill_pid()
     os.kill(pid, signal.SIGKILL)  # this test is the mover now
     assert wait_for(lambda: not spill_running(pid), timeout=10)
     node = NodeStore.open(store.config, create=False)
@@ -388,7 +388,7 @@ def test_allocator_repair_during_a_move_keeps_the_movers_extents(crash_store, di
             mover.disk.write = copy_then_repair
         else:
             mover.disk.read_into = copy_then_repair
-        idx, e, _ = store._kernel.lookup(store._kernel.begin("victim"), False)
+        idx, e, _ = store.kernel.lookup(store.kernel.begin("victim"), False)
         moved = mover.spill(idx, e[L.E_GEN]) if direction == "spill" else mover.restore(idx, e[L.E_GEN])
         assert moved > 0
         for i in range(20):  # reuse whatever the repair freed

@@ -22,7 +22,7 @@ def test_the_extension_is_used_where_it_was_built():
 def test_pure_python_kernel_passes_the_store_tests():
     env = dict(os.environ, SHMSTORE_PURE_PYTHON="1", PYTHONPATH=ROOT)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                        "tests/test_store.py", "tests/test_streams.py", "tests/test_processes.py",
+                        "tests/test_store.py", "tests/test_streams.py", "tests/scenarios/test_processes.py",
                         "-k", "not gc_removes"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
@@ -67,7 +67,7 @@ def test_the_c_tuples_are_in_the_declared_order(store):
     import numpy as np
 
     from shmstore.kernel import layout as L
-    k = store._kernel
+    k = store.kernel
     if k._fast is None:
         pytest.skip("the C fast path is not built here (pure-Python kernel)")
     store.put("arr", np.arange(6, dtype=np.int32))
@@ -90,7 +90,7 @@ def test_c_insert_writes_every_field_where_python_reads_it(store):
     import numpy as np
 
     from shmstore.kernel import layout as L
-    k = store._kernel
+    k = store.kernel
     if k._fast is None:
         pytest.skip("the C fast path is not built here (pure-Python kernel)")
     a = np.arange(12, dtype=np.int16).reshape(3, 4)
@@ -113,7 +113,7 @@ def test_fast_get_refreshes_the_access_time_and_releases_its_pin(store):
 
     from shmstore.kernel import layout as L
     store.put("a", np.arange(4))
-    k = store._kernel
+    k = store.kernel
     idx = k.lookup(k.begin("a"), False).idx
     before = L.entry_raw(k._buf, k._lay.entry(idx))[L.E_ATIME]
     time.sleep(0.1)

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import shmstore
-from shmstore.kernel import serialize
 from shmstore.kernel import layout as L
+from shmstore.kernel import serialize
 
 
 def roundtrip(obj):

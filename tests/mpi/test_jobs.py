@@ -1,4 +1,4 @@
-"""MPI for real: the tests/mpi suite on 4 ranks over two emulated nodes, and a rank killed mid-transfer."""
+"""MPI for real: the tests/mpi/ranks suite on 4 ranks over two emulated nodes, and a rank killed mid-transfer."""
 from __future__ import annotations
 
 import os
@@ -17,6 +17,7 @@ from helpers import ROOT, shm_segments, wait_for
 
 pytest.importorskip("mpi4py")
 from mpi4py import MPI  # noqa: E402,F401  (MPI opens its descriptors at import: before the leak checks count them)
+
 BIN = os.path.dirname(sys.executable)
 MPIEXEC = shutil.which("mpiexec", path=BIN + os.pathsep + os.environ.get("PATH", ""))
 pytestmark = [pytest.mark.mpi,
@@ -41,7 +42,7 @@ def test_mpi_suite_on_two_emulated_nodes():
 @pytest.mark.timeout(200)
 def test_the_mpi_tests_that_need_three_nodes_on_three_emulated_nodes():
     """A key's home on a third node (neither the fetcher's nor the holder's): the home forwards a small
-    fetch's question and the holder answers (tests/mpi, skipped on two nodes)."""
+    fetch's question and the holder answers (tests/mpi/ranks, skipped on two nodes)."""
     before = set(shm_segments())
     r = subprocess.run(["bash", os.path.join(ROOT, "mpi", "run-tests.sh"), "-k", "third"], cwd=ROOT,
                        env=dict(_env(), NP="3", HOSTS="n0:1,n1:1,n2:1"), capture_output=True, text=True,
@@ -64,7 +65,7 @@ def test_rank_killed_mid_transfer_leaves_no_pins_reservations_or_migrations():
     try:
         with shmstore.connect(name, node="n1", create=False) as dst, \
                 shmstore.connect(name, node="n0", create=False) as src:
-            dnode = dst._node
+            dnode = dst.node_store
 
             def clean() -> bool:
                 t = L.entry_table(dnode.meta.mm, dnode.layout)
@@ -74,7 +75,7 @@ def test_rank_killed_mid_transfer_leaves_no_pins_reservations_or_migrations():
 
             assert wait_for(clean, timeout=20)
             used = dst.get_capacity()[Level.MEMORY].used
-            assert used == sum(i.stored for i in dst._kernel.list(all_sessions=True))
+            assert used == sum(i.stored for i in dst.kernel.list(all_sessions=True))
             assert "big" not in dst or dst.get("big")[-1] == 1
             assert src.get("big")[12345] == 1
     finally:
@@ -159,9 +160,9 @@ def _remove_orphaned_mpich_segments(before: set[str]) -> None:
 def _leftovers(s: shmstore.Store) -> dict[str, object]:
     """What dead clients may still hold in a node store (empty once they are all reclaimed): entries being
     written, transfers in flight, attached clients other than ``s``, pins, memory no sealed object accounts for."""
-    node = s._node
+    node = s.node_store
     t = L.entry_table(node.meta.mm, node.layout)
-    infos = s._kernel.list(all_sessions=True)
+    infos = s.kernel.list(all_sessions=True)
     found = {"writing": int((t["state"] == L.WRITING).sum()),
              "in flight": sum(L.unpack_migration(node.meta.mm, node.layout, i).state == L.MIG_FLIGHT
                               for i in range(L.NMIGRATIONS)),
@@ -216,7 +217,7 @@ def test_kill_mid_update_leaves_every_node_store_consistent(victim, role, seed):
                 assert wait_for(lambda: _leftovers(s) == {}, timeout=30), (label, _leftovers(s))
                 assert s.check() == [], label
                 keys = s.keys()
-                assert len(keys) == len(s._kernel.list(all_sessions=True)), label  # the job's session is ours
+                assert len(keys) == len(s.kernel.list(all_sessions=True)), label  # the job's session is ours
                 assert anchors <= set(keys), (label, keys)  # committed before the kill: never lost
                 for key in keys:
                     got = s.get(key)

@@ -23,9 +23,8 @@ import pytest
 
 import shmstore
 from shmstore.config import Config
-from shmstore.kernel import NodeStore
+from shmstore.kernel import NodeStore, serialize
 from shmstore.kernel import layout as L
-from shmstore.kernel import serialize
 from shmstore.kernel.attach import Attachment
 from shmstore.kernel.cache import ClientCache
 from shmstore.kernel.check import check
@@ -233,7 +232,7 @@ def lstore(name, tmp_path, level):
     """A store with every level sized at CAPACITY, skipping a level this process cannot use."""
     with shmstore.connect(name, capacity=CAPACITY, disk_capacity=CAPACITY, spill_dir=str(tmp_path),
                           prefault="8MiB") as s:
-        why = s._node.levels[level].available()
+        why = s.node_store.levels[level].available()
         if why:
             pytest.skip(f"{level} is not available here: {why}")
         yield s
@@ -265,7 +264,7 @@ def same(a, b) -> bool:
 
 
 def test_implements_the_protocol(lstore, level):
-    lv = lstore._node.levels[level]
+    lv = lstore.node_store.levels[level]
     assert isinstance(lv, StorageLevel) and lv.level == level
     assert lv.total() == CAPACITY and lv.setting
     assert lv.spill_to is None or lv.spill_to > level  # spills go to slower levels
@@ -311,7 +310,7 @@ def test_writer_and_reader(lstore, level):
 
 
 def test_full_level_names_itself_and_the_setting(lstore, level):
-    lv = lstore._node.levels[level]
+    lv = lstore.node_store.levels[level]
     with pytest.raises(shmstore.StorageFullError) as exc:
         lstore.put("big", np.zeros(CAPACITY + MiB, np.uint8), levels=[level])
     assert exc.value.level == level and lv.setting.split()[0] in str(exc.value)
@@ -333,7 +332,7 @@ def test_moves_to_and_from_every_other_level(lstore, level):
     lstore.put("k", value, levels=[level])
     stored = lstore.get_info("k").stored
     for other in ALL:
-        if other == level or lstore._node.levels[other].available():
+        if other == level or lstore.node_store.levels[other].available():
             continue
         assert lstore.move("k", other).level == other
         assert same(value, lstore.get("k"))
@@ -345,7 +344,7 @@ def test_moves_to_and_from_every_other_level(lstore, level):
 
 def test_get_with_levels_brings_the_object_here(lstore, level):
     for other in ALL:
-        if other == level or lstore._node.levels[other].available():
+        if other == level or lstore.node_store.levels[other].available():
             continue
         lstore.put(f"from-{other}", np.full(1000, 5), levels=[other])
         got = lstore.get(f"from-{other}", levels=[level])
@@ -357,7 +356,7 @@ def test_a_pinned_object_never_moves(lstore, level):
     lstore.put("k", np.arange(1000), levels=[level])
     lstore.pin("k")
     for other in ALL:
-        if other != level and not lstore._node.levels[other].available():
+        if other != level and not lstore.node_store.levels[other].available():
             with pytest.raises(shmstore.ObjectLockedError):
                 lstore.move("k", other)
     lstore.unpin("k")
@@ -365,7 +364,7 @@ def test_a_pinned_object_never_moves(lstore, level):
 
 
 def test_spill_policy_keeps_the_level_under_its_high_watermark(lstore, level):
-    lv = lstore._node.levels[level]
+    lv = lstore.node_store.levels[level]
     if lv.spill_to is None:
         pytest.skip(f"{level} spills nowhere (the last level)")
     high, _ = lv.watermarks()

@@ -163,7 +163,7 @@ def test_arrays_resolve_as_read_only_views_of_the_store(pstore, connector):
     np.testing.assert_array_equal(resolved, arr)
     base = connector.store.kernel._at.arena_addr
     addr = resolved.__array_interface__["data"][0]
-    assert base <= addr < base + connector.store._node.capacity  # in shared memory: no copy
+    assert base <= addr < base + connector.store.node_store.capacity  # in shared memory: no copy
     assert addr % 64 == 0
 
 

@@ -46,7 +46,7 @@ from shmstore import Level
 from shmstore.kernel import fastpath, interrupts
 from shmstore.kernel import layout as L
 
-from test_crash import PKG, assert_consistent, crc_of, kill_points, settle, values
+from .test_crash import PKG, assert_consistent, crc_of, kill_points, settle, values
 
 
 def _arm(stop_at: int) -> list[int]:
@@ -465,6 +465,7 @@ def test_a_signal_inside_a_verb_is_handled_when_the_verb_returns_and_a_second_on
 def test_ctrl_c_in_a_wait_for_the_spill_process_raises_at_once_and_withdraws_the_request(tmp_path, sigint_restored):
     import threading
     import time
+
     from shmstore.spill import requests
     with shmstore.connect("t" + os.urandom(6).hex(), capacity="16MiB", spill_dir=str(tmp_path)) as s:
         s.put("big", np.zeros(1 << 20, np.uint8))
@@ -481,7 +482,7 @@ def test_ctrl_c_in_a_wait_for_the_spill_process_raises_at_once_and_withdraws_the
         finally:
             os.kill(pid, signal.SIGCONT)
         assert waited < 5, f"Ctrl-C took {waited:.1f} s to interrupt the wait"
-        node, slot = s._node, s.kernel.slot
+        node, slot = s.node_store, s.kernel.slot
         status = L.REQUEST.get(node.buf, node.layout.client(slot) + L.REQUEST_OFFSET, "status")
         assert status == L.RS_IDLE, "the request the interrupted wait made is still pending"
         assert s.check() == []
@@ -510,7 +511,7 @@ def test_a_signal_deferred_in_a_finalizer_is_raised_in_the_code_it_interrupted_n
 # ---- writers dropped where the garbage collector runs -----------------------------------------------------
 
 def _writing(store) -> list[int]:
-    t = L.entry_table(store._node.buf, store._node.layout)
+    t = L.entry_table(store.node_store.buf, store.node_store.layout)
     return np.flatnonzero(t["state"] == L.WRITING).tolist()
 
 
@@ -567,7 +568,7 @@ def test_a_writer_finalized_inside_a_locked_section_of_its_own_thread_waits_for_
             s = shmstore.connect(store.name, spill_dir=store.config.spill_dir, prefault=0, lock_timeout=timeout)
             writer = s.open_writer("dropped", size, levels=levels)
             writer.write(b"x" * (size // 2))
-            idx, node = writer._idx, s._node
+            idx, node = writer._idx, s.node_store
             cycle: list = [writer]
             cycle.append(cycle)
             del writer, cycle

@@ -17,7 +17,7 @@ def stopped(store):
     pid = store.spill_pid
     os.kill(pid, signal.SIGSTOP)
     try:
-        yield store._node, store._kernel.slot
+        yield store.node_store, store.kernel.slot
     finally:
         os.kill(pid, signal.SIGCONT)
 

@@ -4,7 +4,7 @@ Without a device: the CUDA-awareness override, the library probe's parsing,
 priority lists that name the GPU on a node without one, and the GPU arena's
 metadata (the allocator range, its crash rebuild, dropping the objects of an
 arena whose owning spill process died) on a real store. The staging
-pipeline over host buffers runs in tests/mpi. ``scripts/gpu-check.sh`` runs
+pipeline over host buffers runs in tests/mpi/ranks. ``scripts/gpu-check.sh`` runs
 the device tests and a device benchmark where a GPU is.
 """
 from __future__ import annotations
@@ -88,7 +88,7 @@ def test_gpu_arena_metadata_on_a_real_store(store):
     """Without a device the arena's bytes cannot exist, but its bookkeeping can: a GPU arena registered in
     the metadata is cut by the shared allocator, checked by check(), kept by the crash rebuild, and when
     its owner dies its objects are dropped and their space goes back to it."""
-    node = store._node
+    node = store.node_store
     buf, lay, d, cap = node.buf, node.layout, 1, 8 * MiB
     # the spill process drops lost arenas when it starts: let it start first, this test does it by hand
     assert wait_for(lambda: L.unpack_spill_state(buf).heartbeat > 0, timeout=20)
