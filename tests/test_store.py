@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import pickle
+import threading
 
 import numpy as np
 import pytest
@@ -273,7 +274,7 @@ def test_longest_key_works(store):
 
 def test_unpicklable_value_changes_nothing(store):
     with pytest.raises(shmstore.SerializationError):
-        store.put("f", lambda: 1)
+        store.put("f", threading.Lock())  # neither pickle nor cloudpickle takes it
     with pytest.raises(shmstore.SerializationError):
         store.put("g", {"ok": np.ones(3), "bad": (x for x in [])})
     assert store.list() == [] and store.get_capacity()[Level.MEMORY].used == 0
@@ -399,3 +400,42 @@ def test_consumer_after_its_producer_exited(name, persist):
     with shmstore.connect(name, create=False) as consumer:
         assert consumer.get("result").sum() == sum(range(1000))
     assert shmstore.destroy(name)
+
+
+def test_lambdas_closures_and_local_classes_round_trip_across_processes(store):
+    """Plain pickle refuses them (issue 21 item 4): put falls back to cloudpickle, and a process that never
+    imported cloudpickle gets them with plain pickle (the stored stream imports what it needs)."""
+    offset = np.arange(3)
+
+    class Point:
+        def __init__(self, x):
+            self.x = x
+
+        def norm(self):
+            return abs(self.x)
+    store.put("lambda", lambda v: v + 1)
+    store.put("closure", lambda: int(offset.sum()) + 100)
+    store.put("local", Point(-5))
+    assert store.get("lambda")(1) == 2 and store.get("closure")() == 103 and store.get("local").norm() == 5
+    code = """
+import os, sys
+import shmstore
+s = shmstore.connect(os.environ['N'])
+before = 'cloudpickle' in sys.modules
+print(before, s.get('lambda')(41), s.get('closure')(), s.get('local').norm(), flush=True)
+s.close()
+"""
+    child = Child(code, env={"N": store.name})
+    assert child.readline() == "False 42 103 5"
+    child.wait()
+
+
+# ---- get: default=, keyword-only conditions and levels (issue 21 item 1) ----------------------------------
+def test_get_second_positional_argument_is_a_default_as_with_a_dict(store):
+    store.put("arr", np.arange(10))
+    np.testing.assert_array_equal(store.get("arr", 5), np.arange(10))  # the value, never arr[5]
+    assert store.get("missing", None) is None and store.get("missing", 5) == 5
+    assert store.get("missing", default=[1]) == [1]
+    assert store.kernel.get("missing", None) is None
+    with pytest.raises(shmstore.ObjectNotFoundError, match="'missing'"):
+        store.get("missing")  # without a default a miss still raises

@@ -9,7 +9,10 @@ Three kinds:
   table, and comes back as a read-only view;
 - pickle: anything else, with pickle protocol 5; every contiguous array
   inside (a state dict of 1,000 tensors) becomes a blob, and comes back as
-  a read-only view into the object's bytes.
+  a read-only view into the object's bytes. What plain pickle refuses
+  (lambdas, closures, classes defined in a function or in ``__main__``)
+  is pickled by cloudpickle, imported only then; plain ``pickle`` loads
+  the result wherever cloudpickle is installed.
 
 Torch CPU tensors (alone or in a state dict; torch is never imported here,
 only recognised once the application has imported it) are stored the same
@@ -160,6 +163,34 @@ class _Pickler(pickle.Pickler):
         return np.ndarray, (obj.shape, obj.dtype, pickle.PickleBuffer(obj), 0, None, order)
 
 
+_CLOUD: list[type] = []
+
+
+def _cloud_pickler(exc: Exception, obj: Any) -> type:
+    """:class:`_Pickler` over cloudpickle's Pickler (arrays still blobs), defined on first use.
+
+    Raises:
+        SerializationError: cloudpickle is not installed (naming ``exc``, plain pickle's refusal).
+    """
+    if _CLOUD:
+        return _CLOUD[0]
+    try:
+        cloudpickle = importlib.import_module("cloudpickle")
+    except ImportError:
+        raise SerializationError(f"cannot pickle {type(obj).__name__}: {exc} (pip install cloudpickle to store "
+                                 f"lambdas, closures and local classes)") from exc
+
+    class _CloudPickler(_Pickler, cloudpickle.Pickler):  # type: ignore[misc,name-defined]
+        """Arrays and tensors as blobs (``_Pickler``), functions and classes by value (cloudpickle)."""
+
+        def reducer_override(self, obj: Any) -> Any:
+            r = _Pickler.reducer_override(self, obj)
+            return cloudpickle.Pickler.reducer_override(self, obj) if r is NotImplemented else r
+
+    _CLOUD.append(_CloudPickler)
+    return _CloudPickler
+
+
 _TENSOR_TYPES: list[tuple[type, ...]] = []
 
 
@@ -198,11 +229,29 @@ def _tensor(raw: np.ndarray, dtype: str, shape: tuple[int, ...], requires_grad: 
 
 
 def encode_pickle(obj: Any) -> Encoded:
+    """``obj`` pickled (protocol 5, arrays as blobs); with cloudpickle where plain pickle refuses it.
+
+    Lambdas, closures, functions and classes defined in ``__main__`` or
+    inside a function cannot be pickled by reference; cloudpickle pickles
+    them by value (imported only then). Its output is ordinary pickle
+    data: any process with cloudpickle installed loads it with plain
+    ``pickle`` (the stored stream imports what it needs).
+
+    Raises:
+        SerializationError: neither pickle nor cloudpickle can pickle it.
+    """
     f = io.BytesIO()
-    p = _Pickler(f)
+    p: _Pickler = _Pickler(f)
     try:
         p.dump(obj)
-    except Exception as exc:  # pickle raises many types: PicklingError, TypeError, AttributeError...
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:  # "can't pickle local object", a lambda...
+        f = io.BytesIO()
+        p = _cloud_pickler(exc, obj)(f)
+        try:
+            p.dump(obj)
+        except Exception as exc2:
+            raise SerializationError(f"cannot pickle {type(obj).__name__}: {exc} (cloudpickle: {exc2})") from exc
+    except Exception as exc:  # pickle raises many types; these no other pickler would take either
         raise SerializationError(f"cannot pickle {type(obj).__name__}: {exc}") from exc
     data = f.getbuffer()
     size, offsets = plan_object(len(data), [b.nbytes for b in p.blobs])

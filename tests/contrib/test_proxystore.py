@@ -254,3 +254,56 @@ def test_a_persistent_store_outlives_its_producer(name):
             unregister_store(s)
             s.close()
         shmstore.destroy(name, force=True)
+
+
+def _functions_and_local_objects():
+    """What Parsl and Globus Compute users proxy: plain pickle refuses each of these."""
+    scale = np.arange(4.0)
+
+    class Task:
+        def __init__(self, n):
+            self.n = n
+
+        def run(self):
+            return self.n * 3
+
+    def nested(x):
+        return x - 1
+    return [lambda x: x + 1, lambda: float(scale.sum()), nested, Task(5), {"fn": lambda: "in a dict"}]
+
+
+def _call(obj):
+    if isinstance(obj, dict):
+        return obj["fn"]()
+    if hasattr(obj, "run"):
+        return obj.run()
+    try:
+        return obj(1)
+    except TypeError:
+        return obj()
+
+
+def test_serializer_pair_handles_what_proxystores_default_serializer_handles():
+    """Issue 21 item 4: lambdas, closures, nested functions, local classes: ProxyStore's default serializer
+    takes them (cloudpickle); so does the pair, and each comes back behaving the same."""
+    from proxystore.serialize import deserialize as their_load
+    from proxystore.serialize import serialize as their_dump
+    objs = _functions_and_local_objects()
+    theirs = [_call(their_load(their_dump(o))) for o in objs]
+    ours = [_call(deserialize(serialize(o))) for o in objs]
+    assert ours == theirs == [2, 6.0, 0, 15, "in a dict"]
+
+
+def test_lambdas_and_local_objects_through_a_proxystore_store_and_another_process(pstore):
+    objs = _functions_and_local_objects()
+    keys = [pstore.put(o) for o in objs]
+    assert [_call(pstore.get(k)) for k in keys] == [2, 6.0, 0, 15, "in a dict"]
+    proxy = pstore.proxy(objs[3])  # a local class's instance, resolved in another process
+    child = Child("""
+import base64, pickle, sys
+proxy = pickle.loads(base64.b64decode(sys.stdin.readline()))
+print(proxy.run(), flush=True)
+""")
+    child.send(base64.b64encode(pickle.dumps(proxy)).decode())
+    assert child.readline() == "15"
+    child.wait()

@@ -68,8 +68,40 @@ def test_parts_cover_the_stored_bytes_exactly():
 
 
 def test_unpicklable_values_are_a_serialization_error():
-    with pytest.raises(shmstore.SerializationError):
-        serialize.encode(lambda: 1)
+    import threading
+    with pytest.raises(shmstore.SerializationError, match="lock.*cloudpickle"):  # both picklers' refusals
+        serialize.encode(threading.Lock())
+
+
+def _closure_and_local_class():
+    weights = np.arange(1000, dtype=np.float32)
+
+    class Local:
+        def __init__(self):
+            self.a = np.full(100, 7)
+
+        def total(self):
+            return int(self.a.sum())
+    return (lambda x: x * 2), (lambda: float(weights.sum())), Local()
+
+
+def test_lambdas_closures_and_local_classes_fall_back_to_cloudpickle():
+    """Plain pickle refuses them; cloudpickle pickles them by value, arrays inside still become blobs, and
+    plain pickle loads the result (what decode uses)."""
+    lam, closure, inst = _closure_and_local_class()
+    import pickle
+    with pytest.raises((pickle.PicklingError, AttributeError)):
+        pickle.dumps(closure)
+    for obj, nblobs in ((lam, 0), (closure, 1), (inst, 1)):
+        enc, base = roundtrip(obj)
+        assert enc.kind == L.KIND_PICKLE and enc.nblobs == nblobs
+        got = serialize.decode(enc.kind, base, enc.nbytes)
+        if obj is lam:
+            assert got(21) == 42
+        elif obj is closure:
+            assert got() == float(np.arange(1000, dtype=np.float32).sum())
+        else:
+            assert got.total() == 700 and not got.a.flags.writeable and np.shares_memory(got.a, base)
 
 
 def test_as_u8_views_without_copying_when_it_can():

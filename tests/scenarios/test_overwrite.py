@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
 import time
 import zlib
 
@@ -82,7 +83,7 @@ def test_failed_overwrite_leaves_the_old_value(store):
     with pytest.raises(shmstore.StorageFullError):
         store.put("k", np.zeros(200 * MiB, np.uint8), levels=[Level.MEMORY], overwrite=True)
     with pytest.raises(shmstore.SerializationError):
-        store.put("k", lambda: 1, overwrite=True)  # not picklable: nothing changes
+        store.put("k", threading.Lock(), overwrite=True)  # not picklable: nothing changes
     assert bytes(store.get("k")) == b"old"
     assert store.check() == []
 
