@@ -28,6 +28,8 @@ from .kernel.segment import unlink_segment, unlink_semaphore
 from .levels import Capacity, Level, ObjectInfo, parse_levels
 from .levels.registry import open_levels
 from .placement import DEFAULT_PUT_LEVELS, DEVICE_PUT_LEVELS, Placement
+from .refs import Ref
+from .refs import new_key as new_ref_key
 from .spill.requests import request_arena
 from .streams import Reader, Writer
 
@@ -270,6 +272,18 @@ class Store:
     def open_reader(self, key: str) -> Reader:
         """A reader streaming the stored bytes of ``key`` (pinned while open)."""
         return Reader(self._checked(), key)
+
+    def share(self, obj: Any, levels: Iterable[Level] | Level | None = None) -> Ref:
+        """Put ``obj`` under a generated key (``@ref/`` and a uuid) and return a :class:`~shmstore.refs.Ref`, a
+        small picklable handle that resolves (``ref.get()``) to the zero-copy value in any process of this
+        node, like ``ray.put``. ``ref.delete()``, or ``with store.share(obj) as ref:``, ends the object.
+
+        Raises:
+            StorageFullError, SpillError, SerializationError: as ``put``.
+        """
+        key = new_ref_key()
+        self.put(key, obj, levels)
+        return Ref.shared(self, key)
 
     def check(self) -> builtins.list[str]:
         """Check every invariant of this node store's metadata, spill files and counters.

@@ -45,6 +45,8 @@ from .. import errors
 from ..kernel import encode_key
 from ..kernel import layout as L
 from ..levels import Level
+from ..refs import Ref, register_cluster_finder
+from ..refs import new_key as new_ref_key
 from ..store import Store
 from ..streams import Reader
 from . import abort
@@ -366,6 +368,20 @@ class Cluster:
             return PublishedWriter(self._dirs, self.store, self.store.open_writer(key, size), key, size)
         return RemoteWriter(self._links, self._dirs, n, key, size)
 
+    def share(self, obj: Any, levels: Iterable[Level] | Level | None = None) -> Ref:
+        """Put ``obj`` under a generated key (``@ref/`` and a uuid) on this node, locatable from every node, and
+        return a :class:`~shmstore.refs.Ref`: a small picklable handle that resolves (``ref.get()``) on any
+        node of the job, in any process that has this Cluster open (a local hit, or one deduplicated
+        transfer into its node that every other rank of the node then reuses), and on this node in any
+        process. ``ref.delete()`` (or the end of ``with cluster.share(obj) as ref:``) deletes every copy.
+
+        Raises:
+            StorageFullError, SpillError, SerializationError: as ``put``. TransferError: as ``put``.
+        """
+        key = new_ref_key()
+        self.put(key, obj, levels)
+        return Ref.shared(self.store, key, self)
+
     @property
     def requests(self) -> dict[str, int]:
         """Requests this rank sent to node services so far: ``calls`` (each a message and its reply),
@@ -429,3 +445,12 @@ class Cluster:
 
 
 _MISSED = object()  # Cluster.get's default for a local miss
+
+
+def _find_cluster(name: str, session: str) -> Cluster | None:
+    """An open Cluster of this process over store ``name`` and ``session`` (how a Ref finds one)."""
+    found = Cluster.opened(name)
+    return found if found is not None and found.store.session == session else None
+
+
+register_cluster_finder(_find_cluster)
