@@ -1,0 +1,86 @@
+"""References across nodes: ``cluster.share(obj)`` on one node, the pickled Ref resolved by every rank of the
+job (each node's ranks cause one transfer into it, whatever their number), by a plain process of a node that
+has the copy, and ``ref.delete()`` ending every copy. Passes at any world size (one node: no transfer)."""
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import zlib
+
+import numpy as np
+import pytest
+
+import shmstore
+
+CHILD = """
+import pickle, sys, zlib
+ref = pickle.loads(bytes.fromhex(sys.argv[1]))
+print(zlib.crc32(memoryview(ref.get()).cast("B")))
+"""
+
+
+def crc(a) -> int:
+    return zlib.crc32(memoryview(a).cast("B"))
+
+
+def test_ranks_of_a_node_resolving_one_ref_cause_one_transfer_into_it(cluster, comm):
+    data = np.random.default_rng(21).integers(0, 1 << 30, 2 << 20, dtype=np.int64)  # 16 MiB
+    blob = pickle.dumps(cluster.share(data)) if comm.rank == cluster.leaders[0] else None
+    blob = comm.bcast(blob, root=cluster.leaders[0])
+    assert len(blob) < 300  # the handle travels, not the 16 MiB
+    ref = pickle.loads(blob)
+    assert ref.cluster and ref.node == cluster.nodes[0] and ref.key.startswith("@ref/")
+    comm.Barrier()
+    before = cluster.stats()
+    comm.Barrier()
+    crcs: list[int] = []
+    threads = [threading.Thread(target=lambda: crcs.append(crc(ref.get()))) for _ in range(2)]  # 2 tasks a rank
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert crcs == [crc(data)] * 2
+    comm.Barrier()
+    after = cluster.stats()
+    transfers = after["transfers"] - before["transfers"]
+    received = after["bytes_received"] - before["bytes_received"]
+    here = cluster.node_index != 0
+    assert (transfers, received) == ((1, data.nbytes) if here else (0, 0)), (cluster.node, before, after)
+    assert sorted(cluster.locate(ref.key)) == sorted(cluster.nodes)
+
+    # a plain process of this node (no MPI, no Cluster) resolves it from the node's copy, zero transfers
+    if comm.rank in cluster.leaders:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "MPI", "HYDRA"))}
+        env["SHMSTORE_NODE"] = cluster.node
+        out = subprocess.run([sys.executable, "-c", CHILD, blob.hex()], env=env, capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert int(out.stdout) == crc(data)
+    comm.Barrier()
+    assert cluster.stats()["transfers"] == after["transfers"]
+
+    comm.Barrier()
+    if comm.rank == 0:
+        assert ref.delete() >= 1  # every copy, whichever rank holds the Ref
+    comm.Barrier()
+    assert ref.key not in cluster.store
+    with pytest.raises(shmstore.ObjectNotFoundError, match="was deleted"):
+        ref.get()
+    comm.Barrier()
+
+
+def test_a_cluster_ref_in_a_with_block_is_deleted_everywhere_at_its_end(cluster, comm):
+    root = cluster.leaders[-1]
+    ref = comm.bcast(cluster.share({"step": 3, "w": np.arange(1000)}) if comm.rank == root else None, root=root)
+    comm.Barrier()
+    assert ref.get()["w"].sum() == 499500 and ref.get()["step"] == 3
+    comm.Barrier()
+    if comm.rank == root:
+        with ref:
+            pass
+    comm.Barrier()
+    assert ref.key not in cluster.store and cluster.locate(ref.key) == []
+    comm.Barrier()
