@@ -18,11 +18,12 @@ from typing import Any
 import numpy as np
 
 from .config import Config
-from .errors import ShmStoreError, StoreClosedError, StoreInUseError
+from .errors import ObjectNotFoundError, ShmStoreError, StoreClosedError, StoreInUseError
 from .kernel import Kernel, NodeStore
 from .kernel import layout as L
 from .kernel.check import check as check_node
 from .kernel.interrupts import guard as guard_signals
+from .kernel.kernel import NO_DEFAULT, check_get_args
 from .kernel.node import pid_alive, reap_children, store_prefix
 from .kernel.segment import unlink_segment, unlink_semaphore
 from .levels import Capacity, Level, ObjectInfo, parse_levels
@@ -178,25 +179,39 @@ class Store:
             return p.put(key, obj, DEFAULT_PUT_LEVELS, overwrite)  # the common case: MEMORY first
         return p.put(key, obj, parse_levels(levels, DEFAULT_PUT_LEVELS), overwrite)
 
-    def get(self, key: str, conditions: Any = None, levels: Iterable[Level] | Level | None = None) -> Any:
+    def get(self, key: str, default: Any = NO_DEFAULT, *misuse: Any, conditions: Any = None,
+            levels: Iterable[Level] | Level | None = None) -> Any:
         """The value of ``key``: views into shared memory (or into the spill file) for arrays and bytes.
 
-        ``conditions`` slices an array without materialising it, e.g.
-        ``conditions=(slice(0, 100),)``; on DISK only the pages needed are
-        read. With ``levels``, an object on none of them is first moved to
-        the first one (``levels=[Level.MEMORY]`` brings a spilled object back).
+        ``default`` is returned where ``key`` has no object, as with a dict
+        (``get(key, None)``); without it a miss raises. ``conditions`` and
+        ``levels`` are keyword-only. ``conditions`` slices an array without
+        materialising it, e.g. ``conditions=(slice(0, 100),)``; on DISK only
+        the pages needed are read. With ``levels``, an object on none of them
+        is first moved to the first one (``levels=[Level.MEMORY]`` brings a
+        spilled object back).
 
         Raises:
-            ObjectNotFoundError: no such object in this session.
+            ObjectNotFoundError: no such object in this session (and no ``default``); the message names the
+                sessions that do hold the key.
             ObjectLockedError: it must move but is pinned.
-            InvalidArgumentError: ``conditions`` on a non-array value.
+            InvalidArgumentError: ``conditions`` on a non-array value; a third positional argument, or an
+                index (a slice, or a tuple of them) as ``default``: ``conditions`` passed by position.
         """
         k = self._kernel
         if k is None:
             raise StoreClosedError("store is closed (connect() again)")
+        if misuse:
+            check_get_args(key, default, misuse)
         if levels is not None:
-            self._placement_checked().bring(key, parse_levels(levels, DEFAULT_PUT_LEVELS))
-        return k.get(key, conditions)
+            try:
+                self._placement_checked().bring(key, parse_levels(levels, DEFAULT_PUT_LEVELS))
+            except ObjectNotFoundError:
+                if default is NO_DEFAULT:
+                    raise
+        if conditions is None:
+            return k.get(key, default)
+        return k.get(key, default, conditions=conditions)
 
     def move(self, key: str, level: Level, progress: Any = None) -> ObjectInfo:
         """Move ``key`` to ``level`` (explicit spill or restore); waits for the spill process.

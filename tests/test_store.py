@@ -439,3 +439,52 @@ def test_get_second_positional_argument_is_a_default_as_with_a_dict(store):
     assert store.kernel.get("missing", None) is None
     with pytest.raises(shmstore.ObjectNotFoundError, match="'missing'"):
         store.get("missing")  # without a default a miss still raises
+
+
+def test_get_conditions_and_levels_are_keyword_only(store):
+    store.put("arr", np.arange(10))
+    spelling = "conditions= and levels= are keyword-only; for a default use default="
+    for call in (lambda: store.get("arr", None, (slice(0, 2),)),
+                 lambda: store.get("arr", (slice(0, 2),)),  # conditions by position, as before: refused
+                 lambda: store.get("arr", slice(0, 2)),
+                 lambda: store.get("arr", None, None, [Level.MEMORY]),
+                 lambda: store.kernel.get("arr", (slice(0, 2), ...)),
+                 lambda: store.kernel.get("arr", None, (slice(0, 2),))):
+        with pytest.raises(shmstore.InvalidArgumentError, match=spelling) as err:
+            call()
+        assert "'arr'" in str(err.value)
+    np.testing.assert_array_equal(store.get("arr", conditions=(slice(2, 4),)), [2, 3])
+    np.testing.assert_array_equal(store.get("arr", levels=[Level.MEMORY], conditions=(slice(0, 1),)), [0])
+    np.testing.assert_array_equal(store.kernel.get("arr", conditions=(slice(9, None),)), [9])
+    assert store.get("nope", (0, 1)) == (0, 1)  # a tuple of plain values is a default like any other
+    assert store.get("nope", None, levels=[Level.MEMORY]) is None  # a default also where levels= would move it
+
+
+def test_get_default_on_a_spilled_object_and_a_deleted_one(store):
+    store.put("d", np.arange(4))
+    store.move("d", Level.DISK)
+    np.testing.assert_array_equal(store.get("d", None), np.arange(4))  # found on DISK: the value
+    store.delete("d")
+    assert store.get("d", "gone") == "gone"
+
+
+# ---- sessions are visible (issue 21 item 8) ---------------------------------------------------------------
+def test_a_miss_names_the_sessions_that_hold_the_key(name):
+    with shmstore.connect(name, capacity="16MiB") as plain, \
+            shmstore.connect(name, session="proxystore") as proxied, \
+            shmstore.connect(name, session="other") as other:
+        proxied.put("x", 1)
+        other.put("x", 2)
+        proxied.put("only-here", 3)
+        with pytest.raises(shmstore.ObjectNotFoundError) as err:
+            plain.get("x")
+        msg = str(err.value)
+        assert "no object 'x'" in msg and "'proxystore'" in msg and "'other'" in msg and "session=" in msg
+        with pytest.raises(shmstore.ObjectNotFoundError, match="session 'proxystore' holds it"):
+            other.get_info("only-here")
+        with pytest.raises(shmstore.ObjectNotFoundError, match="session 'proxystore' holds it"):
+            plain.delete("only-here")
+        with pytest.raises(shmstore.ObjectNotFoundError) as err:
+            proxied.get("nowhere")
+        assert "holds" not in str(err.value) and "hold it" not in str(err.value)
+        assert plain.get("x", None) is None  # a default: no error, nothing looked up elsewhere

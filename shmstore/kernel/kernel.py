@@ -20,13 +20,21 @@ its space is reused once the last view is gone.
 from __future__ import annotations
 
 import os
+import reprlib
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
 
-from ..errors import InvalidArgumentError, ObjectNotFoundError, SpillError, StorageFullError, StoreClosedError
+from ..errors import (
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    ShmStoreError,
+    SpillError,
+    StorageFullError,
+    StoreClosedError,
+)
 from ..values import Level, ObjectInfo
 from . import fastpath, serialize
 from . import layout as L
@@ -43,7 +51,7 @@ from .table import find_entry
 from .views import Lease, SharedArray, pin_token
 from .writing import Puts
 
-__all__ = ["Kernel", "Exported", "Located", "encode_key"]
+__all__ = ["Kernel", "Exported", "Located", "encode_key", "NO_DEFAULT", "check_get_args"]
 
 if TYPE_CHECKING:
     from .protocols import Sink
@@ -53,7 +61,8 @@ _DTYPES: dict[bytes, np.dtype] = {}
 _FORKS = [0]
 os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
 _MEMORY = int(Level.MEMORY)
-_RAISE = object()  # get's default: raise ObjectNotFoundError on a miss
+NO_DEFAULT: Any = object()  # get's default: raise ObjectNotFoundError on a miss
+_INDEX_TYPES = frozenset((slice, tuple, type(Ellipsis)))  # a default of these may be conditions by position
 _MISS = object()   # _get_fast's answer for a key with no object
 _ARRAY_CACHE = 65536  # (dtype, shape, order) of arrays this process got recently
 _monotonic = time.monotonic
@@ -182,9 +191,40 @@ class Kernel:
         """The stripe of a key the C fast path took (a str it checked): to repair its lock."""
         return key_ref(key, key.encode(), self.sid, self._bmask, self._smask).stripe
 
-    def _not_found(self, key: str) -> ObjectNotFoundError:
+    def _not_found(self, key: str, what: str = "") -> ObjectNotFoundError:
+        """The miss of ``key``, naming the sessions that do hold it (looked up here: misses only pay for it)."""
         where = f" in session {self.session!r}" if self.session else ""
-        return ObjectNotFoundError(f"no object {key!r}{where}", key)
+        return ObjectNotFoundError(f"no object {key!r}{what}{where}{self._held_hint(key)}", key)
+
+    def sessions_holding(self, key: str) -> list[str]:
+        """The other sessions of this store holding a sealed object under ``key`` (one chain walk per session
+        in use, each under its stripe lock: the price of a miss, never of a hit)."""
+        try:
+            kb = encode_key(key)
+        except InvalidArgumentError:
+            return []
+        out = []
+        for sid in range(L.MAX_SESSIONS):
+            name = L.unpack_session(self._buf, self._lay.session(sid))
+            if name is None or sid == self.sid:
+                continue
+            ref = key_ref(key, kb, sid, self._bmask, self._smask)
+            with self._stripes[ref.stripe]:
+                _, eoff, raw = find_entry(self._buf, self._lay, ref.bucket, ref.h, sid, kb)
+                if raw is not None and raw[L.E_STATE] == L.SEALED:
+                    out.append(name)
+        return out
+
+    def _held_hint(self, key: str) -> str:
+        try:
+            held = self.sessions_holding(key)
+        except ShmStoreError:  # a hint never turns a miss into another error (a lock timeout)
+            return ""
+        if not held:
+            return ""
+        names = ", ".join(repr(n) for n in held[:8]) + (", ..." if len(held) > 8 else "")
+        return (f" (session{'s' if len(held) > 1 else ''} {names} hold{'' if len(held) > 1 else 's'} it: "
+                f"connect(session={held[0]!r}) to read it)")
 
     # ---- get --------------------------------------------------------------
     def lookup(self, ref: KeyRef, pin: bool) -> Located:
@@ -205,11 +245,14 @@ class Kernel:
         with self._stripes[stripe]:
             idx, eoff, raw = find_entry(buf, self._lay, ref.bucket, ref.h, self.sid, ref.kb)
             e: L.Entry | None = None if raw is None else _new(L.Entry, raw)
-            if e is None or e.state != L.SEALED:
-                raise self._not_found(key)
-            if not pin:
-                return _new(Located, (idx, e, self._array(idx, eoff, e.kind, e.gen)))
-            self.pins.up(idx)
+            if e is not None and e.state == L.SEALED:
+                if not pin:
+                    return _new(Located, (idx, e, self._array(idx, eoff, e.kind, e.gen)))
+                self.pins.up(idx)
+            else:
+                e = None
+        if e is None:
+            raise self._not_found(key)  # outside the lock: it looks at the other sessions' stripes
         return self._pinned(idx, eoff, e)
 
     def _pinned(self, idx: int, eoff: int, e: tuple[Any, ...]) -> Located:
@@ -234,20 +277,25 @@ class Kernel:
             self._arrays[(idx, gen)] = array
         return array
 
-    def get(self, key: str, conditions: Any = None, default: Any = _RAISE) -> Any:
+    def get(self, key: str, default: Any = NO_DEFAULT, *misuse: Any, conditions: Any = None) -> Any:
         """The value of ``key``: zero-copy read-only views for arrays and bytes; ``default`` where there is
-        none, if given (a cluster's get, for which a miss is the start of a fetch, not an error).
+        none, if given (dict semantics: ``get(key, default)``; a cluster's get passes one, for which a miss is
+        the start of a fetch, not an error). ``conditions`` is keyword-only (see :func:`check_get_args`).
 
         Raises:
             ObjectNotFoundError: no sealed object has this key (and no ``default``).
-            InvalidArgumentError: ``conditions`` on a value that is not an array.
+            InvalidArgumentError: ``conditions`` on a value that is not an array; a third positional argument,
+                or a ``default`` that is an index (``conditions`` passed by position, as before they were
+                keyword-only).
         """
+        if misuse or (default is not NO_DEFAULT and type(default) in _INDEX_TYPES):
+            check_get_args(key, default, misuse)
         _guard_signals()
         if _fast is not None and type(key) is str and not self._closed and not self._deferred \
                 and self._fork == _FORKS[0]:
             obj = self._get_fast(key)  # the hot path: a small array in memory
             if obj is _MISS:
-                if default is _RAISE:
+                if default is NO_DEFAULT:
                     raise self._not_found(key)
                 return default
             if obj is not None:
@@ -256,7 +304,7 @@ class Kernel:
         try:
             idx, e, array = self.lookup(ref, True)
         except ObjectNotFoundError:
-            if default is _RAISE:
+            if default is NO_DEFAULT:
                 raise
             return default
         if e.level in self._devices:
@@ -403,16 +451,16 @@ class Kernel:
         with self._stripes[ref.stripe]:
             idx, eoff, found = find_entry(self._buf, self._lay, b, ref.h, self.sid, ref.kb)
             e = None if found is None else L.entry(self._buf, eoff)
-            if e is None or e.state != L.SEALED or (copy is not None and copy != e.ctime):
-                if missing_ok:
-                    return
-                raise ObjectNotFoundError(f"no object {key!r} to delete", key)
-            # hidden first, then out of its chain: killed in between, it is a deleted entry in a
-            # chain, which the stripe's repair unlinks; never a sealed entry out of every chain
-            self._table.mark_deleted(idx)
-            self._table.unlink(idx, b)
-            if not self._table.pin_count(idx) and not e.flags & L.FLAG_MOVING:  # else: last pin / mover
-                self.node.release(idx, cache=self._cache)
+            missing = e is None or e.state != L.SEALED or (copy is not None and copy != e.ctime)
+            if e is not None and not missing:
+                # hidden first, then out of its chain: killed in between, it is a deleted entry in a
+                # chain, which the stripe's repair unlinks; never a sealed entry out of every chain
+                self._table.mark_deleted(idx)
+                self._table.unlink(idx, b)
+                if not self._table.pin_count(idx) and not e.flags & L.FLAG_MOVING:  # else: last pin / mover
+                    self.node.release(idx, cache=self._cache)
+        if missing and not missing_ok:
+            raise self._not_found(key, " to delete")  # outside the lock: it looks at the other sessions' stripes
 
     def contains(self, key: str) -> bool:
         if _fast is not None and type(key) is str and not self._closed and not self._deferred \
@@ -529,6 +577,27 @@ def _session_id(node: NodeStore, name: str) -> int:
             raise StorageFullError(f"store has all {L.MAX_SESSIONS} sessions in use (reuse session names)")
         L.pack_session(buf, lay.session(free), name)
         return free
+
+
+def check_get_args(key: str, default: Any, misuse: tuple[Any, ...]) -> None:
+    """Refuse what a get's positional arguments meant before ``conditions`` and ``levels`` became keyword-only:
+    a third positional argument, or a second one that is an index (a slice, ``...``, or a tuple holding one),
+    which ``get(key, (slice(0, 10),))`` passed as ``conditions`` and would now silently be the default.
+
+    Raises:
+        InvalidArgumentError: either of those.
+    """
+    if not misuse and not _is_index(default):
+        return
+    given = ", ".join(reprlib.repr(a) for a in (default, *misuse))
+    raise InvalidArgumentError(f"get({key!r}, {given}): conditions= and levels= are keyword-only; for a default "
+                               f"use default= (get(key, default) returns default only where key is missing)")
+
+
+def _is_index(value: Any) -> bool:
+    if type(value) is tuple:
+        return any(type(v) is slice or v is Ellipsis for v in value)
+    return type(value) is slice or value is Ellipsis
 
 
 def apply_conditions(key: str, obj: Any, conditions: Any) -> Any:

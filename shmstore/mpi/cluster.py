@@ -44,6 +44,7 @@ import shmstore
 from .. import errors
 from ..kernel import encode_key
 from ..kernel import layout as L
+from ..kernel.kernel import NO_DEFAULT, check_get_args
 from ..levels import Level
 from ..refs import Ref, register_cluster_finder
 from ..refs import new_key as new_ref_key
@@ -229,28 +230,40 @@ class Cluster:
                 gave_up(exc, "publish", key)
                 raise
 
-    def get(self, key: str, fetch: bool = True, conditions: Any = None,
+    def get(self, key: str, default: Any = NO_DEFAULT, *misuse: Any, fetch: bool = True, conditions: Any = None,
             levels: Iterable[Level] | Level | None = None) -> Any:
         """The value of ``key``: a local hit, or (``fetch``) one deduplicated transfer into this node.
 
+        ``default`` is returned where no node has ``key`` (or, with ``fetch=False``, this node has not), as
+        with a dict; ``fetch``, ``conditions`` and ``levels`` are keyword-only.
+
         Raises:
-            ObjectNotFoundError: no node has it (or ``fetch`` is False and this node has not).
+            ObjectNotFoundError: no node has it (or ``fetch`` is False and this node has not), and no
+                ``default``.
             TransferError: the transfer failed, or a node did not answer within ``peer_timeout``.
+            InvalidArgumentError: a third positional argument, or an index as ``default`` (``conditions`` by
+                position).
         """
+        check_get_args(key, default, misuse)  # the kernel's get sees _MISSED, not this default
         self._check()
         kernel = self.store.kernel
         try:
             for _ in range(3):
-                value = kernel.get(key, conditions, _MISSED)  # a miss starts a fetch: no exception to raise
+                value = kernel.get(key, _MISSED, conditions=conditions)  # a miss starts a fetch, not an error
                 if value is not _MISSED:
                     return value
                 if not fetch:
                     break
                 self._fetcher.fetch_one(key, None, levels, self.block_size, missed=True)
+        except errors.ObjectNotFoundError:
+            if default is NO_DEFAULT:
+                raise
+            return default
         except errors.TransferError as exc:
             gave_up(exc, "get", key)
             raise
-        return kernel.get(key, conditions)  # raises (fetched thrice and deleted each time before it was read)
+        # a miss here: fetched thrice and deleted each time before it was read, or not to be fetched
+        return kernel.get(key, default, conditions=conditions)
 
     def fetch(self, keys: Iterable[str] | str, levels: Iterable[Level] | Level | None = None,
               block_size: int | None = None) -> None:
@@ -278,7 +291,7 @@ class Cluster:
             if key not in landed and key not in self.store:
                 self._fetcher.fetch_one(key, None, levels, block, missed=True)
 
-    def get_many(self, keys: Iterable[str], levels: Iterable[Level] | Level | None = None) -> list[Any]:
+    def get_many(self, keys: Iterable[str], *, levels: Iterable[Level] | Level | None = None) -> list[Any]:
         """The values of ``keys``: local hits, and the rest fetched in batches (one round trip per home node
         and one per source node for each 64 keys, not one per key).
 

@@ -621,3 +621,28 @@ def test_a_small_fetch_through_a_third_nodes_home_is_answered_by_the_holder(clus
     if comm.rank == 0:
         cluster.delete(k)
     comm.Barrier()
+
+
+def test_cluster_get_default_and_keyword_only_arguments(cluster, comm, key):
+    """Issue 21 item 1 on a Cluster: a second positional argument is a default (returned where no node has the
+    key), fetch=, conditions= and levels= are keyword-only, and conditions by position are refused."""
+    if comm.rank == leader_of(cluster, 0):
+        cluster.put(key, np.arange(10))
+    comm.Barrier()
+    np.testing.assert_array_equal(cluster.get(key, None), np.arange(10))  # found (fetched where needed)
+    np.testing.assert_array_equal(cluster.get(key, conditions=(slice(2, 4),)), [2, 3])
+    assert cluster.get(key + "-nobody", None) is None and cluster.get(key + "-nobody", default=7) == 7
+    assert cluster.get(key + "-nobody", 1, fetch=False) == 1
+    with pytest.raises(shmstore.ObjectNotFoundError):
+        cluster.get(key + "-nobody")
+    spelling = "conditions= and levels= are keyword-only; for a default use default="
+    with pytest.raises(shmstore.InvalidArgumentError, match=spelling):
+        cluster.get(key, (slice(0, 2),))
+    with pytest.raises(shmstore.InvalidArgumentError, match=spelling):
+        cluster.get(key, None, False)  # fetch by position, as before
+    with pytest.raises(TypeError):
+        cluster.get_many([key], [Level.MEMORY])  # levels= is keyword-only on get_many too
+    comm.Barrier()
+    if comm.rank == 0:
+        cluster.delete(key)
+    comm.Barrier()
