@@ -375,3 +375,26 @@ def _check_survivors(out: str, op: str, how: str) -> None:
             assert took <= limit, (took, line)
             assert f"TransferError {op} of " in line and "(rank 2)" in line, line
             assert "peer_timeout" in line or "MPI failed" in line, line  # a deadline, or MPI saying so
+
+
+@pytest.mark.timeout(200)
+def test_a_ref_handed_to_mpi_pool_executor_tasks_moves_once_into_each_other_node():
+    """mpiexec -n 4 python -m mpi4py.futures (main and one worker on n0, two workers on n1): 12 tasks resolve one
+    cluster.share'd 16 MiB array through the pool's Cluster (shmstore/mpi/pool.py), checksummed and zero-copy;
+    n1 receives it exactly once (its second worker waits for that transfer), n0 never; after ref.delete() a
+    task's get says the reference was deleted; the job leaves no store behind."""
+    import json
+    name = "r" + uuid.uuid4().hex[:10]
+    job = os.path.join(ROOT, "tests", "mpi", "jobs", "refs_pool.py")
+    out, _ = _run_job([MPIEXEC, "-launcher", "fork", "-hosts", "n0:2,n1:2", "-n", "4", sys.executable, "-m",
+                       "mpi4py.futures", job, name], _env(), name, 150)
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1, out[-4000:]
+    r = json.loads(lines[0][len("RESULT "):])
+    assert r["nodes"] == ["n0", "n1"]
+    assert {node for node, _, _ in r["tasks"]} == {"n0", "n1"}, r["tasks"]
+    assert all(crc == r["want"] and kind == "SharedArray" for _, crc, kind in r["tasks"]), r["tasks"]
+    assert (r["stats"]["n1"]["transfers"], r["stats"]["n1"]["bytes_received"]) == (1, r["nbytes"]), r["stats"]
+    assert r["stats"]["n0"]["transfers"] == 0, r["stats"]
+    assert r["gone"].startswith("ObjectNotFoundError") and r["key"] in r["gone"] and "was deleted" in r["gone"]
+    assert wait_for(lambda: not [s for s in shm_segments() if f"-{name}-" in s], timeout=15)
