@@ -18,7 +18,10 @@ with another process, so it is the upper bound of what a put+get can cost,
 not a peer. Ratios are ``other time / shmstore time``: above 1, shmstore is
 faster.
 
-Usage: python scripts/bench_proxystore.py [--repeats 7] [--json out.json]
+``--put-only``: just a 100 MiB array through a ProxyStore Store put with
+the serializer pair against a raw connector put of its bytes.
+
+Usage: python scripts/bench_proxystore.py [--repeats 7] [--json out.json] [--put-only]
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ try:
 except ImportError:
     sys.exit("bench_proxystore needs ProxyStore: pip install 'shmstore[proxystore]'")
 
+from shmstore.contrib import proxystore as ps  # noqa: E402
 from shmstore.contrib.proxystore import ShmStoreConnector, deserialize, serialize  # noqa: E402
 
 SIZES = {"1 KiB": 1 << 10, "1 MiB": 1 << 20, "100 MiB": 100 << 20}
@@ -76,11 +80,58 @@ def time_round_trip(target, value, nbytes: int, repeats: int) -> float:
     return statistics.median(times)
 
 
+def time_put(put, evict, value, repeats: int) -> float:
+    """Median seconds of one ``put(value)`` (its evict untimed)."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        key = put(value)
+        times.append(time.perf_counter() - t)
+        evict(key)
+    return statistics.median(times)
+
+
+def put_only(repeats: int) -> int:
+    """``--put-only``: a 100 MiB array through a ProxyStore Store put with shmstore's serializer pair, against
+    a raw connector put of its bytes (what the pair's put would cost without serializing)."""
+    name = "bps" + uuid.uuid4().hex[:8]
+    conn = ShmStoreConnector(name, capacity="1GiB")
+    store = Store(name, conn, serializer=serialize, deserializer=deserialize, cache_size=0, populate_target=False)
+    try:
+        arr = np.random.default_rng(0).integers(0, 256, 100 << 20, dtype=np.uint8).view(np.float64)
+        data = arr.tobytes()
+        staged_from = ps._STAGE_MIN
+
+        def store_put(stage: bool) -> float:
+            ps._STAGE_MIN = staged_from if stage else 1 << 62  # off: a buffer of its own, copied by the put
+            try:
+                return time_put(store.put, store.evict, arr, 1)
+            finally:
+                ps._STAGE_MIN = staged_from
+        runs: dict[str, list[float]] = {"staged": [], "unstaged": [], "raw": []}
+        for i in range(repeats + 2):  # interleaved, so that the machine's load falls on all three alike
+            for label, t in (("staged", store_put(True)), ("unstaged", store_put(False)),
+                             ("raw", time_put(conn.put, conn.evict, data, 1))):
+                if i >= 2:  # the first two warm up the arena's pages and the code paths
+                    runs[label].append(t)
+        m = {k: statistics.median(v) * 1e3 for k, v in runs.items()}
+        print(f"100 MiB put, median of {repeats}: Store with the pair {m['staged']:.1f} ms (serialized into the "
+              f"store), {m['unstaged']:.1f} ms (into a buffer of its own, then copied: before issue 21), raw "
+              f"connector {m['raw']:.1f} ms", flush=True)
+    finally:
+        store.close()
+        shmstore.destroy(name, force=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--json")
+    ap.add_argument("--put-only", action="store_true", help="only: a 100 MiB Store put against a raw connector put")
     args = ap.parse_args(argv)
+    if args.put_only:
+        return put_only(args.repeats)
     name = "bps" + uuid.uuid4().hex[:8]
     tmp = tempfile.mkdtemp(prefix="shmstore-bench-ps-", dir="/dev/shm")
     ours = ShmStoreConnector(name, capacity="1GiB")

@@ -21,6 +21,16 @@ default deserializer reads through ``io.BytesIO``, which copies every array;
 with this pair, numpy arrays and torch CPU tensors inside a proxied object
 resolve as read-only views of the store's shared memory (the object stays
 pinned, so spill never moves it, until the last view is dropped).
+:func:`serialize` writes a large object (1 MiB or more) straight into the
+store of the connector this process used last (the most recently made one
+before any put): the bytes it returns are a read-only view of an object
+already sealed there under a fresh key, and that connector's ``put``
+adopts it without copying (one copy in all, as a raw connector put). The
+bytes are whole and valid anywhere: given to another connector, they are
+copied as any bytes are, and the staged object is deleted once its view is
+dropped (at this connector's next verb or close; a process killed between
+``serialize`` and ``put`` leaves it in a persistent store, under a key
+nobody knows, until ``destroy``).
 
 Lifetimes: a store lives while a process is connected to it. A producer
 that closes its connector (or exits) before the consumers resolve their
@@ -32,9 +42,11 @@ says use after close is undefined; here it is an error, never a crash).
 """
 from __future__ import annotations
 
+import collections
 import sys
 import threading
 import uuid
+import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -44,11 +56,40 @@ from .. import errors
 from ..kernel import layout as L
 from ..kernel import serialize as _codec
 from ..store import Store, connect
+from ..values import Level
 
 __all__ = ["ShmStoreKey", "ShmStoreConnector", "serialize", "deserialize"]
 
 _MAGIC = b"SHMSTORE-PICKLE5"
 _PREFIX = 64  # the magic, padded: blobs keep the 64-byte alignment the store gives the object
+_STAGE_MIN = 1 << 20  # smaller: a fresh buffer and the put's copy cost less than a staged object's verbs
+_STAGER: list[weakref.ref[ShmStoreConnector]] = []  # the connector serialize() writes into (see _stage_into)
+
+
+class _Stage:
+    """A staged object's key and fate, kept apart from its view (the view's finalizer must not reach it)."""
+
+    __slots__ = ("key", "connector", "adopted")
+
+    def __init__(self, key: str, connector: ShmStoreConnector) -> None:
+        self.key, self.connector, self.adopted = key, weakref.ref(connector), False
+
+    def dropped(self) -> None:
+        """The view is gone: unless a put adopted it, its connector deletes it at its next verb.
+
+        A finalizer: it may run inside a locked section of this very thread, so it takes no lock
+        (``deque.append`` is atomic) and leaves the delete to the connector.
+        """
+        c = self.connector()
+        if not self.adopted and c is not None:
+            c._orphans.append(self.key)
+
+
+class _Staged(np.ndarray):
+    """The read-only bytes of an object :func:`serialize` sealed in a connector's store (a pinned view of
+    it); ``_stage`` says which. Only ``memoryview(staged)`` leaves this module."""
+
+    _stage: _Stage
 
 
 class ShmStoreKey(NamedTuple):
@@ -97,6 +138,9 @@ class ShmStoreConnector:
         self._put_keys: set[str] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._stages: dict[str, _Stage] = {}  # staged by serialize(), not yet put
+        self._orphans: collections.deque[str] = collections.deque()  # staged, dropped unput: to delete
+        _STAGER[:] = [weakref.ref(self)]
 
     def __repr__(self) -> str:
         where = "cluster" if self._cluster is not None else f"node {self.store.node!r}"
@@ -128,6 +172,11 @@ class ShmStoreConnector:
                 return
             self._closed = True
             keys, self._put_keys = self._put_keys, set()
+            stages, self._stages = self._stages, {}
+        for stage in stages.values():  # staged, never put: hidden now (views of them stay valid until dropped)
+            stage.adopted = True
+            self._evict(stage.key)
+        self._reap()
         if self.clear if clear is None else clear:
             for k in keys:
                 self._evict(k)
@@ -195,6 +244,9 @@ class ShmStoreConnector:
 
     def _put(self, k: str, obj: Any, overwrite: bool) -> None:
         self._check()
+        _STAGER[:] = [weakref.ref(self)]
+        if self._orphans:
+            self._reap()
         if not isinstance(obj, (bytes, bytearray, memoryview)):
             raise errors.InvalidArgumentError(f"ShmStoreConnector stores bytes-like values, not "
                                               f"{type(obj).__name__} (serialize it first)")
@@ -204,6 +256,68 @@ class ShmStoreConnector:
             self.store.put(k, obj, overwrite=overwrite)
         with self._lock:
             self._put_keys.add(k)
+
+
+    # ---- staging: serialize() writes into the store, put adopts ---------------------------------
+    def _stage(self, enc: _codec.Encoded, size: int) -> _Staged | None:
+        """``enc`` behind the prefix, written straight into this store as a new sealed raw object of
+        ``size`` bytes: a pinned read-only view of it, or None (closed, no room in memory) where
+        :func:`serialize` must use a buffer of its own."""
+        if self._closed:
+            return None
+        key = uuid.uuid4().hex
+        try:
+            if self._cluster is not None:  # sealed, then registered in the location directory
+                w = self._cluster.open_writer(key, size)
+            else:
+                w = self.store.open_writer(key, size, levels=Level.MEMORY)
+        except errors.ShmStoreError:
+            return None
+        try:
+            dst = np.frombuffer(w.buffer, np.uint8)  # InvalidArgumentError: placed on disk
+            _fill(dst, enc)
+            w.advance(size)
+            w.close()
+        except errors.InvalidArgumentError:
+            w.abort()
+            return None
+        except BaseException:
+            w.abort()
+            raise
+        staged = np.frombuffer(self.store.get(key), np.uint8).view(_Staged)  # pins it while the view lives
+        stage = staged._stage = _Stage(key, self)
+        weakref.finalize(staged, stage.dropped)
+        with self._lock:
+            self._stages[key] = stage
+        return staged
+
+    def _adopt(self, obj: Any) -> str | None:
+        """The key of ``obj`` if it is the whole of bytes staged in this store and not yet put, else None."""
+        staged: Any = obj.obj if type(obj) is memoryview else None
+        if type(staged) is not _Staged:
+            return None
+        if obj.nbytes != staged.nbytes or not obj.contiguous:  # a part of it: bytes like any other
+            return None
+        with self._lock:
+            stage = self._stages.pop(staged._stage.key, None)
+            if stage is None:
+                return None  # another connector's, or put already: copied under a new key
+            stage.adopted = True
+            self._put_keys.add(stage.key)
+        _STAGER[:] = [weakref.ref(self)]
+        return stage.key
+
+    def _reap(self) -> None:
+        """Delete what serialize() staged here and nobody put (views dropped)."""
+        while self._orphans:
+            k = self._orphans.popleft()
+            with self._lock:
+                if self._stages.pop(k, None) is None:
+                    continue
+            try:
+                self._evict(k)
+            except errors.StoreClosedError:
+                return
 
 
 def _open_cluster(name: str | None) -> Any:
@@ -227,11 +341,21 @@ def serialize(obj: Any) -> memoryview:
         SerializationError: ``obj`` cannot be pickled.
     """
     enc = _codec.encode_pickle(obj)
-    out = np.empty(_PREFIX + enc.size, np.uint8)  # not bytearray(n): zero-filling it costs 4x the copy
+    size = _PREFIX + enc.size
+    target = _STAGER[0]() if _STAGER and size >= _STAGE_MIN else None
+    staged = None if target is None else target._stage(enc, size)
+    if staged is not None:
+        return staged.data  # a memoryview whose ``obj`` is ``staged``
+    out = np.empty(size, np.uint8)  # not bytearray(n): zero-filling it costs 4x the copy
+    _fill(out, enc)
+    return out.data
+
+
+def _fill(out: np.ndarray, enc: _codec.Encoded) -> None:
+    """The prefix, then ``enc``, into ``out`` (a writable uint8 array of ``_PREFIX + enc.size`` bytes)."""
     out[:_PREFIX] = 0
     out[:len(_MAGIC)] = np.frombuffer(_MAGIC, np.uint8)
     _codec.write(enc, out, _PREFIX)
-    return out.data
 
 
 def deserialize(data: Any) -> Any:

@@ -307,3 +307,87 @@ print(proxy.run(), flush=True)
     child.send(base64.b64encode(pickle.dumps(proxy)).decode())
     assert child.readline() == "15"
     child.wait()
+
+
+# ---- serialize() writes into the store, put adopts (issue 21 item 5) ------------------------------------
+
+def _arena_holds(connector, data):
+    base = connector.store.kernel._at.arena_addr
+    addr = np.frombuffer(data, np.uint8).__array_interface__["data"][0]
+    return base <= addr < base + connector.store.node_store.capacity
+
+
+def _keys(connector):
+    return sorted(i.key for i in connector.store.list())
+
+
+def test_serialize_writes_into_the_store_and_put_adopts_it_without_a_copy(connector):
+    big = {"w": np.arange(1 << 19, dtype=np.float64), "step": 3}  # 4 MiB
+    data = serialize(big)
+    assert isinstance(data, memoryview) and data.readonly and _arena_holds(connector, data)
+    key = connector.put(data)
+    assert _keys(connector) == [key.shm_key]  # the staged object is the stored one: nothing else
+    got = connector.get(key)
+    assert np.frombuffer(got, np.uint8).ctypes.data == np.frombuffer(data, np.uint8).ctypes.data  # same bytes
+    back = deserialize(got)
+    np.testing.assert_array_equal(back["w"], big["w"])
+    assert back["step"] == 3 and not back["w"].flags.writeable
+    again = connector.put(data)  # put twice: the second is a copy under a key of its own
+    assert again != key and sorted(_keys(connector)) == sorted([key.shm_key, again.shm_key])
+    np.testing.assert_array_equal(deserialize(connector.get(again))["w"], big["w"])
+
+
+def test_a_proxystore_store_put_leaves_one_object(pstore, connector):
+    arr = np.arange(1 << 20, dtype=np.float32)
+    key = pstore.put(arr)
+    assert _keys(connector) == [key.shm_key]
+    np.testing.assert_array_equal(pstore.get(key), arr)
+    pstore.evict(key)
+    assert _keys(connector) == []
+
+
+def test_staged_bytes_are_whole_anywhere_and_go_when_dropped_unput(connector):
+    arr = np.arange(1 << 19, dtype=np.float64)
+    data = serialize(arr)
+    np.testing.assert_array_equal(deserialize(bytes(data)), arr)  # as another connector would store them
+    staged = _keys(connector)
+    assert len(staged) == 1
+    del data
+    kept = connector.put(b"small")  # the next verb deletes what was dropped unput
+    assert _keys(connector) == [kept.shm_key]
+
+
+def test_set_copies_staged_bytes_under_its_key_and_drops_the_staged_object(connector):
+    arr = np.arange(1 << 19, dtype=np.int64)
+    key = connector.new_key()
+    data = serialize(arr)
+    connector.set(key, data)
+    del data
+    connector.put(b"x")
+    assert key.shm_key in _keys(connector) and len(_keys(connector)) == 2
+    np.testing.assert_array_equal(deserialize(connector.get(key)), arr)
+
+
+def test_staged_bytes_stay_valid_after_their_connector_closes(name):
+    arr = np.arange(1 << 19, dtype=np.float64)
+    with shmstore.connect(name, capacity="64MiB", session="proxystore") as watcher:
+        c = ShmStoreConnector(name)
+        data = serialize(arr)
+        c.close()  # staged, never put: hidden now, its bytes still ours until dropped
+        assert watcher.list() == []
+        np.testing.assert_array_equal(deserialize(data), arr)
+        del data
+
+
+def test_small_objects_and_another_stores_connector_use_bytes_of_their_own(connector, name):
+    small = serialize(np.arange(100))
+    assert not _arena_holds(connector, small) and _keys(connector) == []
+    with ShmStoreConnector(name + "-other", capacity="16MiB") as other:
+        with ShmStoreConnector(name, capacity="64MiB") as mine:  # serialize stages into the newest connector
+            data = serialize(np.arange(1 << 19, dtype=np.float64))
+            assert _arena_holds(mine, data)
+            key = other.put(data)  # another store: copied
+            np.testing.assert_array_equal(deserialize(other.get(key)), np.arange(1 << 19, dtype=np.float64))
+            del data
+            mine.put(b"x")
+            assert len(_keys(mine)) == 1  # the staged object went

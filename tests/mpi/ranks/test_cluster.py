@@ -646,3 +646,26 @@ def test_cluster_get_default_and_keyword_only_arguments(cluster, comm, key):
     if comm.rank == 0:
         cluster.delete(key)
     comm.Barrier()
+
+
+def test_proxystore_serializer_stages_into_the_cluster_and_put_publishes_it(cluster, comm, key):
+    """Issue 21 item 5 across nodes: serialize() writes a large object straight into the Cluster's store,
+    the connector's put adopts it (no copy) and publishes it: every node's ranks resolve it."""
+    pytest.importorskip("proxystore", reason="proxystore is not installed (pip install 'shmstore[proxystore]')")
+    from shmstore.contrib.proxystore import ShmStoreConnector, deserialize, serialize
+    c = ShmStoreConnector(cluster.store.name, session=cluster.store.session, cluster=True)
+    arr = np.arange(1 << 19, dtype=np.float64)  # 4 MiB: staged
+    k = None
+    if comm.rank == leader_of(cluster, last_node(cluster)):
+        data = serialize({"w": arr})
+        k = c.put(data)
+        assert k.shm_key in cluster.store and len(cluster.store.list()) == 1  # adopted: no second object
+        del data
+    k = comm.bcast(k, root=leader_of(cluster, last_node(cluster)))
+    np.testing.assert_array_equal(deserialize(c.get(k))["w"], arr)  # fetched into each node once
+    comm.Barrier()
+    if comm.rank == 0:
+        c.evict(k)
+    comm.Barrier()
+    c.close()
+    comm.Barrier()
