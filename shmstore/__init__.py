@@ -26,6 +26,7 @@ from .errors import (
 )
 from .kernel.views import SharedArray
 from .levels import Capacity, Level, ObjectInfo
+from .refs import Ref
 from .store import Store, connect, destroy
 from .stores import collect_stale
 from .streams import Reader, Writer
@@ -34,7 +35,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "connect", "destroy", "collect_stale", "Store", "SharedArray", "Level", "ObjectInfo", "Capacity", "Reader",
-    "Writer",
+    "Writer", "Ref",
     "ShmStoreError", "ObjectNotFoundError", "ObjectExistsError", "ObjectLockedError", "StorageFullError",
     "LockTimeoutError", "LayoutError", "StoreClosedError", "StoreNotFoundError",
     "StoreInUseError", "SpillError", "TransferError",
