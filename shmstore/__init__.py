@@ -7,6 +7,7 @@ between nodes over MPI.
 """
 from .errors import (
     ConfigError,
+    ConfigWarning,
     InvalidArgumentError,
     InvalidKeyError,
     LayoutError,
@@ -17,6 +18,7 @@ from .errors import (
     PermissionDeniedError,
     SerializationError,
     ShmStoreError,
+    ShmStoreWarning,
     SpillError,
     StorageFullError,
     StoreClosedError,
@@ -40,5 +42,6 @@ __all__ = [
     "LockTimeoutError", "LayoutError", "StoreClosedError", "StoreNotFoundError",
     "StoreInUseError", "SpillError", "TransferError",
     "InvalidArgumentError", "InvalidKeyError", "SerializationError", "ConfigError", "PermissionDeniedError",
+    "ShmStoreWarning", "ConfigWarning",
     "__version__",
 ]

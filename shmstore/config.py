@@ -17,7 +17,8 @@ from typing import Any, Callable
 from .errors import ConfigError
 from .units import parse_size
 
-__all__ = ["Config", "SHM_DIR", "env", "pure_python", "stream_count", "node_label", "default_node", "service_spin",
+__all__ = ["Config", "SHM_DIR", "env", "explicit_settings",
+           "pure_python", "stream_count", "node_label", "default_node", "service_spin",
            "cuda_aware_override", "mpich_vcis", "no_gpu"]
 
 SHM_DIR = "/dev/shm"
@@ -176,6 +177,13 @@ class Config:
         if not values["max_objects"]:
             values["max_objects"] = objects_for(values["capacity"])
         return cls(**values)
+
+
+def explicit_settings(kwargs: dict[str, Any]) -> frozenset[str]:
+    """The settings a caller asked for rather than left to their defaults: those passed as keywords (not None)
+    and those whose ``SHMSTORE_<NAME>`` variable is set (non-empty)."""
+    given = {name for name, value in kwargs.items() if value is not None and name in _FIELDS}
+    return frozenset(given | {name for name in _FIELDS if os.environ.get("SHMSTORE_" + name.upper(), "").strip()})
 
 
 OBJECTS_MIN, OBJECTS_MAX = 65536, 1 << 22

@@ -26,6 +26,8 @@ __all__ = [
     "SerializationError",
     "ConfigError",
     "PermissionDeniedError",
+    "ShmStoreWarning",
+    "ConfigWarning",
 ]
 
 
@@ -137,3 +139,13 @@ class PermissionDeniedError(ShmStoreError, PermissionError):
     Another user created it first (by accident, or to squat on the name),
     or it is a symbolic link. The message names the object and what to do.
     """
+
+
+class ShmStoreWarning(UserWarning):
+    """Root of every warning shmstore issues."""
+
+
+class ConfigWarning(ShmStoreWarning):
+    """``connect()`` asked an existing store for creation-time settings it does not have (they were ignored:
+    the store keeps those it was created with); ``connect(..., strict=True)`` raises :class:`ConfigError`
+    instead."""

@@ -11,14 +11,22 @@ import builtins
 import functools
 import os
 import time
+import warnings
 import weakref
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from .config import Config
-from .errors import ObjectNotFoundError, ShmStoreError, StoreClosedError, StoreInUseError
+from .config import Config, explicit_settings
+from .errors import (
+    ConfigError,
+    ConfigWarning,
+    ObjectNotFoundError,
+    ShmStoreError,
+    StoreClosedError,
+    StoreInUseError,
+)
 from .kernel import Kernel, NodeStore
 from .kernel import layout as L
 from .kernel.check import check as check_node
@@ -26,6 +34,7 @@ from .kernel.interrupts import guard as guard_signals
 from .kernel.kernel import NO_DEFAULT, check_get_args
 from .kernel.node import pid_alive, reap_children, store_prefix
 from .kernel.segment import unlink_segment, unlink_semaphore
+from .kernel.settings import ignored_settings
 from .levels import Capacity, Level, ObjectInfo, parse_levels
 from .levels.registry import open_levels
 from .placement import DEFAULT_PUT_LEVELS, DEVICE_PUT_LEVELS, Placement
@@ -50,13 +59,16 @@ class Store:
     _kernel: Kernel | None = None
     _node: NodeStore | None = None
 
-    def __init__(self, config: Config, create: bool = True, observe: bool = False) -> None:
+    def __init__(self, config: Config, create: bool = True, observe: bool = False,
+                 asked: frozenset[str] = frozenset(), strict: bool = False) -> None:
         guard_signals()  # from now on a signal inside the store's code waits for the verb (see interrupts.py)
         self.config = config
         self._observe = observe
         deadline = time.monotonic() + 10
         while True:
             node = NodeStore.open(config, create)
+            if asked and not node.created:  # an existing store keeps its creation-time settings: say so
+                _check_settings(node, config, asked, strict)
             try:
                 slot = node.register()
                 break
@@ -393,7 +405,26 @@ def _reconnect(config: Config) -> Store:
     return Store(config)
 
 
-def connect(name: str | None = None, *, create: bool = True, **kwargs: Any) -> Store:
+def _check_settings(node: NodeStore, config: Config, asked: frozenset[str], strict: bool) -> None:
+    """Warn (``ConfigWarning``) where settings ``asked`` for differ from those the existing store ``node`` was
+    created with, each named with both values; with ``strict``, close ``node`` and raise instead.
+
+    Raises:
+        ConfigError: ``strict`` and a setting differs.
+    """
+    ignored = ignored_settings(node, config, asked)
+    if not ignored:
+        return
+    msg = (f"store {config.name!r} on node {config.node!r} already exists with other settings; ignored: "
+           f"{'; '.join(ignored)} (a store keeps the settings it was created with: connect without them, or "
+           f"shmstore.destroy({config.name!r}) and connect again)")
+    if strict:
+        node.close()
+        raise ConfigError(msg)
+    warnings.warn(msg, ConfigWarning, stacklevel=4)  # at the caller of connect()
+
+
+def connect(name: str | None = None, *, create: bool = True, strict: bool = False, **kwargs: Any) -> Store:
     """Connect to this node's store, creating it on first use.
 
     Args:
@@ -405,13 +436,23 @@ def connect(name: str | None = None, *, create: bool = True, **kwargs: Any) -> S
         create: False to attach only: a consumer that must find data a producer
             left raises StoreNotFoundError (also a FileNotFoundError) instead of
             silently creating an empty store.
+        strict: raise ConfigError, rather than warn, where the store exists
+            and a creation-time setting passed (as a keyword or a
+            ``SHMSTORE_*`` variable: ``capacity``, ``spill_dir``,
+            ``disk_capacity``, ``gpu_capacity``, ``max_objects``,
+            ``max_clients``, the watermarks, ``persist``) differs from the
+            store's: an existing store keeps the settings it was created with.
+
+    Warns:
+        ConfigWarning: the store exists and such a setting differs (naming
+            each one, what was asked and what the store has).
 
     Raises:
-        TypeError: an unknown setting. ConfigError: a bad value.
+        TypeError: an unknown setting. ConfigError: a bad value; with ``strict``, an ignored setting.
         StorageFullError: /dev/shm cannot hold the capacity asked for.
         LayoutError, PermissionError: the segments are not ours to use.
     """
-    return Store(Config.from_kwargs(name=name, **kwargs), create)
+    return Store(Config.from_kwargs(name=name, **kwargs), create, asked=explicit_settings(kwargs), strict=strict)
 
 
 def observe(name: str | None = None, **kwargs: Any) -> Store:

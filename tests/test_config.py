@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 
@@ -140,3 +141,51 @@ def test_no_gpu_rejects_nonsense(monkeypatch):
     monkeypatch.setenv("SHMSTORE_NO_GPU", "maybe")
     with pytest.raises(ConfigError, match="SHMSTORE_NO_GPU"):
         no_gpu()
+
+
+# ---- connect() to an existing store: the settings it keeps (issue 21 item 7) ------------------------------
+def _connect_quietly(name, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning expected here
+        return shmstore.connect(name, **kwargs)
+
+
+def test_connect_warns_naming_each_setting_an_existing_store_ignores(name, tmp_path):
+    with shmstore.connect(name, capacity="16MiB", spill_dir=str(tmp_path), max_clients=40, prefault=0):
+        with pytest.warns(shmstore.ConfigWarning) as caught:
+            other = shmstore.connect(name, capacity="32MiB", spill_dir=str(tmp_path / "elsewhere"),
+                                     disk_capacity="1GiB", high_watermark=0.95, max_clients=40)
+        other.close()
+        assert len(caught) == 1 and caught[0].filename == __file__  # one warning, at the caller of connect()
+        msg = str(caught[0].message)
+        assert name in msg and "capacity=32.0 MiB (the store has 16.0 MiB)" in msg
+        assert f"spill_dir='{tmp_path / 'elsewhere'}' (the store has '{tmp_path}')" in msg
+        assert "disk_capacity=1.0 GiB (the store has" in msg and "high_watermark=0.95 (the store has 0.9)" in msg
+        assert "max_clients" not in msg and "destroy" in msg  # asked as it is: not named
+        assert issubclass(shmstore.ConfigWarning, shmstore.ShmStoreWarning)
+        assert issubclass(shmstore.ConfigWarning, UserWarning)
+
+
+def test_connect_is_quiet_when_nothing_or_the_same_is_asked(name, tmp_path):
+    with shmstore.connect(name, capacity="16MiB", spill_dir=str(tmp_path), prefault=0):
+        _connect_quietly(name).close()  # nothing asked: the store as it is, no word
+        _connect_quietly(name, capacity="16MiB", spill_dir=str(tmp_path) + "/", session="s",
+                         lock_timeout=5, prefault=0).close()  # the same, or per-connection settings only
+        _connect_quietly(name, capacity=None).close()
+
+
+def test_connect_strict_raises_and_leaves_the_store_as_it_was(name, tmp_path):
+    with shmstore.connect(name, capacity="16MiB", spill_dir=str(tmp_path), prefault=0) as first:
+        first.put("k", 1)
+        with pytest.raises(ConfigError, match=r"capacity=32\.0 MiB \(the store has 16\.0 MiB\)"):
+            shmstore.connect(name, capacity="32MiB", strict=True)
+        _connect_quietly(name, capacity="16MiB", strict=True).close()  # strict and matching: fine
+        assert first.get("k") == 1 and len(first.status()["clients"]) == 1  # no client slot left behind
+
+
+def test_connect_warns_for_a_setting_asked_through_the_environment(name, tmp_path, monkeypatch):
+    with shmstore.connect(name, capacity="16MiB", spill_dir=str(tmp_path), prefault=0):
+        monkeypatch.setenv("SHMSTORE_CAPACITY", "24MiB")
+        monkeypatch.setenv("SHMSTORE_PERSIST", "1")
+        with pytest.warns(shmstore.ConfigWarning, match=r"capacity=24\.0 MiB.*persist=True \(the store has False\)"):
+            shmstore.connect(name).close()
