@@ -58,14 +58,19 @@ def open_cluster(executor: Any, **connect_kwargs: Any) -> Cluster:
     ``connect_kwargs``) and open the Cluster with them.
 
     Raises:
-        InvalidArgumentError: the job has a single process, or the executor's workers are not this world's
-            ranks (run the script under ``mpiexec -n N python -m mpi4py.futures``).
+        InvalidArgumentError: the job has a single process or this is not its rank 0 (run the script under
+            ``mpiexec -n N python -m mpi4py.futures``), or the executor was not made with :func:`worker_setup`.
     """
     world = MPI.COMM_WORLD
     if world.size < 2 or world.rank != 0:
         raise errors.InvalidArgumentError(f"a pool Cluster needs the main process at rank 0 of a world of at "
                                           f"least 2 ranks (this is rank {world.rank} of {world.size}): run "
                                           f"the script as mpiexec -n N python -m mpi4py.futures script.py")
+    options = getattr(executor, "_options", None)  # mpi4py's record of the executor's keywords
+    if isinstance(options, dict) and options.get("initializer") is not join:
+        raise errors.InvalidArgumentError("the executor's workers would never join the Cluster (this call would "
+                                          "wait for ever): make it MPIPoolExecutor(**pool.worker_setup(...)) with "
+                                          "the same settings")
     executor.bootup(wait=False)  # the workers run the initializer, which meets this rank in the collective
     return join(connect_kwargs)
 
