@@ -63,7 +63,7 @@ __all__ = ["ShmStoreKey", "ShmStoreConnector", "serialize", "deserialize"]
 _MAGIC = b"SHMSTORE-PICKLE5"
 _PREFIX = 64  # the magic, padded: blobs keep the 64-byte alignment the store gives the object
 _STAGE_MIN = 1 << 20  # smaller: a fresh buffer and the put's copy cost less than a staged object's verbs
-_STAGER: list[weakref.ref[ShmStoreConnector]] = []  # the connector serialize() writes into (see _stage_into)
+_STAGER: list[weakref.ref[ShmStoreConnector]] = []  # where serialize() writes (ShmStoreConnector._stage)
 
 
 class _Stage:
@@ -175,7 +175,10 @@ class ShmStoreConnector:
             stages, self._stages = self._stages, {}
         for stage in stages.values():  # staged, never put: hidden now (views of them stay valid until dropped)
             stage.adopted = True
-            self._evict(stage.key)
+            try:
+                self._evict(stage.key)
+            except errors.StoreClosedError:  # the Cluster closed its store first: nothing more to do from here
+                break
         self._reap()
         if self.clear if clear is None else clear:
             for k in keys:
@@ -284,7 +287,11 @@ class ShmStoreConnector:
         except BaseException:
             w.abort()
             raise
-        staged = np.frombuffer(self.store.get(key), np.uint8).view(_Staged)  # pins it while the view lives
+        try:
+            view = self.store.get(key)  # a lease: pins it while the view lives
+        except errors.ShmStoreError:  # deleted at once by another process (a clear() of the session)
+            return None
+        staged = np.frombuffer(view, np.uint8).view(_Staged)
         stage = staged._stage = _Stage(key, self)
         weakref.finalize(staged, stage.dropped)
         with self._lock:
