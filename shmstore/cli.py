@@ -1,7 +1,8 @@
 """The ``shmstore`` command: look into and manage node stores.
 
     shmstore [--name NAME] [--node NODE] [--session S] [--json]
-             stores | status | ls | info KEY | rm KEY | move KEY memory|disk | check | gc | destroy [NAME]
+             stores | status | ls [--all-sessions] | info KEY | rm KEY | move KEY memory|disk | check | gc
+             | destroy [NAME]
 
 ``stores``, ``status``, ``ls``, ``info`` and ``check`` only look: they start no
 spill process and remove nothing, even on a store whose job is gone.
@@ -45,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stores", parents=common, help="the stores on this host (name, node, clients, stale or not)")
     st.add_argument("--all-users", action="store_true", help="every user's stores, not only yours")
     sub.add_parser("status", parents=common, help="capacity and usage per level, clients, spill process")
-    sub.add_parser("ls", parents=common, help="objects of the session")
+    sub.add_parser("ls", parents=common, help="objects of the session").add_argument(
+        "--all-sessions", action="store_true", help="objects of every session, with a session column")
     sub.add_parser("info", parents=common, help="one object").add_argument("key")
     sub.add_parser("rm", parents=common, help="delete an object").add_argument("key")
     m = sub.add_parser("move", parents=common,
@@ -102,6 +104,20 @@ def _clients_line(clients: list[dict[str, Any]]) -> str:
     return line
 
 
+def _print_list(infos: list[ObjectInfo], sessions: bool, as_json: bool) -> None:
+    """``ls``: one line per object (key, size, level, kind), led by its session (``-`` for the default one)
+    with ``--all-sessions``; JSON objects carry their session always."""
+    if as_json:
+        print(json.dumps([_info_dict(i) for i in infos], indent=2))
+        return
+    if sessions:
+        infos = sorted(infos, key=lambda i: (i.session, i.key))
+    for i in infos:
+        pinned = "  pinned" if i.pinned else ""
+        session = f"{i.session or '-'}\t" if sessions else ""
+        print(f"{session}{i.key}\t{format_size(i.size)}\t{i.level.name.lower()}\t{i.kind}{pinned}")
+
+
 def _info_dict(info: ObjectInfo) -> dict[str, Any]:
     d: dict[str, Any] = info._asdict()
     d["level"] = info.level.name.lower()
@@ -136,12 +152,7 @@ def _run(args: argparse.Namespace) -> int:
             st["clients"] = [c for c in st["clients"] if c["pid"] != _own_pid()]
             print(json.dumps(st, indent=2)) if args.json else _print_status(st)
         elif args.cmd == "ls":
-            infos = store.list()
-            if args.json:
-                print(json.dumps([_info_dict(i) for i in infos], indent=2))
-            for i in [] if args.json else infos:
-                pinned = "  pinned" if i.pinned else ""
-                print(f"{i.key}\t{format_size(i.size)}\t{i.level.name.lower()}\t{i.kind}{pinned}")
+            _print_list(store.list(all_sessions=args.all_sessions), args.all_sessions, args.json)
         elif args.cmd == "info":
             info = store.get_info(args.key)
             print(json.dumps(_info_dict(info), indent=2)) if args.json else print(

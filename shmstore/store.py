@@ -259,9 +259,10 @@ class Store:
         """
         return self._checked().info(key)
 
-    def list(self, level: Level | None = None) -> builtins.list[ObjectInfo]:
-        """Objects of this session, optionally only those on ``level``."""
-        return self._checked().list(None if level is None else parse_levels(level, ())[0])
+    def list(self, level: Level | None = None, *, all_sessions: bool = False) -> builtins.list[ObjectInfo]:
+        """Objects of this session (of every session with ``all_sessions``: ``ObjectInfo.session`` says
+        whose), optionally only those on ``level``."""
+        return self._checked().list(None if level is None else parse_levels(level, ())[0], all_sessions)
 
     def keys(self) -> builtins.list[str]:
         return [i.key for i in self.list()]

@@ -8,6 +8,8 @@ import time
 
 import numpy as np
 
+import shmstore
+
 from helpers import ROOT, dead_store, hand_over
 
 
@@ -111,3 +113,18 @@ def test_gc_of_other_users_needs_root_and_removes_only_what_they_own(name, tmp_p
     removed = json.loads(run("gc", "--uid", str(user), "--name", name, "--json").stdout)["removed"]
     assert removed == [f"{name}@{theirs[0]['node']} (uid {user})"], removed
     assert not _segments(name) and not os.listdir(tmp_path)
+
+
+def test_ls_all_sessions_lists_every_session_with_a_session_column(store):
+    """Issue 21 item 8: objects put through the connector live in session 'proxystore'; `ls` shows the
+    connection's session only, `ls --all-sessions` every session's, each line led by its session."""
+    store.put("plain", b"x")
+    with shmstore.connect(store.name, session="proxystore") as proxied:
+        proxied.put("proxied", np.zeros(10))
+        assert run("--name", store.name, "ls").stdout.split() == ["plain", "1", "B", "memory", "bytes"]
+        text = run("--name", store.name, "ls", "--all-sessions").stdout
+        assert [line.split("\t")[:2] for line in text.splitlines()] == [["-", "plain"], ["proxystore", "proxied"]]
+        listed = json.loads(run("--name", store.name, "--json", "ls", "--all-sessions").stdout)
+        assert sorted((i["session"], i["key"]) for i in listed) == [("", "plain"), ("proxystore", "proxied")]
+        r = run("--name", store.name, "info", "proxied")  # a miss names the session that holds it
+        assert r.returncode == 1 and "session 'proxystore' holds it" in r.stderr
