@@ -158,6 +158,9 @@ def test_a_ref_of_another_node_without_a_cluster_says_what_to_open(store):
         elsewhere.get()
     with pytest.raises(shmstore.TransferError, match="no shmstore.mpi.Cluster open"):
         elsewhere.delete()
+    node_local = Ref(store.name, store.session, store.node + "-elsewhere", PREFIX + "0" * 32)
+    with pytest.raises(shmstore.TransferError, match="resolves on that node only.*cluster.share"):
+        node_local.get()
     assert ref.get() == 1
 
 
