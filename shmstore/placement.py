@@ -18,9 +18,17 @@ from functools import partial
 from typing import Any, Callable, TypeVar
 
 from .config import Config
-from .errors import InvalidArgumentError, ObjectLockedError, ObjectNotFoundError, SpillError, StorageFullError
+from .errors import (
+    InvalidArgumentError,
+    ObjectLockedError,
+    ObjectNotFoundError,
+    ShmStoreError,
+    SpillError,
+    StorageFullError,
+)
 from .kernel import Kernel, NodeStore
 from .kernel import layout as L
+from .kernel.batches import batch_error
 from .levels import Capacity, Level, ObjectInfo
 from .spill import requests
 from .spill.policy import spill_candidates
@@ -56,6 +64,42 @@ class Placement:
         info: ObjectInfo = self.place(key, order, partial(self.kernel.put, key, obj, overwrite=overwrite))
         self.hint(info.stored)
         return info
+
+    def put_many(self, items: list[tuple[str, Any]], order: tuple[Level, ...],
+                 overwrite: bool = False) -> list[ObjectInfo]:
+        """Place each (key, value) of ``items`` (distinct keys): as one kernel batch on the first level of
+        ``order`` with room for all of them, else (no room for the whole batch there, a device value) one
+        :meth:`put` each, waiting for room as a put does.
+
+        Raises:
+            As :meth:`put`, for the first key that fails, its message saying which keys were stored before it
+            (``exc.done``): the batch stops there.
+        """
+        if not items:
+            return []
+        first = (self._usable.get(order) or self.usable(order))[0]
+        if first in self.node.devices or any(hasattr(v, "__cuda_array_interface__") for _, v in items):
+            return self._put_each(items, order, overwrite)
+        try:
+            infos = self.kernel.put_many(items, first, overwrite)
+        except StorageFullError as exc:
+            if exc.level is None:  # the object table is full: no level helps
+                raise batch_error(exc, "put_many", len(items), []) from None
+            return self._put_each(items, order, overwrite)  # nothing was stored: each on its own
+        except ShmStoreError as exc:
+            raise batch_error(exc, "put_many", len(items), []) from None
+        self.hint(sum(i.stored for i in infos))
+        return infos
+
+    def _put_each(self, items: list[tuple[str, Any]], order: tuple[Level, ...],
+                  overwrite: bool) -> list[ObjectInfo]:
+        out: list[ObjectInfo] = []
+        for key, obj in items:
+            try:
+                out.append(self.put(key, obj, order, overwrite))
+            except ShmStoreError as exc:
+                raise batch_error(exc, "put_many", len(items), [i.key for i in out]) from None
+        return out
 
     def hint(self, nbytes: int) -> None:
         """Wake the spill process early when a put may have crossed the high watermark.

@@ -248,6 +248,52 @@ class Store:
         """
         self._checked().delete(key, missing_ok)
 
+    # ---- batches: each stripe's lock taken once per step, not once per key -------------------
+    def put_many(self, items: Any, levels: Iterable[Level] | Level | None = None,
+                 overwrite: bool = False) -> builtins.list[ObjectInfo]:
+        """Store every value of ``items`` (a mapping, or (key, value) pairs: the last of a key wins), placed
+        like ``put``; the ObjectInfos in ``items``' order.
+
+        One batch on the first level with room for all of them (each key
+        all-or-nothing, as ``put``: none visible until sealed whole, not
+        even if this process is killed); where that level has no room for
+        the whole batch, one ``put`` each, waiting for the spill process.
+
+        Raises:
+            As ``put``, for the first key that fails: the batch stops there, the message names the key and
+            the keys stored before it (also in ``exc.done``; none where the batch's checks failed).
+        """
+        pairs = builtins.list(dict(items.items() if hasattr(items, "items") else items).items())
+        p = self._placement_checked()
+        return p.put_many(pairs, parse_levels(levels, DEFAULT_PUT_LEVELS), overwrite)
+
+    def get_many(self, keys: Iterable[str], levels: Iterable[Level] | Level | None = None) -> builtins.list[Any]:
+        """The values of ``keys`` (as ``get`` returns them), in their order.
+
+        With ``levels``, an object on none of them is first moved to the
+        first one, as ``get`` does.
+
+        Raises:
+            ObjectNotFoundError: a key has no object (the first missing one, saying how many are); nothing
+                stays pinned.
+        """
+        keys = builtins.list(keys)
+        if levels is not None:
+            order = parse_levels(levels, DEFAULT_PUT_LEVELS)
+            for key in keys:
+                self._placement_checked().bring(key, order)
+        return self._checked().get_many(keys)
+
+    def delete_many(self, keys: Iterable[str], missing_ok: bool = False) -> int:
+        """Delete every key of ``keys`` (each hidden at once, its space freed when its last view goes); returns
+        how many objects went.
+
+        Raises:
+            ObjectNotFoundError: a key has no object (unless ``missing_ok``): the batch stops there; the keys
+                deleted before it are in ``exc.done``.
+        """
+        return len(self._checked().delete_many(builtins.list(dict.fromkeys(keys)), missing_ok))
+
     def __contains__(self, key: object) -> bool:
         return self._checked().contains(key)  # type: ignore[arg-type]
 

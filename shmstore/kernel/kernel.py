@@ -23,6 +23,7 @@ import os
 import reprlib
 import time
 import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
@@ -39,6 +40,7 @@ from ..values import Level, ObjectInfo
 from . import fastpath, serialize
 from . import layout as L
 from .attach import Attachment
+from .batches import Batches
 from .cache import ClientCache
 from .fastpath import codes as _codes
 from .interrupts import guard as _guard_signals
@@ -120,6 +122,7 @@ class Kernel:
         self._at = at = Attachment(node, slot, self.sid, session, self._cache, _fast)
         self.pins = Pins(at, self._detach)
         self.puts = Puts(at)
+        self.batches = Batches(at, self.puts, self.pins, self._not_found)
         self._pins = self.pins.counts  # the hot paths read these directly
         self._deferred = self.pins.deferred
         self._release = self.pins.release
@@ -436,6 +439,53 @@ class Kernel:
         :meth:`reserve` gave them) are written from outside this process (an incoming transfer)."""
         gen = L.ENTRY_HEAD.get(self._buf, self._lay.entry(idx), "gen")
         return self.node.levels[level].sink(idx, gen, offset, nbytes, what)
+
+    # ---- batches: each stripe's lock taken once per step, not once per key (see batches.py) --------
+    def put_many(self, items: Sequence[tuple[str, Any]], level: Level = Level.MEMORY,
+                 overwrite: bool = False) -> list[ObjectInfo]:
+        """Store each (key, value) of ``items`` (distinct keys) on ``level``: all of them, or none.
+
+        Raises:
+            ObjectExistsError, ObjectLockedError, StorageFullError (no room for the whole batch, at once),
+            SerializationError, InvalidKeyError: naming the key; nothing is stored.
+        """
+        refs = [self.begin(key) for key, _ in items]
+        return self.batches.put_many(refs, [obj for _, obj in items], level, overwrite)
+
+    def get_many(self, keys: Sequence[str]) -> list[Any]:
+        """The values of ``keys``, as :meth:`get` returns them, looked up under one hold of each stripe lock.
+
+        Raises:
+            ObjectNotFoundError: a key has no object (the first missing one); nothing stays pinned.
+        """
+        found = self.batches.lookup_many([self.begin(key) for key in keys])
+        out: list[Any] = []
+        try:
+            for idx, eoff, e in found:
+                located = self._pinned(idx, eoff, e)
+                out.append(self._value(*located))
+        except BaseException:
+            for idx, _, e in found[len(out) + 1:]:  # not made into values: unpinned here
+                self._release(idx, e.gen)
+            raise
+        return out
+
+    def _value(self, idx: int, e: L.Entry, array: tuple[Any, ...] | None) -> Any:
+        """The value of pinned entry ``idx``, holding the pin (as :meth:`get` makes it)."""
+        if e.level in self._devices:
+            return self._device_value(idx, e, array)
+        if array is not None:
+            return self.lease(idx, e, array)  # the array itself holds the pin: one numpy object
+        return serialize.decode(e.kind, self.lease(idx, e), e.nbytes)
+
+    def delete_many(self, keys: Sequence[str], missing_ok: bool = False) -> list[str]:
+        """Delete every key of ``keys`` under one hold of each stripe lock; the keys deleted.
+
+        Raises:
+            ObjectNotFoundError: a key has no object (unless ``missing_ok``): the batch stops there, the keys
+                deleted before it listed in ``exc.done``.
+        """
+        return self.batches.delete_many([self.begin(key) for key in keys], missing_ok)
 
     # ---- delete / query ---------------------------------------------------
     def delete(self, key: str, missing_ok: bool = False, copy: float | None = None) -> None:

@@ -86,6 +86,10 @@ class Puts:
             raise
         return self._new_info(ref.key, enc, lv.level, r.stored, r.ctime)
 
+    def level_of(self, key: str, level: int) -> StorageLevel:
+        """The level ``level`` of this store, if this process can use it (see :meth:`_level`)."""
+        return (self._levels.get(level) or self._level(key, level))[0]
+
     def _level(self, key: str, level: int) -> tuple[StorageLevel, Shortcut | None]:
         """The level ``level`` of this store and its shortcut for small values (if it has one), if this
         process can use it (remembered: a level's availability here never changes).
@@ -151,6 +155,26 @@ class Puts:
     def _reserve_locked(self, ref: KeyRef, held: tuple[int, int], what: Contents, lv: StorageLevel,
                         shadow: bool) -> Reservation:
         """:meth:`reserve` in Python under the stripe lock, on entry ``held`` = (index, generation)."""
+        try:
+            with self._stripes[ref.stripe]:
+                return self.reserve_held(ref, held, what, lv, shadow)
+        except (EntryStolen, ShmStoreError):  # nothing changed (see reserve_held)
+            raise
+        except BaseException:  # from anywhere (asynchronous): see give_up
+            self.give_up(*held)
+            raise
+
+    def reserve_held(self, ref: KeyRef, held: tuple[int, int], what: Contents, lv: StorageLevel,
+                     shadow: bool) -> Reservation:
+        """:meth:`reserve`'s step with the stripe lock of ``ref`` held by the caller (a batch holds it for
+        a group of keys), on entry ``held`` = (index, generation); an asynchronous exception leaves the
+        caller to ``give_up(*held)`` once the lock is released.
+
+        Raises:
+            EntryStolen: another client holds that entry now (nothing changed).
+            ShmStoreError: on purpose (exists, being written, full): nothing changed, the entry is back in
+                this client's batch.
+        """
         buf, lay, cache = self._buf, self._lay, self._cache
         (idx, gen), key, kb, stripe, level = held, ref.key, ref.kb, ref.stripe, int(lv.level)
         stored = L.align(max(what.size, 1))  # extents are exact multiples of the alignment
@@ -158,36 +182,32 @@ class Puts:
         rec = placed = 0
         placed_ok = False
         try:
-            with self._stripes[stripe]:
-                _, other_off, other = find_entry(buf, lay, ref.bucket, ref.h, self.sid, kb)
-                if other is not None and not shadow:
-                    if L.entry(buf, other_off).state == L.WRITING:
-                        raise being_written_error(key)
-                    raise exists_error(key)
-                if not owns_entry(buf, eoff, self.slot, gen):
-                    raise EntryStolen
-                ctime = time.time()
-                flags = L.FLAG_SHADOW if shadow else 0
-                head = {"size": stored, "nbytes": what.nbytes, "atime": _monotonic(), "ctime": ctime,
-                        "hash": ref.h, "gen": gen, "writer": self.slot, "nblobs": what.nblobs, "keylen": len(kb),
-                        "session": self.sid, "state": L.WRITING, "kind": what.kind, "level": level, "flags": flags}
+            _, other_off, other = find_entry(buf, lay, ref.bucket, ref.h, self.sid, kb)
+            if other is not None and not shadow:
+                if L.entry(buf, other_off).state == L.WRITING:
+                    raise being_written_error(key)
+                raise exists_error(key)
+            if not owns_entry(buf, eoff, self.slot, gen):
+                raise EntryStolen
+            ctime = time.time()
+            flags = L.FLAG_SHADOW if shadow else 0
+            head = {"size": stored, "nbytes": what.nbytes, "atime": _monotonic(), "ctime": ctime,
+                    "hash": ref.h, "gen": gen, "writer": self.slot, "nblobs": what.nblobs, "keylen": len(kb),
+                    "session": self.sid, "state": L.WRITING, "kind": what.kind, "level": level, "flags": flags}
 
-                def write_entry(off: int, rec: int, flags_: int) -> None:
-                    self._write_entry(eoff, dict(head, offset=off, extent=rec, flags=flags | flags_), what.meta, kb)
-                off, rec, placed = lv.place(key, idx, gen, stored, self._at, write_entry)
-                placed_ok = True
-                L.add_stripe_stats(buf, lay.stripe_stats(stripe), level, stored, 1)
-                if not shadow:
-                    self._table.link(idx, ref.bucket)
+            def write_entry(off: int, rec: int, flags_: int) -> None:
+                self._write_entry(eoff, dict(head, offset=off, extent=rec, flags=flags | flags_), what.meta, kb)
+            off, rec, placed = lv.place(key, idx, gen, stored, self._at, write_entry)
+            placed_ok = True
+            L.add_stripe_stats(buf, lay.stripe_stats(stripe), level, stored, 1)
+            if not shadow:
+                self._table.link(idx, ref.bucket)
         except EntryStolen:
             raise
         except ShmStoreError:  # raised on purpose: nothing linked, the placed space (if any) named by nobody
             if placed_ok:
                 lv.unplace(idx, rec, placed)
             cache.entries.append((idx, gen))  # still reserved for us
-            raise
-        except BaseException:  # from anywhere (asynchronous): see give_up
-            self.give_up(idx, gen)
             raise
         return Reservation(idx, gen, off, stored, ctime, stripe)
 
@@ -223,24 +243,32 @@ class Puts:
         Raises:
             ObjectLockedError: a plain put of the key is being written (ours is dropped).
         """
+        with self._stripes[stripe]:
+            self.replace_held(ref, idx)
+
+    def replace_held(self, ref: KeyRef, idx: int) -> None:
+        """:meth:`replace` with the stripe lock of ``ref`` held by the caller (a batch holds it for a group).
+
+        Raises:
+            ObjectLockedError: a plain put of the key is being written (ours is dropped).
+        """
         buf, lay, table, b = self._buf, self._lay, self._table, ref.bucket
         eoff = lay.entry(idx)
-        with self._stripes[stripe]:
-            old, old_off, found = find_entry(buf, lay, b, ref.h, self.sid, ref.kb)
-            e = None if found is None else L.entry(buf, old_off)
-            if e is not None and e.state == L.WRITING:
-                self.node.release(idx, cache=self._cache)
-                raise being_written_error(ref.key)
-            L.ENTRY_HEAD.set(buf, eoff, "flags", L.ENTRY_HEAD.get(buf, eoff, "flags") & ~L.FLAG_SHADOW)
-            L.ENTRY_HEAD.set(buf, eoff, "state", L.SEALED)
-            if e is None:
-                table.link(idx, b)
-                return
-            table.replace(old, idx, b)
-            if e.state == L.SEALED:  # (a deleted one still linked: a delete was killed half way)
-                table.mark_deleted(old)
-            if not table.pin_count(old) and not e.flags & L.FLAG_MOVING:  # else: last pin / mover
-                self.node.release(old, cache=self._cache)
+        old, old_off, found = find_entry(buf, lay, b, ref.h, self.sid, ref.kb)
+        e = None if found is None else L.entry(buf, old_off)
+        if e is not None and e.state == L.WRITING:
+            self.node.release(idx, cache=self._cache)
+            raise being_written_error(ref.key)
+        L.ENTRY_HEAD.set(buf, eoff, "flags", L.ENTRY_HEAD.get(buf, eoff, "flags") & ~L.FLAG_SHADOW)
+        L.ENTRY_HEAD.set(buf, eoff, "state", L.SEALED)
+        if e is None:
+            table.link(idx, b)
+            return
+        table.replace(old, idx, b)
+        if e.state == L.SEALED:  # (a deleted one still linked: a delete was killed half way)
+            table.mark_deleted(old)
+        if not table.pin_count(old) and not e.flags & L.FLAG_MOVING:  # else: last pin / mover
+            self.node.release(old, cache=self._cache)
 
     def give_up(self, idx: int, gen: int, blocking: bool = True) -> bool:
         """Drop entry ``idx`` (generation ``gen``) of a put of this client cut short by an exception, whatever
