@@ -136,8 +136,10 @@ def bench_mpi_child(args: argparse.Namespace, data: np.ndarray, want: list[float
         run(warm)
         warm.delete()
         value = _best(lambda: run(data), args.repeats, want)
+        before = dict(ex.map(_node_stats, range(8)))
         ref = _best(_by_ref(cluster, data, run), args.repeats, want)
-        stats = dict(ex.map(_node_stats, range(8)))
+        after = dict(ex.map(_node_stats, range(8)))
+        stats = {node: {k: after[node][k] - before[node][k] for k in after[node]} for node in after if node in before}
         print("MPIRESULT " + json.dumps({"executor": "MPIPoolExecutor", "nodes": len(cluster.nodes),
                                          "by_value_s": value, "by_ref_s": ref, "stats": stats}), flush=True)
 
@@ -182,8 +184,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         print(f"{r['executor']:<22} {r['nodes']:>5} {r['by_value_s']:>9.3f}s {r['by_ref_s']:>9.3f}s "
               f"{r['by_value_s'] / r['by_ref_s']:>9.1f}x")
         if r.get("stats"):
-            moved = ", ".join(f"{node}: {s['transfers']} transfers in" for node, s in sorted(r["stats"].items()))
-            print(f"{'':<22} (node counters over the whole run, warm-up and {args.repeats} Ref rounds: {moved})")
+            moved = ", ".join(f"{node}: {s['transfers']}" for node, s in sorted(r["stats"].items()))
+            print(f"{'':<22} (transfers into each node over the {args.repeats} Ref round(s): {moved})")
 
 
 def main() -> None:

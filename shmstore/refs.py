@@ -11,8 +11,8 @@ Resolution is explicit: ``ref.get()`` (or ``ref.value``) returns what
 ``store.get(key)`` returns, found in this order:
 
 1. the store that shared it, where that is this process and it is open;
-2. a ``Cluster`` this process has open over the same store and session
-   (``shmstore.mpi`` registers how to find one, see
+2. for a cluster's ref, a ``Cluster`` this process has open over the same
+   store and session (``shmstore.mpi`` registers how to find one, see
    :func:`register_cluster_finder`): ``cluster.get(key)``, a local hit or
    one deduplicated transfer into this node, which every other rank of the
    node then finds locally;
@@ -20,8 +20,9 @@ Resolution is explicit: ``ref.get()`` (or ``ref.value``) returns what
    fetched here: ``connect(name, node=..., session=..., create=False)``,
    opened once per process and kept until it exits.
 
-A ref shared on another node, in a process that has no Cluster open, raises
-``TransferError`` saying so. ``ref.delete()`` ends the object (every copy
+A cluster's ref shared on another node, in a process that has no Cluster
+open, raises ``TransferError`` saying so; so does a store's ref (node-local:
+``store.share``) asked for on another node. ``ref.delete()`` ends the object (every copy
 for a cluster ref) and ``with store.share(x) as ref:`` deletes it at exit;
 a ref whose object is gone raises ``ObjectNotFoundError`` naming the key and
 saying that the reference was deleted.
@@ -158,7 +159,7 @@ class Ref:
         owner = self._live_owner()
         if owner is not None and not self.cluster and not owner.closed:
             return owner.get(self.key)
-        cluster = self._cluster()
+        cluster = self._cluster() if self.cluster else None
         if cluster is not None:
             return cluster.get(self.key)
         node = here()
@@ -167,6 +168,10 @@ class Ref:
             return store.get(self.key)
         if node == self.node:
             raise self._gone()
+        if not self.cluster:
+            raise TransferError(f"reference {self.key!r} was made by store.share on node {self.node!r} and resolves "
+                                f"on that node only, not on {node!r} (make it with cluster.share to reach every "
+                                f"node)", self.key)
         raise TransferError(f"reference {self.key!r} was shared on node {self.node!r} and this process runs on "
                             f"node {node!r} with no shmstore.mpi.Cluster open over store {self.name!r} (session "
                             f"{self.session!r}): open one in every rank (see mpi/README.md, References)", self.key)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing as mp
+import os
 import pickle
+import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -155,6 +158,9 @@ def test_a_ref_of_another_node_without_a_cluster_says_what_to_open(store):
         elsewhere.get()
     with pytest.raises(shmstore.TransferError, match="no shmstore.mpi.Cluster open"):
         elsewhere.delete()
+    node_local = Ref(store.name, store.session, store.node + "-elsewhere", PREFIX + "0" * 32)
+    with pytest.raises(shmstore.TransferError, match="resolves on that node only.*cluster.share"):
+        node_local.get()
     assert ref.get() == 1
 
 
@@ -169,3 +175,30 @@ def test_an_unpickled_ref_in_a_process_without_the_store_opens_it_once(store):
         assert refs.release() == 0
     finally:
         refs.release()
+
+
+DISTRIBUTED = """
+import pickle, sys, zlib
+import distributed
+from test_refs import crc_of_index
+ref = pickle.loads(bytes.fromhex(sys.argv[1]))
+if __name__ == "__main__":
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  worker_dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        print(client.gather(client.map(crc_of_index, [ref] * 4, range(4), pure=False)))
+"""
+
+
+def test_resolves_on_dask_distributed_workers(store, tmp_path):
+    """A distributed LocalCluster of worker processes (run from a child: distributed keeps a thread of its own
+    for the rest of the process that starts it)."""
+    pytest.importorskip("distributed")
+    data = _data()
+    ref = store.share(data)
+    script = tmp_path / "dist.py"
+    script.write_text(DISTRIBUTED)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, str(script), pickle.dumps(ref).hex()], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[-2] == str([zlib.crc32(memoryview(data[i:]).cast("B")) for i in range(4)])

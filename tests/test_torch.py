@@ -99,3 +99,16 @@ def test_overwrite_of_a_state_dict_keeps_old_tensors_valid(store):
     store.put("sd", {"w": torch.ones(100)}, overwrite=True)
     assert float(old.sum()) == 0.0 and float(store.get("sd")["w"].sum()) == 100.0
 
+
+
+def test_tensors_over_the_store_are_not_torch_shared_and_share_memory_copies_them_out(store):
+    """What the README says (issue 21 item 9): torch cannot be told that the store's memory is shared, so
+    is_shared() is False, and share_memory_() (what torch.multiprocessing does to a tensor it sends) moves
+    the data into a torch shared segment of its own: a copy, no longer a view of the store."""
+    store.put("sd", {"w": torch.arange(1000, dtype=torch.float32)})
+    t = store.get("sd")["w"]
+    base, capacity = _arena(store)
+    assert base <= t.data_ptr() < base + capacity and not t.is_shared()
+    t.share_memory_()
+    assert t.is_shared() and not base <= t.data_ptr() < base + capacity
+    assert float(t.sum()) == sum(range(1000))
