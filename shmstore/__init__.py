@@ -28,6 +28,7 @@ from .errors import (
 )
 from .kernel.views import SharedArray
 from .levels import Capacity, Level, ObjectInfo
+from .mapping import StoreMapping
 from .refs import Ref
 from .store import Store, connect, destroy
 from .stores import collect_stale
@@ -37,7 +38,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "connect", "destroy", "collect_stale", "Store", "SharedArray", "Level", "ObjectInfo", "Capacity", "Reader",
-    "Writer", "Ref",
+    "Writer", "StoreMapping", "Ref",
     "ShmStoreError", "ObjectNotFoundError", "ObjectExistsError", "ObjectLockedError", "StorageFullError",
     "LockTimeoutError", "LayoutError", "StoreClosedError", "StoreNotFoundError",
     "StoreInUseError", "SpillError", "TransferError",

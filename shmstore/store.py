@@ -13,7 +13,7 @@ import os
 import time
 import warnings
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,7 @@ from .kernel.segment import unlink_segment, unlink_semaphore
 from .kernel.settings import ignored_settings
 from .levels import Capacity, Level, ObjectInfo, parse_levels
 from .levels.registry import open_levels
+from .mapping import StoreMapping
 from .placement import DEFAULT_PUT_LEVELS, DEVICE_PUT_LEVELS, Placement
 from .refs import Ref
 from .refs import new_key as new_ref_key
@@ -45,6 +46,8 @@ from .streams import Reader, Writer
 
 __all__ = ["Store", "connect", "destroy", "observe"]
 
+_GONE: Any = object()  # a key deleted between listing it and reading it
+_POP_RAISE: Any = object()  # pop's default: raise on a miss
 _HOST_TYPES = frozenset((np.ndarray, bytes, bytearray, memoryview, dict, list, tuple, str, int, float))
 
 
@@ -312,6 +315,69 @@ class Store:
 
     def keys(self) -> builtins.list[str]:
         return [i.key for i in self.list()]
+
+    # ---- dict operators (store.mapping() is the MutableMapping view) -------------------------
+    def __getitem__(self, key: str) -> Any:
+        """``store[key]``: ``get(key)``; a miss raises ObjectNotFoundError, a KeyError."""
+        return self.get(key)
+
+    def __setitem__(self, key: str, obj: Any) -> None:
+        """``store[key] = obj``: ``put(key, obj, overwrite=True)``, an atomic replace."""
+        self.put(key, obj, overwrite=True)
+
+    def __delitem__(self, key: str) -> None:
+        """``del store[key]``: ``delete(key)``; a miss raises ObjectNotFoundError, a KeyError."""
+        self.delete(key)
+
+    def __len__(self) -> int:
+        """Objects of this session."""
+        return len(self.list())
+
+    def __iter__(self) -> Iterator[str]:
+        """This session's keys, as a snapshot (the loop may change the store)."""
+        return iter(self.keys())
+
+    def __bool__(self) -> bool:
+        return True  # a connection, even to an empty store (``mapping()`` has dict truth)
+
+    def items(self) -> builtins.list[tuple[str, Any]]:
+        """(key, value) of this session's objects; one deleted meanwhile is left out."""
+        return [(k, v) for k, v in zip(*self._snapshot()) if v is not _GONE]
+
+    def values(self) -> builtins.list[Any]:
+        """Values of this session's objects (as ``get`` returns them); one deleted meanwhile is left out."""
+        return [v for v in self._snapshot()[1] if v is not _GONE]
+
+    def _snapshot(self) -> tuple[builtins.list[str], builtins.list[Any]]:
+        keys = self.keys()
+        k = self._checked()
+        return keys, [k.get(key, default=_GONE) for key in keys]
+
+    def pop(self, key: str, default: Any = _POP_RAISE) -> Any:
+        """Remove ``key`` and return its value (a view of it stays valid), else ``default`` if given.
+
+        Raises:
+            ObjectNotFoundError: (a KeyError) no such object and no ``default``.
+        """
+        value = self._checked().get(key, default=_GONE)
+        if value is _GONE:
+            if default is _POP_RAISE:
+                return self.get(key)  # raises, naming the key (and the sessions that hold it)
+            return default
+        self.delete(key, missing_ok=True)  # deleted meanwhile by another process: popped there
+        return value
+
+    def update(self, other: Any = (), **kwargs: Any) -> None:
+        """``store[k] = v`` for each pair of ``other`` (a mapping or (key, value) pairs) and ``kwargs``, as
+        ``dict.update``; a batch (``put_many(..., overwrite=True)``)."""
+        items = dict(other.items() if hasattr(other, "items") else other)
+        items.update(kwargs)
+        self.put_many(items, overwrite=True)
+
+    def mapping(self) -> StoreMapping:
+        """This connection as a :class:`collections.abc.MutableMapping` (dict semantics throughout, values
+        as ``get`` returns them), for libraries that check for one (zict, zarr)."""
+        return StoreMapping(self)
 
     def get_capacity(self) -> dict[Level, Capacity]:
         """Total, used, pinned, free, spillable, spilled and restored bytes per level."""

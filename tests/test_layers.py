@@ -20,6 +20,7 @@ FLOORS = {
     "errors": 0, "units": 0, "values": 0, "config": 1,
     "kernel": 2, "levels": 3, "spill": 4,
     "streams": 5, "placement": 5, "store": 6, "stores": 6, "refs": 6,
+    "mapping": 6,  # store.mapping(): the MutableMapping view
     "cli": 7, "contrib": 7, "__init__": 7, "__main__": 7, "testing": 7,
     "mpi": 8,
 }

@@ -488,3 +488,42 @@ def test_a_miss_names_the_sessions_that_hold_the_key(name):
             proxied.get("nowhere")
         assert "holds" not in str(err.value) and "hold it" not in str(err.value)
         assert plain.get("x", None) is None  # a default: no error, nothing looked up elsewhere
+
+
+def test_dict_operators(store):
+    store["a"] = np.arange(4)
+    store["a"] = b"new"  # = overwrites, atomically (put(..., overwrite=True))
+    store["b"] = {"x": 1}
+    assert bytes(store["a"]) == b"new" and store["b"] == {"x": 1} and len(store) == 2
+    assert sorted(store) == ["a", "b"] == sorted(store.keys()) and "a" in store
+    assert sorted(k for k, _ in store.items()) == ["a", "b"] and {"x": 1} in store.values()
+    with pytest.raises(KeyError, match="'missing'") as ei:
+        store["missing"]
+    assert isinstance(ei.value, shmstore.ObjectNotFoundError) and ei.value.object_id == "missing"
+    with pytest.raises(KeyError):
+        del store["missing"]
+    del store["b"]
+    assert "b" not in store and len(store) == 1
+    view = store.pop("a")
+    assert bytes(view) == b"new" and "a" not in store  # a popped value's view stays valid
+    assert store.pop("a", None) is None
+    with pytest.raises(KeyError):
+        store.pop("a")
+    store.update({"u": 1}, v=2)
+    store.update([("w", 3)])
+    assert [store[k] for k in ("u", "v", "w")] == [1, 2, 3]
+    store.clear()
+    assert len(store) == 0 and store and list(store) == []  # a connection is true even when empty
+    del view
+    gc.collect()
+    assert not store.check()
+
+
+def test_items_and_values_are_those_of_the_keys_left(store):
+    for i in range(20):
+        store[f"k{i}"] = i
+    keys = store.keys()
+    store.delete_many(keys[::2])
+    left = sorted(int(k[1:]) for k in keys[1::2])
+    assert sorted(v for _, v in store.items()) == sorted(store.values()) == left
+    assert all(store[k] == v for k, v in store.items())
