@@ -28,6 +28,7 @@ from .fields import (
     GPU_BASE_SHIFT,
     HEADER,
     MAX_NDIM,
+    MAX_SESSIONS,
     MIGRATION,
     NMIGRATIONS,
     REQUEST,
@@ -47,7 +48,8 @@ from .sections import Layout
 
 __all__ = ["pack_header", "unpack_header", "unpack_spill_state", "pack_spill_state", "spill_dir", "set_spill_dir",
            "unpack_request", "pack_request", "unpack_migration", "pack_migration", "migration_states",
-           "unpack_session", "pack_session", "unpack_transfer_stats", "add_transfer_stats", "entry_cursor",
+           "unpack_session", "pack_session", "sessions_in_use", "unpack_transfer_stats", "add_transfer_stats",
+           "entry_cursor",
            "set_entry_cursor", "extent_cursor", "set_extent_cursor", "bins_offsets", "unpack_gpu", "set_gpu",
            "gpu_base", "add_stripe_stats", "add_stripe_deleted", "pack_client", "client_chunk", "set_client_chunk",
            "entry", "pack_entry", "entry_state_offset", "entry_key", "set_entry_key", "array_meta", "set_entry_array",
@@ -132,6 +134,13 @@ def unpack_session(buf: Any, soff: int) -> str | None:
 def pack_session(buf: Any, soff: int, name: str) -> None:
     raw = name.encode()
     SESSION.pack(buf, soff, length=len(raw) + 1, name=raw)
+
+
+def sessions_in_use(buf: Any, layout: Layout) -> list[tuple[int, str]]:
+    """(id, name) of every session slot in use, read in one pass over the session table."""
+    t = np.ndarray((MAX_SESSIONS,), SESSION.dtype, buffer=buf, offset=layout.session(0))
+    used = np.flatnonzero(t["length"])
+    return [(int(sid), bytes(t["name"][sid])[:int(t["length"][sid]) - 1].decode(errors="replace")) for sid in used]
 
 
 # ---- counters and runs of fields written together ---------------------------------------------------------
