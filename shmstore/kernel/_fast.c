@@ -158,7 +158,7 @@ static int count_pin(PyObject *pins, Py_ssize_t idx, unsigned long long pins_add
 #define PUT(e, off, T, v) do { T v_ = (T)(v); memcpy((e) + (off), &v_, sizeof v_); } while (0)
 
 /* insert(meta, buckets, entries, b, h, sid, key, lock, idx, gen, writer, offset, size, nbytes, ctime, extent,
- *        nblobs, kind, flags, state, array, stats, level[, data, dst]) ->
+ *        nblobs, kind, flags, state, array, stats, level[, data, dst, held]) ->
  *   0 when entry idx is written field by field (at the offsets configure() was given; every other field of
  *   the head 0), its ENTRY_ARRAY bytes copied from ``array`` (or None), keyed, counted in its stripe (stats:
  *   that stripe's record; ``size`` bytes on ``level``) and linked at the head of bucket b, then given
@@ -166,9 +166,11 @@ static int count_pin(PyObject *pins, Py_ssize_t idx, unsigned long long pins_add
  *   written or exists; RC_STOLEN when entry idx is no longer reserved for ``writer`` with generation
  *   ``gen`` (another client took it from this one's batch: see cache.py). With ``data`` (a contiguous
  *   buffer), its bytes are first copied to address ``dst`` (space this writer owns, not yet visible), so
- *   a ``state`` of SEALED publishes a whole object in one call. */
+ *   a ``state`` of SEALED publishes a whole object in one call. With ``held`` true the caller holds the
+ *   stripe lock (a batch: one hold for a group of keys): it is neither taken nor released here. */
 static PyObject *insert(PyObject *self, PyObject *args) {
     unsigned long long meta, lock, stats, offset, size, nbytes, dst = 0;
+    int held = 0; /* the caller holds the stripe lock (a batch holding it for a group of keys) */
     Py_ssize_t buckets, entries, b, klen, idx, level;
     unsigned long h, sid, gen, nblobs;
     long writer, extent, kind, flags, state;
@@ -179,9 +181,9 @@ static PyObject *insert(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "_fast.configure() was not called");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "Knnnkky#KnklKKKdlklllOKn|OK", &meta, &buckets, &entries, &b, &h, &sid, &key,
+    if (!PyArg_ParseTuple(args, "Knnnkky#KnklKKKdlklllOKn|OKp", &meta, &buckets, &entries, &b, &h, &sid, &key,
                           &klen, &lock, &idx, &gen, &writer, &offset, &size, &nbytes, &ctime, &extent, &nblobs,
-                          &kind, &flags, &state, &array, &stats, &level, &data, &dst))
+                          &kind, &flags, &state, &array, &stats, &level, &data, &dst, &held))
         return NULL;
     if (data != Py_None) {
         Py_buffer db;
@@ -203,7 +205,7 @@ static PyObject *insert(PyObject *self, PyObject *args) {
     clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock */
     double atime = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
     pthread_mutex_t *m = (pthread_mutex_t *)(uintptr_t)lock;
-    int rc = try_take(m);
+    int rc = held ? 0 : try_take(m);
     if (rc == 0) {
         char *base = (char *)(uintptr_t)meta;
         Py_ssize_t found_off = 0;
@@ -255,7 +257,8 @@ static PyObject *insert(PyObject *self, PyObject *args) {
             memcpy(head, &rec, sizeof rec); /* the publishing store, after the entry is whole */
             ((volatile char *)e)[STATE_OFF] = (char)state; /* sealed now, if asked */
         }
-        pthread_mutex_unlock(m);
+        if (!held)
+            pthread_mutex_unlock(m);
     }
     if (ab.buf)
         PyBuffer_Release(&ab);

@@ -5,8 +5,10 @@ each group is done under one hold of its stripe lock. A put of many keys is
 the put of one key done for a group at a time:
 
 1. reserve: under each group's stripe lock, one invisible ``writing`` entry
-   (with its space) per key, exactly as :meth:`Puts.reserve` makes one;
-2. copy every value with no lock held;
+   (with its space) per key, exactly as :meth:`Puts.reserve` makes one (the
+   arena's C call, told the lock is held, also copies a small value there:
+   a few hundred bytes to a chunk's cut, as a single small put does);
+2. copy every other value with no lock held;
 3. seal: under each group's stripe lock again, every entry of the group
    becomes visible (an overwrite swaps it for the old object).
 
@@ -91,45 +93,50 @@ class Batches:
         """
         encs = [_encode(ref.key, obj) for ref, obj in zip(refs, objs)]
         lv = self._puts.level_of(refs[0].key if refs else "", level)
-        held: list[tuple[int, Reservation]] = []
+        held: list[tuple[int, Reservation, bool]] = []
         try:
             for group in by_stripe(refs).values():
                 self._reserve_group(refs, encs, group, lv, overwrite, held)
             flags = L.ENTRY_HEAD.get
-            for i, r in held:  # the copies, with no lock held
-                lv.write(r.idx, r.gen, r.offset, flags(self._buf, self._lay.entry(r.idx), "flags"), encs[i],
-                         refs[i].key)
+            for i, r, copied in held:  # the copies, with no lock held
+                if not copied:
+                    lv.write(r.idx, r.gen, r.offset, flags(self._buf, self._lay.entry(r.idx), "flags"),
+                             encs[i], refs[i].key)
             self._seal_all(refs, held, overwrite)
         except BaseException:
-            for _, r in held:  # a no-op for a sealed entry
+            for _, r, _ in held:  # a no-op for a sealed entry
                 self._puts.give_up(r.idx, r.gen)
             raise
         infos: list[Any] = [None] * len(refs)
-        for i, r in held:
+        for i, r, _ in held:
             e = encs[i]
             infos[i] = ObjectInfo(refs[i].key, e.nbytes, Level(level), False, True, e.nblobs,
                                   serialize.KIND_NAMES[e.kind], r.stored, 0, self.session, r.ctime)
         return infos
 
     def _reserve_group(self, refs: Sequence[KeyRef], encs: list[serialize.Encoded], group: list[int],
-                       lv: Any, overwrite: bool, held: list[tuple[int, Reservation]]) -> None:
+                       lv: Any, overwrite: bool, held: list[tuple[int, Reservation, bool]]) -> None:
         """Reserve the entries of one stripe's ``group`` under one hold of its lock (again for the rest of
-        the group where an entry was stolen meanwhile: rare), appending (position, reservation) to ``held``.
+        the group where an entry was stolen meanwhile: rare), appending (position, reservation, whether the
+        bytes are copied already) to ``held``. A level's C shortcut (the arena's ``try_put``, told the lock is
+        held) reserves, and copies a small value, in one call; the Python step (:meth:`Puts.reserve_held`)
+        does the rest.
 
         Raises:
             ShmStoreError: a key cannot be reserved (named); its entry and the unused ones are back in this
                 client's batch, the reservations made stay in ``held`` for the caller to give back.
         """
-        cache, todo = self._at.cache, list(group)
+        cache, todo, at = self._at.cache, list(group), self._at
+        try_put = None if overwrite or at.fast is None else getattr(lv, "try_put", None)
+        cut_short: list[tuple[int, int]] = []  # entries a C call was cut short in: given up once unlocked
         while todo:
             entries = self._take_entries([refs[i].key for i in todo])  # outside the lock: it may refill
             n, stolen = 0, False
             try:
                 with self._stripes[refs[todo[0]].stripe]:
                     for i, entry in zip(todo, entries):
-                        e = encs[i]
-                        what = Contents(e.kind, e.size, e.nbytes, e.nblobs, e.meta)
-                        held.append((i, self._puts.reserve_held(refs[i], entry, what, lv, overwrite)))
+                        held.append(self._reserve_one(refs[i], encs[i], entry, lv, overwrite, try_put,
+                                                      cut_short.append, i))
                         n += 1
             except EntryStolen:
                 stolen = True  # entries[n] is another client's now: the rest of the group again
@@ -137,11 +144,25 @@ class Batches:
                 cache.entries.extend(entries[n + 1:])
                 raise
             except BaseException:  # asynchronous: entries[n] may be cut short anywhere (see Puts.give_up)
-                for entry in entries[n:]:
+                for entry in entries[n:] + cut_short:
                     self._puts.give_up(*entry)
                 raise
             cache.entries.extend(entries[n + 1:])  # never used
             todo = todo[n:] if stolen else []
+
+    def _reserve_one(self, ref: KeyRef, e: serialize.Encoded, entry: tuple[int, int], lv: Any, overwrite: bool,
+                     try_put: Any, give_up: Any, i: int) -> tuple[int, Reservation, bool]:
+        """One key's reservation with its stripe lock held: (i, reservation, bytes copied already)."""
+        what = Contents(e.kind, e.size, e.nbytes, e.nblobs, e.meta)
+        if try_put is not None:
+            if e.src is not None:
+                r = try_put(self._at, ref, e, give_up, True, False, entry)  # copied, left writing
+                if r is not None:
+                    return (i, r, True)
+            r = try_put(self._at, ref, what, give_up, True, False, entry)  # reserved
+            if r is not None:
+                return (i, r, False)
+        return (i, self._puts.reserve_held(ref, entry, what, lv, overwrite), False)
 
     def _take_entries(self, keys: list[str]) -> list[tuple[int, int]]:
         """A reserved (index, generation) for each key (see ClientCache.take_entry), or none.
@@ -158,7 +179,8 @@ class Batches:
             raise
         return out
 
-    def _seal_all(self, refs: Sequence[KeyRef], held: list[tuple[int, Reservation]], overwrite: bool) -> None:
+    def _seal_all(self, refs: Sequence[KeyRef], held: list[tuple[int, Reservation, bool]],
+                  overwrite: bool) -> None:
         """Make every reserved entry visible, one hold of each stripe lock for its group.
 
         Raises:
@@ -166,9 +188,9 @@ class Batches:
                 sealed before it stay (a batch_error says which).
         """
         groups: dict[int, list[tuple[int, Reservation]]] = {}
-        for i, r in held:
+        for i, r, _ in held:
             groups.setdefault(r.stripe, []).append((i, r))
-        buf, lay, puts = self._buf, self._lay, self._puts
+        buf, lay, puts, state_at = self._buf, self._lay, self._puts, L.entry_state_offset
         done: list[str] = []
         for stripe, group in groups.items():
             with self._stripes[stripe]:
@@ -178,8 +200,8 @@ class Batches:
                             puts.replace_held(refs[i], r.idx)
                         except ShmStoreError as exc:
                             raise batch_error(exc, "put_many", len(refs), done) from None
-                    else:
-                        L.ENTRY_HEAD.set(buf, lay.entry(r.idx), "state", L.SEALED)
+                    else:  # the state byte alone (the lock orders the data before it)
+                        buf[state_at(lay.entry(r.idx))] = L.SEALED
                     done.append(refs[i].key)
 
     # ---- get -----------------------------------------------------------------------

@@ -116,10 +116,18 @@ class MemoryLevel:
 
     # ---- the shortcut for small values: the C fast path (kernel/_fast.c) -----------------------------
     def try_put(self, at: Attachment, ref: KeyRef, what: Encoded | Contents,
-                give_up: Callable[[int, int], object]) -> Reservation | None:
+                give_up: Callable[[int, int], object], held: bool = False, seal: bool = True,
+                entry: tuple[int, int] | None = None) -> Reservation | None:
         """:meth:`place` plus :meth:`write` and the entry's insert in one locked C call: with ``what.src``
         (a contiguous array or bytes value of at most a chunk's cut, or a fetched copy) its bytes are copied
         and the entry sealed, a whole put; without, the entry is reserved (state ``writing``).
+
+        With ``held`` the caller holds the key's stripe lock (a batch, for a
+        group of keys): the C call neither takes nor releases it, and the
+        entry to use is ``entry`` (taken before the lock: a refill may steal,
+        which takes every stripe lock), left to the caller where this returns
+        None; with ``seal=False`` copied bytes are left ``writing``, for the
+        caller to seal.
 
         Returns None (nothing changed) to leave it to the general way:
         no C extension, a value the C call cannot copy, no room (so that
@@ -128,6 +136,7 @@ class MemoryLevel:
 
         Raises:
             ObjectExistsError: the key is present. ObjectLockedError: it is being written.
+            EntryStolen: (only with ``entry``) another client holds that entry now; nothing changed.
         """
         cache, src = at.cache, what.src
         if at.fast is None:
@@ -136,18 +145,21 @@ class MemoryLevel:
                                 or (type(src) is np.ndarray and not (src.flags.c_contiguous
                                                                      or src.flags.f_contiguous))):
             return None
+        if entry is not None:  # EntryStolen goes to the caller, which takes another outside the lock
+            return self._place_and_insert(at, ref, entry, what, give_up, (held, seal))
         while True:
-            held = cache.take_entry(ref.key)
+            entry = cache.take_entry(ref.key)
             try:
-                done = self._place_and_insert(at, ref, held, what, give_up)
+                done = self._place_and_insert(at, ref, entry, what, give_up, (held, seal))
             except EntryStolen:
                 continue  # another client holds that entry now
             if done is None:
-                cache.entries.append(held)  # the general way takes an entry of its own
+                cache.entries.append(entry)  # the general way takes an entry of its own
             return done
 
     def _place_and_insert(self, at: Attachment, ref: KeyRef, held: tuple[int, int], what: Encoded | Contents,
-                          give_up: Callable[[int, int], object]) -> Reservation | None:
+                          give_up: Callable[[int, int], object],
+                          mode: tuple[bool, bool] = (False, True)) -> Reservation | None:
         """Place ``what`` for entry ``held`` = (index, generation), in a cut of the client's chunk or an extent
         of its own, then insert the entry (see :meth:`_insert`).
 
@@ -159,17 +171,19 @@ class MemoryLevel:
             with cache.chunk_lock:  # until the entry names the chunk (see cache.py)
                 rec, off = cache.carve(stored)
                 if rec:
-                    return self._insert(at, ref, held, what, (off, rec, L.FLAG_IN_CHUNK, stored), give_up)
+                    return self._insert(at, ref, held, what, (off, rec, L.FLAG_IN_CHUNK, stored), give_up, mode)
         try:
             rec, off = self.alloc_extent(ref.key, held[0], held[1], stored, at.slot)
         except StorageFullError:
             return None
-        return self._insert(at, ref, held, what, (off, rec, 0, stored), give_up)
+        return self._insert(at, ref, held, what, (off, rec, 0, stored), give_up, mode)
 
     def _insert(self, at: Attachment, ref: KeyRef, held: tuple[int, int], what: Encoded | Contents,
-                space: tuple[int, int, int, int], give_up: Callable[[int, int], object]) -> Reservation | None:
+                space: tuple[int, int, int, int], give_up: Callable[[int, int], object],
+                mode: tuple[bool, bool] = (False, True)) -> Reservation | None:
         """The locked C call: the entry of ``held`` written and linked (copied and sealed with ``what.src``)
-        in ``space`` = (offset, extent, flags, bytes taken); undone where it did not happen."""
+        in ``space`` = (offset, extent, flags, bytes taken); undone where it did not happen. ``mode`` = (the
+        caller holds the stripe lock, seal copied bytes): see :meth:`try_put`."""
         (idx, gen), (off, rec, flags, stored), lay = held, space, at.lay
         try:
             data = what.src
@@ -178,9 +192,10 @@ class MemoryLevel:
             ctime = time.time()
             rc = at.fast.insert(at.meta_addr, lay.buckets, lay.entries, ref.bucket, ref.h, at.sid, ref.kb,
                                 at.stripe_addrs[ref.stripe], idx, gen, at.slot, off, stored, what.nbytes, ctime,
-                                rec, what.nblobs, what.kind, flags, L.WRITING if data is None else L.SEALED,
+                                rec, what.nblobs, what.kind, flags,
+                                L.SEALED if data is not None and mode[1] else L.WRITING,
                                 what.meta, at.meta_addr + lay.stripe_stats(ref.stripe), _MEMORY, data,
-                                at.arena_addr + off)
+                                at.arena_addr + off, mode[0])
         except BaseException:  # maybe after the C call did it all (asynchronous): see Puts.give_up
             give_up(idx, gen)  # an extent of its own is named by the entry and goes with it
             raise
