@@ -192,7 +192,15 @@ class ShmStoreConnector:
 
     # ---- the Connector protocol ---------------------------------------------------------
     def put(self, obj: Any) -> ShmStoreKey:
-        """Store the bytes-like ``obj``; its key."""
+        """Store the bytes-like ``obj``; its key.
+
+        Bytes that :func:`serialize` staged in this connector's store are
+        adopted as they are (their key is returned; no copy).
+        """
+        self._check()
+        adopted = self._adopt(obj)
+        if adopted is not None:
+            return ShmStoreKey(adopted)
         key = self.new_key()
         self._put(key.shm_key, obj, overwrite=False)
         return key
