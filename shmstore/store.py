@@ -270,7 +270,7 @@ class Store:
         p = self._placement_checked()
         return p.put_many(pairs, parse_levels(levels, DEFAULT_PUT_LEVELS), overwrite)
 
-    def get_many(self, keys: Iterable[str], levels: Iterable[Level] | Level | None = None) -> builtins.list[Any]:
+    def get_many(self, keys: Iterable[str], *, levels: Iterable[Level] | Level | None = None) -> builtins.list[Any]:
         """The values of ``keys`` (as ``get`` returns them), in their order.
 
         With ``levels``, an object on none of them is first moved to the
