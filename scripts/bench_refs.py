@@ -13,7 +13,7 @@ Measured in one run, side by side: a 256 MiB float64 array handed to 64 tasks (e
 
 By reference: ``store.share(array)`` (one put), the Ref to every task (``ref.get()``: a zero-copy view),
 ``ref.delete()``, all inside the timed span. Pools are started and warmed before timing; each figure is
-the best of ``--repeats``. Ratios are by-value time / by-reference time: above 1, the Ref is faster.
+the median of ``--repeats``. Ratios are by-value time / by-reference time: above 1, the Ref is faster.
 Executors that are not installed are skipped with a note.
 
 Usage: python scripts/bench_refs.py [--quick] [--mib 256] [--tasks 64] [--workers N] [--repeats 3]
@@ -28,6 +28,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -49,15 +50,15 @@ def part_sum(x: Any, i: int, n: int) -> float:
     return float(a[i * chunk:(i + 1) * chunk].sum())
 
 
-def _best(fn: Callable[[], list[float]], repeats: int, want: list[float]) -> float:
-    best = float("inf")
+def _median(fn: Callable[[], list[float]], repeats: int, want: list[float]) -> float:
+    times = []
     for _ in range(repeats):
         t = time.perf_counter()
         got = fn()
-        best = min(best, time.perf_counter() - t)
+        times.append(time.perf_counter() - t)
         if not np.allclose(got, want):
             raise SystemExit(f"wrong results: {got[:3]} ... against {want[:3]} ...")
-    return best
+    return statistics.median(times)
 
 
 def _by_ref(store: Any, data: np.ndarray, run: Callable[[Any], list[float]]) -> Callable[[], list[float]]:
@@ -79,8 +80,8 @@ def bench_local(args: argparse.Namespace, data: np.ndarray, want: list[float]) -
             warm = store.share(np.zeros(n))
             run(warm)
             warm.delete()
-            value = _best(lambda: run(data), args.repeats, want)
-            ref = _best(_by_ref(store, data, run), args.repeats, want)
+            value = _median(lambda: run(data), args.repeats, want)
+            ref = _median(_by_ref(store, data, run), args.repeats, want)
             rows.append({"executor": executor, "nodes": 1, "by_value_s": value, "by_ref_s": ref})
             print(f"  {executor:<30} done", file=sys.stderr, flush=True)
 
@@ -135,9 +136,9 @@ def bench_mpi_child(args: argparse.Namespace, data: np.ndarray, want: list[float
         warm = cluster.share(np.zeros(n))
         run(warm)
         warm.delete()
-        value = _best(lambda: run(data), args.repeats, want)
+        value = _median(lambda: run(data), args.repeats, want)
         before = dict(ex.map(_node_stats, range(8)))
-        ref = _best(_by_ref(cluster, data, run), args.repeats, want)
+        ref = _median(_by_ref(cluster, data, run), args.repeats, want)
         after = dict(ex.map(_node_stats, range(8)))
         stats = {node: {k: after[node][k] - before[node][k] for k in after[node]} for node in after if node in before}
         print("MPIRESULT " + json.dumps({"executor": "MPIPoolExecutor", "nodes": len(cluster.nodes),
@@ -175,7 +176,7 @@ def bench_mpi(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"\n{args.mib} MiB float64 array to {args.tasks} tasks, {args.workers} local workers (3 MPI workers), "
-          f"best of {args.repeats}{' (quick: smoke figures)' if args.quick else ''}")
+          f"median of {args.repeats}{' (quick: smoke figures)' if args.quick else ''}")
     print(f"{'executor':<22} {'nodes':>5} {'by value':>10} {'by Ref':>10} {'value/Ref':>10}")
     for r in rows:
         if "skipped" in r:
