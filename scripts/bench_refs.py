@@ -17,7 +17,7 @@ the median of ``--repeats``. Ratios are by-value time / by-reference time: above
 Executors that are not installed are skipped with a note.
 
 Usage: python scripts/bench_refs.py [--quick] [--mib 256] [--tasks 64] [--workers N] [--repeats 3]
-       [--no-mpi] [--json out.json]
+       [--no-mpi | --no-local] [--json out.json]
 ``--quick``: a smoke run (16 MiB, 16 tasks, 1 repeat).
 """
 from __future__ import annotations
@@ -199,6 +199,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-mpi", action="store_true", help="skip the MPIPoolExecutor runs")
+    ap.add_argument("--no-local", action="store_true", help="skip the local executors (run only MPIPoolExecutor)")
     ap.add_argument("--mpi-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
@@ -210,7 +211,7 @@ def main() -> None:
     if args.mpi_child:
         bench_mpi_child(args, data, want)
         return
-    rows = bench_local(args, data, want) + bench_mpi(args)
+    rows = ([] if args.no_local else bench_local(args, data, want)) + bench_mpi(args)
     report(rows, args)
     if args.json:
         with open(args.json, "w") as f:
