@@ -342,6 +342,11 @@ typedef struct {
     unsigned long long pins_addr;
     PyObject *pins; /* the kernel's dict: entry index -> local pins (a strong reference) */
     double grain;
+    /* what delete() needs besides (set by delete_config; 0 until then: delete() declines) */
+    int del_ready;
+    long slot, flag_moving, flag_in_chunk;
+    unsigned long long stats_addr, pins_base, slots_high_addr;
+    Py_ssize_t stats_size, deleted_off, pinrow, head_size;
 } Ctx;
 
 static void ctx_free(PyObject *capsule) {
@@ -573,6 +578,137 @@ static PyObject *release(PyObject *self, PyObject *args) {
     return PyLong_FromLong(deleted ? 2 : 1);
 }
 
+/* delete_config(ctx, slot, stats_addr, stats_size, deleted_off, pins_base, pinrow, slots_high_addr,
+ *               flag_moving, flag_in_chunk, head_size) -> None: what delete() needs to know of this client and
+ * the layout (the stripe records' address and size, the offset of their count of deleted entries, the pin
+ * table's address and row size, the address of the count of client slots ever taken, the entry flag values,
+ * the size of an entry's head record). */
+static PyObject *delete_config(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    long slot, flag_moving, flag_in_chunk;
+    unsigned long long stats_addr, pins_base, slots_high_addr;
+    Py_ssize_t stats_size, deleted_off, pinrow, head_size;
+    if (!PyArg_ParseTuple(args, "OlKnnKnKlln", &cap, &slot, &stats_addr, &stats_size, &deleted_off, &pins_base,
+                          &pinrow, &slots_high_addr, &flag_moving, &flag_in_chunk, &head_size))
+        return NULL;
+    if (head_size <= STATE_OFF || head_size > 256 || head_size > ENTRY_SIZE) {
+        PyErr_Format(PyExc_ValueError, "entry head of %zd bytes", head_size);
+        return NULL;
+    }
+    Ctx *c = PyCapsule_GetPointer(cap, "shmstore.ctx");
+    if (c == NULL)
+        return NULL;
+    c->slot = slot;
+    c->stats_addr = stats_addr;
+    c->stats_size = stats_size;
+    c->deleted_off = deleted_off;
+    c->pins_base = pins_base;
+    c->pinrow = pinrow;
+    c->slots_high_addr = slots_high_addr;
+    c->flag_moving = flag_moving;
+    c->flag_in_chunk = flag_in_chunk;
+    c->head_size = head_size;
+    c->del_ready = 1;
+    Py_RETURN_NONE;
+}
+
+static void add_i64(char *at, int64_t n) {
+    int64_t v;
+    memcpy(&v, at, sizeof v);
+    v += n;
+    memcpy(at, &v, sizeof v);
+}
+
+/* delete(ctx, key) -> the steps of Kernel.delete for the common cases, in the same order, under the key's
+ * stripe lock, in one call:
+ *   (idx, gen): the sealed entry of key was pinned by no process, not moving and cut from a chunk: hidden,
+ *       unlinked, uncounted and reserved again for this client with generation gen (the caller puts
+ *       (idx, gen) back in its ClientCache, as NodeStore.release does);
+ *   1: it was pinned or moving: hidden and unlinked; its last pin (or the mover) frees it;
+ *   0: it lies outside any chunk: nothing done, the caller goes the general way (which frees its space);
+ *   RC_MISSING: no sealed entry; RC_BUSY/RC_OWNER_DEAD as get_entry; None for a key this path does not take.
+ * A process killed in between leaves what the Python steps leave (a deleted entry in its chain, or one out
+ * of every chain), which the stripe's repair mends. */
+static PyObject *delete(PyObject *self, PyObject *args) {
+    PyObject *cap, *key, *early;
+    if (!PyArg_ParseTuple(args, "OU", &cap, &key))
+        return NULL;
+    Ctx *c = PyCapsule_GetPointer(cap, "shmstore.ctx");
+    if (c == NULL)
+        return NULL;
+    if (!c->del_ready)
+        Py_RETURN_NONE;
+    Py_ssize_t idx = -1, eoff = 0;
+    pthread_mutex_t *m = find_locked(cap, key, &c, &idx, &eoff, &early);
+    if (m == NULL)
+        return early;
+    if (idx < 0) {
+        pthread_mutex_unlock(m);
+        return PyLong_FromLong(RC_MISSING);
+    }
+    char *e = c->meta + eoff;
+    int flags = (unsigned char)e[FLAGS_OFF];
+    uint32_t slots_high, h;
+    memcpy(&slots_high, (const char *)(uintptr_t)c->slots_high_addr, sizeof slots_high);
+    const volatile char *pin = (const volatile char *)(uintptr_t)(c->pins_base + (unsigned long long)idx);
+    int pinned = 0;
+    for (uint32_t s = 0; s < slots_high && !pinned; s++)
+        pinned = pin[(Py_ssize_t)s * c->pinrow] != 0;
+    int keep = !pinned && !(flags & c->flag_moving);
+    if (keep && !(flags & c->flag_in_chunk)) {
+        pthread_mutex_unlock(m);
+        return PyLong_FromLong(0);
+    }
+    memcpy(&h, e + HASH_OFF, 4);
+    Py_ssize_t b = (Py_ssize_t)(h & c->bmask);
+    char *st = (char *)(uintptr_t)(c->stats_addr + (unsigned long long)((b & c->smask) * c->stats_size));
+    /* hidden first, then out of its chain (table.mark_deleted, table.unlink) */
+    ((volatile char *)e)[STATE_OFF] = (char)DELETED;
+    add_i64(st + c->deleted_off, 1);
+    int32_t target = (int32_t)(idx + 1), nxt, rec;
+    memcpy(&nxt, e + NEXT_OFF, 4);
+    char *head = c->meta + c->buckets + BUCKET_WIDTH * b;
+    memcpy(&rec, head, 4);
+    if (rec == target) {
+        memcpy(head, &nxt, 4);
+    } else {
+        while (rec) {
+            char *p = c->meta + c->entries + (Py_ssize_t)(rec - 1) * ENTRY_SIZE;
+            int32_t cur;
+            memcpy(&cur, p + NEXT_OFF, 4);
+            if (cur == target) {
+                memcpy(p + NEXT_OFF, &nxt, 4);
+                break;
+            }
+            rec = cur;
+        }
+    }
+    if (!keep) {
+        pthread_mutex_unlock(m);
+        return PyLong_FromLong(1);
+    }
+    /* table.keep_entry: uncounted, then reserved for this client under a new generation: the whole head
+     * written at once, every other field 0 (no extent, offset or chunk flag left naming the chunk) */
+    uint64_t size;
+    uint32_t gen;
+    memcpy(&size, e + SIZE_OFF, 8);
+    memcpy(&gen, e + GEN_OFF, 4);
+    int level = (unsigned char)e[LEVEL_OFF];
+    add_i64(st + STATS_USED_OFF + STATS_USED_WIDTH * level, -(int64_t)size);
+    add_i64(st + STATS_OBJECTS_OFF, -1);
+    add_i64(st + c->deleted_off, -1);
+    gen += 1;
+    char head_rec[256];
+    memset(head_rec, 0, (size_t)c->head_size);
+    PUT(head_rec, HASH_OFF, uint32_t, h);
+    PUT(head_rec, GEN_OFF, uint32_t, gen);
+    PUT(head_rec, WRITER_OFF, int32_t, c->slot);
+    PUT(head_rec, STATE_OFF, uint8_t, RESERVED);
+    memcpy(e, head_rec, (size_t)c->head_size);
+    pthread_mutex_unlock(m);
+    return Py_BuildValue("(nk)", idx, (unsigned long)gen);
+}
+
 /* ---- LockBase: the two steps of a store lock that must run with no Python frame ----------------
  *
  * Python checks for asynchronous exceptions (a signal handler's, PyThreadState_SetAsyncExc) when a
@@ -657,6 +793,8 @@ static PyMethodDef methods[] = {
     {"has", has, METH_VARARGS, "Whether a key has a sealed entry (no pin)."},
     {"read_small", read_small, METH_VARARGS, "A small object in memory, copied under its stripe lock."},
     {"release", release, METH_VARARGS, "Drop one local pin: 0, 1 (last) or 2 (last, entry deleted)."},
+    {"delete_config", delete_config, METH_VARARGS, "What delete() needs of this client and the layout."},
+    {"delete", delete, METH_VARARGS, "Hide, unlink and (unpinned, in a chunk) free a sealed entry in one call."},
     {NULL, NULL, 0, NULL},
 };
 

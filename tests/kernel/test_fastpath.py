@@ -122,3 +122,67 @@ def test_fast_get_refreshes_the_access_time_and_releases_its_pin(store):
     assert L.entry_raw(k._buf, k._lay.entry(idx))[L.E_ATIME] > before + 0.05
     del view
     assert idx not in k._pins
+
+
+def _head_after_python_delete(store, key):
+    """The entry head, stripe record and cache entry that the pure-Python steps of delete leave for ``key``."""
+    from shmstore.kernel import kernel as kmod
+    from shmstore.kernel import layout as L
+    k = store.kernel
+    saved, kmod._fast = kmod._fast, None
+    try:
+        idx = k.lookup(k.begin(key), False).idx
+        stripe = k._table.stripe_of(idx)
+        k.delete(key)
+    finally:
+        kmod._fast = saved
+    return (L.entry_raw(k._buf, k._lay.entry(idx)), bytes(L.stats_table(k._buf, k._lay)[stripe].tobytes()),
+            k._cache.entries[-1])
+
+
+def test_c_delete_leaves_what_the_python_steps_leave(store, name):
+    """The C delete of an unpinned object cut from a chunk: entry head (every field), stripe counters and
+    the entry handed back to this client's cache, byte for byte as the Python steps leave them."""
+    import shmstore
+    from shmstore.kernel import layout as L
+    k = store.kernel
+    if k._fast is None:
+        pytest.skip("the C fast path is not built here (pure-Python kernel)")
+    for key in ("a", "b"):
+        store.put(key, b"x" * 300)
+    # same stripe state before each delete: delete "a" the Python way, put it back, then both ways compared
+    py_head, py_stats, (py_idx, py_gen) = _head_after_python_delete(store, "a")
+    store.put("a", b"x" * 300)
+    idx = k.lookup(k.begin("a"), False).idx
+    stripe = k._table.stripe_of(idx)
+    store.delete("a")
+    c_head = L.entry_raw(k._buf, k._lay.entry(idx))
+    assert k._cache.entries[-1] == (idx, c_head[L.E_GEN])
+    fields = [f.name for f in L.ENTRY_HEAD.fields]
+    for name_, pv, cv in zip(fields, py_head, c_head):
+        if name_ != "gen":
+            assert pv == cv, name_
+    assert c_head[L.E_STATE] == L.RESERVED and c_head[L.E_WRITER] == k.slot and c_head[L.E_EXTENT] == 0
+    assert py_idx == idx and bytes(L.stats_table(k._buf, k._lay)[stripe].tobytes()) == py_stats
+    assert "a" not in store and "b" in store and store.check() == []
+    # pinned by another process's view: hidden and unlinked, freed by the last pin
+    other = shmstore.connect(name)
+    try:
+        view = other.get("b")
+        idx = k.lookup(k.begin("b"), False).idx
+        store.delete("b")
+        assert "b" not in store and "b" not in other
+        assert L.entry_raw(k._buf, k._lay.entry(idx))[L.E_STATE] == L.DELETED
+        assert bytes(view[:3]) == b"xxx"
+        del view
+        other.kernel.check_open()
+        assert L.entry_raw(k._buf, k._lay.entry(idx))[L.E_STATE] != L.DELETED
+    finally:
+        other.close()
+    with pytest.raises(shmstore.errors.ObjectNotFoundError, match="'b' to delete"):
+        store.delete("b")
+    store.delete("b", missing_ok=True)
+    # a large object (its own extent, not in a chunk): the general way frees its space
+    store.put("big", b"y" * (4 << 20))
+    store.delete("big")
+    assert "big" not in store and store.check() == []
