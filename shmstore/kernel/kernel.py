@@ -63,6 +63,7 @@ _DTYPES: dict[bytes, np.dtype] = {}
 _FORKS = [0]
 os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
 _MEMORY = int(Level.MEMORY)
+_RAW = L.KIND_RAW
 NO_DEFAULT: Any = object()  # get's default: raise ObjectNotFoundError on a miss
 _INDEX_TYPES = frozenset((slice, tuple, type(Ellipsis)))  # a default of these may be conditions by position
 _MISS = object()   # _get_fast's answer for a key with no object
@@ -329,7 +330,7 @@ class Kernel:
             raise SpillError(f"cannot read object (entry {idx}) on {level.level}: {exc}") from exc
 
     def _get_fast(self, key: str) -> Any:
-        """``get`` of an array in memory through the C fast path: one C call finds, pins and
+        """``get`` of an array or raw bytes in memory through the C fast path: one C call finds, pins and
         touches the entry (the steps of lookup and _pinned); ``_MISS`` where the key has no
         object; None for anything else, which then goes the general way."""
         r = _fast.get_entry(self._ctx, key)
@@ -340,6 +341,10 @@ class Kernel:
                 self._stripes[self._stripe_of(key)].recover_held()
             return None
         idx, gen, off, level, nbytes, kind, eoff = r
+        if kind == _RAW and level == _MEMORY and nbytes:  # raw bytes: a read-only memoryview, as decode makes
+            lease = np.ndarray.__new__(Lease, (nbytes,), _U8, self._ro, off)
+            lease._release = (self._release, idx, gen)
+            return lease.data
         array = self._arrays.get((idx, gen)) or self._array(idx, eoff, kind, gen)
         if array is None or level != _MEMORY or not nbytes:
             self._release(idx, gen)  # not the hot case: undo the pin, go the general way
