@@ -281,6 +281,14 @@ def service_spin() -> float | None:
     return None if us is None else us * 1e-6
 
 
+def service_idle() -> float | None:
+    """``SHMSTORE_SERVICE_IDLE_US``: seconds between an idle MPI node service's probes (given in microseconds,
+    0..1000000: the longest a request after a pause waits to be noticed), None when unset
+    (``shmstore.mpi.poll.idle_nap`` decides)."""
+    us: float | None = env("SERVICE_IDLE_US", _parse_spin_us)
+    return None if us is None else max(us, 1.0) * 1e-6
+
+
 def _parse_auto_bool(text: str) -> bool | None:
     if text.strip().lower() == "auto":
         return None

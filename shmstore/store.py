@@ -31,6 +31,7 @@ from .kernel import Kernel, NodeStore
 from .kernel import layout as L
 from .kernel.check import check as check_node
 from .kernel.interrupts import guard as guard_signals
+from .kernel.interrupts import interruptible
 from .kernel.kernel import NO_DEFAULT, check_get_args
 from .kernel.node import pid_alive, reap_children, store_prefix
 from .kernel.segment import unlink_segment, unlink_semaphore
@@ -457,6 +458,14 @@ class Store:
                       "log": node.log_path if os.path.lexists(node.log_path) else None},  # problems it logged
         }
 
+    def wait_spill_ready(self, timeout: float = 10.0) -> bool:
+        """Wait until this node's spill process has started (its imports and its recovery of what a previous
+        one left): True; False where none runs or after ``timeout`` seconds. ``connect()`` does not wait (a
+        put needs no spill process until memory is full); a :class:`~shmstore.mpi.Cluster` does, so that the
+        start-up's CPU time (a few hundred ms of one core) is spent in its constructor, not beside the
+        application's first steps."""
+        return _wait_spill_ready(self._node_checked(), timeout)
+
     # ---- lifecycle ------------------------------------------------------
     def close(self) -> None:
         """Detach this process; idempotent. Never destroys data others use.
@@ -630,3 +639,15 @@ def _close_at_exit() -> None:
             store._close_at_exit()
         except (OSError, ShmStoreError):  # as in __del__: the janitor reclaims what this could not
             pass
+
+
+@interruptible
+def _wait_spill_ready(node: NodeStore, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    nap = 0.001
+    while not L.SPILL_STATE.get(node.buf, L.SPILL_OFFSET, "heartbeat"):
+        if not node.spill_alive() or time.monotonic() >= deadline:
+            return False
+        time.sleep(nap)
+        nap = min(nap * 2, 0.02)
+    return True

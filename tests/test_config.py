@@ -189,3 +189,4 @@ def test_connect_warns_for_a_setting_asked_through_the_environment(name, tmp_pat
         monkeypatch.setenv("SHMSTORE_PERSIST", "1")
         with pytest.warns(shmstore.ConfigWarning, match=r"capacity=24\.0 MiB.*persist=True \(the store has False\)"):
             shmstore.connect(name).close()
+

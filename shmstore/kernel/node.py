@@ -46,6 +46,9 @@ __all__ = ["NodeStore", "store_prefix", "proc_start_time", "pid_alive", "reap_ch
 
 NSTRIPES = 64
 _ATTACH_TIMEOUT = 10.0
+# the spill process does no linear algebra: numpy's BLAS need not start a thread per core at its import
+# (which took as much CPU again as the import itself, beside the application's first steps)
+_SPILL_THREADS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def store_prefix(name: str, node: str, uid: int | None = None) -> str:
@@ -343,7 +346,7 @@ class NodeStore:
                 [sys.executable, "-m", "shmstore.spill", "--name", self.cfg.name, "--node", self.cfg.node,
                  "--spill-dir", self.cfg.spill_dir, *(["--log-file", log] if log else [])],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-                start_new_session=True, close_fds=True)
+                start_new_session=True, close_fds=True, env={**os.environ, **_SPILL_THREADS})
             spawned.append(proc)
             L.HEAD.set(self.buf, "spill_pid", proc.pid)
             return proc.pid

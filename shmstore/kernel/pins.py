@@ -49,10 +49,10 @@ class Pins:
             at.meta_addr, at.lay.buckets, at.lay.entries, at.bmask, at.smask, at.sid, tuple(at.stripe_addrs),
             self._addr, self.counts, ATIME_GRAIN)
         if self.ctx is not None and hasattr(self._fast, "delete_config"):  # (an older build has no C delete)
-            lay = at.lay
+            lay, base = at.lay, at.meta_addr
             self._fast.delete_config(
-                self.ctx, at.slot, at.meta_addr + lay.stats, L.STRIPE_STATS.size, L.STRIPE_STATS.offset["deleted"],
-                at.meta_addr + lay.pinmaps, lay.pinrow, at.meta_addr + L.ALLOC_OFFSET + L.ALLOC_STATE.offset["slots_high"],
+                self.ctx, at.slot, base + lay.stats, L.STRIPE_STATS.size, L.STRIPE_STATS.offset["deleted"],
+                base + lay.pinmaps, lay.pinrow, base + L.ALLOC_OFFSET + L.ALLOC_STATE.offset["slots_high"],
                 L.FLAG_MOVING, L.FLAG_IN_CHUNK, L.ENTRY_HEAD.struct.size)
 
     def up(self, idx: int) -> None:

@@ -59,7 +59,7 @@ from .directory import Directory
 from .fetch import Fetcher
 from .links import Links
 from .nodes import identify
-from .poll import spin_window
+from .poll import idle_nap, spin_window
 from .rpc import Messenger, gave_up
 from .service import Service
 from .streams import PublishedWriter, RemoteReader, RemoteWriter
@@ -111,8 +111,10 @@ class Cluster:
         self._fetcher = Fetcher(self._links, self._dirs, self.store)
         self._copies = Copies(self._links, self._dirs, self._fetcher, self.store.kernel)
         if self._links.leader:
-            self._service = Service(self._links, self._dirs, self.store, self._fetcher, spin)
+            self._service = Service(self._links, self._dirs, self.store, self._fetcher, spin,
+                                    idle_nap(ids.host_ranks))
             self._service.start()
+        self.store.wait_spill_ready()  # its start-up (imports, recovery) lands here, not in the first compute
         self._comm.Barrier()
         self._closed = False
         _OPEN.add(self)

@@ -24,9 +24,9 @@ from typing import Callable
 from mpi4py import MPI
 
 from .. import errors
-from ..config import pure_python, service_spin
+from ..config import pure_python, service_idle, service_spin
 
-__all__ = ["prober", "python_prober", "spin_window", "quiet_wait", "quiet_barrier", "settle", "cancel"]
+__all__ = ["prober", "python_prober", "spin_window", "idle_nap", "quiet_wait", "quiet_barrier", "settle", "cancel"]
 
 Probe = Callable[..., bool]
 
@@ -171,3 +171,19 @@ def spin_window(ranks_on_host: int) -> float:
     if chosen is not None:
         return chosen
     return 200e-6 if ranks_on_host <= (os.cpu_count() or 1) else 0.0
+
+
+def idle_nap(ranks_on_host: int) -> float:
+    """Seconds between the probes of a node service that had no request for a while:
+    ``SHMSTORE_SERVICE_IDLE_US`` (microseconds), else 50 us where the host has a core to spare (fewer ranks
+    than cores: a request after a pause is answered within about 100 us, and the probes, a microsecond each,
+    run on the spare core), else 1 ms (every core computes: 1,000 short wake-ups a second take next to
+    nothing from the ranks; a request after a pause then waits up to about 1 ms).
+
+    Raises:
+        ConfigError: a bad ``SHMSTORE_SERVICE_IDLE_US``.
+    """
+    chosen = service_idle()
+    if chosen is not None:
+        return chosen
+    return 50e-6 if ranks_on_host < (os.cpu_count() or 1) else 1e-3

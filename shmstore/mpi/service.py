@@ -6,8 +6,10 @@ released (``poll.py``): probing back to back for a moment after each request
 (where the host has a core to spare; longer where the request asks it to
 linger: a batch's next request comes soon), then after naps from 50 us
 doubling to 200 us while requests came within the last half second, and
-every 1 ms after that (a rank that computes beside a service answering now
-and then loses nothing to 20,000 wake-ups a second). An idle node so costs
+every 1 ms after that where every core of the host has a rank (a rank that
+computes beside a service answering now and then loses nothing to 20,000
+wake-ups a second), every 50 us where a core is spare (``poll.idle_nap``).
+A service starts idle: nothing probes busily before the first request. An idle node so costs
 next to no CPU and never takes the GIL from the application, instead of
 spinning in a blocking receive (MPICH busy-polls, and a spinning thread
 would steal a core from every rank of the node). Bulk sends run in threads
@@ -62,7 +64,8 @@ _SENDER = "shmstore-mpi-send"  # the name of bulk-send threads
 _BUSY_PAUSE = 50e-6   # the first nap after the spin window; naps double up to _ACTIVE_PAUSE
 _ACTIVE_PAUSE = 200e-6  # the longest nap while requests came within _IDLE_AFTER (a batched fetch's ranks land
                         # 64 objects between requests: with naps up to 1 ms its next request waited ~0.8 ms)
-_IDLE_PAUSE = 1e-3    # probe interval of an idle node: the first request after a pause waits <= 1 ms
+_IDLE_PAUSE = 1e-3    # probe interval of an idle node where every core computes (poll.idle_nap: 50 us where
+                      # the host has a core to spare): the first request after a pause waits <= 1 ms
 _IDLE_AFTER = 0.5     # seconds without a request before backing off to _IDLE_PAUSE
 _LINGER_MAX = 0.005   # the longest spin a request may ask for (its linger)
 
@@ -75,12 +78,13 @@ class Service:
     """
 
     def __init__(self, links: Links, dirs: DirectoryClient, store: Store, fetcher: Fetcher,
-                 spin: float = 0.0) -> None:
+                 spin: float = 0.0, idle: float = _IDLE_PAUSE) -> None:
         if dirs.local is None:
             raise errors.InvalidArgumentError("a node service needs the node's share of the directory")
         self.comm = links.comm
         self.links = links
         self.spin = spin
+        self.idle = idle  # seconds between probes once no request came for _IDLE_AFTER (poll.idle_nap)
         self.store = store
         self.kernel = store.kernel
         self.fetcher = fetcher
@@ -136,8 +140,9 @@ class Service:
         self._outbox.own()
         probe = prober(self.comm)
         status = MPI.Status()
-        last = time.monotonic()
+        last = time.monotonic() - _IDLE_AFTER  # idle from the start: no busy window before any request
         spin = self.spin
+        idle_nap = self.idle
         while True:
             idle = time.monotonic() - last
             if self._outbox.out or self._outbox.handed:
@@ -149,9 +154,9 @@ class Service:
                     last = time.monotonic()
                 elif idle < _IDLE_AFTER:
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, _IDLE_AFTER - idle,
-                                  _ACTIVE_PAUSE)
+                                  max(min(_ACTIVE_PAUSE, idle_nap), _BUSY_PAUSE))
                 else:
-                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, 0.0, _IDLE_PAUSE, 1.0)
+                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, 0.0, idle_nap, 1.0)
             except (errors.TransferError, OverflowError, OSError):  # the C prober failed: probe from Python
                 probe = python_prober(self.comm)
                 continue

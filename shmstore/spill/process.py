@@ -98,6 +98,7 @@ class _Spiller:
             rolled = 0
         if rolled:
             log.warning("%s: rolled back %d move(s) a previous spill process left half done", self.label, rolled)
+        self._heartbeat()  # booted: what Store.wait_spill_ready waits for
         beats = 0
         while self.owns_store():
             self.node.wake.wait(POLL)

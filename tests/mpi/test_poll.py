@@ -29,3 +29,24 @@ def test_a_prober_finds_a_waiting_message_and_gives_up_after_its_limit(monkeypat
 def test_the_kernel_extension_knows_no_mpi():
     fast = pytest.importorskip("shmstore.kernel._fast")
     assert not hasattr(fast, "probe_wait")
+
+
+def test_service_idle_nap_is_short_only_where_a_core_is_spare(monkeypatch):
+    """An idle node service probes every 50 us where the host has a core to spare (a request after a pause is
+    answered within ~100 us), every 1 ms where ranks fill the cores; SHMSTORE_SERVICE_IDLE_US decides where set."""
+    import os
+
+    from shmstore import config
+    from shmstore.errors import ConfigError
+    from shmstore.mpi.poll import idle_nap
+    monkeypatch.delenv("SHMSTORE_SERVICE_IDLE_US", raising=False)
+    cores = os.cpu_count() or 1
+    assert idle_nap(cores) == pytest.approx(1e-3) and idle_nap(cores + 3) == pytest.approx(1e-3)
+    if cores > 1:
+        assert idle_nap(cores - 1) == pytest.approx(50e-6)
+    monkeypatch.setenv("SHMSTORE_SERVICE_IDLE_US", "200")
+    assert config.service_idle() == pytest.approx(200e-6) and idle_nap(cores + 3) == pytest.approx(200e-6)
+    for bad in ("-5", "1e7", "soon"):
+        monkeypatch.setenv("SHMSTORE_SERVICE_IDLE_US", bad)
+        with pytest.raises(ConfigError, match="SHMSTORE_SERVICE_IDLE_US"):
+            idle_nap(1)

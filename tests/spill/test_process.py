@@ -244,3 +244,25 @@ def test_a_store_that_is_gone_is_no_error(name, tmp_path):
     r = spill_main("--name", name, "--node", "n1", "--spill-dir", str(tmp_path))
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert not [s for s in shm_segments() if f"-{name}-" in s] and os.listdir(tmp_path) == []
+
+
+def test_wait_spill_ready_returns_once_it_has_started_and_false_when_it_is_dead(name):
+    """Store.wait_spill_ready (what a Cluster's constructor waits for): True once the spill process went through
+    its start-up (its first heartbeat is written before its first nap), False at once where it is dead."""
+    import os
+    import signal
+    import time
+
+    import shmstore
+    with shmstore.connect(name, capacity=CAPACITY, prefault=0) as store:
+        t = time.monotonic()
+        assert store.wait_spill_ready(30)
+        assert store.status()["spill"]["heartbeat"] > 0 and time.monotonic() - t < 30
+        pid = store.status()["spill"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while spill_running(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        L.SPILL_STATE.set(store.node_store.buf, L.SPILL_OFFSET, "heartbeat", 0.0)
+        t = time.monotonic()
+        assert store.wait_spill_ready(5) is False and time.monotonic() - t < 1

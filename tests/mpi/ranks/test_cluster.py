@@ -540,7 +540,14 @@ def test_racing_overwrites_deletes_fetches_and_migrations_keep_the_last_write(cl
                 final[k] = None
             else:
                 version += 1
-                cluster.put(k, np.full(16, version, np.int64), overwrite=True)
+                for _ in range(1000):  # a migration of k into this node is writing it: retry, as put says
+                    try:
+                        cluster.put(k, np.full(16, version, np.int64), overwrite=True)
+                        break
+                    except shmstore.ObjectLockedError:
+                        time.sleep(0.001)
+                else:
+                    raise AssertionError(f"{k} stayed locked by a transfer for 1000 tries")
                 final[k] = version
     done = comm.Ibarrier()
     reads = 0
