@@ -9,7 +9,12 @@ then gets it: ranks on rank 0's node read it in place, every other node
 receives exactly one copy however many of its ranks ask, and all ranks read
 zero-copy views. Each rank reduces its shard of the layers and the results
 are checked; finally the model is migrated to the last node. Rank 0 prints
-what moved and how fast.
+what moved and how fast, beside raw MPI ``Send``/``Recv`` of the same bytes
+between the same nodes measured in the same run: the first fetch against raw
+MPI into a fresh buffer (both fault their pages in), and a second fetch of
+the model put again (the receiving node's memory now warm) against raw MPI
+into a warm buffer; and how long after the transfer's end the ranks that
+joined it returned.
 """
 from __future__ import annotations
 
@@ -43,8 +48,7 @@ def main() -> None:
             say(f"put the model on node {cluster.node!r}: {args.layers} arrays, {format_size(info.size)} "
                 f"in {1e3 * (time.perf_counter() - t):.1f} ms")
             expect = {n: float(a.sum(dtype=np.float64)) for n, a in model.items()}
-            del model
-        comm.Barrier()
+        raw = raw_mpi(cluster, model if rank == 0 else None, info.size if rank == 0 else 0)
         before = cluster.stats()
         comm.Barrier()
         t = time.perf_counter()
@@ -56,7 +60,8 @@ def main() -> None:
         t = time.perf_counter()
         partial = {n: float(model[n].sum(dtype=np.float64)) for n in names}
         comp_s = time.perf_counter() - t
-        del model
+        if rank != 0:
+            del model
         rows = comm.gather((cluster.node, got_s, comp_s, after["bytes_received"] - before["bytes_received"],
                             after["transfers"] - before["transfers"], after["migrations_deduplicated"]
                             - before["migrations_deduplicated"], partial), root=0)
@@ -71,11 +76,36 @@ def main() -> None:
             for row in rows:
                 seen.setdefault(row[0], row)
             for node, row in seen.items():
-                rate = row[3] / max(r[1] for r in rows if r[0] == node) / 1e9 if row[3] else 0.0
+                times = sorted(r[1] for r in rows if r[0] == node)
+                rate = row[3] / times[-1] / 1e9 if row[3] else 0.0
                 say(f"node {node!r}: received {format_size(row[3])} in {row[4]} transfer(s)"
                     + (f" at {rate:.2f} GB/s" if row[3] else " (it had the model)")
-                    + f", {row[5]} request(s) joined a transfer in flight")
+                    + f", {row[5]} request(s) joined a transfer in flight"
+                    + (f" (returned within {1e3 * (times[-1] - times[0]):.1f} ms of the first rank)"
+                       if row[3] and len(times) > 1 else ""))
+                if row[3] and raw:
+                    say(f"  raw MPI Send/Recv of the same bytes between the same nodes, this run: "
+                        f"{raw[0]:.2f} GB/s into a fresh buffer: the first fetch ran at {rate / raw[0]:.2f}x")
             say(f"partial sums of all {len(merged)} layers checked: {'ok' if ok else 'WRONG'}")
+        comm.Barrier()
+        if raw:  # again, the receiving node's memory warm now: the model put anew, fetched again
+            if rank == 0:
+                cluster.delete("model")
+                cluster.put("model", model)
+                del model
+            comm.Barrier()
+            t = time.perf_counter()
+            model = cluster.get("model")
+            got_s = time.perf_counter() - t
+            del model
+            rows = comm.gather((cluster.node, got_s), root=0)
+            if rank == 0:
+                last = max(r[1] for r in rows if r[0] == cluster.nodes[-1])
+                rate = info.size / last / 1e9
+                say(f"second fetch into node {cluster.nodes[-1]!r} (its memory warm): {rate:.2f} GB/s; raw MPI into a "
+                    f"warm buffer, this run: {raw[1]:.2f} GB/s: {rate / raw[1]:.2f}x")
+        elif rank == 0:
+            del model
         comm.Barrier()
         if rank == 0 and len(cluster.nodes) > 1:
             dest = cluster.nodes[-1]
@@ -88,6 +118,30 @@ def main() -> None:
             cluster.delete("model")
         comm.Barrier()
     say("done; every store is removed when its last rank leaves")
+
+
+def raw_mpi(cluster: Cluster, model: dict[str, np.ndarray] | None, nbytes: int) -> tuple[float, float] | None:
+    """(GB/s into a fresh buffer, GB/s into a warm one, median of 3) of raw MPI Send/Recv of the model's bytes
+    from rank 0 to the first rank of the last node, on every rank; None on one node."""
+    comm = cluster.comm
+    if len(cluster.nodes) < 2:
+        return None
+    nbytes = comm.bcast(nbytes)
+    peer = cluster.leaders[-1]
+    flat = np.concatenate([a.reshape(-1).view(np.uint8) for a in model.values()]) if model is not None else None
+    buf = np.empty(nbytes, np.uint8) if comm.rank == peer else None  # fresh pages: faulted in by the receive
+    rates = []
+    for _ in range(4):
+        comm.Barrier()
+        t = time.perf_counter()
+        if comm.rank == 0:
+            comm.Send(flat, dest=peer)
+        elif comm.rank == peer:
+            comm.Recv(buf, source=0)
+        rates.append(nbytes / (time.perf_counter() - t) / 1e9)
+    got = comm.bcast((rates[0], sorted(rates[1:])[1]) if comm.rank == peer else None, root=peer)
+    comm.Barrier()
+    return got
 
 
 if __name__ == "__main__":

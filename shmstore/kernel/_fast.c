@@ -22,7 +22,7 @@
 static Py_ssize_t ENTRY_SIZE, HASH_OFF, NEXT_OFF, KEYLEN_OFF, SESSION_OFF, STATE_OFF, KEY_OFF, ARRAY_OFF;
 static Py_ssize_t STATS_OBJECTS_OFF, OFFSET_OFF, NBYTES_OFF, ATIME_OFF, GEN_OFF, KIND_OFF, LEVEL_OFF, MAX_KEY;
 static Py_ssize_t WRITER_OFF, SIZE_OFF, CTIME_OFF, EXTENT_OFF, NBLOBS_OFF, FLAGS_OFF, ARRAY_SIZE;
-static Py_ssize_t BUCKET_WIDTH, STATS_USED_OFF, STATS_USED_WIDTH, STATS_OBJECTS_WIDTH;
+static Py_ssize_t BUCKET_WIDTH, STATS_USED_OFF, STATS_USED_WIDTH, STATS_OBJECTS_WIDTH, STRIPE_SHIFT;
 static long SEALED, WRITING, DELETED, RESERVED;
 
 /* The width this file reads and writes each field with (the C type of its PUT/memcpy): configure() refuses
@@ -64,7 +64,8 @@ static PyObject *configure(PyObject *self, PyObject *args) {
         {"max_key", &MAX_KEY}, {"writer_off", &WRITER_OFF}, {"size_off", &SIZE_OFF}, {"ctime_off", &CTIME_OFF},
         {"extent_off", &EXTENT_OFF}, {"nblobs_off", &NBLOBS_OFF}, {"flags_off", &FLAGS_OFF},
         {"array_size", &ARRAY_SIZE}, {"bucket_width", &BUCKET_WIDTH}, {"stats_used_off", &STATS_USED_OFF},
-        {"stats_used_width", &STATS_USED_WIDTH}, {"stats_objects_width", &STATS_OBJECTS_WIDTH}};
+        {"stats_used_width", &STATS_USED_WIDTH}, {"stats_objects_width", &STATS_OBJECTS_WIDTH},
+        {"stripe_shift", &STRIPE_SHIFT}};
     for (size_t i = 0; i < sizeof WIDTHS / sizeof WIDTHS[0]; i++) {
         Py_ssize_t w = setting(d, WIDTHS[i].name);
         if (w < 0)
@@ -433,7 +434,7 @@ static pthread_mutex_t *find_locked(PyObject *cap, PyObject *key, Ctx **cp, Py_s
     }
     unsigned long h = crc32_seeded((uint32_t)c->sid, (const unsigned char *)kb, klen);
     Py_ssize_t b = (Py_ssize_t)(h & c->bmask);
-    pthread_mutex_t *m = c->stripes[b & c->smask];
+    pthread_mutex_t *m = c->stripes[(b >> STRIPE_SHIFT) & c->smask]; /* (layout.STRIPE_SHIFT) */
     int rc = try_take(m);
     if (rc) {
         *early = PyLong_FromLong(rc);
@@ -661,7 +662,7 @@ static PyObject *delete(PyObject *self, PyObject *args) {
     }
     memcpy(&h, e + HASH_OFF, 4);
     Py_ssize_t b = (Py_ssize_t)(h & c->bmask);
-    char *st = (char *)(uintptr_t)(c->stats_addr + (unsigned long long)((b & c->smask) * c->stats_size));
+    char *st = (char *)(uintptr_t)(c->stats_addr + (unsigned long long)(((b >> STRIPE_SHIFT) & c->smask) * c->stats_size));
     /* hidden first, then out of its chain (table.mark_deleted, table.unlink) */
     ((volatile char *)e)[STATE_OFF] = (char)DELETED;
     add_i64(st + c->deleted_off, 1);

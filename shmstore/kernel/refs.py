@@ -11,6 +11,7 @@ import zlib
 from typing import Any, NamedTuple
 
 from ..errors import ObjectExistsError, ObjectLockedError
+from .layout import STRIPE_SHIFT as _SHIFT
 
 __all__ = ["KeyRef", "key_ref", "Contents", "Reservation", "exists_error", "being_written_error"]
 
@@ -37,7 +38,7 @@ def key_ref(key: str, kb: bytes, sid: int, bmask: int, smask: int) -> KeyRef:
     ``bmask + 1`` buckets and ``smask + 1`` stripes: the one place that hashes a key."""
     h = _crc32(kb, sid)
     b = h & bmask
-    ref: KeyRef = _new(KeyRef, (key, kb, h, b, b & smask))
+    ref: KeyRef = _new(KeyRef, (key, kb, h, b, (b >> _SHIFT) & smask))
     return ref
 
 

@@ -89,12 +89,18 @@ class Table:
 
     def stripe_of(self, idx: int) -> int:
         h: int = L.ENTRY_HEAD.get(self.buf, self.layout.entry(idx), "hash")
-        return h & self._bucket_mask & self._stripe_mask
+        return ((h & self._bucket_mask) >> L.STRIPE_SHIFT) & self._stripe_mask
 
     def stripe_mask(self, stripe: int, t: np.ndarray) -> np.ndarray:
         """Boolean mask of the entries of ``t`` (an entry table view) whose key hashes to ``stripe``."""
-        mask: np.ndarray = (t["hash"] & self._bucket_mask & self._stripe_mask) == stripe
+        mask: np.ndarray = (((t["hash"] & self._bucket_mask) >> L.STRIPE_SHIFT) & self._stripe_mask) == stripe
         return mask
+
+    def buckets_of(self, stripe: int) -> list[int]:
+        """The buckets of ``stripe``: runs of ``1 << STRIPE_SHIFT`` (one cache line of heads each)."""
+        run, lay = 1 << L.STRIPE_SHIFT, self.layout
+        return [b for first in range(stripe * run, lay.nbuckets, lay.nstripes * run)
+                for b in range(first, min(first + run, lay.nbuckets))]
 
     def repair_stats(self, stripe: int) -> None:
         """Recompute one stripe's usage from its entries (stripe lock held)."""
@@ -115,7 +121,7 @@ class Table:
         buf, lay = self.buf, self.layout
         linked: list[int] = []
         seen: set[int] = set()
-        for b in range(stripe, lay.nbuckets, lay.nstripes):
+        for b in self.buckets_of(stripe):
             prev_off, rec = lay.bucket(b), L.BUCKET.get(buf, lay.bucket(b), "head")
             while rec:
                 idx = rec - 1

@@ -106,3 +106,27 @@ def test_pin_counts_per_entry_and_client():
     assert table.pin_count(7) == 1
     table.clear_pins(0)
     assert table.pin_counts(10).sum() == 1
+
+
+def test_each_cache_line_of_bucket_heads_belongs_to_one_stripe():
+    """A put or delete writes its bucket's head: the heads sharing a 64-byte line all belong to the key's
+    stripe, so processes working on different stripes never write the same line (issue 22 item 4). Every
+    bucket belongs to exactly one stripe; the stripe of a key, of its entry and of its bucket agree."""
+    import zlib
+    buf, lay, table = make(max_objects=4096, nstripes=16)
+    owner: dict[int, int] = {}
+    for s in range(lay.nstripes):
+        for b in table.buckets_of(s):
+            assert b not in owner
+            owner[b] = s
+    assert sorted(owner) == list(range(lay.nbuckets))
+    for line in range(0, lay.nbuckets * L.BUCKET.size, 64):
+        heads = {owner[line // L.BUCKET.size + i] for i in range(64 // L.BUCKET.size)}
+        assert len(heads) == 1, f"the line at bucket byte {line} holds heads of stripes {heads}"
+    assert lay.bucket(0) % 64 == 0
+    for i in range(200):
+        key = f"key{i}".encode()
+        h, b, s = table.locate(3, key)
+        assert h == zlib.crc32(key, 3) and owner[b] == s
+    put(buf, lay, table, 5, b"key7")
+    assert table.stripe_of(5) == table.locate(0, b"key7")[2]

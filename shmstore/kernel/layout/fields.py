@@ -24,14 +24,15 @@ __all__ = ["MAGIC", "LAYOUT_VERSION", "HEADER_SIZE", "MAX_SESSIONS", "MAX_KEY", 
            "SPILL_STATE", "SPILL_DIR_OFFSET", "SPILL_DIR_SIZE", "TRANSFER_STATS_OFFSET", "TRANSFER_STATS", "GPU_ARENA",
            "GPU_NONE", "GPU_ASKED", "GPU_READY", "GPU_FAILED", "GPU_LOST", "SESSION", "CLIENT", "REQUEST_OFFSET",
            "REQUEST", "STRIPE_STATS", "Entry", "ENTRY_HEAD", "ENTRY_ARRAY", "ENTRY_ARRAY_OFFSET", "ENTRY_KEY_OFFSET",
-           "ENTRY_SIZE", "BUCKET", "EXTENT", "MIGRATION_SIZE", "MIGRATION", "OBJECT_HEADER", "BLOB", "RECORDS",
+           "ENTRY_SIZE", "BUCKET", "STRIPE_SHIFT", "EXTENT", "MIGRATION_SIZE", "MIGRATION", "OBJECT_HEADER", "BLOB",
+           "RECORDS",
            "ENTRY_DTYPE", "CLIENT_DTYPE", "E_OFFSET", "E_SIZE", "E_NBYTES", "E_ATIME", "E_CTIME", "E_HASH", "E_NEXT",
            "E_GEN", "E_TARGET_EXTENT", "E_WRITER", "E_EXTENT", "E_NBLOBS", "E_KEYLEN", "E_SESSION", "E_STATE",
            "E_KIND", "E_LEVEL", "E_FLAGS", "E_TARGET", "entry_raw", "extent_raw", "HEAD", "ALLOC", "SPILL",
            "USED_WIDTH", "Header", "SpillState", "Request", "Migration", "fast_path_layout"]
 
 MAGIC = b"SHMSTOR\0"
-LAYOUT_VERSION = 7
+LAYOUT_VERSION = 8  # 8: a stripe owns whole cache lines of bucket heads (STRIPE_SHIFT)
 HEADER_SIZE = 4096
 MAX_SESSIONS = 256
 MAX_KEY = 255
@@ -240,6 +241,10 @@ ENTRY_SIZE = align(ENTRY_KEY_OFFSET + MAX_KEY)
 BUCKET = Record("BUCKET", 4, """
     0    head  i32  first entry of the bucket's hash chain (1-based, 0 none)
 """)
+# Bucket b belongs to stripe (b >> STRIPE_SHIFT) & (nstripes - 1): the 16 heads of one 64-byte cache line all
+# belong to one stripe, so a put or delete writes no line that a process working on another stripe writes
+# (with b & (nstripes - 1), every line held heads of 16 stripes).
+STRIPE_SHIFT = (64 // BUCKET.size).bit_length() - 1
 EXTENT = Record("EXTENT", 40, """
     0    offset     u64  arena offset
     8    size       u64  bytes
@@ -305,6 +310,7 @@ def fast_path_layout() -> dict[str, int]:
     fields = {f.name: f for f in ENTRY_HEAD.fields}
     return {"entry_size": ENTRY_SIZE, "array_off": ENTRY_ARRAY_OFFSET, "array_size": ENTRY_ARRAY.size,
             "key_off": ENTRY_KEY_OFFSET, "max_key": MAX_KEY, "bucket_width": BUCKET.size,
+            "stripe_shift": STRIPE_SHIFT,
             "stats_used_off": STRIPE_STATS.offset["used"], "stats_used_width": USED_WIDTH,
             "stats_objects_off": STRIPE_STATS.offset["objects"],
             "stats_objects_width": STRIPE_STATS.field("objects").size,
