@@ -159,7 +159,6 @@ from shmstore.mpi.cuda import cuda_aware
 print("MPI CUDA-aware:", cuda_aware())
 EOF
 
-PYTEST=(python -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rs)
 MPI2=(mpiexec -launcher fork -hosts n0:1,n1:1 -n 2)
 
 names=() outcomes=() seconds=() results=()
@@ -248,16 +247,19 @@ fi
 if (( INSTALL )) && (( ! PLAN )) && [ -f "$VENV/bin/activate" ]; then
     . "$VENV/bin/activate"
 fi
-step env 45 python -c "$ENV_PY"
+P=python  # the venv's; where there is none and no python either (a bare image has python3 only), $PY
+(( PLAN )) || command -v python >/dev/null 2>&1 || P=$PY
+PYTEST=("$P" -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rs)
+step env 45 "$P" -c "$ENV_PY"
 step device-tests 100 "${PYTEST[@]}" tests/levels/test_gpu.py
 step conformance 120 "${PYTEST[@]}" tests/levels/test_conformance.py -k gpu
-step mpi-full-levels 120 "${MPI2[@]}" python -m mpi4py -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rs \
+step mpi-full-levels 120 "${MPI2[@]}" "$P" -m mpi4py -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rs \
     tests/mpi/ranks/test_full_levels.py
-step bench-gpu 75 python scripts/bench_gpu.py --mib 256
-step bench-gpu-mpi 90 "${MPI2[@]}" python -m mpi4py scripts/bench_gpu.py --mpi --mib 256
-step sweep 120 python scripts/bench_local.py --repeats 3 --small 4000 --big-mib 64 --sd-mib 16 --sweep 1,2,4,8,16 \
+step bench-gpu 75 "$P" scripts/bench_gpu.py --mib 256
+step bench-gpu-mpi 90 "${MPI2[@]}" "$P" -m mpi4py scripts/bench_gpu.py --mpi --mib 256
+step sweep 120 "$P" scripts/bench_local.py --repeats 3 --small 4000 --big-mib 64 --sd-mib 16 --sweep 1,2,4,8,16 \
     --json "$LOGS/bench_local.json"
-step cuda-aware 30 python -c "$AWARE_PY"
+step cuda-aware 30 "$P" -c "$AWARE_PY"
 (( PLAN )) && exit 0
 
 # ---- the summary ------------------------------------------------------------------------------------------
@@ -266,7 +268,7 @@ for o in "${outcomes[@]}"; do [ "$o" = PASS ] && passed=$(( passed + 1 )); done
 ok=$(( passed == ${#outcomes[@]} ))
 {
     echo "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
-         "host $(hostname) mode $MODE ($WHY); $(( $(date +%s) - START )) s of a ${BUDGET} s budget"
+         "host $(uname -n) mode $MODE ($WHY); $(( $(date +%s) - START )) s of a ${BUDGET} s budget"
     for n in "${notes[@]}"; do echo "note: $n"; done
     grep -hE '^env: ' "$LOGS/env.log" 2>/dev/null
     printf '%-16s %-14s %6s  %s\n' step outcome secs result
