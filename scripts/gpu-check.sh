@@ -5,7 +5,11 @@
 #   scripts/gpu-check.sh                  # offline where .whl/ holds wheels, else online
 #   scripts/gpu-check.sh --offline        # or --online: the install mode, whatever .whl/ holds
 #   scripts/gpu-check.sh --plan           # print the mode and every command it would run; run nothing
-#   scripts/gpu-check.sh --no-install --only conformance,mpi-full-levels   # again, some steps, python as on PATH
+#   scripts/gpu-check.sh --only conformance,mpi-full-levels   # again, some steps, in the venv made before
+#   scripts/gpu-check.sh --no-install --only env               # with the python on PATH, no venv
+#
+# From a networked machine: scripts/gpu-wheels.sh once (fills the git-ignored .whl/, 13 MB), then send the
+# checkout with .whl/ to the GPU machine (a device command there carries .whl/ as an ignored path) and run this.
 #
 # Install, offline (the GPU test machine: no package index; its image has CuPy cupy-cuda13x, numpy, mpi4py,
 # pytest, pytest-timeout, setuptools, wheel, cloudpickle): a venv .venv-gpu with --system-site-packages (the
@@ -17,8 +21,8 @@
 # version, unless a CuPy is importable already; mpich; pytest and pytest-timeout.
 #
 # Steps, each with its own timeout and log, each outcome printed even when one before it failed:
-#   env              the device, CuPy, mpi4py and its MPI library, the C helpers, /dev/shm
 #   install          as above
+#   env              the device, CuPy, mpi4py and its MPI library, the C helpers, /dev/shm
 #   device-tests     tests/levels/test_gpu.py (the gpu marker included)
 #   conformance      the level conformance suite on Level.GPU (tests/levels/test_conformance.py -k gpu)
 #   mpi-full-levels  two emulated nodes fetching from each other while both GPU levels are full
@@ -56,7 +60,7 @@ BUDGET=${GPU_CHECK_BUDGET:-400}
 OUTDIR=${OUT:-$ROOT/gpu-check-out}
 LOGS=$OUTDIR/gpu-check-logs
 SUMMARY=$OUTDIR/gpu-check-summary.txt
-STEPS="env install device-tests conformance mpi-full-levels bench-gpu bench-gpu-mpi sweep cuda-aware"
+STEPS="install env device-tests conformance mpi-full-levels bench-gpu bench-gpu-mpi sweep cuda-aware"
 for s in ${ONLY//,/ }; do
     [[ " $STEPS " == *" $s "* ]] || { echo "gpu-check: no step $s (steps: $STEPS)" >&2; exit 2; }
 done
