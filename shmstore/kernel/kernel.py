@@ -358,7 +358,12 @@ class Kernel:
 
         Its bytes as a :class:`Lease`, or with ``array = (dtype, shape,
         order)`` the stored array as a :class:`SharedArray`. A DISK object is
-        mapped from its file: a slice reads only the pages it touches.
+        mapped from its file: a slice reads only the pages it touches; a device
+        object (an open reader of one) is copied to the host. If the view
+        cannot be made, the pin is given back, whatever the error.
+
+        Raises:
+            SpillError: the object's file cannot be mapped, or is shorter than the object.
         """
         n, gen = e.nbytes, e.gen
         view: Lease | SharedArray
@@ -385,15 +390,21 @@ class Kernel:
         try:
             buf, off = self.node.levels[level].view(idx, e.gen, e.offset, n)
         except OSError as exc:
-            raise SpillError(f"cannot read object (entry {idx}) on {level}: {exc}") from exc
+            raise SpillError(f"cannot read {self._key_of(idx, e)!r} ({format_size(n)}, entry {idx}) on {level}: "
+                             f"{exc}") from exc
         except ValueError as exc:  # a file's mapping: "mmap length is greater than file size"
             if device is not None:
                 raise
-            raise SpillError(f"cannot read object (entry {idx}) on {level}: its {format_size(n)} are not all "
-                             f"there ({exc}): its file was truncated or replaced") from exc
+            raise SpillError(f"cannot read {self._key_of(idx, e)!r} ({format_size(n)}, entry {idx}) on {level}: "
+                             f"its file is shorter ({exc}): it was truncated or replaced, the object is lost "
+                             f"(delete it)") from exc
         if device is not None:  # an open reader of a device object: it reads a host copy
             return device.host_bytes(buf[off: off + n]), 0
         return buf, off
+
+    def _key_of(self, idx: int, e: L.Entry) -> str:
+        """The key of pinned entry ``idx`` (for messages)."""
+        return L.entry_key(self._buf, self._lay.entry(idx), e.keylen).decode(errors="replace")
 
     def read_small(self, key: str, max_bytes: int) -> tuple[int, int, int, bytes | None, bytes] | None:
         """(kind, nbytes, nblobs, ENTRY_ARRAY bytes of an array else None, the stored bytes) of a MEMORY
