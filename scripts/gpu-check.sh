@@ -1,38 +1,286 @@
 #!/usr/bin/env bash
-# The GPU checks, in one go, on a machine with a CUDA device (about 5 minutes; at most 8):
+# The GPU checks, in one go, on a machine with a CUDA device (about 3 minutes; at most GPU_CHECK_BUDGET = 400 s
+# of steps, each with its own timeout):
 #
-#   scripts/gpu-check.sh
+#   scripts/gpu-check.sh                  # offline where .whl/ holds wheels, else online
+#   scripts/gpu-check.sh --offline        # or --online: the install mode, whatever .whl/ holds
+#   scripts/gpu-check.sh --plan           # print the mode and every command it would run; run nothing
+#   scripts/gpu-check.sh --only conformance,mpi-full-levels   # again, some steps, in the venv made before
+#   scripts/gpu-check.sh --no-install --only env               # with the python on PATH, no venv
 #
-# Installs nothing beyond `pip install -e '.[gpu,test]'` (CuPy's CUDA 12 wheel), then: the device
-# tests (tests marked gpu, and the level conformance suite on Level.GPU), the MPI device test (two
-# emulated nodes fetching from each other while both GPU levels are full: tests/mpi/ranks/test_full_levels.py),
-# the single-process device benchmark (put against a raw CuPy copy, get, get from a second process
-# through CUDA IPC), and the device-to-device fetch between two ranks of two emulated nodes against raw
-# mpi4py Send/Recv.
-# Prints a summary at the end; exit status 1 if a test failed.
-set -uo pipefail
+# From a networked machine: scripts/gpu-wheels.sh once (fills the git-ignored .whl/, 13 MB), then send the
+# checkout with .whl/ to the GPU machine (a device command there carries .whl/ as an ignored path) and run this.
+#
+# Install, offline (the GPU test machine: no package index; its image has CuPy cupy-cuda13x, numpy, mpi4py,
+# pytest, pytest-timeout, setuptools, wheel, cloudpickle): a venv .venv-gpu with --system-site-packages (the
+# image's CuPy as it is: a second CuPy beside it conflicts, so no GPU extra and no CuPy wheel ever), the wheels
+# of .whl/ (posix_ipc, mpich: scripts/gpu-wheels.sh downloads them on a networked machine) with --no-index
+# --no-deps, then the project with --no-index --no-deps --no-build-isolation -e . (the C helpers are optional:
+# without a compiler shmstore runs on its pure-Python kernel), no extras.
+# Online (a networked machine): the same venv; CuPy from the gpu12/gpu13 extra that matches the driver's CUDA
+# version, unless a CuPy is importable already; mpich; pytest and pytest-timeout.
+#
+# Steps, each with its own timeout and log, each outcome printed even when one before it failed:
+#   install          as above
+#   env              the device, CuPy, mpi4py and its MPI library, the C helpers, /dev/shm
+#   device-tests     tests/levels/test_gpu.py (the gpu marker included)
+#   conformance      the level conformance suite on Level.GPU (tests/levels/test_conformance.py -k gpu)
+#   mpi-full-levels  two emulated nodes fetching from each other while both GPU levels are full
+#                    (tests/mpi/ranks/test_full_levels.py; a deadlock ends in TransferError after 30 s)
+#   bench-gpu        device put against a raw CuPy copy, get, get from a second process through CUDA IPC
+#   bench-gpu-mpi    a device fetch between two ranks of two emulated nodes against raw mpi4py Send/Recv
+#   sweep            small-op rates of 1, 2, 4, 8 and 16 processes at once (scripts/bench_local.py --sweep)
+#   cuda-aware       whether MPI takes device buffers (else transfers are staged through host memory)
+#
+# Writes one summary file, $OUT/gpu-check-summary.txt where OUT is set, else gpu-check-out/gpu-check-summary.txt,
+# with every step's log beside it in gpu-check-logs/. Exit status 0 only if every step passed on a device.
+set -uo pipefail  # never -e: a failed step must not stop the ones after it
 cd "$(dirname "$0")/.."
-START=$(date +%s)
-if [ ! -x .venv-gpu/bin/python ]; then python3 -m venv .venv-gpu; fi
-. .venv-gpu/bin/activate
-pip install -q -e '.[gpu,test]' || { echo "gpu-check: install failed"; exit 1; }
-nvidia-smi -L 2>/dev/null || echo "gpu-check: no nvidia-smi"
-python -c "import cupy; print('cupy', cupy.__version__, 'devices', cupy.cuda.runtime.getDeviceCount())"
+ROOT=$PWD
+
+MODE="" PLAN=0 INSTALL=1 ONLY=""
+while (( $# )); do
+    case $1 in
+        --offline) MODE=offline;;
+        --online) MODE=online;;
+        --plan|--dry-run) PLAN=1;;
+        --no-install) INSTALL=0;;
+        --only) ONLY=${2:-}; shift;;
+        --only=*) ONLY=${1#--only=};;
+        -h|--help) sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
+        *) echo "gpu-check: unknown option $1 (see --help)" >&2; exit 2;;
+    esac
+    shift
+done
+
+WHEELS=${GPU_CHECK_WHEELS:-.whl}
+VENV=${GPU_CHECK_VENV:-.venv-gpu}
+PY=${GPU_CHECK_PYTHON:-python3}
+BUDGET=${GPU_CHECK_BUDGET:-400}
+OUTDIR=${OUT:-$ROOT/gpu-check-out}
+LOGS=$OUTDIR/gpu-check-logs
+SUMMARY=$OUTDIR/gpu-check-summary.txt
+STEPS="install env device-tests conformance mpi-full-levels bench-gpu bench-gpu-mpi sweep cuda-aware"
+for s in ${ONLY//,/ }; do
+    [[ " $STEPS " == *" $s "* ]] || { echo "gpu-check: no step $s (steps: $STEPS)" >&2; exit 2; }
+done
+
+# ---- the install mode and its commands -------------------------------------------------------------------
+wheel_files=()
+if [ -d "$WHEELS" ]; then
+    for w in "$WHEELS"/*.whl; do [ -e "$w" ] && wheel_files+=("$w"); done
+fi
+if [ -z "$MODE" ]; then
+    if (( ${#wheel_files[@]} )); then MODE=offline; WHY="$WHEELS/ holds ${#wheel_files[@]} wheel(s)"
+    else MODE=online; WHY="no wheels in $WHEELS/"; fi
+else
+    WHY="--$MODE"
+fi
+
+install_wheels=() notes=()
+for w in "${wheel_files[@]}"; do
+    case $(basename "$w" | tr 'A-Z' 'a-z') in
+        cupy*) notes+=("left out $(basename "$w"): the image's own CuPy is used, a second one conflicts");;
+        *) install_wheels+=("$w");;
+    esac
+done
+if [ "$MODE" = offline ]; then
+    for need in posix_ipc mpich; do
+        found=0
+        for w in "${install_wheels[@]}"; do [[ $(basename "$w") == "$need"-* ]] && found=1; done
+        (( found )) || notes+=("no $need wheel in $WHEELS/: run scripts/gpu-wheels.sh on a networked machine and carry $WHEELS/")
+    done
+fi
+
+cuda_major() {  # the driver's CUDA major version (nvidia-smi's "CUDA Version: 13.0"), 12 where none is said
+    local v
+    v=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9]*\).*/\1/p' | head -n 1)
+    if [ -n "$v" ] && (( v >= 13 )); then echo 13; else echo 12; fi
+}
+
+install_commands() {  # the install, one command a line (run by bash in the install step, printed by --plan)
+    local venv_opts="--system-site-packages"
+    if [ "$MODE" = offline ] && "$PY" -m pip --version >/dev/null 2>&1; then
+        venv_opts="$venv_opts --without-pip"  # the image's pip runs in the venv: no ensurepip, no index
+    fi
+    echo "grep -qs 'include-system-site-packages = true' $VENV/pyvenv.cfg || $PY -m venv --clear $venv_opts $VENV"
+    echo ". $VENV/bin/activate"
+    if [ "$MODE" = offline ]; then
+        (( ${#install_wheels[@]} )) && echo "python -m pip install --no-index --no-deps ${install_wheels[*]}"
+        echo "python -m pip install --no-index --no-deps --no-build-isolation -e ."
+    else
+        local extras=mpich
+        "$PY" -c "import cupy" >/dev/null 2>&1 || extras="gpu$(cuda_major),mpich"
+        echo "python -m pip install -e '.[$extras]' 'pytest>=7' 'pytest-timeout>=2'"
+    fi
+}
+
+# ---- the steps ------------------------------------------------------------------------------------------
+read -r -d '' ENV_PY <<'EOF'
+import importlib, os, platform, shutil, sys
+bad = False
+print("env: python", sys.version.split()[0], sys.executable, "glibc", platform.libc_ver()[1], "cpus", os.cpu_count())
+try:
+    import shmstore
+    print("env: shmstore", shmstore.__version__, "from", os.path.dirname(shmstore.__file__))
+    for m in ("shmstore.kernel._fast", "shmstore.kernel._copy", "shmstore.mpi._probe"):
+        try:
+            importlib.import_module(m)
+            print("env: C helper", m, "built")
+        except ImportError as exc:
+            print("env: C helper", m, "missing (pure Python instead):", exc)
+    from shmstore.levels.device import cupy_or_reason
+    cp, why = cupy_or_reason()
+    if cp is None:
+        print("env: no GPU level:", why)
+    else:
+        rt = cp.cuda.runtime
+        print("env: cupy", cp.__version__, "runtime", rt.runtimeGetVersion(), "driver", rt.driverGetVersion(),
+              "devices", rt.getDeviceCount())
+        for d in range(rt.getDeviceCount()):
+            p = rt.getDeviceProperties(d)
+            print(f"env: device {d}: {p['name'].decode()} {p['totalGlobalMem'] / 2**30:.0f} GiB,"
+                  f" compute mode {p['computeMode']} (0 default, 3 exclusive process)")
+except Exception as exc:
+    print("env: shmstore or CuPy failed:", repr(exc))
+    bad = True
+try:
+    import mpi4py
+    from mpi4py import MPI
+    print("env: mpi4py", mpi4py.__version__, "|", MPI.Get_library_version().splitlines()[0].strip(),
+          "| mpiexec", shutil.which("mpiexec"))
+except Exception as exc:
+    print("env: mpi4py failed:", repr(exc))
+    bad = True
+st = os.statvfs("/dev/shm")
+print(f"env: /dev/shm {st.f_bavail * st.f_frsize / 2**30:.1f} GiB free")
+sys.exit(bad)
+EOF
+
+read -r -d '' AWARE_PY <<'EOF'
+from mpi4py import MPI  # noqa: F401
+from shmstore.mpi.cuda import cuda_aware
+print("MPI CUDA-aware:", cuda_aware())
+EOF
+
+MPI2=(mpiexec -launcher fork -hosts n0:1,n1:1 -n 2)
+
+names=() outcomes=() seconds=() results=()
+DEADLINE=$(( $(date +%s) + BUDGET ))
+
+wanted() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
+
+shown() {  # a command as a line, quoted where needed (an inline script as its first line)
+    local a out=""
+    for a in "$@"; do
+        if [[ $a == *$'\n'* ]]; then a="<${a%%$'\n'*} ...>"; fi
+        if [[ $a =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then out+="$a "; else out+="'${a//\'/\'\\\'\'}' "; fi
+    done
+    echo "${out% }"
+}
+
+result_of() {  # the lines of a step's log that say how it went
+    local name=$1 log=$2 pat
+    case $name in
+        env) pat='^env: (cupy|device|no GPU|mpi4py|C helper .* missing|.* failed)';;
+        install) pat='Successfully installed|ERROR|error:|not found|No matching';;
+        bench-gpu|bench-gpu-mpi) pat='^device|no GPU level|Error';;
+        sweep) pat='^small ops, several|Error';;
+        cuda-aware) pat='CUDA-aware|Error';;
+        *) pat='(^|[ =])[0-9]+ (passed|failed|errors?|skipped)|no tests ran|Error';;
+    esac
+    grep -E "$pat" "$log" 2>/dev/null | tail -n 4 | cut -c1-400 | paste -sd '|' -
+}
+
+step() {  # step NAME TIMEOUT CMD...: run CMD under its own timeout into its log; record and print the outcome
+    local name=$1 limit=$2 left rc t0 secs outcome log
+    shift 2
+    wanted "$name" || return 0
+    if (( PLAN )); then
+        echo "step $name (timeout ${limit} s): $(shown "$@")"
+        return 0
+    fi
+    left=$(( DEADLINE - $(date +%s) ))
+    if (( left < 20 )); then
+        record "$name" "NOT RUN" 0 "the check's budget of ${BUDGET} s is spent (GPU_CHECK_BUDGET)"
+        return 0
+    fi
+    (( limit > left )) && limit=$left
+    log=$LOGS/$name.log t0=$(date +%s)
+    echo "---- $name (timeout ${limit} s, log $log)"
+    MPIEXEC_TIMEOUT=$(( limit > 20 ? limit - 10 : limit )) timeout -k 10 "$limit" "$@" >"$log" 2>&1
+    rc=$?
+    secs=$(( $(date +%s) - t0 ))
+    case $rc in
+        0) outcome=PASS;;
+        124|137) outcome="TIMEOUT";;
+        *) outcome="FAIL (exit $rc)";;
+    esac
+    if [ $rc = 0 ] && grep -qE "no GPU level here|GPU level unavailable|gpu is not available here" "$log"; then
+        outcome="NO GPU"
+    fi
+    record "$name" "$outcome" "$secs" "$(result_of "$name" "$log")"
+    if [ "$outcome" != PASS ]; then tail -n 25 "$log" | sed 's/^/    | /'; fi
+}
+
+record() {
+    names+=("$1") outcomes+=("$2") seconds+=("$3") results+=("$4")
+    printf '%-16s %-14s %4s s  %s\n' "$1" "$2" "$3" "$4"
+}
+
+# ---- run --------------------------------------------------------------------------------------------------
+echo "gpu-check: mode $MODE ($WHY); budget ${BUDGET} s; summary $SUMMARY"
+for n in "${notes[@]}"; do echo "gpu-check: $n"; done
+if (( PLAN )); then
+    if (( INSTALL )) && wanted install; then
+        echo "step install (timeout 150 s):"
+        install_commands | sed 's/^/    /'
+    fi
+else
+    mkdir -p "$LOGS"
+    START=$(date +%s)
+fi
 export PYTHONUNBUFFERED=1
-timeout 240 python -m pytest -q -p no:cacheprovider -m 'gpu or not gpu' -rs tests/levels/test_gpu.py \
-    tests/levels/test_conformance.py -k 'gpu' 2>&1 | tee /tmp/gpu-check-tests.log
-TESTS=${PIPESTATUS[0]}
-# Two emulated nodes fetching from each other while both GPU levels are full (the deadlock of Xorbits #488),
-# beside its MEMORY twin; a deadlock ends in TransferError after 30 s (the test's peer_timeout).
-MPIEXEC_TIMEOUT=150 timeout 180 mpiexec -launcher fork -hosts n0:1,n1:1 -n 2 python -m mpi4py -m pytest -q \
-    -p no:cacheprovider -m 'gpu or not gpu' -rs tests/mpi/ranks/test_full_levels.py 2>&1 | tee /tmp/gpu-check-mpi.log
-MPI_TESTS=${PIPESTATUS[0]}
-timeout 120 python scripts/bench_gpu.py --mib 256 2>&1 | tee /tmp/gpu-check-bench.log
-timeout 120 mpiexec -launcher fork -hosts n0:1,n1:1 -n 2 python -m mpi4py scripts/bench_gpu.py --mpi --mib 256 \
-    2>&1 | tee -a /tmp/gpu-check-bench.log
-echo "==== gpu-check summary ($(( $(date +%s) - START )) s) ===="
-grep -E "passed|failed|error" /tmp/gpu-check-tests.log | tail -1
-grep -E "passed|failed|error" /tmp/gpu-check-mpi.log | tail -1
-grep -E "^device" /tmp/gpu-check-bench.log
-python -c "from mpi4py import MPI; from shmstore.mpi.cuda import cuda_aware; print('MPI CUDA-aware:', cuda_aware())"
-exit $(( TESTS != 0 || MPI_TESTS != 0 ))
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}  # shmstore from this checkout even where its install failed
+
+if (( INSTALL )) && (( ! PLAN )) && wanted install; then
+    script="set -e"
+    while IFS= read -r line; do script+=$'\n'"echo $(printf '%q' "+ $line")"$'\n'"$line"; done < <(install_commands)
+    step install 150 bash -c "$script"
+fi
+if (( INSTALL )) && (( ! PLAN )) && [ -f "$VENV/bin/activate" ]; then
+    . "$VENV/bin/activate"
+fi
+P=python  # the venv's; where there is none and no python either (a bare image has python3 only), $PY
+(( PLAN )) || command -v python >/dev/null 2>&1 || P=$PY
+PYTEST=("$P" -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rs)
+step env 45 "$P" -c "$ENV_PY"
+step device-tests 100 "${PYTEST[@]}" tests/levels/test_gpu.py
+step conformance 120 "${PYTEST[@]}" tests/levels/test_conformance.py -k gpu
+step mpi-full-levels 120 "${MPI2[@]}" "$P" -m mpi4py -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rs \
+    tests/mpi/ranks/test_full_levels.py
+step bench-gpu 75 "$P" scripts/bench_gpu.py --mib 256
+step bench-gpu-mpi 90 "${MPI2[@]}" "$P" -m mpi4py scripts/bench_gpu.py --mpi --mib 256
+step sweep 120 "$P" scripts/bench_local.py --repeats 3 --small 4000 --big-mib 64 --sd-mib 16 --sweep 1,2,4,8,16 \
+    --json "$LOGS/bench_local.json"
+step cuda-aware 30 "$P" -c "$AWARE_PY"
+(( PLAN )) && exit 0
+
+# ---- the summary ------------------------------------------------------------------------------------------
+passed=0
+for o in "${outcomes[@]}"; do [ "$o" = PASS ] && passed=$(( passed + 1 )); done
+ok=$(( passed == ${#outcomes[@]} ))
+{
+    echo "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+         "host $(uname -n) mode $MODE ($WHY); $(( $(date +%s) - START )) s of a ${BUDGET} s budget"
+    for n in "${notes[@]}"; do echo "note: $n"; done
+    grep -hE '^env: ' "$LOGS/env.log" 2>/dev/null
+    printf '%-16s %-14s %6s  %s\n' step outcome secs result
+    for i in "${!names[@]}"; do
+        printf '%-16s %-14s %4s s  %s\n' "${names[$i]}" "${outcomes[$i]}" "${seconds[$i]}" "${results[$i]}"
+    done
+    echo "overall: $( (( ok )) && echo PASS || echo FAIL) ($passed of ${#outcomes[@]} steps passed; logs in $LOGS)"
+} >"$SUMMARY"
+echo "==== gpu-check summary ===="
+cat "$SUMMARY"
+exit $(( ! ok ))

@@ -45,6 +45,25 @@ def bystanders(tmp_path_factory):
             b.close()
 
 
+@pytest.fixture(scope="session")
+def cuda_context() -> None:
+    """Where CuPy and a device are usable, this process's CUDA context, made once before any test's leak check
+    counts descriptors: a context keeps ``/dev/nvidia*`` descriptors (and the driver's pipes and eventfds) open
+    for the life of the process, as MPI does from its import (tests/mpi/test_jobs.py). Without CuPy, without a
+    device or with ``SHMSTORE_NO_GPU`` set: nothing, not even an import of CuPy."""
+    from shmstore.levels.device import cupy_or_reason
+    cupy, _ = cupy_or_reason()
+    if cupy is None:
+        return
+    try:
+        cupy.cuda.Device(0).use()
+        cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(1))  # the primary context, as the first test would make it
+        cupy.arange(1).sum()  # and the module loads of a first kernel (NVRTC, the kernel cache)
+        cupy.cuda.get_current_stream().synchronize()
+    except Exception as exc:  # no NVRTC, a device in exclusive mode...: the GPU tests say it, each on its own
+        warnings.warn(f"could not make the CUDA context before the tests: {exc!r}", stacklevel=1)
+
+
 def _threads(skip: set[str]) -> set[str]:
     return {t.name for t in threading.enumerate() if not t.name.startswith("shmstore-copy") and t.name not in skip}
 
@@ -54,7 +73,7 @@ def _fds() -> int:
 
 
 @pytest.fixture(autouse=True)
-def no_leaks(request, bystanders):
+def no_leaks(request, bystanders, cuda_context):
     """Fail a test that leaves segments of this run, spill processes, threads or fds behind, or that touched
     another program's store. Segments of other names that appear meanwhile are reported, never removed."""
     seg0, fds0, known = set(shm_segments()), _fds(), len(bystanders)

@@ -36,6 +36,7 @@ from ..errors import (
     StorageFullError,
     StoreClosedError,
 )
+from ..units import format_size
 from ..values import Level, ObjectInfo
 from . import fastpath, serialize
 from . import layout as L
@@ -349,7 +350,11 @@ class Kernel:
         if array is None or level != _MEMORY or not nbytes:
             self._release(idx, gen)  # not the hot case: undo the pin, go the general way
             return None
-        obj = np.ndarray.__new__(SharedArray, array[1], array[0], self._ro, off, None, array[2])
+        try:
+            obj = np.ndarray.__new__(SharedArray, array[1], array[0], self._ro, off, None, array[2])
+        except BaseException:  # a damaged array record: the pin goes with the error (see lease)
+            self._release(idx, gen)
+            raise
         obj._release = (self._release, idx, gen)
         return obj
 
@@ -358,26 +363,53 @@ class Kernel:
 
         Its bytes as a :class:`Lease`, or with ``array = (dtype, shape,
         order)`` the stored array as a :class:`SharedArray`. A DISK object is
-        mapped from its file: a slice reads only the pages it touches.
+        mapped from its file: a slice reads only the pages it touches; a device
+        object (an open reader of one) is copied to the host. If the view
+        cannot be made, the pin is given back, whatever the error.
+
+        Raises:
+            SpillError: the object's file cannot be mapped, or is shorter than the object.
         """
         n, gen = e.nbytes, e.gen
-        buf: Any
-        if e.level == _MEMORY or n == 0:
-            buf, off = self._ro, e.offset if n else 0
-        else:
-            level = Level(e.level)
-            try:
-                buf, off = self.node.levels[level].view(idx, gen, e.offset, n)
-            except OSError as exc:
-                self._release(idx, gen)
-                raise SpillError(f"cannot read object (entry {idx}) on {level}: {exc}") from exc
         view: Lease | SharedArray
-        if array is None:
-            view = np.ndarray.__new__(Lease, (n,), _U8, buf, off)
-        else:
-            view = np.ndarray.__new__(SharedArray, array[1], array[0], buf, off, None, array[2])
+        try:
+            buf, off = self._lease_buffer(idx, e)
+            if array is None:
+                view = np.ndarray.__new__(Lease, (n,), _U8, buf, off)
+            else:
+                view = np.ndarray.__new__(SharedArray, array[1], array[0], buf, off, None, array[2])
+        except BaseException:  # whatever it was (a damaged record, a device error, Ctrl-C): no view holds the pin
+            self._release(idx, gen)
+            raise
         view._release = (self._release, idx, gen)
         return view
+
+    def _lease_buffer(self, idx: int, e: L.Entry) -> tuple[Any, int]:
+        """(buffer, offset) of the bytes of pinned entry ``idx``, for numpy: the arena, a mapping of a spill file,
+        or a host copy of a device object (numpy cannot read device memory: CuPy refuses the buffer protocol)."""
+        n = e.nbytes
+        if e.level == _MEMORY or n == 0:
+            return self._ro, e.offset if n else 0
+        level = Level(e.level)
+        device = self._devices.get(level)
+        try:
+            buf, off = self.node.levels[level].view(idx, e.gen, e.offset, n)
+        except OSError as exc:
+            raise SpillError(f"cannot read {self._key_of(idx, e)!r} ({format_size(n)}, entry {idx}) on {level}: "
+                             f"{exc}") from exc
+        except ValueError as exc:  # a file's mapping: "mmap length is greater than file size"
+            if device is not None:
+                raise
+            raise SpillError(f"cannot read {self._key_of(idx, e)!r} ({format_size(n)}, entry {idx}) on {level}: "
+                             f"its file is shorter ({exc}): it was truncated or replaced, the object is lost "
+                             f"(delete it)") from exc
+        if device is not None:  # an open reader of a device object: it reads a host copy
+            return device.host_bytes(buf[off: off + n]), 0
+        return buf, off
+
+    def _key_of(self, idx: int, e: L.Entry) -> str:
+        """The key of pinned entry ``idx`` (for messages)."""
+        return L.entry_key(self._buf, self._lay.entry(idx), e.keylen).decode(errors="replace")
 
     def read_small(self, key: str, max_bytes: int) -> tuple[int, int, int, bytes | None, bytes] | None:
         """(kind, nbytes, nblobs, ENTRY_ARRAY bytes of an array else None, the stored bytes) of a MEMORY

@@ -26,6 +26,7 @@ takes the lock it held (``kernel/repair.py``).
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable
 
@@ -40,6 +41,8 @@ from ..units import format_size
 from .policy import spill_candidates, watermark_excess
 
 __all__ = ["Mover", "MoveError"]
+
+log = logging.getLogger("shmstore.spill")
 
 
 class MoveError(Exception):
@@ -127,16 +130,18 @@ class Mover:
             with lock:
                 self._give_up(idx)
             raise
+        except Exception as exc:  # a device level placing the copy: a CUDA error (a RuntimeError), no CuPy
+            with lock:
+                self._give_up(idx)
+            raise self._failed(idx, size, src.level, to, exc) from exc
         self._state(moving=idx + 1, moving_to=int(to), progress=0, total=size)
         try:
             self._copy(src, dst, idx, gen, e.offset, off, size)
-        except (OSError, SpillError) as exc:
+        except Exception as exc:  # a file's OSError; from a device copy anything (CUDA errors, AttributeError)
             with lock:
-                self._give_up(idx)
+                self._give_up(idx)  # the target's copy and extent go, the object stays, readable
             self._state(moving=0, failures=L.unpack_spill_state(buf).failures + 1)
-            verb = "spill" if to > src.level else "restore"
-            raise MoveError(L.ERR_IO, f"cannot {verb} {self.key_of(idx)!r} ({format_size(size)}) from {src.level} "
-                                      f"to {to}: {getattr(exc, 'strerror', None) or exc}") from exc
+            raise self._failed(idx, size, src.level, to, exc) from exc
         with lock:
             now = L.entry(buf, eoff)
             self._state(moving=0)
@@ -153,6 +158,19 @@ class Mover:
         s = L.unpack_spill_state(buf)
         self._state(**({"spilled": s.spilled + size} if to > src.level else {"restored": s.restored + size}))
         return int(size)
+
+    def _failed(self, idx: int, size: int, src: Level, to: Level, exc: Exception) -> MoveError:
+        """The error of a move that failed with ``exc`` and was given up (logged with its traceback where it is
+        not an I/O error: a device's error says little on one line)."""
+        verb = "spill" if to > src else "restore"
+        why = getattr(exc, "strerror", None) if isinstance(exc, OSError) else None
+        if not isinstance(exc, (OSError, SpillError)):
+            why = f"{type(exc).__name__}: {exc}"
+            cfg = self.node.cfg
+            log.error("%s@%s: %s of %r (entry %d) failed; the object stays on %s", cfg.name, cfg.node, verb,
+                      self.key_of(idx), idx, src, exc_info=exc)
+        return MoveError(L.ERR_IO, f"cannot {verb} {self.key_of(idx)!r} ({format_size(size)}) from {src} to {to}: "
+                                   f"{why or exc} (the object stays on {src})")
 
     def _give_up(self, idx: int) -> None:
         """Roll back the move of ``idx``: the target's copy and charge go, the object stays (stripe lock held)."""
@@ -182,13 +200,20 @@ class Mover:
         if hasattr(buf, "__cuda_array_interface__"):  # a device array over the object's bytes
             dst.write_move(idx, gen, dst_off, buf[off: off + size], size, lambda n: self._state(progress=n))
             return
-        view = memoryview(buf)[off: off + size]
+        view, copied = memoryview(buf)[off: off + size], False
         try:
             dst.write_move(idx, gen, dst_off, view, size, lambda n: self._state(progress=n))
+            copied = True
         finally:
-            view.release()
-            if hasattr(buf, "close") and not isinstance(buf, memoryview):
-                buf.close()  # a mapping of the source made for this move
+            try:
+                view.release()
+                if hasattr(buf, "close") and not isinstance(buf, memoryview):
+                    buf.close()  # a mapping of the source made for this move
+            except BufferError:
+                if copied:
+                    raise
+                # the failed copy's traceback still holds views of the source: its mapping goes when they do
+                # (raising here would hide the copy's own error behind "exported pointers exist")
 
     @staticmethod
     def _moved(e: L.Entry, offset: int, extent: int, level: int) -> L.Entry:

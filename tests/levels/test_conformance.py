@@ -229,9 +229,10 @@ def test_bare_move_onto_the_level_then_abort_leaves_nothing(bare, level):
 
 @pytest.fixture
 def lstore(name, tmp_path, level):
-    """A store with every level sized at CAPACITY, skipping a level this process cannot use."""
-    with shmstore.connect(name, capacity=CAPACITY, disk_capacity=CAPACITY, spill_dir=str(tmp_path),
-                          prefault="8MiB") as s:
+    """A store with every level sized at CAPACITY (the GPU level too: unsized, its arena would take half the
+    device, and ``total()`` reads 0 until it is made), skipping a level this process cannot use."""
+    with shmstore.connect(name, capacity=CAPACITY, disk_capacity=CAPACITY, gpu_capacity=CAPACITY,
+                          spill_dir=str(tmp_path), prefault="8MiB") as s:
         why = s.node_store.levels[level].available()
         if why:
             pytest.skip(f"{level} is not available here: {why}")
@@ -254,6 +255,10 @@ VALUES = {
 
 
 def same(a, b) -> bool:
+    """``a`` (what was put, on the host) equals ``b`` (what came back); a device array is compared on the host
+    (numpy's ``array_equal`` over a CuPy array goes to CuPy, which refuses a numpy operand with TypeError)."""
+    if hasattr(b, "__cuda_array_interface__"):
+        b = b.get()
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, np.ndarray):

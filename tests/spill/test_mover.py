@@ -212,6 +212,67 @@ def test_a_spill_that_cannot_write_rolls_back_and_says_why(bare):
     bare.assert_consistent()
 
 
+class DeviceError(RuntimeError):
+    """What CuPy raises for a CUDA error (``CUDARuntimeError`` is a ``RuntimeError``), made here without CuPy."""
+
+
+ERRORS = {"cuda-error": DeviceError("cudaErrorIllegalAddress: an illegal memory access was encountered"),
+          "no-cupy": AttributeError("'NoneType' object has no attribute 'cuda'")}
+
+
+@pytest.mark.parametrize("error", sorted(ERRORS))
+@pytest.mark.parametrize("where", ["placing", "copying"])
+@pytest.mark.parametrize("start", [MEM, DISK], ids=["spill", "restore"])
+def test_a_move_that_fails_with_any_error_gives_up_cleanly_and_logs_it(bare, monkeypatch, caplog, start, where,
+                                                                        error):
+    """Issue 23: a device error in the middle of a move (CUDA's errors are RuntimeErrors; AttributeError where
+    CuPy is missing) escaped the mover, which caught only OSError: the entry stayed MOVING with its target
+    extent, the spill state's moving slot set, and nothing could free or move it again. Now any error placing
+    or copying the new copy gives up: the object whole where it was, the target's space and charge gone, the
+    moving slot cleared, a MoveError naming the object, its size and the error, and the traceback logged."""
+    idx, gen, size = bare.put("k", VALUES["large"], start)
+    want, before, files = bare.crc("k"), bare.free_memory(), bare.files()
+    failures = L.unpack_spill_state(bare.node.buf).failures
+    to, exc = other(start), ERRORS[error]
+    dst = bare.node.levels[to]
+    seen = []
+
+    if where == "placing":
+        def place_and_fail(*args):
+            seen.append(bare.moving(idx))  # flagged and charged: the new copy's space is next
+            raise exc
+        monkeypatch.setattr(dst, "space_for_move", place_and_fail)
+    else:
+        copy = dst.write_move
+
+        def copy_and_fail(i, g, off, buf, n, progress):
+            def report(done):  # the copy under way, part of the bytes written: the device fails
+                progress(done)
+                seen.append(bare.moving(idx) and L.unpack_spill_state(bare.node.buf).moving == idx + 1)
+                raise exc
+            copy(i, g, off, buf, n, report)
+        monkeypatch.setattr(dst, "write_move", copy_and_fail)
+
+    with caplog.at_level("ERROR", logger="shmstore.spill"), pytest.raises(MoveError) as info:
+        bare.mover.move(idx, gen, to, expect=start)
+    monkeypatch.undo()
+    assert seen and all(seen)
+    assert info.value.kind == L.ERR_IO
+    verb = "spill" if start == MEM else "restore"
+    assert f"cannot {verb} 'k' (4.0 MiB) from {start} to {to}: {type(exc).__name__}: " in str(info.value)
+    assert f"(the object stays on {start})" in str(info.value)
+    assert [r.exc_info[1] for r in caplog.records if r.exc_info] == [exc]
+    assert bare.level("k") == start and bare.crc("k") == want and not bare.moving(idx)
+    assert bare.used(start) == size and bare.used(to) == 0
+    assert bare.files() == files and bare.free_memory() == before  # no spill file, no arena extent left
+    state = L.unpack_spill_state(bare.node.buf)
+    assert state.moving == 0 and state.failures == failures + (where == "copying")
+    bare.assert_consistent()
+    assert bare.mover.move(idx, gen, to, expect=start) == size  # movable again
+    assert bare.crc("k") == want
+    bare.assert_consistent()
+
+
 def test_a_restore_with_no_room_gives_up_and_keeps_the_object_on_disk(bare):
     """Memory is full of pinned objects: a restore cannot make room (it would spill them) and gives up with
     ERR_FULL naming the setting; once they are unpinned it spills the oldest of them to make room."""
