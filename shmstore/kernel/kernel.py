@@ -342,19 +342,23 @@ class Kernel:
                 self._stripes[self._stripe_of(key)].recover_held()
             return None
         idx, gen, off, level, nbytes, kind, eoff = r
-        if kind == _RAW and level == _MEMORY and nbytes:  # raw bytes: a read-only memoryview, as decode makes
-            lease = np.ndarray.__new__(Lease, (nbytes,), _U8, self._ro, off)
-            lease._release = (self._release, idx, gen)
-            return lease.data
-        array = self._arrays.get((idx, gen)) or self._array(idx, eoff, kind, gen)
-        if array is None or level != _MEMORY or not nbytes:
-            self._release(idx, gen)  # not the hot case: undo the pin, go the general way
-            return None
         try:
-            obj = np.ndarray.__new__(SharedArray, array[1], array[0], self._ro, off, None, array[2])
-        except BaseException:  # a damaged array record: the pin goes with the error (see lease)
+            if kind == _RAW and level == _MEMORY and nbytes:  # raw bytes: a read-only memoryview, as decode makes
+                lease = np.ndarray.__new__(Lease, (nbytes,), _U8, self._ro, off)
+                view = lease.data
+            else:
+                lease = None
+                array = self._arrays.get((idx, gen)) or self._array(idx, eoff, kind, gen)
+                if array is None or level != _MEMORY or not nbytes:
+                    self._release(idx, gen)  # not the hot case: undo the pin, go the general way
+                    return None
+                obj = np.ndarray.__new__(SharedArray, array[1], array[0], self._ro, off, None, array[2])
+        except BaseException:  # a damaged record: the pin goes with the error (see lease)
             self._release(idx, gen)
             raise
+        if lease is not None:
+            lease._release = (self._release, idx, gen)  # (set last: from here on the view's death releases)
+            return view
         obj._release = (self._release, idx, gen)
         return obj
 
