@@ -325,8 +325,9 @@ class Kernel:
         token = pin_token(self._release, idx, e.gen)  # dropped on failure: its finalizer unpins
         try:
             return level.value(e, array, token)
-        except OSError as exc:
-            raise SpillError(f"cannot read object (entry {idx}) on {level.level}: {exc}") from exc
+        except OSError as exc:  # its arena is gone (lost with the spill process that held it)
+            key = L.entry_key(self._buf, self._lay.entry(idx), e.keylen).decode(errors="replace")
+            raise SpillError(f"cannot read {key!r} on {level.level}: {exc}", key) from exc
 
     def _get_fast(self, key: str) -> Any:
         """``get`` of an array in memory through the C fast path: one C call finds, pins and

@@ -42,6 +42,7 @@ Locking contract (see ``kernel/alloc.py`` and ``kernel/repair.py`` for why):
 from __future__ import annotations
 
 import mmap
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
 __all__ = ["LevelHost", "StorageLevel", "MovableLevel", "DeviceLevel", "Levels", "Sink", "RequestArena"]
 
 RequestArena = Callable[[int], "str | None"]
-"""Asks the spill process to make device ``d``'s arena: None once made, else why not (a sentence)."""
+"""Asks the spill process to make arena slot ``d`` (on the device the slot names): None once made, else why not."""
 
 
 class LevelHost(Protocol):
@@ -271,8 +272,13 @@ class DeviceLevel(MovableLevel, Protocol):
     def host_bytes(self, arr: Any) -> bytes:
         """The bytes of a device array this level gave (``export``), copied to the host."""
 
+    def arenas(self) -> Sequence[tuple[int, int, int, int]]:
+        """(slot, first offset, end offset, capacity) of every ready arena (metadata only): the relief pass
+        weighs each arena's objects against that arena's own capacity."""
+
     def make_arena(self, d: int) -> None:
-        """Make device ``d``'s arena, owned by this process (the spill process, serving a client's request).
+        """Make arena slot ``d`` on the device it names, owned by this process (the spill process, serving a
+        client's request).
 
         Raises:
             StorageFullError: it cannot be made (no device memory, no CUDA here).

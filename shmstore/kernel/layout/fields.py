@@ -31,7 +31,7 @@ __all__ = ["MAGIC", "LAYOUT_VERSION", "HEADER_SIZE", "MAX_SESSIONS", "MAX_KEY", 
            "USED_WIDTH", "Header", "SpillState", "Request", "Migration", "fast_path_layout"]
 
 MAGIC = b"SHMSTOR\0"
-LAYOUT_VERSION = 7
+LAYOUT_VERSION = 8  # 8: GPU arenas keyed by the device's identity (GPU_ARENA.uuid), not its ordinal
 HEADER_SIZE = 4096
 MAX_SESSIONS = 256
 MAX_KEY = 255
@@ -135,7 +135,8 @@ TRANSFER_STATS = Record("TRANSFER_STATS", 32, """
 GPU_ARENA = Record("GPU_ARENA", 512, """
     0    state     u32       0 none, 1 asked for (the spill process creates it), 2 ready, 3 failed
                              (see message), 4 lost (its owner died: its objects went)
-    4    device    i32       CUDA device ordinal
+    4    device    i32       the device's CUDA ordinal in the owner process (information only: ordinals
+                             depend on each process's CUDA_VISIBLE_DEVICES; ``uuid`` names the device)
     8    base      u64       offset of the arena in the store's offset space ((d + 1) << 44)
     16   capacity  u64       bytes
     24   owner     i32       pid of the process holding the device allocation (the spill process)
@@ -144,6 +145,8 @@ GPU_ARENA = Record("GPU_ARENA", 512, """
     40   bins      i32[64]   free extents of this arena, per size class (as ALLOC_STATE's)
     296  handle    bytes64   the allocation's cudaIpcMemHandle_t
     360  message   bytes120  why creating it failed (UTF-8)
+    480  uuid      bytes16   the device's identity, the same in every process (levels/gpumaps.py
+                             device_key: from its PCI bus id and UUID); all zero: slot unclaimed
 """)
 GPU_NONE, GPU_ASKED, GPU_READY, GPU_FAILED, GPU_LOST = 0, 1, 2, 3, 4
 SESSION = Record("SESSION", 64, """
