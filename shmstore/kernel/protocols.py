@@ -256,13 +256,14 @@ class MovableLevel(StorageLevel, Protocol):
 class DeviceLevel(MovableLevel, Protocol):
     """A level whose bytes live in device memory, reached through arenas its owner process makes."""
 
-    def value(self, e: L.Entry, array: tuple[Any, ...] | None, token: Any) -> Any:
-        """The value of entry ``e`` (pinned by the caller): a device array over its bytes (``array`` =
-        dtype, shape, order) whose memory owner is ``token`` (it holds the pin); other kinds as the level
-        gives them back.
+    def value(self, e: L.Entry, array: tuple[Any, ...] | None, token: Any, key: str | None = None) -> Any:
+        """The value of entry ``e`` (pinned by the caller; ``key``, for messages): a device array over its
+        bytes (``array`` = dtype, shape, order) whose memory owner is ``token`` (it holds the pin); other
+        kinds as the level gives them back.
 
         Raises:
-            OSError: the bytes cannot be reached here.
+            OSError: the bytes cannot be reached here (their arena was lost).
+            DeviceError: no CuPy or no such device here, or CUDA refused (naming ``key``).
         """
 
     def export(self, e: L.Entry, token: Any) -> Any:

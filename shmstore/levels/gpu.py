@@ -304,12 +304,12 @@ class GpuLevel:
         Raises:
             OSError: the arena is not ready. DeviceError: no CuPy here, or CUDA refused.
         """
-        cupy = need_cupy("read", key)
         shape = (nbytes // np.dtype(dtype).itemsize,) if shape is None else shape
         if not nbytes:  # never a pointer for an empty object
-            return cupy.empty(shape, dtype, order=order)
+            return need_cupy("read", key).empty(shape, dtype, order=order)
         slot = slot_of(offset)
-        m = self._mapping(slot, key)
+        m = self._mapping(slot, key)  # first: a lost arena says so, with or without CuPy here
+        cupy = need_cupy("read", key)
         holder = view_owner(owner, m, settle if owner is not None else _no_settle)
         mem = cupy.cuda.UnownedMemory(m.ptr + offset - L.gpu_base(slot), nbytes, holder, m.ordinal)
         return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(mem, 0), order=order)
@@ -394,13 +394,13 @@ class GpuLevel:
     def view(self, idx: int, gen: int, offset: int, nbytes: int) -> tuple[Any, int]:
         return self.array(offset, nbytes), 0
 
-    def value(self, e: L.Entry, array: tuple[Any, ...] | None, token: Any) -> Any:
+    def value(self, e: L.Entry, array: tuple[Any, ...] | None, token: Any, key: str | None = None) -> Any:
         """The value of GPU entry ``e``: a CuPy array over the arena (``array`` = dtype, shape, order), raw
         bytes as a uint8 CuPy array; a pickled value comes back to the host. ``token`` holds the pin."""
         n, off = e.nbytes, e.offset
         if array is not None:
-            return self.array(off, n, token, array[0], tuple(array[1]), array[2])
-        data = self.array(off, e.size if e.kind == L.KIND_PICKLE else n, token)
+            return self.array(off, n, token, array[0], tuple(array[1]), array[2], key)
+        data = self.array(off, e.size if e.kind == L.KIND_PICKLE else n, token, key=key)
         if e.kind == L.KIND_RAW:
             return data
         host = np.empty(data.size, np.uint8)

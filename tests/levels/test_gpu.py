@@ -10,6 +10,7 @@ the device tests and a device benchmark where a GPU is.
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -84,26 +85,19 @@ def _fake_dead_owner() -> int:
     return child.pid
 
 
-def test_gpu_arena_metadata_on_a_real_store(store):
-    """Without a device the arena's bytes cannot exist, but its bookkeeping can: a GPU arena registered in
-    the metadata is cut by the shared allocator, checked by check(), kept by the crash rebuild, and when
-    its owner dies its objects are dropped and their space goes back to it."""
+def _arena_with_objects(store, d, cap, owner, sizes, uuid=b""):
+    """GPU arena slot ``d`` registered in the metadata (owned by pid ``owner``), and objects ``g0``, ``g1``
+    ... of ``sizes`` on it, written into the table the way a put on the GPU level writes them."""
     node = store.node_store
-    buf, lay, d, cap = node.buf, node.layout, 1, 8 * MiB
-    # the spill process drops lost arenas when it starts: let it start first, this test does it by hand
-    assert wait_for(lambda: L.unpack_spill_state(buf).heartbeat > 0, timeout=20)
+    buf, lay = node.buf, node.layout
     with node.alloc_lock:
-        L.set_gpu(buf, lay, d, device=d, base=L.gpu_base(d), capacity=cap, owner=_fake_dead_owner(), epoch=1)
+        L.set_gpu(buf, lay, d, device=d, base=L.gpu_base(d), capacity=cap, owner=owner, epoch=1, uuid=uuid)
         Allocator(buf, lay, cap, gpu=d).init_arena()
         L.set_gpu(buf, lay, d, state=L.GPU_READY)
-    assert store.check() == []
-    # two objects on it, written into the table the way a put on the GPU level writes them
     arena = node.gpu_alloc(d)
-    keys = {}
-    for i, size in enumerate((MiB, 3 * MiB)):
-        k = f"g{i}"
-        kb = k.encode()
-        idx, gen = store.kernel._cache.take_entry(k)
+    for i, size in enumerate(sizes):
+        kb = f"g{i}".encode()
+        idx, gen = store.kernel._cache.take_entry(kb.decode())
         h, b, stripe = node.table.locate(store.kernel.sid, kb)
         with node.stripes[stripe]:
             with node.alloc_lock:
@@ -114,7 +108,21 @@ def test_gpu_arena_metadata_on_a_real_store(store):
             L.set_entry_key(buf, lay.entry(idx), kb)
             L.add_stripe_stats(buf, lay.stripe_stats(stripe), L.LEVEL_GPU, size, 1)
             node.table.link(idx, b)
-        keys[k] = size
+
+
+def _spill_process_started(store):
+    """The spill process drops lost arenas when it starts: tests that lose one by hand let it start first."""
+    assert wait_for(lambda: L.unpack_spill_state(store.node_store.buf).heartbeat > 0, timeout=20)
+
+
+def test_gpu_arena_metadata_on_a_real_store(store):
+    """Without a device the arena's bytes cannot exist, but its bookkeeping can: a GPU arena registered in
+    the metadata is cut by the shared allocator, checked by check(), kept by the crash rebuild, and when
+    its owner dies its objects are dropped and their space goes back to it."""
+    node = store.node_store
+    buf, lay, d, cap = node.buf, node.layout, 1, 8 * MiB
+    _spill_process_started(store)
+    _arena_with_objects(store, d, cap, _fake_dead_owner(), (MiB, 3 * MiB))
     assert store.check() == []
     assert sorted(i.key for i in store.list(Level.GPU)) == ["g0", "g1"]
     with node.alloc_lock:  # a process died holding the ALLOC lock: the rebuild keeps both arenas tiled
@@ -128,6 +136,79 @@ def test_gpu_arena_metadata_on_a_real_store(store):
     lost = Allocator(buf, lay, cap, gpu=d)
     assert lost.free_extents() == [(L.gpu_base(d), cap)]  # every byte back, ready to be made again
     assert store.check() == []
+
+
+def test_arena_slots_are_claimed_by_device_key_not_ordinal(store):
+    """Two processes that call different GPUs "device 0" (CUDA_VISIBLE_DEVICES) get two slots; one GPU seen
+    as device 0 here and device 1 there gets one."""
+    from shmstore.levels.gpuarena import find_slot, slot_for
+    from shmstore.levels.gpumaps import DeviceIds
+    node = store.node_store
+    here = DeviceIds(lambda: [("0000:1B:00.0", b"a" * 16), ("0000:3B:00.0", b"b" * 16)])
+    there = DeviceIds(lambda: [("0000:3B:00.0", b"b" * 16)])  # a rank bound to the second GPU
+    s0 = slot_for(node, here.key_of(0), "setting")
+    s1 = slot_for(node, there.key_of(0), "setting")
+    assert s0 != s1 and slot_for(node, here.key_of(1), "setting") == s1
+    assert find_slot(node, here.key_of(1)) == s1 and bytes(L.unpack_gpu(node.buf, node.layout, s1).uuid) == \
+        there.key_of(0)
+    for i in range(L.MAX_GPUS - 2):
+        slot_for(node, DeviceIds(lambda i=i: [(f"0000:{i:02x}:00.0", b"")]).key_of(0), "setting")
+    with pytest.raises(shmstore.StorageFullError, match=f"{L.MAX_GPUS} other devices.*setting"):
+        slot_for(node, DeviceIds(lambda: [("0000:ff:00.0", b"")]).key_of(0), "setting")
+    assert store.check() == []
+
+
+def test_relief_weighs_each_arena_against_its_own_capacity(store):
+    """The mover sees one part per ready arena (its own objects, its own capacity), none for arenas not
+    made, and never the sum of every arena against one device's size."""
+    from shmstore.spill.mover import Mover
+    from shmstore.spill.policy import spill_candidates
+    node = store.node_store
+    _spill_process_started(store)
+    assert Mover(node)._parts(Level.GPU, node.levels[Level.GPU], L.entry_table(node.buf, node.layout)) == []
+    _arena_with_objects(store, 2, 8 * MiB, os.getpid(), (MiB, 3 * MiB))
+    t = L.entry_table(node.buf, node.layout)
+    parts = Mover(node)._parts(Level.GPU, node.levels[Level.GPU], t)
+    lo = L.gpu_base(2)
+    assert parts == [(4 * MiB, 8 * MiB, (lo, lo + 8 * MiB))]
+    pins = node.table.pin_counts(len(t))
+    assert len(spill_candidates(t, pins, level=L.LEVEL_GPU, within=(lo, lo + 8 * MiB))) == 2
+    assert len(spill_candidates(t, pins, level=L.LEVEL_GPU, within=(L.gpu_base(3), L.gpu_base(4)))) == 0
+    node.levels[Level.GPU].release_arenas()  # leave no ready arena whose memory nobody holds
+    assert store.check() == []
+
+
+def test_the_owner_marks_its_arenas_lost_before_letting_the_memory_go(store):
+    """What the spill process does as it exits: the record never says ready for memory that is gone."""
+    node = store.node_store
+    _spill_process_started(store)
+    _arena_with_objects(store, 1, 8 * MiB, os.getpid(), (MiB, 2 * MiB))
+    _arena_with_objects(store, 3, 8 * MiB, _fake_dead_owner(), ())  # another owner's: not ours to lose here
+    assert node.levels[Level.GPU].release_arenas() == 2
+    assert L.unpack_gpu(node.buf, node.layout, 1).state == L.GPU_LOST
+    assert L.unpack_gpu(node.buf, node.layout, 3).state == L.GPU_READY
+    assert "g0" not in store and node.used(L.LEVEL_GPU) == 0 and store.check() == []
+
+
+def test_a_get_on_a_lost_arena_or_without_cupy_names_the_key_and_keeps_no_pin(store):
+    import gc
+    node = store.node_store
+    _spill_process_started(store)
+    _arena_with_objects(store, 1, 8 * MiB, os.getpid(), (MiB,))
+    if NO_GPU is not None:
+        with pytest.raises(shmstore.DeviceError, match="cannot read 'g0' on the GPU: " + re.escape(NO_GPU)):
+            store.get("g0")
+    with node.alloc_lock:  # lost, its objects not dropped yet: a reader that pinned one in time
+        L.set_gpu(node.buf, node.layout, 1, state=L.GPU_LOST)
+    with pytest.raises(shmstore.SpillError, match="cannot read 'g0' on .*GPU arena 1 is lost") as err:
+        store.get("g0")
+    assert err.value.object_id == "g0"
+    del err
+    gc.collect()
+    assert not store.get_info("g0").pinned
+    assert node.levels[Level.GPU].drop_lost() == 0  # lost already: the next owner's start drops nothing twice
+    from shmstore.levels.gpuarena import lose_arena
+    assert lose_arena(node, 1, L.LEVEL_GPU) == 1 and store.check() == []
 
 
 # ---- with a device ------------------------------------------------------------------------
