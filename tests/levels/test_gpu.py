@@ -288,3 +288,111 @@ def test_gpu_marker_tests_skip_with_a_reason_here():
         pytest.skip("a GPU is here")
     assert "CuPy" in NO_GPU or "device" in NO_GPU or "SHMSTORE_NO_GPU" in NO_GPU
     assert os.environ.get("CUDA_VISIBLE_DEVICES", "") != "unused"  # nothing else to check without a device
+
+
+# ---- with a device: issue 23 items 8-15 (each test's name says which item it checks) ----------------------
+
+@pytest.mark.gpu
+@needs_device
+def test_item08_a_put_under_a_user_stream_is_sealed_after_its_bytes_land(gstore, cp):
+    with cp.cuda.Stream(non_blocking=True):  # neither the legacy stream nor synchronised with it
+        a = cp.arange(4 << 20, dtype=cp.int32) * 3  # queued on the user stream, maybe still running at the put
+        gstore.put("s", a)
+        gstore.put("h", np.arange(1 << 20, dtype=np.int64), levels=[Level.GPU])
+    assert bool((gstore.get("s") == cp.arange(4 << 20, dtype=cp.int32) * 3).all())
+    assert int(gstore.get("h")[-1]) == (1 << 20) - 1
+
+
+@pytest.mark.gpu
+@needs_device
+def test_item09_a_views_pin_goes_after_the_work_queued_on_it(gstore, cp):
+    import gc
+    gstore.put("v", cp.ones(8 << 20, cp.float32))
+    v = gstore.get("v")
+    y = v * 2  # queued; the pin must outlive it
+    assert gstore.get_info("v").pinned
+    del v
+    gc.collect()
+    assert not gstore.get_info("v").pinned
+    assert float(y.sum()) == 2.0 * (8 << 20)
+
+
+@pytest.mark.gpu
+@needs_device
+def test_item10_close_keeps_views_mapped_until_they_go(name, tmp_path, cp):
+    from shmstore.levels.gpu import MAPPINGS
+    with shmstore.connect(name, capacity="64MiB", gpu_capacity="64MiB", spill_dir=str(tmp_path)) as s:
+        s.put("a", cp.full((1000,), 7, cp.int64))
+        a = s.get("a")
+        store_id = next(k[0] for k in MAPPINGS.live() if k[0][0].rstrip(b"\0") == name.encode())
+    assert [r for k, r in MAPPINGS.live().items() if k[0] == store_id] == [1]  # the view's reference only
+    assert int(a.sum()) == 7000  # after close: still mapped (an unmapped view is an illegal address)
+    del a
+    import gc
+    gc.collect()
+    assert not [k for k in MAPPINGS.live() if k[0] == store_id]  # unmapped with the last view
+
+
+@pytest.mark.gpu
+@needs_device
+def test_item11_the_arena_names_its_device_by_key(gstore, cp):
+    from shmstore.levels.gpu import DEVICES
+    gstore.put("a", cp.arange(10))
+    node = gstore.node_store
+    d = cp.cuda.Device().id
+    slots = [s for s in range(L.MAX_GPUS) if L.unpack_gpu(node.buf, node.layout, s).state == L.GPU_READY]
+    assert len(slots) == 1, slots
+    g = L.unpack_gpu(node.buf, node.layout, slots[0])
+    assert bytes(g.uuid) == DEVICES.key_of(d), (DEVICES.name_of(d), g)
+    assert len({DEVICES.key_of(i) for i in range(cp.cuda.runtime.getDeviceCount())}) == \
+        cp.cuda.runtime.getDeviceCount()  # every device its own key
+
+
+@pytest.mark.gpu
+@needs_device
+def test_item12_two_connects_in_one_process_share_one_mapping(gstore, cp):
+    from shmstore.levels.gpu import MAPPINGS
+    gstore.put("a", cp.arange(1000))
+    with shmstore.connect(gstore.name, spill_dir=gstore.config.spill_dir) as other:
+        a, b = gstore.get("a"), other.get("a")  # no "already mapped" from a second cudaIpcOpenMemHandle
+        assert a.data.ptr == b.data.ptr and bool((a == b).all())
+        mine = [k for k in MAPPINGS.live() if k[0][0].rstrip(b"\0") == gstore.name.encode()]
+        assert len(mine) == 1, MAPPINGS.live()
+        del a, b
+
+
+@pytest.mark.gpu
+@needs_device
+def test_item13_the_spill_process_marks_its_arena_lost_as_it_exits(gstore, cp):
+    import signal
+    node = gstore.node_store
+    gstore.put("a", cp.arange(1000))
+    slot = next(s for s in range(L.MAX_GPUS) if L.unpack_gpu(node.buf, node.layout, s).state == L.GPU_READY)
+    epoch = L.unpack_gpu(node.buf, node.layout, slot).epoch
+    os.kill(node.spill_pid(), signal.SIGTERM)  # we stay attached: it leaves the store to us after its grace
+    assert wait_for(lambda: L.unpack_gpu(node.buf, node.layout, slot).state == L.GPU_LOST, timeout=20)
+    assert "a" not in gstore  # dropped with the memory
+    gstore.put("b", cp.arange(10))  # a new spill process makes the arena again
+    g = L.unpack_gpu(node.buf, node.layout, slot)
+    assert g.state == L.GPU_READY and g.epoch == epoch + 1 and int(gstore.get("b").sum()) == 45
+    assert gstore.check() == []
+
+
+@pytest.mark.gpu
+@needs_device
+def test_item14_cuda_errors_name_the_device_and_what_to_do(cp):
+    from shmstore.levels.device import cuda_errors
+    with pytest.raises(shmstore.DeviceError, match="cannot use device 999 on GPU 999: cudaErrorInvalidDevice.*"
+                                                   "CUDA_VISIBLE_DEVICES"):
+        with cuda_errors("use device 999", None, 999):
+            cp.cuda.runtime.setDevice(999)  # CuPy's own error class: its module is what cuda_errors looks for
+
+
+@pytest.mark.gpu
+@needs_device
+def test_item15_the_device_is_in_a_mode_the_arena_can_serve(gstore, cp):
+    from shmstore.levels.device import device_problem
+    d = cp.cuda.Device().id
+    mode = cp.cuda.runtime.getDeviceProperties(d)["computeMode"]
+    assert device_problem(d, f"GPU {d}") is None, f"compute mode {mode}"
+    assert gstore.node_store.levels[Level.GPU].available() is None
