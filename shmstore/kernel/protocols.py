@@ -273,6 +273,18 @@ class DeviceLevel(MovableLevel, Protocol):
     def host_bytes(self, arr: Any) -> bytes:
         """The bytes of a device array this level gave (``export``), copied to the host."""
 
+    def local_arena(self) -> int:
+        """The arena slot of this process's current device, claimed if no slot names it yet (metadata
+        only); -1 where this process has no device.
+
+        Raises:
+            StorageFullError: every slot names another device.
+        """
+
+    def aim(self, slot: int) -> None:
+        """Make ``space_for_move`` place the moves that follow on arena ``slot`` (a client's device's, as
+        its request says), or (-1) where the level chooses; the spill process's mover is single-threaded."""
+
     def arenas(self) -> Sequence[tuple[int, int, int, int]]:
         """(slot, first offset, end offset, capacity) of every ready arena (metadata only): the relief pass
         weighs each arena's objects against that arena's own capacity."""

@@ -126,6 +126,7 @@ class GpuLevel:
         self._maps: dict[int, tuple[int, Mapping]] = {}  # slot -> (epoch, this level's reference)
         self._lock = threading.Lock()
         self.owner = request_arena is None  # this process makes and holds the allocations (the spill process)
+        self._aim = -1  # the arena the mover's next move onto this level goes to (-1: this level chooses)
         buf = host.buf
         self._store: Hashable = (bytes(L.HEAD.get(buf, "name")), L.HEAD.get(buf, "created"),
                                  L.HEAD.get(buf, "creator_pid"))
@@ -152,6 +153,12 @@ class GpuLevel:
             return -1
         key = DEVICES.key_of(self.device())
         return slot_for(self.host, key, self.setting) if claim else find_slot(self.host, key)
+
+    def local_arena(self) -> int:
+        return self._slot(claim=True)
+
+    def aim(self, slot: int) -> None:
+        self._aim = slot if 0 <= slot < L.MAX_GPUS else -1
 
     def total(self) -> int:
         slot = self._slot(claim=False)
@@ -421,9 +428,9 @@ class GpuLevel:
         pass
 
     def space_for_move(self, idx: int, size: int) -> tuple[int, int]:
-        """Room on the arena of this process's current device (the spill process: the one it was started
-        on), else on the ready arena with the most room."""
-        slot = self._slot(claim=True)
+        """Room on the arena the move was aimed at (the asking client's device's), else on this process's
+        current device's, else on the ready arena with the most room."""
+        slot = self._aim if self._aim >= 0 else self._slot(claim=True)
         if slot < 0:
             need_cupy("move an object")
         tried = [slot] + sorted((a.slot for a in ready_arenas(self.host) if a.slot != slot),

@@ -178,6 +178,34 @@ def test_relief_weighs_each_arena_against_its_own_capacity(store):
     assert store.check() == []
 
 
+def test_a_move_onto_the_gpu_lands_on_the_asking_clients_device(store):
+    """The client's request names its device's arena; the spill process's mover is aimed at it, and places the
+    copy there, not on the spill process's own device 0."""
+    from shmstore.spill import requests
+    node = store.node_store
+    _spill_process_started(store)
+    _arena_with_objects(store, 1, 8 * MiB, os.getpid(), (MiB,))
+    _arena_with_objects(store, 3, 8 * MiB, os.getpid(), ())
+    lv = node.levels[Level.GPU]
+    idx = next(i for i in range(len(L.entry_table(node.buf, node.layout)))
+               if L.entry(node.buf, node.layout.entry(i)).state == L.SEALED)
+    lv.aim(3)
+    off, rec = lv.space_for_move(idx, MiB)
+    assert device_of(off) == 3 and rec
+    with node.stripe_of(idx):
+        lv.abort_move(idx, L.entry(node.buf, node.layout.entry(idx)))
+    lv.aim(-1)
+    if NO_GPU is not None:  # not aimed: its own device's arena, which needs CUDA to name
+        with pytest.raises(shmstore.DeviceError, match="cannot move an object on the GPU"):
+            lv.space_for_move(idx, MiB)
+    slot = store.kernel.slot  # the request record carries the arena (this one names no live generation)
+    seq = requests.submit(node, slot, L.REQ_MOVE, idx=idx, gen=1 << 31, level=L.LEVEL_GPU, arena=4)
+    r = requests.wait(node, slot, seq, 20)
+    assert r is not None and r.status == L.RS_FAILED and r.arena == 4
+    lv.release_arenas()
+    assert store.check() == []
+
+
 def test_the_owner_marks_its_arenas_lost_before_letting_the_memory_go(store):
     """What the spill process does as it exits: the record never says ready for memory that is gone."""
     node = store.node_store

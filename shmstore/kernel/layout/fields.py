@@ -165,13 +165,15 @@ CLIENT = Record("CLIENT", 256, """
 REQUEST_OFFSET = 64  # within a CLIENT record
 REQUEST = Record("REQUEST", 160, """
     0    kind     u32       0 none, 1 make room (bytes on a level), 2 move an entry to a level, 3 make
-                            the GPU arena of device ``idx``
+                            GPU arena slot ``idx`` (on the device the slot names)
     4    seq      u32       sequence number (bumped by the client on every request)
     8    idx      i32       entry index
     12   gen      u32       entry generation
     16   level    u32       the level to make room on, or to move to
     20   status   u32       0 idle, 1 pending, 2 done, 3 failed
     24   error    u32       when failed: 1 full, 2 I/O, 3 locked, 4 not found
+    28   arena    i32       a move onto a device level: the slot + 1 of the arena of the asking client's
+                            current device (0: the spill process chooses)
     32   nbytes   u64       bytes
     40   message  bytes120  error message (UTF-8)
 """)
