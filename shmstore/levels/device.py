@@ -23,9 +23,9 @@ import numpy as np
 from ..config import no_gpu
 from ..errors import DeviceError
 
-__all__ = ["cupy_or_reason", "need_cupy", "is_device_array", "to_host", "cuda_errors", "describe_cuda_error",
-           "compute_mode_problem", "device_problem", "device_source", "settle", "ipc_open", "ipc_close",
-           "device_free"]
+__all__ = ["cupy_or_reason", "need_cupy", "is_device_array", "to_host", "copy_into", "DeviceSink", "cuda_errors",
+           "describe_cuda_error", "compute_mode_problem", "device_problem", "device_source", "settle", "ipc_open",
+           "ipc_close", "device_free"]
 
 _CUPY: list[tuple[Any, str | None, int]] = []  # (the answer, the pid that asked), asked once per process
 _MODES: dict[int, int] = {}  # ordinal -> compute mode, asked once per process
@@ -216,3 +216,66 @@ def to_host(dst: np.ndarray, src: Any) -> None:
             stream.synchronize()
     else:
         dst[...] = np.frombuffer(src, np.uint8, dst.nbytes)
+
+
+def copy_into(dst: Any, src: Any, nbytes: int, what: str, key: str | None = None) -> None:
+    """Copy ``nbytes`` of ``src`` (a contiguous device array, or host bytes) into the device array ``dst``,
+    on the current stream of ``dst``'s device (after the work already queued there: a user's stream, or
+    the per-thread default stream), and synchronise that stream: the bytes have landed on return.
+
+    Raises:
+        DeviceError: CuPy is missing here, or CUDA refused the copy.
+    """
+    if not nbytes:
+        return
+    cupy = need_cupy(what, key)
+    with cuda_errors(what, key, dst.device.id), dst.device:
+        stream = cupy.cuda.get_current_stream()
+        if is_device_array(src):
+            dst.data.copy_from_device_async(cupy.asarray(src).data, nbytes, stream)
+        else:
+            host = src if isinstance(src, np.ndarray) else np.frombuffer(src, np.uint8, nbytes)
+            dst.data.copy_from_host_async(host.ctypes.data, nbytes, stream)
+        stream.synchronize()  # the source may go once this returns
+
+
+class DeviceSink:
+    """A writer's target on the GPU: a device array over an object's bytes, filled on the current stream.
+
+    Owned by the writer (or incoming transfer) it was made for; not thread-safe.
+    """
+
+    def __init__(self, dst: Any, key: str | None = None) -> None:
+        self._dst: Any = dst
+        self._key = key
+
+    def write(self, data: Any, pos: int) -> None:
+        """Copy ``data`` (device or host bytes) in at ``pos``; synchronised before it returns.
+
+        Raises:
+            DeviceError: CuPy is missing here, or CUDA refused the copy.
+        """
+        if self._dst is None or not len(data):
+            return
+        if is_device_array(data):
+            cupy = need_cupy("store", self._key)
+            with cuda_errors("store", self._key, self._dst.device.id):
+                data = cupy.asarray(data).view(cupy.uint8).reshape(-1)  # contiguous (a copy where it was not)
+        elif not isinstance(data, np.ndarray):
+            data = np.frombuffer(data, np.uint8)
+        else:
+            data = np.ascontiguousarray(data)
+        copy_into(self._dst[pos: pos + data.nbytes], data, data.nbytes, "store", self._key)
+
+    def buffer(self) -> Any:
+        return None  # a writer streams host bytes; an incoming transfer asks cuda_buffer()
+
+    def cuda_buffer(self) -> Any:
+        """The device array to receive into (CUDA-aware MPI)."""
+        return self._dst
+
+    def close(self) -> None:
+        self._dst = None
+
+    def abort(self) -> None:
+        self._dst = None

@@ -72,6 +72,8 @@ from ..kernel.views import pin_token
 from ..units import format_size
 from ..values import Level
 from .device import (
+    DeviceSink,
+    copy_into,
     cuda_errors,
     cupy_or_reason,
     device_free,
@@ -380,20 +382,16 @@ class GpuLevel:
         cupy = need_cupy("store", key)
         dst = self.array(offset, enc.size, key=key)
         c_order = enc.array is None or enc.array[2] == "C"
-        with cuda_errors("store", key, dst.device.id, self._name(dst.device.id)):
-            stream = cupy.cuda.get_current_stream()
-            if enc.kind == L.KIND_NDARRAY and is_device_array(enc.src):
+        if enc.kind == L.KIND_NDARRAY and is_device_array(enc.src):
+            with cuda_errors("store", key, dst.device.id):
                 src = cupy.asarray(enc.src)
                 src = cupy.ascontiguousarray(src) if c_order else cupy.asfortranarray(src)
-                dst.data.copy_from_device_async(src.data, enc.size, stream)
-            elif enc.kind == L.KIND_NDARRAY:
-                src = np.ascontiguousarray(enc.src) if c_order else np.asfortranarray(enc.src)
-                dst.data.copy_from_host_async(src.ctypes.data, enc.size, stream)
-            else:
-                src = np.empty(enc.size, np.uint8)
-                serialize.write(enc, src, 0)
-                dst.data.copy_from_host_async(src.ctypes.data, enc.size, stream)
-            stream.synchronize()  # the source lives until here; the entry is sealed after
+        elif enc.kind == L.KIND_NDARRAY:
+            src = np.ascontiguousarray(enc.src) if c_order else np.asfortranarray(enc.src)
+        else:
+            src = np.empty(enc.size, np.uint8)
+            serialize.write(enc, src, 0)
+        copy_into(dst, src, enc.size, "store", key)  # synchronised: the entry is sealed after
 
     def sink(self, idx: int, gen: int, offset: int, size: int, key: str) -> DeviceSink:
         return DeviceSink(self.array(offset, size, key=key), key)
@@ -456,16 +454,7 @@ class GpuLevel:
         """
         if not size:
             return
-        cupy = need_cupy("move an object")
-        dst = self.array(offset, size)
-        with cuda_errors("move an object", None, dst.device.id, self._name(dst.device.id)), dst.device:
-            stream = cupy.cuda.get_current_stream()
-            if is_device_array(src):
-                dst.data.copy_from_device_async(cupy.asarray(src).data, size, stream)
-            else:
-                host = np.frombuffer(src, np.uint8, size)
-                dst.data.copy_from_host_async(host.ctypes.data, size, stream)
-            stream.synchronize()
+        copy_into(self.array(offset, size), src, size, "move an object")
         progress(size)
 
     def abort_move(self, idx: int, e: L.Entry) -> None:
@@ -491,43 +480,3 @@ class GpuLevel:
             self.release_arenas()
         else:
             self._let_go()
-
-
-class DeviceSink:
-    """A writer's target on the GPU: a device array over the object's bytes, filled on the current stream."""
-
-    def __init__(self, dst: Any, key: str | None = None) -> None:
-        self._dst: Any = dst
-        self._key = key
-
-    def write(self, data: Any, pos: int) -> None:
-        """Copy ``data`` in at ``pos`` on the current stream and synchronise it.
-
-        Raises:
-            DeviceError: CuPy is missing here, or CUDA refused the copy.
-        """
-        if self._dst is None or not len(data):
-            return
-        cupy = need_cupy("store", self._key)
-        piece = self._dst[pos: pos + len(data)]
-        with cuda_errors("store", self._key, piece.device.id):
-            stream = cupy.cuda.get_current_stream()
-            if is_device_array(data):
-                piece[...] = cupy.asarray(data).view(cupy.uint8).reshape(-1)  # a copy on the current stream
-            else:
-                host = np.ascontiguousarray(np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data)
-                piece.data.copy_from_host_async(host.ctypes.data, host.nbytes, stream)
-            stream.synchronize()
-
-    def buffer(self) -> Any:
-        return None  # a writer streams host bytes; an incoming transfer asks cuda_buffer()
-
-    def cuda_buffer(self) -> Any:
-        """The device array to receive into (CUDA-aware MPI)."""
-        return self._dst
-
-    def close(self) -> None:
-        self._dst = None
-
-    def abort(self) -> None:
-        self._dst = None
