@@ -79,3 +79,49 @@ def test_without_cupy_every_gpu_path_says_so():
         device.device_source()
     device.to_host(np.empty(0, np.uint8), FakeDeviceArray())  # nothing to copy: nothing asked
     device.settle(0)  # a view's release never raises
+
+
+class FakeStream:
+    def __init__(self, log):
+        self.log = log
+
+    def synchronize(self):
+        self.log.append("synchronize the current stream")
+
+
+class FakeCupy:
+    """Just what copy_into touches: the current stream, and a device array's device and memory pointer."""
+
+    def __init__(self, log):
+        self.stream = FakeStream(log)
+        self.cuda = self
+        self.log = log
+
+    def get_current_stream(self):
+        return self.stream
+
+
+class FakeDst:
+    def __init__(self, log):
+        self.log, self.data, self.device = log, self, self
+        self.id = 2
+
+    def __enter__(self):
+        self.log.append("on device 2")
+
+    def __exit__(self, *exc):
+        self.log.append("back")
+
+    def copy_from_host_async(self, ptr, n, stream):
+        self.log.append(("copy host->device on", stream, n))
+
+    def copy_from_host(self, ptr, n):  # the legacy-stream form: must not be used
+        raise AssertionError("copy on the legacy stream")
+
+
+def test_copies_run_on_the_current_stream_and_land_before_return(monkeypatch):
+    log = []
+    fake = FakeCupy(log)
+    monkeypatch.setattr(device, "_CUPY", [(fake, None, os.getpid())])
+    device.copy_into(FakeDst(log), b"abcd", 4, "store", "k")
+    assert log == ["on device 2", ("copy host->device on", fake.stream, 4), "synchronize the current stream", "back"]
