@@ -278,7 +278,8 @@ class GpuLevel:
 
     # ---- this process's mapping ---------------------------------------------------------
     def _mapping(self, slot: int, key: str | None = None) -> Mapping:
-        """This process's mapping of arena ``slot`` (opened once per process and epoch).
+        """This process's mapping of arena ``slot`` (opened once per process and epoch), with one reference
+        taken for the caller (who releases it): a ``close`` on another thread cannot unmap it meanwhile.
 
         Raises:
             OSError: the arena is not ready (lost with its spill process: this level lets its mapping go).
@@ -288,6 +289,7 @@ class GpuLevel:
         with self._lock:
             held = self._maps.get(slot)
             if held is not None and held[0] == g.epoch and g.state == L.GPU_READY:
+                held[1].retain()
                 return held[1]
             if held is not None:
                 del self._maps[slot]
@@ -305,6 +307,7 @@ class GpuLevel:
             raise DeviceError(problem, key, ordinal)
         with cuda_errors("map the GPU arena holding", key, ordinal, DEVICES.name_of(ordinal)):
             m = MAPPINGS.open((self._store, slot, bytes(g.uuid), g.epoch), bytes(g.handle), ordinal)
+        m.retain()  # the caller's; the one open gave is this level's
         with self._lock:
             old, self._maps[slot] = self._maps.get(slot), (g.epoch, m)
         if old is not None:
@@ -324,8 +327,11 @@ class GpuLevel:
             return need_cupy("read", key).empty(shape, dtype, order=order)
         slot = slot_of(offset)
         m = self._mapping(slot, key)  # first: a lost arena says so, with or without CuPy here
-        cupy = need_cupy("read", key)
-        holder = view_owner(owner, m, settle if owner is not None else _no_settle)
+        try:
+            cupy = need_cupy("read", key)
+            holder = view_owner(owner, m, settle if owner is not None else _no_settle)  # its own reference
+        finally:
+            m.release()
         mem = cupy.cuda.UnownedMemory(m.ptr + offset - L.gpu_base(slot), nbytes, holder, m.ordinal)
         return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(mem, 0), order=order)
 
