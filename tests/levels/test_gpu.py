@@ -239,6 +239,117 @@ def test_a_get_on_a_lost_arena_or_without_cupy_names_the_key_and_keeps_no_pin(st
     assert lose_arena(node, 1, L.LEVEL_GPU) == 1 and store.check() == []
 
 
+class _FakeCuda:
+    """Just what the GPU level's mapping and views touch of CuPy (no device here): a fake module."""
+
+    def __init__(self, mode=0):
+        self.cuda, self.runtime, self.mode = self, self, mode
+
+    class Device:
+        def __init__(self, d=None):
+            self.id = 0 if d is None else d
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    def getDeviceProperties(self, d):
+        return {"computeMode": self.mode}
+
+    def UnownedMemory(self, ptr, size, owner, device):
+        return (ptr, size, owner, device)
+
+    def MemoryPointer(self, mem, offset):
+        return mem
+
+    def ndarray(self, shape, dtype, memptr, order="C"):
+        return list(memptr)  # holds the memory owner, as a CuPy array does
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch, store):
+    """The GPU level of ``store`` (and a second one, as a second connect has) over a fake CuPy, fake devices
+    and a registry with fake IPC calls; arena slot 2 registered for fake device 0."""
+    from shmstore.levels import device, gpu
+    from shmstore.levels.gpumaps import DeviceIds, MappingRegistry
+    calls = []
+    cuda = _FakeCuda()
+    ids = DeviceIds(lambda: [("0000:3B:00.0", b"u" * 16)])
+    monkeypatch.setattr(device, "_CUPY", [(cuda, None, os.getpid())])
+    monkeypatch.setattr(device, "_MODES", {})
+    monkeypatch.setattr(gpu, "DEVICES", ids)
+    monkeypatch.setattr(gpu, "MAPPINGS", MappingRegistry(lambda h, d: calls.append(("open", h, d)) or 0x10000,
+                                                         lambda ptr: calls.append(("close", ptr))))
+    monkeypatch.setattr(gpu, "settle", lambda d: calls.append(("settle", d)))
+    _spill_process_started(store)
+    _arena_with_objects(store, 2, 8 * MiB, os.getpid(), (MiB,), uuid=ids.key_of(0))
+    L.set_gpu(store.node_store.buf, store.node_store.layout, 2, handle=b"h" * 64)
+    yield calls, cuda, gpu
+    store.node_store.levels[Level.GPU].release_arenas()
+
+
+def test_two_levels_of_one_process_share_a_mapping_that_outlives_close(store, fake_cuda):
+    """Items 10 and 12 wired through the level: a second connect opens nothing again; close() of both leaves
+    the views' mapping open; the last view settles the device, then unmaps, then unpins."""
+    import gc
+    calls, cuda, gpu = fake_cuda
+    node = store.node_store
+    mine, second = node.levels[Level.GPU], gpu.GpuLevel(node, lambda d: None)
+    off = L.gpu_base(2) + 4096
+    pins = []
+    a = mine.array(off, 64, _Pin(pins, "a"))
+    b = second.array(off, 64, _Pin(pins, "b"))
+    assert calls == [("open", b"h" * 64, 0)] and a[0] == b[0] == 0x10000 + 4096
+    mine.close()
+    second.close()
+    assert calls == [("open", b"h" * 64, 0)] and not pins  # the views still read it
+    del a
+    gc.collect()
+    assert calls[1:] == [("settle", 0)] and pins == ["a"]
+    del b
+    gc.collect()
+    assert calls[2:] == [("settle", 0), ("close", 0x10000)] and pins == ["a", "b"]
+
+
+def test_a_lost_arena_unmaps_and_an_unseen_device_or_exclusive_mode_is_named(store, fake_cuda):
+    calls, cuda, gpu = fake_cuda
+    node = store.node_store
+    lv = node.levels[Level.GPU]
+    view = lv.array(L.gpu_base(2), 64)
+    with node.alloc_lock:
+        L.set_gpu(node.buf, node.layout, 2, state=L.GPU_LOST)
+    with pytest.raises(OSError, match="GPU arena 2 is lost"):
+        lv.array(L.gpu_base(2), 64)
+    assert [c[0] for c in calls] == ["open"]  # the level let go; the view still holds it
+    del view
+    assert [c[0] for c in calls] == ["open", "close"]
+    with node.alloc_lock:
+        L.set_gpu(node.buf, node.layout, 2, uuid=b"x" * 16, epoch=2, state=L.GPU_READY)
+    with pytest.raises(shmstore.DeviceError, match="does not see the device of GPU arena 2, which holds 'k'.*"
+                                                   "CUDA_VISIBLE_DEVICES"):
+        lv.array(L.gpu_base(2), 64, key="k")
+    with node.alloc_lock:
+        L.set_gpu(node.buf, node.layout, 2, uuid=gpu.DEVICES.key_of(0))
+    cuda.mode = 3
+    from shmstore.levels import device
+    device._MODES.clear()
+    with pytest.raises(shmstore.DeviceError, match="EXCLUSIVE_PROCESS.*nvidia-smi -c DEFAULT"):
+        lv.array(L.gpu_base(2), 64, key="k")
+    assert "EXCLUSIVE_PROCESS" in lv.available()
+
+
+class _Pin:
+    """Stands for the kernel's pin token: records when it is collected."""
+
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def __del__(self):
+        self.log.append(self.name)
+
+
 # ---- with a device ------------------------------------------------------------------------
 
 @pytest.fixture
