@@ -25,7 +25,7 @@ from ..errors import DeviceError
 
 __all__ = ["cupy_or_reason", "need_cupy", "is_device_array", "to_host", "copy_into", "DeviceSink", "cuda_errors",
            "describe_cuda_error", "compute_mode_problem", "device_problem", "device_source", "settle", "ipc_open",
-           "ipc_close", "device_free"]
+           "ipc_close", "device_free", "allocate_shared"]
 
 _CUPY: list[tuple[Any, str | None, int]] = []  # (the answer, the pid that asked), asked once per process
 _MODES: dict[int, int] = {}  # ordinal -> compute mode, asked once per process
@@ -172,6 +172,29 @@ def settle(ordinal: int) -> None:
     if cupy is not None:
         with cupy.cuda.Device(ordinal):
             cupy.cuda.runtime.deviceSynchronize()
+
+
+def allocate_shared(capacity: int, fraction: float, align: int, ordinal: int, name: str) -> tuple[int, int, bytes]:
+    """A new allocation to share through CUDA IPC on device ``ordinal``: (its size, pointer, IPC handle).
+
+    ``capacity`` bytes (0: ``fraction`` of the device's free memory), rounded down to ``align``. A
+    ``cudaMalloc`` of its own: ``cudaIpcGetMemHandle`` needs the base of an allocation, never a pool's piece.
+
+    Raises:
+        DeviceError: CuPy is missing, or CUDA refused (device memory full ...).
+    """
+    cupy = need_cupy("make the GPU arena")
+    rt = cupy.cuda.runtime
+    with cuda_errors("allocate the GPU arena", None, ordinal, name), cupy.cuda.Device(ordinal):
+        if not capacity:
+            capacity = int(rt.memGetInfo()[0] * fraction)
+        capacity &= ~(align - 1)
+        ptr = rt.malloc(capacity)
+        try:
+            return capacity, ptr, bytes(rt.ipcGetMemHandle(ptr))
+        except BaseException:
+            rt.free(ptr)
+            raise
 
 
 def ipc_open(handle: bytes, ordinal: int) -> int:

@@ -73,6 +73,7 @@ from ..units import format_size
 from ..values import Level
 from .device import (
     DeviceSink,
+    allocate_shared,
     copy_into,
     cuda_errors,
     cupy_or_reason,
@@ -212,7 +213,7 @@ class GpuLevel:
         Raises:
             StorageFullError: no CuPy or no such device here, the device cannot be shared, no device memory.
         """
-        cupy = need_cupy("make the arena")
+        need_cupy("make the arena")
         buf, lay = self.host.buf, self.host.layout
         g = L.unpack_gpu(buf, lay, d)
         if g.state == L.GPU_READY and g.owner == os.getpid():
@@ -226,7 +227,11 @@ class GpuLevel:
         problem = device_problem(ordinal, DEVICES.name_of(ordinal))
         if problem:
             raise StorageFullError(problem, None, Level.GPU)
-        cap, ptr, handle = self._allocate(cupy, g, ordinal)
+        cap = g.capacity if g.state == L.GPU_LOST else L.unpack_spill_state(buf).gpu_capacity
+        try:
+            cap, ptr, handle = allocate_shared(cap, DEFAULT_FRACTION, L.ALIGN, ordinal, DEVICES.name_of(ordinal))
+        except DeviceError as exc:  # the protocol's word for "cannot be made here"; the CUDA error chained
+            raise StorageFullError(str(exc), None, Level.GPU) from exc
         epoch = g.epoch + 1
         m = MAPPINGS.adopt((self._store, d, bytes(g.uuid), epoch), ptr, ordinal, device_free)
         with self._lock:
@@ -240,21 +245,6 @@ class GpuLevel:
             if fresh:
                 Allocator(buf, lay, cap, gpu=d).init_arena()
             L.set_gpu(buf, lay, d, state=L.GPU_READY)
-
-    def _allocate(self, cupy: Any, g: Any, ordinal: int) -> tuple[int, int, bytes]:
-        """(capacity, pointer, IPC handle) of a new device allocation for the arena record ``g``."""
-        rt = cupy.cuda.runtime
-        with cuda_errors("allocate the arena", None, ordinal, DEVICES.name_of(ordinal)), cupy.cuda.Device(ordinal):
-            cap = g.capacity if g.state == L.GPU_LOST else L.unpack_spill_state(self.host.buf).gpu_capacity
-            if not cap:
-                cap = int(rt.memGetInfo()[0] * DEFAULT_FRACTION)
-            cap &= ~(L.ALIGN - 1)
-            ptr = rt.malloc(cap)
-            try:
-                return cap, ptr, bytes(rt.ipcGetMemHandle(ptr))
-            except BaseException:
-                rt.free(ptr)
-                raise
 
     def release_arenas(self) -> int:
         """The owner's exit (the spill process): mark every arena this process holds lost and drop its
