@@ -234,9 +234,11 @@ def to_host(dst: np.ndarray, src: Any) -> None:
     if is_device_array(src):
         cupy = need_cupy("copy to the host")
         with cuda_errors("copy to the host"):
-            stream = cupy.cuda.get_current_stream()
-            cupy.asarray(src).view(cupy.uint8).reshape(-1)[:dst.nbytes].get(stream=stream, out=dst)
-            stream.synchronize()
+            arr = cupy.asarray(src)
+            with arr.device:  # the current stream of the array's device: after the work queued on it there
+                stream = cupy.cuda.get_current_stream()
+                arr.view(cupy.uint8).reshape(-1)[:dst.nbytes].get(stream=stream, out=dst)
+                stream.synchronize()
     else:
         dst[...] = np.frombuffer(src, np.uint8, dst.nbytes)
 
