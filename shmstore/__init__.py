@@ -8,6 +8,7 @@ between nodes over MPI.
 from .errors import (
     ConfigError,
     ConfigWarning,
+    DeviceError,
     InvalidArgumentError,
     InvalidKeyError,
     LayoutError,
@@ -41,7 +42,7 @@ __all__ = [
     "Writer", "StoreMapping", "Ref",
     "ShmStoreError", "ObjectNotFoundError", "ObjectExistsError", "ObjectLockedError", "StorageFullError",
     "LockTimeoutError", "LayoutError", "StoreClosedError", "StoreNotFoundError",
-    "StoreInUseError", "SpillError", "TransferError",
+    "StoreInUseError", "SpillError", "TransferError", "DeviceError",
     "InvalidArgumentError", "InvalidKeyError", "SerializationError", "ConfigError", "PermissionDeniedError",
     "ShmStoreWarning", "ConfigWarning",
     "__version__",

@@ -21,6 +21,7 @@ __all__ = [
     "StoreInUseError",
     "SpillError",
     "TransferError",
+    "DeviceError",
     "InvalidArgumentError",
     "InvalidKeyError",
     "SerializationError",
@@ -115,6 +116,21 @@ class TransferError(ShmStoreError):
         super().__init__(message)
         self.object_id = object_id
         self.peer = peer
+
+
+class DeviceError(ShmStoreError, RuntimeError):
+    """A GPU operation failed: CuPy is missing, CUDA refused (the error it gave is chained), or the device
+    cannot serve a shared arena (an exclusive compute mode, CUDA used before ``fork()``).
+
+    A ``RuntimeError``, as CuPy's own CUDA errors are. The message names the
+    device, the object (if any) and what to do; ``device`` is the CUDA
+    ordinal in this process (None where unknown).
+    """
+
+    def __init__(self, message: str, object_id: str | None = None, device: int | None = None) -> None:
+        super().__init__(message)
+        self.object_id = object_id
+        self.device = device
 
 
 class InvalidArgumentError(ShmStoreError, ValueError):

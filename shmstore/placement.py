@@ -223,7 +223,9 @@ class Placement:
         idx, e, _ = self.kernel.lookup(self.kernel.begin(key), False)
         if e.level != level:
             deadline = time.monotonic() + self.config.spill_timeout
-            self._request(key, L.REQ_MOVE, deadline, progress, idx=idx, gen=e.gen, level=int(level))
+            device = self.node.devices.get(level)  # onto the arena of this process's device, not the spill process's
+            arena = device.local_arena() + 1 if device is not None else 0
+            self._request(key, L.REQ_MOVE, deadline, progress, idx=idx, gen=e.gen, level=int(level), arena=arena)
         return self.kernel.info(key)
 
     # ---- capacity ---------------------------------------------------------------

@@ -22,7 +22,7 @@ def test_parse_levels_normalises_and_keeps_order():
                                         (L.ERR_MISSING, shmstore.ObjectNotFoundError),
                                         (L.ERR_FULL, shmstore.StorageFullError), (L.ERR_IO, shmstore.SpillError)])
 def test_each_answer_of_the_spill_process_becomes_its_error(error, cls):
-    r = L.Request(L.REQ_MOVE, 1, 0, 0, 0, L.RS_FAILED, error, 0, "why it failed")
+    r = L.Request(L.REQ_MOVE, 1, 0, 0, 0, L.RS_FAILED, error, 0, 0, "why it failed")
     exc = _request_error("k", r)
     assert isinstance(exc, cls) and "'k': why it failed" in str(exc)
 

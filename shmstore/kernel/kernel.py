@@ -325,10 +325,11 @@ class Kernel:
         allocation, whose memory owner holds the pin."""
         level = self._devices[Level(e.level)]
         token = pin_token(self._release, idx, e.gen)  # dropped on failure: its finalizer unpins
+        key = L.entry_key(self._buf, self._lay.entry(idx), e.keylen).decode(errors="replace")  # for messages
         try:
-            return level.value(e, array, token)
-        except OSError as exc:
-            raise SpillError(f"cannot read object (entry {idx}) on {level.level}: {exc}") from exc
+            return level.value(e, array, token, key)
+        except OSError as exc:  # its arena is gone (lost with the spill process that held it)
+            raise SpillError(f"cannot read {key!r} on {level.level}: {exc}", key) from exc
 
     def _get_fast(self, key: str) -> Any:
         """``get`` of an array or raw bytes in memory through the C fast path: one C call finds, pins and

@@ -231,7 +231,7 @@ class NodeStore:
             if slot + 1 > L.ALLOC.get(self.buf, "slots_high"):  # first: whoever counts pins must look at this row
                 L.ALLOC.set(self.buf, "slots_high", slot + 1)
             L.pack_client(self.buf, self.layout.client(slot), pid, 1, start, time.time())
-            L.pack_request(self.buf, self.layout.client(slot), L.Request(0, 0, 0, 0, 0, 0, 0, 0, ""))
+            L.pack_request(self.buf, self.layout.client(slot), L.Request(0, 0, 0, 0, 0, 0, 0, 0, 0, ""))
             return slot
 
     def deregister(self, slot: int) -> int:
@@ -239,7 +239,7 @@ class NodeStore:
         with self.admin:
             self.table.clear_pins(slot)
             L.pack_client(self.buf, self.layout.client(slot), 0, 0, 0, 0.0)
-            L.pack_request(self.buf, self.layout.client(slot), L.Request(0, 0, 0, 0, 0, 0, 0, 0, ""))
+            L.pack_request(self.buf, self.layout.client(slot), L.Request(0, 0, 0, 0, 0, 0, 0, 0, 0, ""))
             return int((L.client_table(self.buf, self.layout)["state"] == 1).sum())
 
     def clients(self) -> list[tuple[int, int, int]]:

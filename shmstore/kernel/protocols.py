@@ -42,6 +42,7 @@ Locking contract (see ``kernel/alloc.py`` and ``kernel/repair.py`` for why):
 from __future__ import annotations
 
 import mmap
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
 __all__ = ["LevelHost", "StorageLevel", "MovableLevel", "DeviceLevel", "Levels", "Sink", "RequestArena"]
 
 RequestArena = Callable[[int], "str | None"]
-"""Asks the spill process to make device ``d``'s arena: None once made, else why not (a sentence)."""
+"""Asks the spill process to make arena slot ``d`` (on the device the slot names): None once made, else why not."""
 
 
 class LevelHost(Protocol):
@@ -255,13 +256,14 @@ class MovableLevel(StorageLevel, Protocol):
 class DeviceLevel(MovableLevel, Protocol):
     """A level whose bytes live in device memory, reached through arenas its owner process makes."""
 
-    def value(self, e: L.Entry, array: tuple[Any, ...] | None, token: Any) -> Any:
-        """The value of entry ``e`` (pinned by the caller): a device array over its bytes (``array`` =
-        dtype, shape, order) whose memory owner is ``token`` (it holds the pin); other kinds as the level
-        gives them back.
+    def value(self, e: L.Entry, array: tuple[Any, ...] | None, token: Any, key: str | None = None) -> Any:
+        """The value of entry ``e`` (pinned by the caller; ``key``, for messages): a device array over its
+        bytes (``array`` = dtype, shape, order) whose memory owner is ``token`` (it holds the pin); other
+        kinds as the level gives them back.
 
         Raises:
-            OSError: the bytes cannot be reached here.
+            OSError: the bytes cannot be reached here (their arena was lost).
+            DeviceError: no CuPy or no such device here, or CUDA refused (naming ``key``).
         """
 
     def export(self, e: L.Entry, token: Any) -> Any:
@@ -271,8 +273,25 @@ class DeviceLevel(MovableLevel, Protocol):
     def host_bytes(self, arr: Any) -> bytes:
         """The bytes of a device array this level gave (``export``), copied to the host."""
 
+    def local_arena(self) -> int:
+        """The arena slot of this process's current device, claimed if no slot names it yet (metadata
+        only); -1 where this process has no device.
+
+        Raises:
+            StorageFullError: every slot names another device.
+        """
+
+    def aim(self, slot: int) -> None:
+        """Make ``space_for_move`` place the moves that follow on arena ``slot`` (a client's device's, as
+        its request says), or (-1) where the level chooses; the spill process's mover is single-threaded."""
+
+    def arenas(self) -> Sequence[tuple[int, int, int, int]]:
+        """(slot, first offset, end offset, capacity) of every ready arena (metadata only): the relief pass
+        weighs each arena's objects against that arena's own capacity."""
+
     def make_arena(self, d: int) -> None:
-        """Make device ``d``'s arena, owned by this process (the spill process, serving a client's request).
+        """Make arena slot ``d`` on the device it names, owned by this process (the spill process, serving a
+        client's request).
 
         Raises:
             StorageFullError: it cannot be made (no device memory, no CUDA here).

@@ -5,11 +5,16 @@ How it works:
 - **One arena per device**, made on first use by the node's spill process
   (one per node, spawned, long-lived): ``cudaMalloc`` of ``gpu_capacity``
   (default: half the device's free memory), its ``cudaIpcMemHandle_t``
-  recorded in the metadata (``GPU_ARENA``), the arena's free space added
-  to the store's allocator as a range of its own (offsets from
-  ``(d + 1) << 44``). A client asks for it with a request (``REQ_GPU``) and
+  recorded in the metadata (``GPU_ARENA`` slot ``s``), the arena's free
+  space added to the store's allocator as a range of its own (offsets from
+  ``(s + 1) << 44``). A slot names its device by a key that is the same in
+  every process (``GPU_ARENA.uuid``, see ``gpumaps.py``), never by a CUDA
+  ordinal, which depends on each process's ``CUDA_VISIBLE_DEVICES``; each
+  process maps the key to its own ordinal. A client claims the slot of its
+  current device and asks for the arena with a request (``REQ_GPU``) and
   waits, like a request for room.
-- **Clients open the handle once** (``cudaIpcOpenMemHandle``) and cut
+- **Clients open the handle once per process** (``cudaIpcOpenMemHandle``,
+  shared by every store of the process and refcounted: ``gpumaps.py``) and cut
   objects from the arena with the same allocator, records and locks as the
   memory arena: the object table, pins, the janitor, crash repair and
   ``check()`` treat GPU objects like any other. Only copying bytes and
@@ -17,21 +22,32 @@ How it works:
 - ``get`` of a GPU object returns a CuPy array over the shared allocation
   (no copy; read-only by convention: CUDA has no read-only mappings, and a
   write changes the object under every reader). The array holds the
-  object's pin, like a numpy view: spill never moves it meanwhile.
+  object's pin, like a numpy view: spill never moves it meanwhile; and it
+  holds the mapping: ``close()`` of the store unmaps only after the last
+  such array is gone. When the array is collected, the device is
+  synchronised before the pin goes (work queued on the view finishes
+  before its space can be reused).
+- Copies run on the current stream (``*_async`` on
+  ``cupy.cuda.get_current_stream()``, after the work already queued on it)
+  and that stream is synchronised before the object is sealed.
 - Spill: GPU -> MEMORY -> DISK by the same spill process and rules.
 - Zero-length objects never reach CUDA: no copy, no pointer; they come back
   as empty arrays.
 
 The device memory belongs to the spill process: if that process dies, the
-driver frees it, and the objects on it are lost. Its successor marks the
+driver frees it, and the objects on it are lost (CUDA keeps no allocation
+past its owner; MEMORY and DISK objects survive). Its successor marks the
 arena lost, drops those objects (logging how many) and makes the arena
-again on the next use. MEMORY and DISK objects survive such a death; GPU
-objects do not (CUDA gives no way to keep an allocation past its owner).
+again on the next use; a spill process that exits does the same itself
+before it frees the memory. A client that finds its arena lost lets its
+mapping go.
 
-CuPy is imported lazily, in ``levels/device.py`` only (extra ``gpu``):
-without it, or without a device, the level reports itself unavailable with
-the reason, and every other level works. The metadata operations (freeing,
-repair) never need it.
+CuPy is imported lazily, in ``levels/device.py`` only (extra ``gpu``).
+Without it, without a device, in a process forked after CUDA started, or on
+a device in an exclusive compute mode, the level reports itself unavailable
+with the reason, and every other level works; CUDA's errors become
+``DeviceError`` naming the device, the object and what to do. The metadata
+operations (freeing, repair) never need CuPy.
 
 The level is built from the store's ``LevelHost`` and a way to ask the spill
 process for an arena (``request_arena``); the spill process builds it
@@ -41,44 +57,66 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from ..errors import StorageFullError
+from ..errors import DeviceError, ShmStoreError, StorageFullError
 from ..kernel import layout as L
 from ..kernel import serialize
 from ..kernel.alloc import Allocator
-from ..kernel.procs import pid_alive
 from ..kernel.protocols import LevelHost, RequestArena
 from ..kernel.table import EntryStolen, owns_entry
 from ..kernel.views import pin_token
 from ..units import format_size
 from ..values import Level
-from .device import cupy_or_reason, is_device_array, to_host
+from .device import (
+    DeviceSink,
+    allocate_shared,
+    copy_into,
+    cuda_errors,
+    cupy_or_reason,
+    device_free,
+    device_problem,
+    device_source,
+    ipc_close,
+    ipc_open,
+    is_device_array,
+    need_cupy,
+    settle,
+    to_host,
+)
+from .gpuarena import STATE_NAMES, Arena, drop_dead_arenas, find_slot, ready_arenas, slot_for, slot_of
+from .gpumaps import DeviceIds, Mapping, MappingRegistry, view_owner
 from .memory import abort_arena_move, check_arena_objects, unplace_extent
 
 if TYPE_CHECKING:
     from ..kernel.attach import Attachment
 
-__all__ = ["GpuLevel", "cupy_or_reason", "device_of", "is_device_array", "to_host", "pin_token", "DEFAULT_FRACTION"]
+__all__ = ["GpuLevel", "cupy_or_reason", "device_of", "is_device_array", "to_host", "pin_token", "DEFAULT_FRACTION",
+           "DEVICES", "MAPPINGS"]
 
 DEFAULT_FRACTION = 0.5  # of the device's free memory, for an arena whose size was not set
+DEVICES = DeviceIds(device_source)  # this process's devices by key: one list per process
+MAPPINGS = MappingRegistry(ipc_open, ipc_close)  # this process's arena mappings: one per arena, every store shares
+device_of = slot_of  # the arena slot of an offset (a slot, not an ordinal: see gpuarena.py)
 
 
-def device_of(offset: int) -> int:
-    """The device ordinal of a GPU arena offset."""
-    return (offset >> L.GPU_BASE_SHIFT) - 1
+def _no_settle(ordinal: int) -> None:
+    """Nothing to wait for: the level's own arrays (writes, moves) synchronise before they are dropped."""
 
 
 class GpuLevel:
     """Device memory of the node's GPUs (see :class:`~shmstore.kernel.protocols.DeviceLevel`).
 
     Built from the store's :class:`~shmstore.kernel.protocols.LevelHost` and
-    owned by it; owns this process's IPC mappings of the arenas, and in the
-    process built without ``request_arena`` (the spill process) the arenas'
-    device allocations themselves; ``close`` releases them. Process-safe
-    through the store's locks; thread-safe.
+    owned by it; holds references to this process's mappings of the arenas
+    (``MAPPINGS``, shared by every store of the process), and in the process
+    built without ``request_arena`` (the spill process) the arenas' device
+    allocations themselves. ``close`` lets its references go: a mapping is
+    unmapped, an owned allocation freed, once no array handed out uses it.
+    Process-safe through the store's locks; thread-safe.
     """
 
     level = Level.GPU
@@ -88,128 +126,212 @@ class GpuLevel:
     def __init__(self, host: LevelHost, request_arena: RequestArena | None = None) -> None:
         self.host = host
         self._request_arena = request_arena
-        self._maps: dict[int, tuple[int, int, Any]] = {}  # device -> (epoch, base pointer, what to close)
+        self._maps: dict[int, tuple[int, Mapping]] = {}  # slot -> (epoch, this level's reference)
         self._lock = threading.Lock()
         self.owner = request_arena is None  # this process makes and holds the allocations (the spill process)
+        self._aim = -1  # the arena the mover's next move onto this level goes to (-1: this level chooses)
+        buf = host.buf
+        self._store: Hashable = (bytes(L.HEAD.get(buf, "name")), L.HEAD.get(buf, "created"),
+                                 L.HEAD.get(buf, "creator_pid"))
 
     # ---- where -------------------------------------------------------------------
     def available(self) -> str | None:
-        _, why = cupy_or_reason()
-        return why
+        cupy, why = cupy_or_reason()
+        if cupy is None:
+            return why
+        try:
+            d = self.device()
+            return device_problem(d, DEVICES.name_of(d))
+        except DeviceError as exc:
+            return str(exc)
 
     def device(self) -> int:
         """This process's current CUDA device (0 without CuPy: metadata only)."""
         cupy, _ = cupy_or_reason()
         return int(cupy.cuda.Device().id) if cupy is not None else 0
 
+    def _slot(self, claim: bool) -> int:
+        """The arena slot of this process's current device (claimed if ``claim``); -1 where it has none."""
+        if cupy_or_reason()[0] is None:
+            return -1
+        key = DEVICES.key_of(self.device())
+        return slot_for(self.host, key, self.setting) if claim else find_slot(self.host, key)
+
+    def local_arena(self) -> int:
+        return self._slot(claim=True)
+
+    def aim(self, slot: int) -> None:
+        self._aim = slot if 0 <= slot < L.MAX_GPUS else -1
+
     def total(self) -> int:
-        g = L.unpack_gpu(self.host.buf, self.host.layout, self.device())
-        return int(g.capacity) if g.state == L.GPU_READY else int(L.unpack_spill_state(self.host.buf).gpu_capacity)
+        slot = self._slot(claim=False)
+        g = L.unpack_gpu(self.host.buf, self.host.layout, slot) if slot >= 0 else None
+        if g is not None and g.state == L.GPU_READY:
+            return int(g.capacity)
+        return int(L.unpack_spill_state(self.host.buf).gpu_capacity)
 
     def watermarks(self) -> tuple[float, float]:
         s = L.unpack_spill_state(self.host.buf)
         return s.high, s.low
 
-    def _arena(self, d: int) -> Allocator:
-        """GPU arena ``d``'s allocator, asking the spill process to make the arena first if needed.
+    def arenas(self) -> list[Arena]:
+        """Every ready arena (slot, lo, hi, capacity): what the relief pass weighs one by one."""
+        return ready_arenas(self.host)
+
+    def _arena(self, slot: int) -> Allocator:
+        """Arena ``slot``'s allocator, asking the spill process to make the arena first if needed.
 
         Raises:
             StorageFullError: the spill process could not make it (device memory, no CUDA there).
         """
-        alloc = self.host.gpu_alloc(d)
+        alloc = self.host.gpu_alloc(slot)
         if alloc is not None:
             return alloc
         if self._request_arena is None:
-            self.make_arena(d)
+            self.make_arena(slot)
         else:  # the one request a level sends: made by whoever uses the level first
-            why = self._request_arena(d)
+            why = self._request_arena(slot)
             if why is not None:
-                raise StorageFullError(f"no GPU arena on device {d}: {why} (see {self.setting})", None, Level.GPU)
-        alloc = self.host.gpu_alloc(d)
+                raise StorageFullError(f"no GPU arena for {self._name()}: {why} (see {self.setting})", None,
+                                       Level.GPU)
+        alloc = self.host.gpu_alloc(slot)
         if alloc is None:
-            raise StorageFullError(f"no GPU arena on device {d} ({self.setting})", None, Level.GPU)
+            raise StorageFullError(f"no GPU arena for {self._name()} ({self.setting})", None, Level.GPU)
         return alloc
+
+    def _name(self, ordinal: int | None = None) -> str:
+        d = self.device() if ordinal is None else ordinal
+        return DEVICES.name_of(d) if cupy_or_reason()[0] is not None else f"GPU {d}"
 
     # ---- the arena's owner (the spill process) ------------------------------------------
     def make_arena(self, d: int) -> None:
-        """Allocate device ``d``'s arena and publish its IPC handle (spill process only).
+        """Allocate arena slot ``d`` on the device it names and publish its IPC handle (spill process only).
 
         A lost arena (its previous owner died) is made again with the same
         size and bins: everything on it was freed when it was marked lost.
+
+        Raises:
+            StorageFullError: no CuPy or no such device here, the device cannot be shared, no device memory.
         """
-        cupy, why = cupy_or_reason()
-        if cupy is None:
-            raise StorageFullError(f"the spill process cannot make a GPU arena: {why}", None, Level.GPU)
+        need_cupy("make the arena")
         buf, lay = self.host.buf, self.host.layout
         g = L.unpack_gpu(buf, lay, d)
         if g.state == L.GPU_READY and g.owner == os.getpid():
             return
-        with cupy.cuda.Device(d):
-            cap = g.capacity if g.state == L.GPU_LOST else L.unpack_spill_state(buf).gpu_capacity
-            if not cap:
-                cap = int(cupy.cuda.runtime.memGetInfo()[0] * DEFAULT_FRACTION)
-            cap &= ~(L.ALIGN - 1)
-            ptr = cupy.cuda.runtime.malloc(cap)
-            handle = bytes(cupy.cuda.runtime.ipcGetMemHandle(ptr))
+        ordinal = DEVICES.ordinal_of(bytes(g.uuid))
+        if ordinal is None:
+            raise StorageFullError(
+                f"the spill process (pid {os.getpid()}) does not see the device of GPU arena {d} (its "
+                f"CUDA_VISIBLE_DEVICES is {os.environ.get('CUDA_VISIBLE_DEVICES')!r}): start the store from a "
+                f"process that sees every GPU the node's clients use", None, Level.GPU)
+        problem = device_problem(ordinal, DEVICES.name_of(ordinal))
+        if problem:
+            raise StorageFullError(problem, None, Level.GPU)
+        cap = g.capacity if g.state == L.GPU_LOST else L.unpack_spill_state(buf).gpu_capacity
+        try:
+            cap, ptr, handle = allocate_shared(cap, DEFAULT_FRACTION, L.ALIGN, ordinal, DEVICES.name_of(ordinal))
+        except DeviceError as exc:  # the protocol's word for "cannot be made here"; the CUDA error chained
+            raise StorageFullError(str(exc), None, Level.GPU) from exc
+        epoch = g.epoch + 1
+        m = MAPPINGS.adopt((self._store, d, bytes(g.uuid), epoch), ptr, ordinal, device_free)
         with self._lock:
-            self._maps[d] = (g.epoch + 1, ptr, ("free", ptr))
+            old, self._maps[d] = self._maps.get(d), (epoch, m)
+        if old is not None:
+            old[1].release()
         with self.host.alloc_lock:
             fresh = g.state != L.GPU_LOST
-            L.set_gpu(buf, lay, d, device=d, base=L.gpu_base(d), capacity=cap, owner=os.getpid(), epoch=g.epoch + 1,
+            L.set_gpu(buf, lay, d, device=ordinal, base=L.gpu_base(d), capacity=cap, owner=os.getpid(), epoch=epoch,
                       handle=handle, message=b"")
             if fresh:
                 Allocator(buf, lay, cap, gpu=d).init_arena()
             L.set_gpu(buf, lay, d, state=L.GPU_READY)
 
-    def release_arenas(self) -> None:
-        """Free the device allocations this process owns (the spill process, at exit)."""
-        cupy, _ = cupy_or_reason()
+    def release_arenas(self) -> int:
+        """The owner's exit (the spill process): mark every arena this process holds lost and drop its
+        objects, then let the allocations go (freed once no array of this process uses them). Marking
+        first, so that no record says ready for memory that is gone; returns how many objects went."""
+        lost = 0
+        try:
+            if L.HEAD.get(self.host.buf, "state") == L.STATE_READY:  # a store being removed: nobody reads it
+                lost = drop_dead_arenas(self.host, self.level, only_mine=True)
+        except (ShmStoreError, OSError):  # a lock that timed out at exit: the successor's drop_lost does it
+            pass
+        finally:
+            self._let_go()
+        return lost
+
+    def _let_go(self) -> None:
         with self._lock:
             maps, self._maps = self._maps, {}
-        for _, _, (how, ptr) in maps.values():
-            if cupy is not None:
-                if how == "free":
-                    cupy.cuda.runtime.free(ptr)
-                else:
-                    cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+        for _, m in maps.values():
+            m.release()
 
     # ---- this process's mapping ---------------------------------------------------------
-    def pointer(self, offset: int) -> int:
-        """The device address of arena ``offset`` in this process (opening the arena's handle once)."""
-        d = device_of(offset)
-        g = L.unpack_gpu(self.host.buf, self.host.layout, d)
-        if g.state != L.GPU_READY:
-            raise OSError(f"GPU arena {d} is {('gone', 'being made', 'ready', 'failed', 'lost')[g.state]}")
+    def _mapping(self, slot: int, key: str | None = None) -> Mapping:
+        """This process's mapping of arena ``slot`` (opened once per process and epoch), with one reference
+        taken for the caller (who releases it): a ``close`` on another thread cannot unmap it meanwhile.
+
+        Raises:
+            OSError: the arena is not ready (lost with its spill process: this level lets its mapping go).
+            DeviceError: CuPy is missing, this process does not see the device, or CUDA refused.
+        """
+        g = L.unpack_gpu(self.host.buf, self.host.layout, slot)
         with self._lock:
-            m = self._maps.get(d)
-            if m is None or m[0] != g.epoch:
-                cupy, why = cupy_or_reason()
-                if cupy is None:
-                    raise OSError(why)
-                if m is not None and m[2][0] == "ipc":
-                    cupy.cuda.runtime.ipcCloseMemHandle(m[1])
-                with cupy.cuda.Device(d):
-                    ptr = cupy.cuda.runtime.ipcOpenMemHandle(bytes(g.handle),
-                                                            cupy.cuda.runtime.cudaIpcMemLazyEnablePeerAccess)
-                m = self._maps[d] = (g.epoch, ptr, ("ipc", ptr))
-        return int(m[1]) + offset - L.gpu_base(d)
+            held = self._maps.get(slot)
+            if held is not None and held[0] == g.epoch and g.state == L.GPU_READY:
+                held[1].retain()
+                return held[1]
+            if held is not None:
+                del self._maps[slot]
+        if held is not None:
+            held[1].release()
+        if g.state != L.GPU_READY:
+            raise OSError(f"GPU arena {slot} is {STATE_NAMES[g.state]}")
+        need_cupy("read", key)
+        ordinal = DEVICES.ordinal_of(bytes(g.uuid))
+        if ordinal is None:
+            raise DeviceError(f"this process does not see the device of GPU arena {slot}, which holds {key!r} "
+                              f"(check CUDA_VISIBLE_DEVICES: the object lives on a GPU this process cannot reach)", key)
+        problem = device_problem(ordinal, DEVICES.name_of(ordinal))
+        if problem:
+            raise DeviceError(problem, key, ordinal)
+        with cuda_errors("map the GPU arena holding", key, ordinal, DEVICES.name_of(ordinal)):
+            m = MAPPINGS.open((self._store, slot, bytes(g.uuid), g.epoch), bytes(g.handle), ordinal)
+        m.retain()  # the caller's; the one open gave is this level's
+        with self._lock:
+            old, self._maps[slot] = self._maps.get(slot), (g.epoch, m)
+        if old is not None:
+            old[1].release()
+        return m
 
     def array(self, offset: int, nbytes: int, owner: Any = None, dtype: Any = np.uint8,
-              shape: tuple[int, ...] | None = None, order: str = "C") -> Any:
-        """A CuPy array over ``nbytes`` of the arena at ``offset`` (no copy); ``owner`` lives as long."""
-        cupy, _ = cupy_or_reason()
+              shape: tuple[int, ...] | None = None, order: str = "C", key: str | None = None) -> Any:
+        """A CuPy array over ``nbytes`` of the arena at ``offset`` (no copy). Its memory owner holds the
+        arena's mapping and ``owner`` (the pin), and synchronises the device before letting the pin go.
+
+        Raises:
+            OSError: the arena is not ready. DeviceError: no CuPy here, or CUDA refused.
+        """
         shape = (nbytes // np.dtype(dtype).itemsize,) if shape is None else shape
         if not nbytes:  # never a pointer for an empty object
-            return cupy.empty(shape, dtype, order=order)
-        d = device_of(offset)
-        mem = cupy.cuda.UnownedMemory(self.pointer(offset), nbytes, owner, d)
+            return need_cupy("read", key).empty(shape, dtype, order=order)
+        slot = slot_of(offset)
+        m = self._mapping(slot, key)  # first: a lost arena says so, with or without CuPy here
+        try:
+            cupy = need_cupy("read", key)
+            holder = view_owner(owner, m, settle if owner is not None else _no_settle)  # its own reference
+        finally:
+            m.release()
+        mem = cupy.cuda.UnownedMemory(m.ptr + offset - L.gpu_base(slot), nbytes, holder, m.ordinal)
         return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(mem, 0), order=order)
 
     # ---- space ---------------------------------------------------------------------
     def place(self, key: str, idx: int, gen: int, size: int, at: Attachment,
               write_entry: Callable[[int, int, int], None]) -> tuple[int, int, int]:
-        d = self.device()
-        arena = self._arena(d)
+        slot = self._slot(claim=True)
+        if slot < 0:
+            need_cupy("store", key)
+        arena = self._arena(slot)
         node, eoff = self.host, self.host.layout.entry(idx)
         with node.alloc_lock:
             if not owns_entry(node.buf, eoff, at.slot, gen):
@@ -218,15 +340,16 @@ class GpuLevel:
             if rec:
                 L.ENTRY_HEAD.set(node.buf, eoff, "extent", rec)
         if not rec:
-            raise self.full(key, size, d)
+            raise self.full(key, size, slot)
         write_entry(off, rec, 0)
         return off, rec, 0
 
-    def full(self, key: str | None, size: int, d: int) -> StorageFullError:
-        cap = self.total()
-        used = self.host.used(L.LEVEL_GPU)
+    def full(self, key: str | None, size: int, slot: int) -> StorageFullError:
+        g = L.unpack_gpu(self.host.buf, self.host.layout, slot)
+        cap = int(g.capacity)
+        used = cap - self.largest_free_in(slot)
         return StorageFullError(
-            f"cannot place {key!r} ({format_size(size)}) on GPU {d}: {format_size(cap - used)} free of "
+            f"cannot place {key!r} ({format_size(size)}) on {self._name()}: {format_size(cap - used)} free of "
             f"{format_size(cap)} (raise {self.setting}, or allow Level.MEMORY)", key, Level.GPU, size, cap - used)
 
     def unplace(self, idx: int, extent: int, flags: int) -> None:
@@ -240,7 +363,10 @@ class GpuLevel:
             self.host.alloc.free_owned(e.extent, idx + 1)
 
     def largest_free(self) -> int:
-        alloc = self.host.gpu_alloc(self.device())
+        return self.largest_free_in(self._slot(claim=False))
+
+    def largest_free_in(self, slot: int) -> int:
+        alloc = self.host.gpu_alloc(slot) if slot >= 0 else None
         if alloc is None:
             return 0
         with self.host.alloc_lock:
@@ -248,37 +374,40 @@ class GpuLevel:
 
     # ---- bytes ---------------------------------------------------------------------
     def write(self, idx: int, gen: int, offset: int, flags: int, enc: serialize.Encoded, key: str) -> None:
+        """Copy the value in on the current stream, and synchronise it before the entry is sealed.
+
+        Raises:
+            DeviceError: CuPy is missing here, or CUDA refused the copy.
+        """
         if not enc.size:
             return
-        cupy, _ = cupy_or_reason()
-        dst = self.array(offset, enc.size)
+        cupy = need_cupy("store", key)
+        dst = self.array(offset, enc.size, key=key)
         c_order = enc.array is None or enc.array[2] == "C"
         if enc.kind == L.KIND_NDARRAY and is_device_array(enc.src):
-            src = cupy.asarray(enc.src)
-            src = cupy.ascontiguousarray(src) if c_order else cupy.asfortranarray(src)
-            dst.data.copy_from_device(src.data, enc.size)
+            with cuda_errors("store", key, dst.device.id):
+                src = cupy.asarray(enc.src)
+                src = cupy.ascontiguousarray(src) if c_order else cupy.asfortranarray(src)
         elif enc.kind == L.KIND_NDARRAY:
             src = np.ascontiguousarray(enc.src) if c_order else np.asfortranarray(enc.src)
-            dst.data.copy_from_host(src.ctypes.data, enc.size)
         else:
-            host = np.empty(enc.size, np.uint8)
-            serialize.write(enc, host, 0)
-            dst.data.copy_from_host(host.ctypes.data, enc.size)
-        cupy.cuda.get_current_stream().synchronize()
+            src = np.empty(enc.size, np.uint8)
+            serialize.write(enc, src, 0)
+        copy_into(dst, src, enc.size, "store", key)  # synchronised: the entry is sealed after
 
     def sink(self, idx: int, gen: int, offset: int, size: int, key: str) -> DeviceSink:
-        return DeviceSink(self.array(offset, size))
+        return DeviceSink(self.array(offset, size, key=key), key)
 
     def view(self, idx: int, gen: int, offset: int, nbytes: int) -> tuple[Any, int]:
         return self.array(offset, nbytes), 0
 
-    def value(self, e: L.Entry, array: tuple[Any, ...] | None, token: Any) -> Any:
+    def value(self, e: L.Entry, array: tuple[Any, ...] | None, token: Any, key: str | None = None) -> Any:
         """The value of GPU entry ``e``: a CuPy array over the arena (``array`` = dtype, shape, order), raw
         bytes as a uint8 CuPy array; a pickled value comes back to the host. ``token`` holds the pin."""
         n, off = e.nbytes, e.offset
         if array is not None:
-            return self.array(off, n, token, array[0], tuple(array[1]), array[2])
-        data = self.array(off, e.size if e.kind == L.KIND_PICKLE else n, token)
+            return self.array(off, n, token, array[0], tuple(array[1]), array[2], key)
+        data = self.array(off, e.size if e.kind == L.KIND_PICKLE else n, token, key=key)
         if e.kind == L.KIND_RAW:
             return data
         host = np.empty(data.size, np.uint8)
@@ -299,28 +428,35 @@ class GpuLevel:
         pass
 
     def space_for_move(self, idx: int, size: int) -> tuple[int, int]:
-        d = self.device()
-        arena = self._arena(d)
+        """Room on the arena the move was aimed at (the asking client's device's), else on this process's
+        current device's, else on the ready arena with the most room."""
+        slot = self._aim if self._aim >= 0 else self._slot(claim=True)
+        if slot < 0:
+            need_cupy("move an object")
+        tried = [slot] + sorted((a.slot for a in ready_arenas(self.host) if a.slot != slot),
+                                key=self.largest_free_in, reverse=True)
         node, eoff = self.host, self.host.layout.entry(idx)
-        with node.alloc_lock:
-            rec, off = arena.alloc(size, idx + 1)
-            if rec:
-                L.ENTRY_HEAD.set(node.buf, eoff, "target_extent", rec)
-                return off, rec
-        raise self.full(None, size, d)
+        for s in tried:
+            arena = self._arena(s) if s == slot else self.host.gpu_alloc(s)
+            if arena is None:
+                continue
+            with node.alloc_lock:
+                rec, off = arena.alloc(size, idx + 1)
+                if rec:
+                    L.ENTRY_HEAD.set(node.buf, eoff, "target_extent", rec)
+                    return off, rec
+        raise self.full(None, size, slot)
 
     def write_move(self, idx: int, gen: int, offset: int, src: Any, size: int,
                    progress: Callable[[int], None]) -> None:
+        """Copy a move's bytes in on the arena's device and its current stream, synchronised before return.
+
+        Raises:
+            DeviceError: CUDA refused (the mover gives the move up: the object stays where it was).
+        """
         if not size:
             return
-        cupy, _ = cupy_or_reason()
-        dst = self.array(offset, size)
-        if is_device_array(src):
-            dst.data.copy_from_device(cupy.asarray(src).data, size)
-        else:
-            host = np.frombuffer(src, np.uint8, size)
-            dst.data.copy_from_host(host.ctypes.data, size)
-        cupy.cuda.get_current_stream().synchronize()
+        copy_into(self.array(offset, size), src, size, "move an object")
         progress(size)
 
     def abort_move(self, idx: int, e: L.Entry) -> None:
@@ -338,76 +474,11 @@ class GpuLevel:
 
     def drop_lost(self) -> int:
         """Mark the arenas whose owner (a dead spill process) took the device memory with it as lost, and
-        drop the objects that lived there; returns how many objects were lost.
-
-        Their space goes back to the lost arena's bins, which the next owner
-        reuses when it makes the arena again (same size, new IPC handle).
-        """
-        host = self.host
-        buf, lay, table = host.buf, host.layout, host.table
-        lost = 0
-        for d in range(L.MAX_GPUS):
-            g = L.unpack_gpu(buf, lay, d)
-            if g.state != L.GPU_READY or pid_alive(g.owner):
-                continue
-            with host.alloc_lock:
-                L.set_gpu(buf, lay, d, state=L.GPU_LOST)
-            t = L.entry_table(buf, lay)
-            lo, hi = L.gpu_base(d), L.gpu_base(d) + int(g.capacity)
-            on = (t["level"] == self.level) & (t["offset"] >= lo) & (t["offset"] < hi)
-            for idx in np.flatnonzero(on & (t["state"] == L.SEALED)).tolist():
-                with host.stripe_of(idx):
-                    e = L.entry(buf, lay.entry(idx))
-                    if e.state != L.SEALED or e.level != self.level:
-                        continue
-                    table.mark_deleted(idx)  # hidden first, then out of its chain (see repair.py)
-                    table.unlink(idx, table.bucket_of(idx))
-                    host.free_if_unpinned(idx)
-                    lost += 1
-        return lost
+        drop the objects that lived there; returns how many objects were lost."""
+        return drop_dead_arenas(self.host, self.level)
 
     def close(self) -> None:
         if self.owner:
             self.release_arenas()
-            return
-        cupy, _ = cupy_or_reason()
-        with self._lock:
-            maps, self._maps = self._maps, {}
-        if cupy is not None:
-            for _, ptr, _how in maps.values():
-                try:
-                    cupy.cuda.runtime.ipcCloseMemHandle(ptr)
-                except Exception:  # a finalizer-time close never raises
-                    pass
-
-
-class DeviceSink:
-    """A writer's target on the GPU: a device array over the object's bytes."""
-
-    def __init__(self, dst: Any) -> None:
-        self._dst: Any = dst
-
-    def write(self, data: Any, pos: int) -> None:
-        if self._dst is None or not len(data):
-            return
-        cupy, _ = cupy_or_reason()
-        piece = self._dst[pos: pos + len(data)]
-        if is_device_array(data):
-            piece[...] = cupy.asarray(data).view(cupy.uint8).reshape(-1)
         else:
-            host = np.ascontiguousarray(np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data)
-            piece.data.copy_from_host(host.ctypes.data, host.nbytes)
-        cupy.cuda.get_current_stream().synchronize()
-
-    def buffer(self) -> Any:
-        return None  # a writer streams host bytes; an incoming transfer asks cuda_buffer()
-
-    def cuda_buffer(self) -> Any:
-        """The device array to receive into (CUDA-aware MPI)."""
-        return self._dst
-
-    def close(self) -> None:
-        self._dst = None
-
-    def abort(self) -> None:
-        self._dst = None
+            self._let_go()

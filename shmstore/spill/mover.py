@@ -38,7 +38,7 @@ from ..kernel.node import NodeStore
 from ..kernel.protocols import MovableLevel
 from ..levels import Level
 from ..units import format_size
-from .policy import spill_candidates, watermark_excess
+from .policy import arena_used, spill_candidates, watermark_excess
 
 __all__ = ["Mover", "MoveError"]
 
@@ -268,20 +268,34 @@ class Mover:
         """
         deadline, moved = time.monotonic() + budget, 0
         for level, lv in sorted(self.node.levels.items()):  # fastest first: what it spills may fill the next
-            if lv.spill_to is None or lv.available():
+            if lv.spill_to is None:
+                continue
+            entries = L.entry_table(self.buf, self.lay)
+            parts = self._parts(level, lv, entries)
+            if not parts or lv.available():  # a device level with no arena made: nothing to weigh, no CUDA
                 continue
             high, low = lv.watermarks()
-            need = watermark_excess(self.node.used(int(level)), lv.total(), high, low)
-            if not need:
-                continue
-            done = 0
-            entries = L.entry_table(self.buf, self.lay)
-            for idx in spill_candidates(entries, self.node.table.pin_counts(len(entries)), level=int(level)):
-                if done >= need or time.monotonic() > deadline or interrupt():
-                    break
-                done += self._spill_quietly(int(idx), lv.spill_to)
-            moved += done
+            for used, total, within in parts:
+                need = watermark_excess(used, total, high, low)
+                if not need:
+                    continue
+                done = 0
+                pins = self.node.table.pin_counts(len(entries))
+                for idx in spill_candidates(entries, pins, level=int(level), within=within):
+                    if done >= need or time.monotonic() > deadline or interrupt():
+                        break
+                    done += self._spill_quietly(int(idx), lv.spill_to)
+                moved += done
         return moved
+
+    def _parts(self, level: Level, lv: MovableLevel,
+               entries: np.ndarray) -> list[tuple[int, int, tuple[int, int] | None]]:
+        """(used, capacity, offset range) of each part of ``level`` weighed on its own: every ready arena of
+        a device level (each against its own capacity: devices differ), else the level as a whole."""
+        device = self.node.devices.get(level)
+        if device is None:
+            return [(self.node.used(int(level)), lv.total(), None)]
+        return [(arena_used(entries, int(level), lo, hi), cap, (lo, hi)) for _, lo, hi, cap in device.arenas()]
 
     # ---- recovery ---------------------------------------------------------------
     def recover(self) -> int:

@@ -184,7 +184,15 @@ class _Spiller:
         elif req.kind == L.REQ_SPACE:
             self.mover.make_room(req.nbytes, level=level)
         elif req.kind == L.REQ_MOVE:
-            self.mover.move(req.idx, req.gen, level)
+            device = self.node.devices.get(level)
+            if device is None:
+                self.mover.move(req.idx, req.gen, level)
+                return
+            device.aim(req.arena - 1)  # the asking client's device's arena, not this process's device 0
+            try:
+                self.mover.move(req.idx, req.gen, level)
+            finally:
+                device.aim(-1)
 
     def _orphaned(self) -> bool:
         """True when the store's segments were removed behind its back (an ``rm`` in /dev/shm, a cleaner

@@ -28,12 +28,13 @@ __all__ = ["submit", "wait", "pending", "complete", "request_arena"]
 
 
 def submit(node: NodeStore, slot: int, kind: int, nbytes: int = 0, idx: int = 0, gen: int = 0,
-           level: int = 0) -> int:
+           level: int = 0, arena: int = 0) -> int:
     """Post a request for client ``slot``; returns its sequence number."""
     buf, at = node.buf, node.layout.client(slot) + L.REQUEST_OFFSET
     seq: int = (L.REQUEST.get(buf, at, "seq") + 1) & 0xFFFFFFFF
     L.REQUEST.set(buf, at, "status", L.RS_IDLE)  # then the rest, then pending: the publishing store
-    L.REQUEST.pack(buf, at, kind=kind, seq=seq, idx=idx, gen=gen, level=level, status=L.RS_IDLE, nbytes=nbytes)
+    L.REQUEST.pack(buf, at, kind=kind, seq=seq, idx=idx, gen=gen, level=level, status=L.RS_IDLE, nbytes=nbytes,
+                   arena=arena)
     L.REQUEST.set(buf, at, "status", L.RS_PENDING)
     node.wake.post()
     return seq
@@ -105,7 +106,7 @@ def complete(node: NodeStore, slot: int, req: L.Request, error: int = 0, message
 
 
 def request_arena(node: NodeStore, slot: int, level: int, d: int) -> str | None:
-    """Ask the spill process to make device ``d``'s arena of ``level`` (``REQ_GPU``) for client ``slot``, and
+    """Ask the spill process to make arena slot ``d`` of ``level`` (``REQ_GPU``) for client ``slot``, and
     wait for it (``spill_timeout``): None once made, else why not. What a client's device level is opened
     with (``open_levels``), so that the level sends no request of its own."""
     seq = submit(node, slot, L.REQ_GPU, idx=d, level=level)

@@ -32,7 +32,8 @@ __all__ = ["MAGIC", "LAYOUT_VERSION", "HEADER_SIZE", "MAX_SESSIONS", "MAX_KEY", 
            "USED_WIDTH", "Header", "SpillState", "Request", "Migration", "fast_path_layout"]
 
 MAGIC = b"SHMSTOR\0"
-LAYOUT_VERSION = 8  # 8: a stripe owns whole cache lines of bucket heads (STRIPE_SHIFT)
+LAYOUT_VERSION = 8  # 8: a stripe owns whole cache lines of bucket heads (STRIPE_SHIFT); GPU arenas keyed by
+                    # the device's identity (GPU_ARENA.uuid), not its ordinal; REQUEST.arena
 HEADER_SIZE = 4096
 MAX_SESSIONS = 256
 MAX_KEY = 255
@@ -136,7 +137,8 @@ TRANSFER_STATS = Record("TRANSFER_STATS", 32, """
 GPU_ARENA = Record("GPU_ARENA", 512, """
     0    state     u32       0 none, 1 asked for (the spill process creates it), 2 ready, 3 failed
                              (see message), 4 lost (its owner died: its objects went)
-    4    device    i32       CUDA device ordinal
+    4    device    i32       the device's CUDA ordinal in the owner process (information only: ordinals
+                             depend on each process's CUDA_VISIBLE_DEVICES; ``uuid`` names the device)
     8    base      u64       offset of the arena in the store's offset space ((d + 1) << 44)
     16   capacity  u64       bytes
     24   owner     i32       pid of the process holding the device allocation (the spill process)
@@ -145,6 +147,8 @@ GPU_ARENA = Record("GPU_ARENA", 512, """
     40   bins      i32[64]   free extents of this arena, per size class (as ALLOC_STATE's)
     296  handle    bytes64   the allocation's cudaIpcMemHandle_t
     360  message   bytes120  why creating it failed (UTF-8)
+    480  uuid      bytes16   the device's identity, the same in every process (levels/gpumaps.py
+                             device_key: from its PCI bus id and UUID); all zero: slot unclaimed
 """)
 GPU_NONE, GPU_ASKED, GPU_READY, GPU_FAILED, GPU_LOST = 0, 1, 2, 3, 4
 SESSION = Record("SESSION", 64, """
@@ -163,13 +167,15 @@ CLIENT = Record("CLIENT", 256, """
 REQUEST_OFFSET = 64  # within a CLIENT record
 REQUEST = Record("REQUEST", 160, """
     0    kind     u32       0 none, 1 make room (bytes on a level), 2 move an entry to a level, 3 make
-                            the GPU arena of device ``idx``
+                            GPU arena slot ``idx`` (on the device the slot names)
     4    seq      u32       sequence number (bumped by the client on every request)
     8    idx      i32       entry index
     12   gen      u32       entry generation
     16   level    u32       the level to make room on, or to move to
     20   status   u32       0 idle, 1 pending, 2 done, 3 failed
     24   error    u32       when failed: 1 full, 2 I/O, 3 locked, 4 not found
+    28   arena    i32       a move onto a device level: the slot + 1 of the arena of the asking client's
+                            current device (0: the spill process chooses)
     32   nbytes   u64       bytes
     40   message  bytes120  error message (UTF-8)
 """)
