@@ -4,7 +4,8 @@
 Measured in one run, medians over repeats:
 
 - small objects (20,000 numpy arrays of 64 bytes): put and get ops/s in one
-  process and in two processes at once, and a sweep of 1, 2, 4, 8 processes
+  process and in two processes at once (and of the workers' whole
+  put/get/delete pass), and a sweep of 1, 2, 4, 8 processes
   at once (where it flattens: at the core count); baseline: one
   ``multiprocessing.shared_memory`` segment per object plus a
   ``multiprocessing.Manager().dict()`` registry;
@@ -80,7 +81,7 @@ def bench_small(n: int, repeats: int, name: str) -> dict:
     the figures of this (benchmark) process are reported too.
     """
     arrays = [np.full(8, i, np.float64) for i in range(n)]  # 64 bytes each
-    puts, gets, solo_puts, solo_gets, two_puts, two_gets = [], [], [], [], [], []
+    puts, gets, solo_puts, solo_gets, two_puts, two_gets, solo_mix, two_mix = [], [], [], [], [], [], [], []
     with shmstore.connect(name, capacity="256MiB", prefault="64MiB") as store:
         store.wait_prefaulted(64 * MiB)
         small_ops(store, [f"warm{i}" for i in range(2000)], arrays[:2000])
@@ -91,12 +92,14 @@ def bench_small(n: int, repeats: int, name: str) -> dict:
                 p, g = small_ops(store, [f"k{r}-{i}" for i in range(n)], arrays)
                 puts.append(p)
                 gets.append(g)
-                p, g = workers.run(1)
+                p, g, m = workers.run(1)
                 solo_puts.append(p)
                 solo_gets.append(g)
-                p, g = workers.run(2)
+                solo_mix.append(m)
+                p, g, m = workers.run(2)
                 two_puts.append(p)
                 two_gets.append(g)
+                two_mix.append(m)
         finally:
             workers.close()
     base = bench_small_baseline(min(n, 5000), arrays)
@@ -105,6 +108,7 @@ def bench_small(n: int, repeats: int, name: str) -> dict:
             "two_proc_put_ops": median(two_puts), "two_proc_get_ops": median(two_gets),
             "two_proc_put_ratio": median([t / o for t, o in zip(two_puts, solo_puts)]),
             "two_proc_get_ratio": median([t / o for t, o in zip(two_gets, solo_gets)]),
+            "mix_ops": median(solo_mix), "two_proc_mix_ratio": median([t / o for t, o in zip(two_mix, solo_mix)]),
             "baseline_put_ops": base[0], "baseline_get_ops": base[1]}
 
 
@@ -129,7 +133,7 @@ with shmstore.connect(name, prefault=0) as store:
         t2 = time.perf_counter()
         for k in keys:
             store.delete(k)
-        print(t1 - t0, t2 - t1, flush=True)
+        print(t1 - t0, t2 - t1, time.perf_counter() - t2, flush=True)
         print("ready", flush=True)
 """
 
@@ -146,8 +150,9 @@ class Workers:
         for p in self.procs:
             assert p.stdout.readline().strip() == "ready"
 
-    def run(self, active: int) -> tuple[float, float]:
-        """(aggregate put ops/s, aggregate get ops/s) of one pass of ``active`` workers at once."""
+    def run(self, active: int) -> tuple[float, float, float]:
+        """(aggregate put ops/s, get ops/s, ops/s of the whole put/get/delete pass) of one pass of ``active``
+        workers at once."""
         procs = self.procs[:active]
         for p in procs:
             p.stdin.write("go\n")
@@ -155,7 +160,8 @@ class Workers:
         times = [tuple(map(float, p.stdout.readline().split())) for p in procs]
         for p in procs:
             assert p.stdout.readline().strip() == "ready"
-        return active * self.n / max(t[0] for t in times), active * self.n / max(t[1] for t in times)
+        return (active * self.n / max(t[0] for t in times), active * self.n / max(t[1] for t in times),
+                3 * active * self.n / max(sum(t) for t in times))
 
     def close(self) -> None:
         for p in self.procs:
@@ -165,7 +171,7 @@ class Workers:
 
 def bench_sweep(n: int, repeats: int, name: str, counts: list[int]) -> list[dict]:
     """Aggregate small put/get rates of 1, 2, 4, ... worker processes at once, interleaved per repeat."""
-    rows: dict[int, tuple[list[float], list[float]]] = {c: ([], []) for c in counts}
+    rows: dict[int, tuple[list[float], list[float], list[float]]] = {c: ([], [], []) for c in counts}
     with shmstore.connect(name, capacity="256MiB", prefault="64MiB") as store:
         store.wait_prefaulted(64 * MiB)
         workers = Workers(name, n, max(counts))
@@ -173,14 +179,14 @@ def bench_sweep(n: int, repeats: int, name: str, counts: list[int]) -> list[dict
             workers.run(max(counts))  # warm-up
             for _ in range(repeats):
                 for c in counts:
-                    p, g = workers.run(c)
-                    rows[c][0].append(p)
-                    rows[c][1].append(g)
+                    for i, x in enumerate(workers.run(c)):
+                        rows[c][i].append(x)
         finally:
             workers.close()
     one = rows[counts[0]]
-    return [{"procs": c, "put_ops": median(rows[c][0]), "get_ops": median(rows[c][1]),
-             "put_ratio": median(rows[c][0]) / median(one[0]), "get_ratio": median(rows[c][1]) / median(one[1])}
+    return [{"procs": c, "put_ops": median(rows[c][0]), "get_ops": median(rows[c][1]), "mix_ops": median(rows[c][2]),
+             "put_ratio": median(rows[c][0]) / median(one[0]), "get_ratio": median(rows[c][1]) / median(one[1]),
+             "mix_ratio": median(rows[c][2]) / median(one[2])}
             for c in counts]
 
 
@@ -321,7 +327,8 @@ def main() -> None:
     print(f"small ({r['n']} x 64 B), one process: put {r['put_ops']:,.0f}/s, get {r['get_ops']:,.0f}/s "
           f"(this process: {r['inprocess_put_ops']:,.0f}/s, {r['inprocess_get_ops']:,.0f}/s) | "
           f"two processes: put {r['two_proc_put_ops']:,.0f}/s ({r['two_proc_put_ratio']:.2f}x), "
-          f"get {r['two_proc_get_ops']:,.0f}/s ({r['two_proc_get_ratio']:.2f}x) | "
+          f"get {r['two_proc_get_ops']:,.0f}/s ({r['two_proc_get_ratio']:.2f}x), put/get/delete pass "
+          f"{r['two_proc_mix_ratio']:.2f}x | "
           f"baseline shared_memory+Manager: put {r['baseline_put_ops']:,.0f}/s, get {r['baseline_get_ops']:,.0f}/s "
           f"(shmstore {r['put_ops'] / r['baseline_put_ops']:.0f}x / {r['get_ops'] / r['baseline_get_ops']:.0f}x)",
           flush=True)
@@ -330,7 +337,8 @@ def main() -> None:
         out["sweep"] = rows = bench_sweep(max(1000, args.small // 4), args.repeats, name + "w", counts)
         print("small ops, several processes at once (aggregate, ratio to one): " + " | ".join(
             f"{r['procs']}: put {r['put_ops']:,.0f}/s ({r['put_ratio']:.2f}x), get {r['get_ops']:,.0f}/s "
-            f"({r['get_ratio']:.2f}x)" for r in rows) + f" [{os.cpu_count()} cpus]", flush=True)
+            f"({r['get_ratio']:.2f}x), put/get/delete {r['mix_ops']:,.0f}/s ({r['mix_ratio']:.2f}x)"
+            for r in rows) + f" [{os.cpu_count()} cpus]", flush=True)
     out["big"] = r = bench_big(args.big_mib * MiB, args.repeats, name + "b")
     print(f"{args.big_mib} MiB array: np.copyto {r['copyto_gbps']:.1f} GB/s | put warm {r['put_warm_gbps']:.1f} GB/s "
           f"({r['put_warm_vs_copyto']:.2f}x copyto), cold {r['put_cold_s']:.2f} s ({r['put_cold_vs_copyto']:.2f}x) | "

@@ -137,11 +137,14 @@ def finish_many(node: NodeStore, slots: list[tuple[int, str | None]]) -> None:
             _finish_locked(node, slot, error)
 
 
+_WAIT_NAP_MAX = 0.0005  # a rank that joined a transfer returns within this of its end (a look costs ~2 us)
+
+
 def wait(node: NodeStore, slot: int, sid: int, key: bytes, timeout: float) -> str | None:
     """Wait for the transfer in ``slot``; returns None when done, the error when it failed,
     or ``"retry"`` when its process died (call ``begin`` again)."""
     deadline = time.monotonic() + timeout
-    pause = 0.0005
+    pause = 0.0001
     while time.monotonic() < deadline:
         with node.admin:
             m = L.unpack_migration(node.buf, node.layout, slot)
@@ -152,7 +155,7 @@ def wait(node: NodeStore, slot: int, sid: int, key: bytes, timeout: float) -> st
             if not pid_alive(m.pid, m.start):
                 return "retry"
         time.sleep(pause)
-        pause = min(pause * 2, 0.01)
+        pause = min(pause * 2, _WAIT_NAP_MAX)
     return f"waited {timeout:g} s for the transfer of {key.decode(errors='replace')!r} by another process"
 
 
