@@ -121,9 +121,14 @@ arrays = [np.full(8, i, np.float64) for i in range(n)]
 with shmstore.connect(name, prefault=0) as store:
     r = 0
     print("ready", flush=True)
-    while sys.stdin.readline().strip() == "go":
+    while True:
+        line = sys.stdin.readline().split()
+        if not line or line[0] != "go":
+            break
         keys = [f"{tag}{r}-{i}" for i in range(n)]
         r += 1
+        while time.monotonic() < float(line[1]):  # every worker starts at the same moment (no skew from stdin)
+            pass
         t0 = time.perf_counter()
         for k, a in zip(keys, arrays):
             store.put(k, a)
@@ -154,8 +159,9 @@ class Workers:
         """(aggregate put ops/s, get ops/s, ops/s of the whole put/get/delete pass) of one pass of ``active``
         workers at once."""
         procs = self.procs[:active]
+        start = time.monotonic() + 0.05  # CLOCK_MONOTONIC: the same clock in every process
         for p in procs:
-            p.stdin.write("go\n")
+            p.stdin.write(f"go {start}\n")
             p.stdin.flush()
         times = [tuple(map(float, p.stdout.readline().split())) for p in procs]
         for p in procs:
@@ -334,7 +340,7 @@ def main() -> None:
           flush=True)
     if args.sweep:
         counts = sorted({int(c) for c in args.sweep.split(",")})
-        out["sweep"] = rows = bench_sweep(max(1000, args.small // 4), args.repeats, name + "w", counts)
+        out["sweep"] = rows = bench_sweep(max(1000, args.small // 2), args.repeats, name + "w", counts)
         print("small ops, several processes at once (aggregate, ratio to one): " + " | ".join(
             f"{r['procs']}: put {r['put_ops']:,.0f}/s ({r['put_ratio']:.2f}x), get {r['get_ops']:,.0f}/s "
             f"({r['get_ratio']:.2f}x), put/get/delete {r['mix_ops']:,.0f}/s ({r['mix_ratio']:.2f}x)"

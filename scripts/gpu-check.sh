@@ -253,11 +253,11 @@ if (( INSTALL )) && (( ! PLAN )) && [ -f "$VENV/bin/activate" ]; then
 fi
 P=python  # the venv's; where there is none and no python either (a bare image has python3 only), $PY
 (( PLAN )) || command -v python >/dev/null 2>&1 || P=$PY
-PYTEST=("$P" -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rs)
+PYTEST=("$P" -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rA)  # -rA: every test by name (items 8-15 are named test_itemNN_...)
 step env 45 "$P" -c "$ENV_PY"
 step device-tests 100 "${PYTEST[@]}" tests/levels/test_gpu.py
 step conformance 120 "${PYTEST[@]}" tests/levels/test_conformance.py -k gpu
-step mpi-full-levels 120 "${MPI2[@]}" "$P" -m mpi4py -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rs \
+step mpi-full-levels 120 "${MPI2[@]}" "$P" -m mpi4py -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rA \
     tests/mpi/ranks/test_full_levels.py
 step bench-gpu 75 "$P" scripts/bench_gpu.py --mib 256
 step bench-gpu-mpi 90 "${MPI2[@]}" "$P" -m mpi4py scripts/bench_gpu.py --mpi --mib 256

@@ -276,7 +276,7 @@ class Service:
             TransferError: ``dest`` took no frame for ``peer_timeout`` seconds (the sends are cancelled).
         """
         try:
-            done = settle(reqs, self.timeout, self.spin > 0, _BUSY_PAUSE, _BUSY_PAUSE)
+            done = settle(reqs, self.timeout, False, _BUSY_PAUSE, _BUSY_PAUSE)
         except MPI.Exception:  # MPI failed a send (the receiver died)
             done = False
         if not done:
