@@ -5,9 +5,8 @@ cluster's private communicator. It waits for requests in C with the GIL
 released (``poll.py``): probing back to back for a moment after each request
 (where the host has a core to spare; longer where the request asks it to
 linger: a batch's next request comes soon), then after naps from 50 us
-doubling to 200 us while requests came within the last half second (to
-1 ms where every core of the host has a rank), and every 1 ms after that
-where every core of the host has a rank (a rank that
+doubling to 200 us while requests came within the last half second, and
+every 1 ms after that where every core of the host has a rank (a rank that
 computes beside a service answering now and then loses nothing to 20,000
 wake-ups a second), every 50 us where a core is spare (``poll.idle_nap``).
 A service starts idle: nothing probes busily before the first request. An idle node so costs
@@ -144,9 +143,6 @@ class Service:
         last = time.monotonic() - _IDLE_AFTER  # idle from the start: no busy window before any request
         spin = self.spin
         idle_nap = self.idle
-        # naps after a request double from 50 us up to 200 us where a core is spare, else up to the idle nap
-        # (every core computes: 1,000 wake-ups a second at most, a few ms after a request)
-        active_nap = max(_BUSY_PAUSE, min(_ACTIVE_PAUSE, idle_nap) if idle_nap <= _ACTIVE_PAUSE else idle_nap)
         while True:
             idle = time.monotonic() - last
             if self._outbox.out or self._outbox.handed:
@@ -157,7 +153,8 @@ class Service:
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, 0.002)
                     last = time.monotonic()
                 elif idle < _IDLE_AFTER:
-                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, _IDLE_AFTER - idle, active_nap)
+                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, _IDLE_AFTER - idle,
+                                  max(min(_ACTIVE_PAUSE, idle_nap), _BUSY_PAUSE))
                 else:
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, 0.0, idle_nap, 1.0)
             except (errors.TransferError, OverflowError, OSError):  # the C prober failed: probe from Python
