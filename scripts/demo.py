@@ -129,6 +129,11 @@ def raw_mpi(cluster: Cluster, model: dict[str, np.ndarray] | None, nbytes: int) 
     nbytes = comm.bcast(nbytes)
     peer = cluster.leaders[-1]
     flat = np.concatenate([a.reshape(-1).view(np.uint8) for a in model.values()]) if model is not None else None
+    small = np.zeros(1 << 20, np.uint8)  # the pair's first large message (connection set-up) is not measured
+    if comm.rank == 0:
+        comm.Send(small, dest=peer)
+    elif comm.rank == peer:
+        comm.Recv(small, source=0)
     buf = np.empty(nbytes, np.uint8) if comm.rank == peer else None  # fresh pages: faulted in by the receive
     rates = []
     for _ in range(4):
