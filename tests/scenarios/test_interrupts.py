@@ -195,7 +195,7 @@ def _go_on(store) -> None:
     store.delete("after-w")
 
 
-POINTS = int(os.environ.get("SHMSTORE_INTERRUPT_POINTS", "14"))  # per operation and mode (0: every one; a stride of them)
+POINTS = int(os.environ.get("SHMSTORE_INTERRUPT_POINTS", "14"))  # per operation and mode (0: every one)
 
 
 def sweep(store, prepare, op, verify, mode: str) -> int:
