@@ -101,6 +101,9 @@ def encode(obj: Any) -> Encoded:
             n = obj.nbytes
             return Encoded(L.KIND_NDARRAY, n, n, 0, L.array_meta(dts, obj.shape, order), obj,
                            (obj.dtype, obj.shape, order))
+    if type(obj) is bytes:  # the common raw value: one numpy call
+        src = np.frombuffer(obj, np.uint8) if obj else _EMPTY
+        return Encoded(L.KIND_RAW, src.nbytes, src.nbytes, src=src)
     if isinstance(obj, (bytes, bytearray, memoryview)):
         src = as_u8(obj)
         return Encoded(L.KIND_RAW, src.nbytes, src.nbytes, src=src)
