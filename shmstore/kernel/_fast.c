@@ -411,7 +411,7 @@ static PyObject *context(PyObject *self, PyObject *args) {
     return cap;
 }
 
-/* The start of get_entry, has and read_small: take the stripe lock of ``key`` (a str) without waiting and
+/* The start of get_entry, has, read_small and delete: take the stripe lock of ``key`` (a str) without waiting and
  * find its sealed entry. Returns the held lock, with *cp, *idx (-1: no sealed entry) and *eoff set; or NULL,
  * with *early what the caller returns at once: NULL (an exception is set), None (a key this path does not
  * take) or an RC code (the lock was busy, or its holder died). */
@@ -448,6 +448,19 @@ static pthread_mutex_t *find_locked(PyObject *cap, PyObject *key, Ctx **cp, Py_s
     return m;
 }
 
+/* find_locked for get_entry, read_small and delete, which answer RC_MISSING where the key has no sealed entry:
+ * NULL then too, the lock released and *early that code. */
+static pthread_mutex_t *find_sealed_locked(PyObject *cap, PyObject *key, Ctx **cp, Py_ssize_t *idx,
+                                           Py_ssize_t *eoff, PyObject **early) {
+    pthread_mutex_t *m = find_locked(cap, key, cp, idx, eoff, early);
+    if (m != NULL && *idx < 0) {
+        pthread_mutex_unlock(m);
+        *early = PyLong_FromLong(RC_MISSING);
+        return NULL;
+    }
+    return m;
+}
+
 /* Refresh entry e's access time (the stripe lock held) when it is older than the grain: what LRU needs. */
 static void touch(const Ctx *c, char *e) {
     struct timespec ts;
@@ -471,13 +484,9 @@ static PyObject *get_entry(PyObject *self, PyObject *args) {
         return NULL;
     Ctx *c = NULL;
     Py_ssize_t idx = -1, eoff = 0;
-    pthread_mutex_t *m = find_locked(cap, key, &c, &idx, &eoff, &early);
+    pthread_mutex_t *m = find_sealed_locked(cap, key, &c, &idx, &eoff, &early);
     if (m == NULL)
         return early;
-    if (idx < 0) {
-        pthread_mutex_unlock(m);
-        return PyLong_FromLong(RC_MISSING);
-    }
     if (count_pin(c->pins, idx, c->pins_addr) < 0) {
         pthread_mutex_unlock(m);
         return NULL;
@@ -529,13 +538,9 @@ static PyObject *read_small(PyObject *self, PyObject *args) {
         return NULL;
     Ctx *c = NULL;
     Py_ssize_t idx = -1, eoff = 0;
-    pthread_mutex_t *m = find_locked(cap, key, &c, &idx, &eoff, &early);
+    pthread_mutex_t *m = find_sealed_locked(cap, key, &c, &idx, &eoff, &early);
     if (m == NULL)
         return early;
-    if (idx < 0) {
-        pthread_mutex_unlock(m);
-        return PyLong_FromLong(RC_MISSING);
-    }
     char *e = c->meta + eoff;
     uint64_t off, nbytes;
     uint32_t nblobs;
@@ -640,13 +645,9 @@ static PyObject *delete(PyObject *self, PyObject *args) {
     if (!c->del_ready)
         Py_RETURN_NONE;
     Py_ssize_t idx = -1, eoff = 0;
-    pthread_mutex_t *m = find_locked(cap, key, &c, &idx, &eoff, &early);
+    pthread_mutex_t *m = find_sealed_locked(cap, key, &c, &idx, &eoff, &early);
     if (m == NULL)
         return early;
-    if (idx < 0) {
-        pthread_mutex_unlock(m);
-        return PyLong_FromLong(RC_MISSING);
-    }
     char *e = c->meta + eoff;
     int flags = (unsigned char)e[FLAGS_OFF];
     uint32_t slots_high, h;
