@@ -155,7 +155,7 @@ def _check_entries(buf: Any, lay: L.Layout, t: np.ndarray, linked: set[int], cli
 
 def _check_stats(lay: L.Layout, t: np.ndarray, stats: np.ndarray, problems: list[str]) -> None:
     live = np.isin(t["state"], _LIVE)
-    stripe = ((t["hash"] & (lay.nbuckets - 1)) >> L.STRIPE_SHIFT) & (lay.nstripes - 1)
+    stripe = lay.stripe_of_bucket(t["hash"] & (lay.nbuckets - 1))
     for s in range(lay.nstripes):
         mine = live & (stripe == s)
         for level in range(3):

@@ -89,11 +89,12 @@ class Table:
 
     def stripe_of(self, idx: int) -> int:
         h: int = L.ENTRY_HEAD.get(self.buf, self.layout.entry(idx), "hash")
-        return ((h & self._bucket_mask) >> L.STRIPE_SHIFT) & self._stripe_mask
+        stripe: int = self.layout.stripe_of_bucket(h & self._bucket_mask)
+        return stripe
 
     def stripe_mask(self, stripe: int, t: np.ndarray) -> np.ndarray:
         """Boolean mask of the entries of ``t`` (an entry table view) whose key hashes to ``stripe``."""
-        mask: np.ndarray = (((t["hash"] & self._bucket_mask) >> L.STRIPE_SHIFT) & self._stripe_mask) == stripe
+        mask: np.ndarray = self.layout.stripe_of_bucket(t["hash"] & self._bucket_mask) == stripe
         return mask
 
     def buckets_of(self, stripe: int) -> list[int]:

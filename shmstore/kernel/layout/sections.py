@@ -61,6 +61,7 @@ from .fields import (
     NMIGRATIONS,
     PAGE,
     SESSION,
+    STRIPE_SHIFT,
     STRIPE_STATS,
     align,
 )
@@ -114,6 +115,12 @@ class Layout:
 
     def bucket(self, b: int) -> int:
         return self.buckets + BUCKET.size * b
+
+    def stripe_of_bucket(self, b: Any) -> Any:
+        """The stripe of bucket ``b`` (an int, or an array of them): runs of ``1 << STRIPE_SHIFT`` buckets (one
+        cache line of heads) belong to one stripe, the stripes in turn. ``refs.key_ref`` computes the same
+        inline on the hot path, and ``_fast.c`` from ``fast_path_layout``."""
+        return (b >> STRIPE_SHIFT) & (self.nstripes - 1)
 
     def extent(self, rec: int) -> int:
         """Offset of extent record ``rec`` (1-based)."""
