@@ -34,6 +34,7 @@ from .kernel.interrupts import guard as guard_signals
 from .kernel.interrupts import interruptible
 from .kernel.kernel import NO_DEFAULT, check_get_args
 from .kernel.node import pid_alive, reap_children, store_prefix
+from .kernel.procs import stop_spawned
 from .kernel.segment import unlink_segment, unlink_semaphore
 from .kernel.settings import ignored_settings
 from .levels import Capacity, Level, ObjectInfo, parse_levels
@@ -480,10 +481,10 @@ class Store:
         node, self._node = self._node, None
         if node is not None:
             if remaining == 0 and not self._observe:
-                if node.spill_alive():
+                if node.spill_alive() and node.spill_booted():
                     node.wake.post()  # the janitor removes the store now rather than at its next round
-                else:
-                    node.remove_if_unused()  # no janitor left to do it: the last client does
+                elif node.remove_if_unused() is not None:  # no janitor (yet) to do it: the last client does,
+                    stop_spawned(node.spill_pid())  # and a spill process of ours still importing need not finish
             node.close()
         reap_children()
 
@@ -645,7 +646,7 @@ def _close_at_exit() -> None:
 def _wait_spill_ready(node: NodeStore, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     nap = 0.001
-    while not L.SPILL_STATE.get(node.buf, L.SPILL_OFFSET, "heartbeat"):
+    while not node.spill_booted():
         if not node.spill_alive() or time.monotonic() >= deadline:
             return False
         time.sleep(nap)

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import gc
+import os
 import pickle
+import signal
 import threading
 
 import numpy as np
@@ -328,6 +330,47 @@ def test_close_with_live_views_keeps_them_valid(name):
     np.testing.assert_array_equal(view, np.arange(1000))
     del view
     gc.collect()
+
+
+def _spill_child(store):
+    from shmstore.kernel.procs import spawned
+    pid = store.kernel.node.spill_pid()
+    return next(p for p in spawned if p.pid == pid)
+
+
+def test_last_close_while_the_spill_process_starts_removes_the_store_at_once_and_stops_it(name):
+    """A short script (connect, put, close) leaves nothing behind when close returns: the store's names are
+    gone and its spill process, still importing (held stopped here, so it cannot finish), is terminated
+    instead of left to start up only to find the store gone."""
+    s = shmstore.connect(name, capacity="8MiB")
+    s.put("a", b"x" * 100)
+    proc = _spill_child(s)
+    os.kill(proc.pid, signal.SIGSTOP)  # it cannot write its first heartbeat now
+    try:
+        assert not s.kernel.node.spill_booted()
+        s.close()
+        assert [x for x in shm_segments() if name in x] == []  # removed by close itself
+        assert proc.wait(10) == -signal.SIGTERM  # a fatal signal ends a stopped process too
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.wait(10)
+
+
+def test_last_close_of_a_persistent_store_leaves_it_and_its_starting_spill_process(name):
+    s = shmstore.connect(name, capacity="8MiB", persist=True)
+    s.put("a", b"x" * 100)
+    proc = _spill_child(s)
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        s.close()
+        assert [x for x in shm_segments() if name in x] and proc.poll() is None
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        with shmstore.connect(name) as again:
+            assert bytes(again.get("a")) == b"x" * 100
+        shmstore.destroy(name, force=True)
+        assert wait_for(lambda: proc.poll() is not None, timeout=30)
 
 
 def test_capacity_larger_than_dev_shm_is_refused(name):

@@ -360,6 +360,10 @@ class NodeStore:
     def spill_alive(self) -> bool:
         return pid_alive(L.HEAD.get(self.buf, "spill_pid"))
 
+    def spill_booted(self) -> bool:
+        """Whether a spill process finished starting (its imports, its recovery): its first heartbeat."""
+        return bool(L.SPILL_STATE.get(self.buf, L.SPILL_OFFSET, "heartbeat"))
+
     def remove_if_unused(self) -> int | None:
         """Remove the store if it is not persistent and no client is attached.
 

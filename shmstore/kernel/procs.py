@@ -7,7 +7,7 @@ import subprocess
 
 from ..config import log_file
 
-__all__ = ["proc_start_time", "pid_alive", "reap_children", "spawned", "spill_output"]
+__all__ = ["proc_start_time", "pid_alive", "reap_children", "spawned", "spill_output", "stop_spawned"]
 
 spawned: list[subprocess.Popen[bytes]] = []  # spill processes started by this process, until reaped
 
@@ -37,6 +37,16 @@ def reap_children() -> None:
     for p in list(spawned):
         if p.poll() is not None:
             spawned.remove(p)
+
+
+def stop_spawned(pid: int) -> bool:
+    """SIGTERM the spill process ``pid`` if this process started it and has not reaped it (so the pid still
+    names that very process); True if it was sent."""
+    for p in spawned:
+        if p.pid == pid and p.poll() is None:
+            p.terminate()
+            return True
+    return False
 
 
 def spill_output(default_log: str) -> tuple[int | None, str | None]:
