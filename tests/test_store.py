@@ -350,11 +350,12 @@ def test_last_close_while_the_spill_process_starts_removes_the_store_at_once_and
         assert not s.kernel.node.spill_booted()
         s.close()
         assert [x for x in shm_segments() if name in x] == []  # removed by close itself
-        assert proc.wait(10) == -signal.SIGTERM  # a fatal signal ends a stopped process too
+        proc.send_signal(signal.SIGCONT)  # (a no-op where close reaped it already)
+        # killed while importing, or (already past its imports, its SIGTERM handler set) it leaves at once
+        assert proc.wait(10) in (-signal.SIGTERM, 0)
     finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.wait(10)
+        proc.send_signal(signal.SIGCONT)
+        proc.wait(10)
 
 
 def test_last_close_of_a_persistent_store_leaves_it_and_its_starting_spill_process(name):
@@ -366,7 +367,7 @@ def test_last_close_of_a_persistent_store_leaves_it_and_its_starting_spill_proce
         s.close()
         assert [x for x in shm_segments() if name in x] and proc.poll() is None
     finally:
-        os.kill(proc.pid, signal.SIGCONT)
+        proc.send_signal(signal.SIGCONT)
         with shmstore.connect(name) as again:
             assert bytes(again.get("a")) == b"x" * 100
         shmstore.destroy(name, force=True)
