@@ -472,7 +472,9 @@ class Store:
         """Detach this process; idempotent. Never destroys data others use.
 
         If views returned by ``get`` are still alive, the mapping stays until
-        they are garbage collected.
+        they are garbage collected. The last client's detach removes the
+        store (unless ``persist``): its spill process does, or, where that
+        one has not finished starting yet, the client itself, stopping it.
         """
         if self._kernel is not None:
             self._kernel.close()  # detaching runs _on_detach, now or when the last view dies

@@ -20,6 +20,7 @@ s.put('a', b'x' * 1000)
 print(s.spill_pid, flush=True)
 if os.environ.get('WAIT'):
     sys.stdin.readline()  # until the test has attached
+assert s.wait_spill_ready(30)  # it runs, and logs (a spill process still starting at close is stopped)
 s.close()
 """
 
