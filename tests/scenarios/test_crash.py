@@ -125,6 +125,10 @@ def values():
     }
 
 
+# a move's kill point costs a spill process start (~0.3 s): 20 a run, each run from a random start of the stride
+MOVE_POINTS = int(os.environ.get("SHMSTORE_CRASH_POINTS", "20"))
+
+
 def kill_points(total: int, max_points: int | None = None) -> range:
     """Lines to kill at: all of them, or a stride with a random start (printed, so a failure can be rerun).
 
@@ -331,7 +335,7 @@ def test_move_killed_at_every_step_is_rolled_back(crash_store, direction, kind):
     total = run_killed(_mover_context(store), op, 1 << 60)
     settle(store)
     verify(finished=True)
-    for stop in kill_points(total):
+    for stop in kill_points(total, MOVE_POINTS):
         run_killed(_mover_context(store), op, stop)
         settle(store)  # a new spill process rolls back what the dead one left
         info = store.get_info("victim")
