@@ -26,7 +26,8 @@ from mpi4py import MPI
 from .. import errors
 from ..config import pure_python, service_idle, service_spin
 
-__all__ = ["prober", "python_prober", "spin_window", "idle_nap", "quiet_wait", "quiet_barrier", "settle", "cancel"]
+__all__ = ["prober", "python_prober", "spin_window", "idle_nap", "Pace", "quiet_wait", "quiet_barrier", "settle",
+           "cancel"]
 
 Probe = Callable[..., bool]
 
@@ -128,6 +129,7 @@ def settle(reqs: list[MPI.Request], timeout: float, busy: bool, first_nap: float
             if left <= 0:
                 return True
             deadline = time.monotonic() + timeout
+            nap = first_nap  # frames are flowing: look again soon (the next one's hand-shake waits for a test)
             continue
         if busy:
             idle += 1
@@ -187,3 +189,34 @@ def idle_nap(ranks_on_host: int) -> float:
     if chosen is not None:
         return chosen
     return 50e-6 if ranks_on_host < (os.cpu_count() or 1) else 1e-3
+
+
+class Pace:
+    """How long after a request a node service keeps its naps short (``window`` seconds): ``factor`` times
+    the recent gap between requests (an average of the gaps within the window), from ``floor`` to
+    ``ceiling`` seconds.
+
+    A stream of requests (a loop of remote gets whose requests reach this node a few ms apart) keeps the
+    window open, each request answered within a short nap; one burst and then silence (an application
+    that fetched and computes again) closes it within ``floor``, after which the service naps as long as
+    an idle one. A gap of up to ``slack`` windows still counts as the stream's pace (the window grows to
+    it); a longer silence says nothing of a pace: the next request starts over from ``floor``.
+    """
+
+    slack = 4.0
+
+    def __init__(self, floor: float = 0.005, ceiling: float = 0.5, factor: float = 8.0) -> None:
+        self.floor, self.ceiling, self.factor = floor, ceiling, factor
+        self.gap = floor / factor
+        self.window = floor
+        self.last = float("-inf")
+
+    def request(self, now: float) -> None:
+        """A request came at ``now`` (``time.monotonic()``)."""
+        gap = now - self.last
+        if gap <= self.slack * self.window:
+            self.gap += (gap - self.gap) / 4
+        else:
+            self.gap = self.floor / self.factor
+        self.window = min(self.ceiling, max(self.floor, self.factor * self.gap))
+        self.last = now

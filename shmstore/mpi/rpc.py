@@ -37,6 +37,7 @@ __all__ = ["Messenger", "gave_up"]
 
 _NAP = 20e-6      # the first nap after the spin window
 _NAP_MAX = 1e-3   # naps double up to this
+_FRAME_NAP_MAX = 100e-6  # and up to this while frames flow (MPI moves a large message only while it is tested)
 _SETTING = "raise peer_timeout= / SHMSTORE_PEER_TIMEOUT"
 
 
@@ -115,7 +116,7 @@ class Messenger:
             TransferError: no frame completed for :attr:`timeout` seconds (the requests are cancelled).
         """
         try:
-            done = settle(reqs, self.timeout, self.spin > 0, _NAP, _NAP_MAX)
+            done = settle(reqs, self.timeout, self.spin > 0, _NAP, _FRAME_NAP_MAX)
         except MPI.Exception as exc:
             cancel(reqs)
             raise self.failed(node, "transfer", key, exc) from exc

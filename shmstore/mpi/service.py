@@ -5,10 +5,14 @@ cluster's private communicator. It waits for requests in C with the GIL
 released (``poll.py``): probing back to back for a moment after each request
 (where the host has a core to spare; longer where the request asks it to
 linger: a batch's next request comes soon), then after naps from 50 us
-doubling to 200 us while requests came within the last half second, and
-every 1 ms after that where every core of the host has a rank (a rank that
-computes beside a service answering now and then loses nothing to 20,000
-wake-ups a second), every 50 us where a core is spare (``poll.idle_nap``).
+doubling to 200 us while requests come at their recent pace (``poll.Pace``:
+eight times the recent gap between requests, 5 ms to 0.5 s: a loop of remote
+gets keeps it, one fetch and then silence lets it go within 5 ms), and after
+that every 1 ms where every core of the host has a rank (a rank that
+computes beside a service answering now and then loses nothing to 1,000
+wake-ups a second; on a 2-core VM, 200 us naps held for half a second after
+each request cost the ranks' Python 15-40% of their speed), every 50 us where
+a core is spare (``poll.idle_nap``).
 A service starts idle: nothing probes busily before the first request. An idle node so costs
 next to no CPU and never takes the GIL from the application, instead of
 spinning in a blocking receive (MPICH busy-polls, and a spinning thread
@@ -49,7 +53,7 @@ from .directory import WAIT, Directory
 from .fetch import Fetcher
 from .links import Links
 from .outbox import Outbox
-from .poll import cancel, prober, python_prober, settle
+from .poll import Pace, cancel, prober, python_prober, settle
 from .staging import send_staged
 
 if TYPE_CHECKING:
@@ -62,11 +66,9 @@ HANDLE_TTL = 120.0
 _NO_REPLY = object()
 _SENDER = "shmstore-mpi-send"  # the name of bulk-send threads
 _BUSY_PAUSE = 50e-6   # the first nap after the spin window; naps double up to _ACTIVE_PAUSE
-_ACTIVE_PAUSE = 200e-6  # the longest nap while requests came within _IDLE_AFTER (a batched fetch's ranks land
-                        # 64 objects between requests: with naps up to 1 ms its next request waited ~0.8 ms)
+_ACTIVE_PAUSE = 200e-6  # the longest nap while requests come at their recent pace (poll.Pace's window)
 _IDLE_PAUSE = 1e-3    # probe interval of an idle node where every core computes (poll.idle_nap: 50 us where
                       # the host has a core to spare): the first request after a pause waits <= 1 ms
-_IDLE_AFTER = 0.5     # seconds without a request before backing off to _IDLE_PAUSE
 _LINGER_MAX = 0.005   # the longest spin a request may ask for (its linger)
 
 
@@ -84,7 +86,7 @@ class Service:
         self.comm = links.comm
         self.links = links
         self.spin = spin
-        self.idle = idle  # seconds between probes once no request came for _IDLE_AFTER (poll.idle_nap)
+        self.idle = idle  # seconds between probes once requests stopped coming at their pace (poll.idle_nap)
         self.store = store
         self.kernel = store.kernel
         self.fetcher = fetcher
@@ -140,20 +142,20 @@ class Service:
         self._outbox.own()
         probe = prober(self.comm)
         status = MPI.Status()
-        last = time.monotonic() - _IDLE_AFTER  # idle from the start: no busy window before any request
+        pace = Pace()  # idle from the start: no busy window before any request
         spin = self.spin
         idle_nap = self.idle
         while True:
-            idle = time.monotonic() - last
+            idle = time.monotonic() - pace.last
             if self._outbox.out or self._outbox.handed:
                 self._outbox.tend()
             try:
                 if self._outbox.out or self.sending:
                     # a transfer's next request (its registration) comes as soon as the bytes are out
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, 0.002)
-                    last = time.monotonic()
-                elif idle < _IDLE_AFTER:
-                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, _IDLE_AFTER - idle,
+                    pace.last = time.monotonic()
+                elif idle < pace.window:
+                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, pace.window - idle,
                                   max(min(_ACTIVE_PAUSE, idle_nap), _BUSY_PAUSE))
                 else:
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, 0.0, idle_nap, 1.0)
@@ -168,7 +170,7 @@ class Service:
                 if idle > 1.0:
                     self._expire()
                 continue
-            last = time.monotonic()
+            pace.request(time.monotonic())
             reply_tag, msg, linger = W.receive(self.comm, MPI.ANY_SOURCE, T.TAG_REQUEST, status)
             spin = max(self.spin, min(float(linger), _LINGER_MAX)) if self.spin else 0.0
             src = status.Get_source()

@@ -50,3 +50,25 @@ def test_service_idle_nap_is_short_only_where_a_core_is_spare(monkeypatch):
         monkeypatch.setenv("SHMSTORE_SERVICE_IDLE_US", bad)
         with pytest.raises(ConfigError, match="SHMSTORE_SERVICE_IDLE_US"):
             idle_nap(1)
+
+
+def _fed(gaps: list[float]) -> poll.Pace:
+    pace, t = poll.Pace(), 100.0
+    for g in gaps:
+        t += g
+        pace.request(t)
+    return pace
+
+
+def test_a_service_keeps_short_naps_while_requests_stream_and_drops_them_soon_after_one_burst():
+    # a loop of remote gets whose requests reach this node every 6 ms: the window grows past the gap
+    assert _fed([0.006] * 20).window > 0.006 * 4
+    # one fetch (a few requests within a ms) after seconds of silence: the window closes within 5 ms, so
+    # that the application computing next is not probed beside 5,000 times a second for long
+    assert _fed([10.0, 0.0003, 0.0005, 0.001]).window == pytest.approx(0.005, rel=0.1)
+    # sporadic requests (100 ms or 30 ms apart, the application computing between them): never a stream
+    assert _fed([0.1] * 10).window == _fed([0.03] * 10).window == 0.005
+    # a stream that stops and comes back after a silence starts over
+    assert _fed([0.006] * 20 + [5.0]).window == 0.005
+    # however fast the stream, the window is at least the floor; however slow, at most the ceiling
+    assert _fed([1e-5] * 50).window == 0.005 and _fed([0.019] * 200).window <= 0.5
