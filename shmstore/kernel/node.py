@@ -197,6 +197,8 @@ class NodeStore:
             try:
                 arena = Segment.attach(prefix + "-arena")
             except FileNotFoundError:
+                if L.HEAD.get(meta.mm, "state") == L.STATE_DESTROYING or meta.named() is False:
+                    raise  # its last client (or spill process) is removing it right now: open() tries again
                 raise LayoutError(f"store {cfg.name!r} has metadata but no arena segment "
                                   f"(remove it with `shmstore destroy {cfg.name}`)") from None
             return cls(cfg, meta, arena, created=False)

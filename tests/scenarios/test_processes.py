@@ -221,6 +221,43 @@ s.close()
     assert wait_for(lambda: not any(name in s for s in shm_segments()), timeout=10)
 
 
+def test_short_scripts_coming_and_going_on_one_name_never_fail_or_leave_anything(name):
+    """Four processes each connect, put, read back and close one name 15 times, as short job steps do: a
+    close that finds the spill process still starting removes the store and stops that process while
+    another process may be connecting or mid-put; every put and get succeeds (a store removed under a
+    connect is made anew), and nothing of the name or its spill processes is left at the end."""
+    code = """
+import shmstore, os, sys, numpy as np
+for i in range(15):
+    with shmstore.connect(os.environ['N'], capacity='16MiB') as s:
+        key = f"{os.environ['TAG']}-{i}"
+        value = np.full(1000 + i, i)
+        s.put(key, value)
+        assert (s.get(key) == value).all()
+        s.delete(key)
+print('ok', flush=True)
+"""
+    kids = [Child(code, env={"N": name, "TAG": f"k{i}"}) for i in range(4)]
+    for k in kids:
+        assert k.readline(timeout=120) == "ok"
+        k.wait()
+    assert wait_for(lambda: not any(name in s for s in shm_segments()), timeout=10)
+    assert wait_for(lambda: not [p for p in _spill_processes() if name in p], timeout=10), _spill_processes()
+
+
+def _spill_processes() -> list[str]:
+    out = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "shmstore.spill" in cmd:
+            out.append(cmd)
+    return out
+
+
 def test_segments_are_owner_only_and_named_for_user_store_node(store):
     segs = [s for s in shm_segments() if store.name in s]
     assert len(segs) == 3  # metadata, arena, wake-up semaphore
