@@ -65,6 +65,26 @@ def children() -> list[int]:
     return out
 
 
+def spill_popen(pid: int):
+    """The Popen of a spill process this test process started."""
+    from shmstore.kernel.procs import spawned
+    return next(p for p in spawned if p.pid == pid)
+
+
+def spill_processes(name: str) -> list[str]:
+    """Command lines of the live spill processes of store ``name`` (any process's)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "shmstore.spill" in cmd and name in cmd:
+            out.append(cmd)
+    return out
+
+
 def spill_running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:

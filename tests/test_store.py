@@ -13,7 +13,7 @@ import pytest
 import shmstore
 from shmstore import Level
 
-from helpers import Child, shm_segments, wait_for
+from helpers import Child, shm_segments, spill_popen, wait_for
 
 
 def test_array_roundtrip_is_readonly_zero_copy_view(store):
@@ -332,19 +332,13 @@ def test_close_with_live_views_keeps_them_valid(name):
     gc.collect()
 
 
-def _spill_child(store):
-    from shmstore.kernel.procs import spawned
-    pid = store.kernel.node.spill_pid()
-    return next(p for p in spawned if p.pid == pid)
-
-
 def test_last_close_while_the_spill_process_starts_removes_the_store_at_once_and_stops_it(name):
     """A short script (connect, put, close) leaves nothing behind when close returns: the store's names are
     gone and its spill process, still importing (held stopped here, so it cannot finish), is terminated
     instead of left to start up only to find the store gone."""
     s = shmstore.connect(name, capacity="8MiB")
     s.put("a", b"x" * 100)
-    proc = _spill_child(s)
+    proc = spill_popen(s.spill_pid)
     os.kill(proc.pid, signal.SIGSTOP)  # it cannot write its first heartbeat now
     try:
         assert not s.kernel.node.spill_booted()
@@ -361,7 +355,7 @@ def test_last_close_while_the_spill_process_starts_removes_the_store_at_once_and
 def test_last_close_of_a_persistent_store_leaves_it_and_its_starting_spill_process(name):
     s = shmstore.connect(name, capacity="8MiB", persist=True)
     s.put("a", b"x" * 100)
-    proc = _spill_child(s)
+    proc = spill_popen(s.spill_pid)
     os.kill(proc.pid, signal.SIGSTOP)
     try:
         s.close()

@@ -11,7 +11,7 @@ import shmstore
 from shmstore import Level
 from shmstore.kernel import layout as L
 
-from helpers import Child, shm_segments, spill_running, wait_for
+from helpers import Child, shm_segments, spill_popen, spill_running, wait_for
 
 JOB = """
 import shmstore, numpy as np, os, sys
@@ -140,12 +140,6 @@ def test_usage_is_exact_while_the_store_spills(name, tmp_path):
         assert cap[Level.MEMORY].used == 0 and cap[Level.DISK].used == 0 and s.check() == []
         big = s.put("big", np.zeros(int(0.85 * (16 << 20)) // 8), levels=[Level.MEMORY])  # nothing leaked
         assert big.level == Level.MEMORY
-
-
-def spill_popen(pid: int):
-    """The Popen of a spill process this test process started."""
-    from shmstore.kernel.procs import spawned
-    return next(p for p in spawned if p.pid == pid)
 
 
 def in_its_loop(store) -> bool:

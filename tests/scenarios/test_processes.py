@@ -11,7 +11,7 @@ import shmstore
 from shmstore import Level
 from shmstore.kernel import layout as L
 
-from helpers import Child, check_arena, shm_segments, spill_running, wait_for
+from helpers import Child, check_arena, shm_segments, spill_processes, spill_running, wait_for
 
 CONNECT = "import shmstore, numpy as np, os, sys\nstore = shmstore.connect(os.environ['N'], capacity='64MiB')\n"
 
@@ -242,20 +242,7 @@ print('ok', flush=True)
         assert k.readline(timeout=120) == "ok"
         k.wait()
     assert wait_for(lambda: not any(name in s for s in shm_segments()), timeout=10)
-    assert wait_for(lambda: not [p for p in _spill_processes() if name in p], timeout=10), _spill_processes()
-
-
-def _spill_processes() -> list[str]:
-    out = []
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "shmstore.spill" in cmd:
-            out.append(cmd)
-    return out
+    assert wait_for(lambda: not spill_processes(name), timeout=10), spill_processes(name)
 
 
 def test_segments_are_owner_only_and_named_for_user_store_node(store):

@@ -26,12 +26,11 @@ from shmstore.config import Config
 from shmstore.kernel import Kernel, NodeStore
 from shmstore.kernel import layout as L
 from shmstore.kernel.check import check
-from shmstore.kernel.procs import spawned
 from shmstore.levels.registry import open_levels
 from shmstore.spill import requests
 from shmstore.spill.process import POLL, TERM_GRACE
 
-from helpers import ROOT, shm_segments, spill_running, wait_for
+from helpers import ROOT, shm_segments, spill_popen, spill_running, wait_for
 
 MiB = 1 << 20
 CAPACITY = 32 * MiB
@@ -67,7 +66,7 @@ class Client:
         """Start the spill process as a store does; returns its pid once it has gone round its loop."""
         since = time.time()
         pid = self.node.ensure_spill()
-        self.proc = next(p for p in spawned if p.pid == pid)
+        self.proc = spill_popen(pid)
         assert wait_for(lambda: L.unpack_spill_state(self.node.buf).heartbeat > since, timeout=30), \
             f"spill process {pid} never went round its loop (exit status {self.proc.poll()})"
         return pid
