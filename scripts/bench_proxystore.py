@@ -7,6 +7,8 @@ Measured in one run, medians over repeats, for objects of 1 KiB, 1 MiB and
 - connector: ``put(bytes)`` then ``get(key)`` then ``evict(key)`` of raw
   bytes, one byte per page read after the get (so that a lazy view pays
   for its reads); small sizes time batches of operations;
+  the three targets' samples interleaved (one of each in turn, after one
+  round of warm-up), from after the store's spill process has started;
 - Store: ``store.put(array)`` then ``store.get(key)`` of a numpy array
   through ``proxystore.store.Store`` (cache off), read the same way:
   shmstore with its zero-copy serializer pair, the others with ProxyStore's
@@ -140,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                                 populate_target=False)}
     stores.update({k: Store(f"{k}-{name}", c, cache_size=0, populate_target=False) for k, c in others.items()})
     results = []
+    ours.store.wait_spill_ready()  # its start-up (a few hundred ms of a core) would fall on the first samples
     try:
         print(f"{'size':>8} {'layer':>9} {'shmstore':>11} {'local':>11} {'file':>11}  local/shm  file/shm",
               flush=True)
@@ -148,14 +151,15 @@ def main(argv: list[str] | None = None) -> int:
             data = np.random.default_rng(0).integers(0, 256, n, dtype=np.uint8).tobytes()
             arr = np.frombuffer(data, np.uint8).view(np.float64) if n >= 8 else np.frombuffer(data, np.uint8)
             for layer in ("connector", "store"):
-                row: dict[str, float] = {}
-                for who in ("shmstore", "local", "file"):
-                    if layer == "connector":
-                        target, value = (ours if who == "shmstore" else others[who]), data
-                    else:
-                        target, value = stores[who], arr
-                    time_round_trip(target, value, n, 1)  # warm up
-                    row[who] = time_round_trip(target, value, n, reps)
+                targets = {who: ((ours if who == "shmstore" else others[who]) if layer == "connector" else stores[who],
+                                 data if layer == "connector" else arr) for who in ("shmstore", "local", "file")}
+                samples: dict[str, list[float]] = {who: [] for who in targets}
+                for rep in range(reps + 1):  # interleaved, so that the machine's load falls on all three alike
+                    for who, (target, value) in targets.items():
+                        t = time_round_trip(target, value, n, 1)
+                        if rep:  # the first round warms up
+                            samples[who].append(t)
+                row = {who: statistics.median(ts) for who, ts in samples.items()}
                 r = {"size": label, "bytes": n, "layer": layer, **{k + "_s": v for k, v in row.items()},
                      "local_over_shmstore": row["local"] / row["shmstore"],
                      "file_over_shmstore": row["file"] / row["shmstore"]}

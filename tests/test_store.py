@@ -249,6 +249,54 @@ s.close()
         assert s.check() == []
 
 
+def test_a_small_put_skips_the_entries_another_client_took_from_its_batch(name):
+    """A small put (the C put_small) takes the last reserved entry of its client's batch: the entries another
+    client took from that batch meanwhile (its table full, it took half of this batch, again and again) are
+    dropped, never written. The table fills to max_objects; no entry is lost or written twice."""
+    code = """
+import shmstore, os, sys
+s = shmstore.connect(os.environ['N'], capacity='8MiB', max_objects=64)
+n = 0
+while True:
+    try:
+        s.put(f"kid-{n}", bytes([n]) * 100)
+    except shmstore.StorageFullError:
+        break
+    n += 1
+print(n, flush=True)
+sys.stdin.readline()
+for i in range(10):
+    s.delete(f"kid-{i}")
+print('freed', flush=True)
+sys.stdin.readline()
+s.close()
+"""
+    with shmstore.connect(name, capacity="8MiB", max_objects=64) as s:
+        s.put("mine-0", b"m" * 100)  # this client's batch: 32 entries, 31 idle
+        kid = Child(code, env={"N": name})
+        try:
+            kid_puts = int(kid.readline())
+            assert kid_puts == 63  # its own batch, then every idle entry of ours, half at a time
+            with pytest.raises(shmstore.StorageFullError, match="max_objects"):
+                s.put("mine-1", b"m" * 100)  # every entry of our batch was taken: each is dropped
+            kid.send("go")
+            assert kid.readline() == "freed"
+            for i in range(1, 11):
+                s.put(f"mine-{i}", bytes([i]) * 100)
+            with pytest.raises(shmstore.StorageFullError, match="max_objects"):
+                s.put("mine-11", b"m" * 100)
+            assert s.check() == []
+            assert bytes(s.get("mine-0")) == b"m" * 100
+            for i in range(1, 11):
+                assert bytes(s.get(f"mine-{i}")) == bytes([i]) * 100
+            for i in range(10, kid_puts):
+                assert bytes(s.get(f"kid-{i}")) == bytes([i]) * 100
+            assert len(s.list()) == 64
+        finally:
+            kid.send("bye")
+            kid.wait()
+
+
 def test_object_table_full_is_clear(name):
     with shmstore.connect(name, capacity="8MiB", max_objects=16) as s:
         for i in range(16):

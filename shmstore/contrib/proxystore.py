@@ -64,6 +64,7 @@ __all__ = ["ShmStoreKey", "ShmStoreConnector", "serialize", "deserialize"]
 _MAGIC = b"SHMSTORE-PICKLE5"
 _PREFIX = 64  # the magic, padded: blobs keep the 64-byte alignment the store gives the object
 _STAGE_MIN = 1 << 20  # smaller: a fresh buffer and the put's copy cost less than a staged object's verbs
+_new = tuple.__new__
 _STAGER: list[weakref.ref[ShmStoreConnector]] = []  # where serialize() writes (ShmStoreConnector._stage)
 
 
@@ -202,11 +203,13 @@ class ShmStoreConnector:
         adopted as they are (their key is returned; no copy).
         """
         self._check()
-        adopted = self._adopt(obj)
-        if adopted is not None:
-            return ShmStoreKey(adopted)
-        key = ShmStoreKey(self._prefix + format(next(self._serial), "x"))  # (new_key)
-        self._put(key.shm_key, obj, overwrite=False)
+        if type(obj) is memoryview:
+            adopted = self._adopt(obj)
+            if adopted is not None:
+                return ShmStoreKey(adopted)
+        k = self._prefix + format(next(self._serial), "x")  # (new_key)
+        self._put(k, obj, overwrite=False)
+        key: ShmStoreKey = _new(ShmStoreKey, (k,))  # (the NamedTuple's own __new__ is a Python call)
         return key
 
     def put_batch(self, objs: Sequence[Any]) -> list[ShmStoreKey]:
@@ -289,10 +292,10 @@ class ShmStoreConnector:
 
     def set(self, key: ShmStoreKey, obj: Any) -> None:
         """Associate ``obj`` with ``key``, replacing what it held atomically (``ref.update()`` relies on it)."""
+        self._check()
         self._put(key.shm_key, obj, overwrite=True)
 
     def _put(self, k: str, obj: Any, overwrite: bool) -> None:
-        self._check()
         if not _STAGER or _STAGER[0]() is not self:
             _STAGER[:] = [weakref.ref(self)]
         if self._orphans:

@@ -37,7 +37,8 @@ static const struct { const char *name; Py_ssize_t width; } WIDTHS[] = {
     {"stats_used_width", sizeof(int64_t)}, {"stats_objects_width", sizeof(int64_t)}};
 
 /* Return codes, the same as fastpath.codes on the Python side. */
-enum { RC_MISSING = -1, RC_BUSY = -2, RC_OWNER_DEAD = -3, RC_BEING_WRITTEN = -4, RC_EXISTS = -5, RC_STOLEN = -6 };
+enum { RC_MISSING = -1, RC_BUSY = -2, RC_OWNER_DEAD = -3, RC_BEING_WRITTEN = -4, RC_EXISTS = -5, RC_STOLEN = -6,
+       RC_NO_ENTRY = -7, RC_NO_CUT = -8 };
 static int configured;
 static uint32_t crc_table[256];
 
@@ -158,6 +159,75 @@ static int count_pin(PyObject *pins, Py_ssize_t idx, unsigned long long pins_add
 /* Store a value of type T at byte offset off of entry e. */
 #define PUT(e, off, T, v) do { T v_ = (T)(v); memcpy((e) + (off), &v_, sizeof v_); } while (0)
 
+/* The fields of an entry that insert and put_small write. */
+typedef struct {
+    uint64_t offset, size, nbytes;
+    double ctime, atime;
+    uint32_t h, gen, nblobs;
+    int32_t writer, extent;
+    uint16_t klen, sid;
+    uint8_t kind, level, flags;
+} Fields;
+
+/* Write reserved entry e (index idx) field by field, its ENTRY_ARRAY bytes (ab, may be empty) and key, count it
+ * in its stripe's record ``st`` and link it at the head of bucket b, then give it ``state`` (the stripe lock
+ * held). */
+static void write_and_link(char *base, Py_ssize_t buckets, Py_ssize_t b, Py_ssize_t idx, char *e, const Fields *f,
+                           const char *key, const Py_buffer *ab, char *st, long state) {
+    /* each field on its own: no zeroing first, which another process's unlocked read (an
+     * allocator repair reading this entry's extent) could see as a 0 */
+    PUT(e, OFFSET_OFF, uint64_t, f->offset);
+    PUT(e, SIZE_OFF, uint64_t, f->size);
+    PUT(e, NBYTES_OFF, uint64_t, f->nbytes);
+    PUT(e, ATIME_OFF, double, f->atime);
+    PUT(e, CTIME_OFF, double, f->ctime);
+    PUT(e, HASH_OFF, uint32_t, f->h);
+    PUT(e, GEN_OFF, uint32_t, f->gen);
+    PUT(e, WRITER_OFF, int32_t, f->writer);
+    PUT(e, EXTENT_OFF, int32_t, f->extent);
+    PUT(e, NBLOBS_OFF, uint32_t, f->nblobs);
+    PUT(e, KEYLEN_OFF, uint16_t, f->klen);
+    PUT(e, SESSION_OFF, uint16_t, f->sid);
+    PUT(e, KIND_OFF, uint8_t, f->kind);
+    PUT(e, LEVEL_OFF, uint8_t, f->level);
+    PUT(e, FLAGS_OFF, uint8_t, f->flags);
+    /* writing until linked: sealed and not in a chain is what a delete killed half way
+     * leaves, so nothing else may ever look like that (list() shows sealed entries) */
+    PUT(e, STATE_OFF, uint8_t, WRITING);
+    if (ab->buf)
+        memcpy(e + ARRAY_OFF, ab->buf, (size_t)ab->len);
+    memcpy(e + KEY_OFF, key, (size_t)f->klen);
+    int64_t used, objects;
+    char *used_at = st + STATS_USED_OFF + STATS_USED_WIDTH * f->level, *head = base + buckets + BUCKET_WIDTH * b;
+    memcpy(&used, used_at, sizeof used);
+    memcpy(&objects, st + STATS_OBJECTS_OFF, sizeof objects);
+    used += (int64_t)f->size;
+    objects += 1;
+    memcpy(used_at, &used, sizeof used);
+    memcpy(st + STATS_OBJECTS_OFF, &objects, sizeof objects);
+    int32_t first, rec = (int32_t)(idx + 1);
+    memcpy(&first, head, sizeof first);
+    memcpy(e + NEXT_OFF, &first, sizeof first);
+    memcpy(head, &rec, sizeof rec); /* the publishing store, after the entry is whole */
+    ((volatile char *)e)[STATE_OFF] = (char)state; /* sealed now, if asked */
+}
+
+/* Whether entry e is still reserved for ``writer`` with generation ``gen`` (not taken by another client: see
+ * cache.py); asked under a lock the taker holds too. */
+static int owns(const char *e, unsigned long gen, long writer) {
+    uint32_t have_gen;
+    int32_t have_writer;
+    memcpy(&have_gen, e + GEN_OFF, 4);
+    memcpy(&have_writer, e + WRITER_OFF, 4);
+    return (unsigned char)e[STATE_OFF] == RESERVED && have_gen == gen && have_writer == writer;
+}
+
+static double clock_seconds(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* insert(meta, buckets, entries, b, h, sid, key, lock, idx, gen, writer, offset, size, nbytes, ctime, extent,
  *        nblobs, kind, flags, state, array, stats, level[, data, dst, held]) ->
  *   0 when entry idx is written field by field (at the offsets configure() was given; every other field of
@@ -202,61 +272,22 @@ static PyObject *insert(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "array metadata of %zd bytes, the entry holds %zd", ab.len, ARRAY_SIZE);
         return NULL;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock */
-    double atime = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    double atime = clock_seconds(CLOCK_MONOTONIC); /* time.monotonic()'s clock */
     pthread_mutex_t *m = (pthread_mutex_t *)(uintptr_t)lock;
     int rc = held ? 0 : try_take(m);
     if (rc == 0) {
         char *base = (char *)(uintptr_t)meta;
         Py_ssize_t found_off = 0;
         char *e = base + entries + idx * ENTRY_SIZE;
-        uint32_t have_gen;
-        int32_t have_writer;
-        memcpy(&have_gen, e + GEN_OFF, 4);
-        memcpy(&have_writer, e + WRITER_OFF, 4);
         if (find(base, buckets, entries, b, h, sid, key, klen, &found_off) >= 0) {
             rc = (unsigned char)base[found_off + STATE_OFF] == WRITING ? RC_BEING_WRITTEN : RC_EXISTS;
-        } else if ((unsigned char)e[STATE_OFF] != RESERVED || have_gen != gen || have_writer != writer) {
+        } else if (!owns(e, gen, writer)) {
             rc = RC_STOLEN;
         } else {
-            /* each field on its own: no zeroing first, which another process's unlocked read (an
-             * allocator repair reading this entry's extent) could see as a 0 */
-            PUT(e, OFFSET_OFF, uint64_t, offset);
-            PUT(e, SIZE_OFF, uint64_t, size);
-            PUT(e, NBYTES_OFF, uint64_t, nbytes);
-            PUT(e, ATIME_OFF, double, atime);
-            PUT(e, CTIME_OFF, double, ctime);
-            PUT(e, HASH_OFF, uint32_t, h);
-            PUT(e, GEN_OFF, uint32_t, gen);
-            PUT(e, WRITER_OFF, int32_t, writer);
-            PUT(e, EXTENT_OFF, int32_t, extent);
-            PUT(e, NBLOBS_OFF, uint32_t, nblobs);
-            PUT(e, KEYLEN_OFF, uint16_t, klen);
-            PUT(e, SESSION_OFF, uint16_t, sid);
-            PUT(e, KIND_OFF, uint8_t, kind);
-            PUT(e, LEVEL_OFF, uint8_t, level);
-            PUT(e, FLAGS_OFF, uint8_t, flags);
-            /* writing until linked: sealed and not in a chain is what a delete killed half way
-             * leaves, so nothing else may ever look like that (list() shows sealed entries) */
-            PUT(e, STATE_OFF, uint8_t, WRITING);
-            if (ab.buf)
-                memcpy(e + ARRAY_OFF, ab.buf, (size_t)ab.len);
-            memcpy(e + KEY_OFF, key, (size_t)klen);
-            char *st = (char *)(uintptr_t)stats;
-            int64_t used, objects;
-            char *used_at = st + STATS_USED_OFF + STATS_USED_WIDTH * level, *head = base + buckets + BUCKET_WIDTH * b;
-            memcpy(&used, used_at, sizeof used);
-            memcpy(&objects, st + STATS_OBJECTS_OFF, sizeof objects);
-            used += (int64_t)size;
-            objects += 1;
-            memcpy(used_at, &used, sizeof used);
-            memcpy(st + STATS_OBJECTS_OFF, &objects, sizeof objects);
-            int32_t first, rec = (int32_t)(idx + 1);
-            memcpy(&first, head, sizeof first);
-            memcpy(e + NEXT_OFF, &first, sizeof first);
-            memcpy(head, &rec, sizeof rec); /* the publishing store, after the entry is whole */
-            ((volatile char *)e)[STATE_OFF] = (char)state; /* sealed now, if asked */
+            Fields f = {offset, size, nbytes, ctime, atime, (uint32_t)h, (uint32_t)gen, (uint32_t)nblobs,
+                        (int32_t)writer, (int32_t)extent, (uint16_t)klen, (uint16_t)sid, (uint8_t)kind,
+                        (uint8_t)level, (uint8_t)flags};
+            write_and_link(base, buckets, b, idx, e, &f, key, &ab, (char *)(uintptr_t)stats, state);
         }
         if (!held)
             pthread_mutex_unlock(m);
@@ -348,6 +379,11 @@ typedef struct {
     long slot, flag_moving, flag_in_chunk;
     unsigned long long stats_addr, pins_base, slots_high_addr;
     Py_ssize_t stats_size, deleted_off, pinrow, head_size;
+    /* what put_small needs besides (set by put_config; 0 until then: put_small declines) */
+    int put_ready;
+    char *arena;            /* the arena's base address */
+    const char *chunk_rec;  /* this client's record of its current chunk (the i32 extent record, 0: none) */
+    long level;             /* the memory level's number */
 } Ctx;
 
 static void ctx_free(PyObject *capsule) {
@@ -463,10 +499,7 @@ static pthread_mutex_t *find_sealed_locked(PyObject *cap, PyObject *key, Ctx **c
 
 /* Refresh entry e's access time (the stripe lock held) when it is older than the grain: what LRU needs. */
 static void touch(const Ctx *c, char *e) {
-    struct timespec ts;
-    double atime, now;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock */
-    now = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    double atime, now = clock_seconds(CLOCK_MONOTONIC); /* time.monotonic()'s clock */
     memcpy(&atime, e + ATIME_OFF, 8);
     if (now - atime > c->grain)
         memcpy(e + ATIME_OFF, &now, 8);
@@ -711,6 +744,150 @@ static PyObject *delete(PyObject *self, PyObject *args) {
     return Py_BuildValue("(nk)", idx, (unsigned long)gen);
 }
 
+/* put_config(ctx, arena_addr, chunk_rec_addr, level) -> None: what put_small needs (the arena's address, that
+ * of this client's record of its current chunk, the memory level's number); after delete_config. */
+static PyObject *put_config(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    unsigned long long arena, chunk_rec;
+    long level;
+    if (!PyArg_ParseTuple(args, "OKKl", &cap, &arena, &chunk_rec, &level))
+        return NULL;
+    Ctx *c = PyCapsule_GetPointer(cap, "shmstore.ctx");
+    if (c == NULL)
+        return NULL;
+    if (!c->del_ready) {
+        PyErr_SetString(PyExc_RuntimeError, "put_config() before delete_config()");
+        return NULL;
+    }
+    c->arena = (char *)(uintptr_t)arena;
+    c->chunk_rec = (const char *)(uintptr_t)chunk_rec;
+    c->level = level;
+    c->put_ready = 1;
+    Py_RETURN_NONE;
+}
+
+/* put_small(ctx, key, h, data, array, kind, nbytes, nblobs, entries, cut) -> the whole put of a small value in
+ * memory, as MemoryLevel.try_put does it in steps (cut, copy, insert, seal), in one call:
+ *   (idx, gen, offset, stored, ctime, stripe) (a Reservation): ``data`` (a contiguous buffer, ``key``'s UTF-8
+ *       bytes hashed to ``h``) was copied to the next ``stored`` = 64-aligned bytes of this client's current
+ *       chunk (``cut``: int64 start, position and end of it, the position moved on) and the last entry of
+ *       ``entries`` (this client's reserved (index, generation) pairs: popped, and any taken by another
+ *       client meanwhile dropped) written, counted, linked and sealed under the key's stripe lock;
+ *   RC_NO_CUT: the chunk lacks room (or this client has none); RC_NO_ENTRY: ``entries`` ran out: the caller
+ *       gets more and calls again; RC_BUSY/RC_OWNER_DEAD as try_take; RC_BEING_WRITTEN/RC_EXISTS as insert;
+ *   None: put_config was not called.
+ * The caller holds the client's chunk lock: no thread of this process takes a new chunk meanwhile (and as the
+ * GIL is held throughout, none sees the cut before its entry names the chunk). Nothing changes where no
+ * entry is written, but bytes past the cut's position. */
+static PyObject *put_small(PyObject *self, PyObject *args) {
+    PyObject *cap, *data, *array, *entries, *cut;
+    const char *key;
+    Py_ssize_t klen;
+    unsigned long h, nblobs;
+    long kind;
+    unsigned long long nbytes;
+    if (!PyArg_ParseTuple(args, "Oy#kOOlKkO!O", &cap, &key, &klen, &h, &data, &array, &kind, &nbytes, &nblobs,
+                          &PyList_Type, &entries, &cut))
+        return NULL;
+    Ctx *c = PyCapsule_GetPointer(cap, "shmstore.ctx");
+    if (c == NULL)
+        return NULL;
+    if (!c->put_ready)
+        Py_RETURN_NONE;
+    if (klen <= 0 || klen > MAX_KEY) {
+        PyErr_Format(PyExc_ValueError, "key of %zd bytes", klen);
+        return NULL;
+    }
+    Py_buffer db = {0}, ab = {0}, cb = {0};
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(data, &db, PyBUF_ANY_CONTIGUOUS) < 0)
+        return NULL;
+    if (array != Py_None && PyObject_GetBuffer(array, &ab, PyBUF_SIMPLE) < 0)
+        goto done;
+    if (ab.buf && ab.len > ARRAY_SIZE) {
+        PyErr_Format(PyExc_ValueError, "array metadata of %zd bytes, the entry holds %zd", ab.len, ARRAY_SIZE);
+        goto done;
+    }
+    if (PyObject_GetBuffer(cut, &cb, PyBUF_WRITABLE) < 0)
+        goto done;
+    if (cb.len < 3 * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "cut holds fewer than 3 int64");
+        goto done;
+    }
+    int64_t *cv = (int64_t *)cb.buf; /* start, position, end */
+    int32_t chunk;
+    memcpy(&chunk, c->chunk_rec, sizeof chunk);
+    int64_t pos = cv[1], stored = ((int64_t)(db.len ? db.len : 1) + 63) & ~(int64_t)63; /* (layout.align) */
+    if (!chunk || pos + stored > cv[2]) {
+        result = PyLong_FromLong(RC_NO_CUT);
+        goto done;
+    }
+    if (PyList_GET_SIZE(entries) == 0) {
+        result = PyLong_FromLong(RC_NO_ENTRY);
+        goto done;
+    }
+    if (db.len)
+        memcpy(c->arena + pos, db.buf, (size_t)db.len); /* space this client owns, not yet named by an entry */
+    double ctime = clock_seconds(CLOCK_REALTIME), atime = clock_seconds(CLOCK_MONOTONIC);
+    Py_ssize_t b = (Py_ssize_t)(h & c->bmask), stripe = (b >> STRIPE_SHIFT) & (Py_ssize_t)c->smask, found_off = 0;
+    pthread_mutex_t *m = c->stripes[stripe];
+    int rc = try_take(m);
+    if (rc) {
+        result = PyLong_FromLong(rc);
+        goto done;
+    }
+    if (find(c->meta, c->buckets, c->entries, b, h, c->sid, key, klen, &found_off) >= 0) {
+        rc = (unsigned char)c->meta[found_off + STATE_OFF] == WRITING ? RC_BEING_WRITTEN : RC_EXISTS;
+        pthread_mutex_unlock(m);
+        result = PyLong_FromLong(rc);
+        goto done;
+    }
+    Py_ssize_t n, idx = -1;
+    unsigned long gen = 0;
+    while ((n = PyList_GET_SIZE(entries)) > 0) { /* the last one still ours (none is taken while we hold a stripe lock) */
+        PyObject *held = PyList_GET_ITEM(entries, n - 1);
+        if (!PyTuple_Check(held) || PyTuple_GET_SIZE(held) != 2) {
+            pthread_mutex_unlock(m);
+            PyErr_SetString(PyExc_TypeError, "entries holds (index, generation) pairs");
+            goto done;
+        }
+        idx = PyLong_AsSsize_t(PyTuple_GET_ITEM(held, 0));
+        gen = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(held, 1));
+        if (PyErr_Occurred()) {
+            pthread_mutex_unlock(m);
+            goto done;
+        }
+        /* dropped from the list either way (a tuple of two ints: no finalizer runs) */
+        if (PyList_SetSlice(entries, n - 1, n, NULL) < 0) {
+            pthread_mutex_unlock(m);
+            goto done;
+        }
+        if (owns(c->meta + c->entries + idx * ENTRY_SIZE, gen, c->slot))
+            break;
+        idx = -1; /* another client took it: the next one */
+    }
+    if (idx < 0) {
+        pthread_mutex_unlock(m);
+        result = PyLong_FromLong(RC_NO_ENTRY);
+        goto done;
+    }
+    Fields f = {(uint64_t)pos, (uint64_t)stored, nbytes, ctime, atime, (uint32_t)h, (uint32_t)gen, (uint32_t)nblobs,
+                (int32_t)c->slot, chunk, (uint16_t)klen, (uint16_t)c->sid, (uint8_t)kind, (uint8_t)c->level,
+                (uint8_t)c->flag_in_chunk};
+    write_and_link(c->meta, c->buckets, b, idx, c->meta + c->entries + idx * ENTRY_SIZE, &f, key, &ab,
+                   (char *)(uintptr_t)(c->stats_addr + (unsigned long long)(stripe * c->stats_size)), SEALED);
+    cv[1] = pos + stored;
+    pthread_mutex_unlock(m);
+    result = Py_BuildValue("(nkLLdn)", idx, gen, (long long)pos, (long long)stored, ctime, stripe);
+done:
+    if (cb.buf)
+        PyBuffer_Release(&cb);
+    if (ab.buf)
+        PyBuffer_Release(&ab);
+    PyBuffer_Release(&db);
+    return result;
+}
+
 /* ---- LockBase: the two steps of a store lock that must run with no Python frame ----------------
  *
  * Python checks for asynchronous exceptions (a signal handler's, PyThreadState_SetAsyncExc) when a
@@ -797,6 +974,8 @@ static PyMethodDef methods[] = {
     {"release", release, METH_VARARGS, "Drop one local pin: 0, 1 (last) or 2 (last, entry deleted)."},
     {"delete_config", delete_config, METH_VARARGS, "What delete() needs of this client and the layout."},
     {"delete", delete, METH_VARARGS, "Hide, unlink and (unpinned, in a chunk) free a sealed entry in one call."},
+    {"put_config", put_config, METH_VARARGS, "What put_small() needs of this client and its arena."},
+    {"put_small", put_small, METH_VARARGS, "Cut, copy, insert and seal a small value in one call."},
     {NULL, NULL, 0, NULL},
 };
 

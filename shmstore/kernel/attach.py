@@ -13,12 +13,14 @@ class Attachment:
     """A client slot of a node store and a session, with the addresses and objects its verbs use.
 
     Made and owned by a :class:`~shmstore.kernel.Kernel`, which shares it with
-    the parts it owns (puts, pins). Never changes after construction, so it is
+    the parts it owns (puts, pins). Never changes once the kernel is built (``ctx``, the C fast path's
+    context capsule, is set once by :class:`~shmstore.kernel.pins.Pins`, which makes it), so it is
     process-safe and thread-safe; it owns nothing it could unlink.
     """
 
     __slots__ = ("node", "slot", "sid", "session", "cache", "fast", "buf", "lay", "table", "stripes", "bmask",
-                 "smask", "meta_addr", "stripe_addrs", "arena", "arena_addr", "ro", "prefault")
+                 "smask", "meta_addr", "stripe_addrs", "arena", "arena_addr", "ro", "prefault",
+                 "ctx")
 
     def __init__(self, node: NodeStore, slot: int, sid: int, session: str, cache: ClientCache,
                  fast: Any) -> None:
@@ -30,3 +32,4 @@ class Attachment:
         self.stripe_addrs = [lock.address for lock in node.stripes]
         self.arena, self.arena_addr, self.ro = node.arena_mm, node.arena.address, node.arena_ro
         self.prefault = node.prefault
+        self.ctx: Any = None  # set by Pins (None without the C fast path)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import threading
+from array import array
 from typing import Any
 
 from ..errors import StorageFullError
@@ -36,6 +37,7 @@ from .node import NodeStore
 __all__ = ["ClientCache", "ENTRY_BATCH", "retire_chunk"]
 
 ENTRY_BATCH = 32
+_NO_CUT = array("q", (0, 0, 0))
 
 
 class ClientCache:
@@ -52,7 +54,8 @@ class ClientCache:
         self._refill_lock = threading.Lock()
         self.chunk_lock = threading.Lock()  # held from a cut of the chunk until its entry is written
         self._coff = node.layout.client(slot)
-        self._start = self._pos = self._end = 0  # the current chunk and its bump pointer
+        # the current chunk: its start, bump pointer and end (int64s that the C put_small moves on too)
+        self.cut = array("q", (0, 0, 0))
         self.small_max = node.small_max
 
     def take_entry(self, key: str) -> tuple[int, int]:
@@ -121,13 +124,15 @@ class ClientCache:
         Returns:
             (chunk extent record, arena offset), or (0, 0) when no chunk can be had.
         """
-        if self._pos + size > self._end and not self._new_chunk():
+        cut = self.cut
+        if cut[1] + size > cut[2] and not self.new_chunk():
             return 0, 0
-        off = self._pos
-        self._pos = off + size
+        off = cut[1]
+        cut[1] = off + size
         return L.client_chunk(self.node.buf, self._coff)[0], off
 
-    def _new_chunk(self) -> bool:
+    def new_chunk(self) -> bool:
+        """Retire the current chunk and take a fresh one (``chunk_lock`` held); False when none can be had."""
         node, buf = self.node, self.node.buf
         with node.alloc_lock:
             self._retire_locked()
@@ -144,24 +149,24 @@ class ClientCache:
             with node.alloc_lock:
                 retire_chunk(node, self.slot)
             return False
-        self._start, self._pos, self._end = off, off, off + node.chunk_size
+        self.cut[:] = array("q", (off, off, off + node.chunk_size))
         return True
 
     def covers(self, off: int, size: int) -> bool:
         """True if ``[off, off+size)`` lies in this client's current chunk (faulted in already)."""
-        return self._start <= off and off + size <= self._end
+        return self.cut[0] <= off and off + size <= self.cut[2]
 
     def _retire_locked(self) -> None:
         """Retire the current chunk (ALLOC lock held); the janitor frees it once unused."""
         retire_chunk(self.node, self.slot)
-        self._start = self._pos = self._end = 0
+        self.cut[:] = _NO_CUT
 
     def forget(self) -> None:
         """Drop the private lists (at close; :func:`~shmstore.kernel.janitor.release_all` gives back
         what the store records as this slot's, which is everything these lists held and more)."""
         with self.chunk_lock:
             self.entries.clear()
-            self._start = self._pos = self._end = 0
+            self.cut[:] = _NO_CUT
 
 
 def retire_chunk(node: NodeStore, slot: int) -> None:

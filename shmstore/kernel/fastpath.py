@@ -23,6 +23,8 @@ class codes:
     BEING_WRITTEN = -4  # insert: the key is being written
     EXISTS = -5         # insert: the key exists
     STOLEN = -6         # insert: the entry is not reserved for this client any more
+    NO_ENTRY = -7       # put_small: the client's reserved entries ran out
+    NO_CUT = -8         # put_small: the client's chunk lacks room (or it has none)
 
 
 class Found(NamedTuple):

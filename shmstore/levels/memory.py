@@ -9,7 +9,7 @@ names in the ALLOC-locked section that allocates it (two-way ownership:
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
 
@@ -147,6 +147,10 @@ class MemoryLevel:
             return None
         if entry is not None:  # EntryStolen goes to the caller, which takes another outside the lock
             return self._place_and_insert(at, ref, entry, what, give_up, (held, seal))
+        if src is not None and seal and not held and at.ctx is not None:
+            done = self._put_small(at, ref, what)
+            if done is not False:
+                return done
         while True:
             entry = cache.take_entry(ref.key)
             try:
@@ -156,6 +160,37 @@ class MemoryLevel:
             if done is None:
                 cache.entries.append(entry)  # the general way takes an entry of its own
             return done
+
+    def _put_small(self, at: Attachment, ref: KeyRef, what: Encoded | Contents) -> Reservation | None | Literal[False]:
+        """The whole of :meth:`try_put` for a value to copy and seal at once, in one C call (``put_small``: a
+        cut of the chunk, the copy, the entry's insert) under the chunk lock: its Reservation; None as
+        try_put's; False where this C call cannot do it (a value for a chunk of its own, no chunk to be had,
+        an older build), for the steps one by one.
+
+        Raises:
+            ObjectExistsError, ObjectLockedError, StorageFullError (the object table is full).
+        """
+        cache, put_small = at.cache, at.fast.put_small
+        while True:
+            if not cache.entries:  # a batch more (StorageFullError: the table is full), outside the chunk lock
+                cache.entries.append(cache.take_entry(ref.key))
+            with cache.chunk_lock:
+                r = put_small(at.ctx, ref.kb, ref.h, what.src, what.meta, what.kind, what.nbytes, what.nblobs,
+                              cache.entries, cache.cut)
+                if r == codes.NO_CUT and L.align(max(what.size, 1)) <= cache.small_max and cache.new_chunk():
+                    continue
+            if type(r) is tuple:
+                done: Reservation = _new(Reservation, r)
+                return done
+            if r == codes.NO_ENTRY:
+                continue
+            if r == codes.OWNER_DEAD:  # we hold the lock now and must repair it first
+                at.stripes[ref.stripe].recover_held()
+            elif r == codes.BEING_WRITTEN:
+                raise being_written_error(ref.key)
+            elif r == codes.EXISTS:
+                raise exists_error(ref.key)
+            return None if r == codes.BUSY or r == codes.OWNER_DEAD else False
 
     def _place_and_insert(self, at: Attachment, ref: KeyRef, held: tuple[int, int], what: Encoded | Contents,
                           give_up: Callable[[int, int], object],
