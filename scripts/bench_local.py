@@ -178,7 +178,8 @@ class Workers:
 def bench_sweep(n: int, repeats: int, name: str, counts: list[int]) -> list[dict]:
     """Aggregate small put/get rates of 1, 2, 4, ... worker processes at once, interleaved per repeat."""
     rows: dict[int, tuple[list[float], list[float], list[float]]] = {c: ([], [], []) for c in counts}
-    with shmstore.connect(name, capacity="256MiB", prefault="64MiB") as store:
+    # every worker holds its n objects at once: the table must hold them all (8 x 10,000 > the default 65,536)
+    with shmstore.connect(name, capacity="256MiB", prefault="64MiB", max_objects=2 * n * max(counts)) as store:
         store.wait_prefaulted(64 * MiB)
         workers = Workers(name, n, max(counts))
         try:
