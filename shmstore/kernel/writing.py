@@ -25,6 +25,7 @@ from .table import EntryStolen, find_entry, owns_entry
 __all__ = ["Puts"]
 
 _monotonic = time.monotonic
+_new = tuple.__new__
 
 Shortcut = Callable[[Attachment, KeyRef, "serialize.Encoded | Contents", Callable[[int, int], object]],
                     "Reservation | None"]
@@ -125,8 +126,9 @@ class Puts:
 
     def _new_info(self, key: str, enc: serialize.Encoded, level: Level, stored: int, ctime: float) -> ObjectInfo:
         """ObjectInfo of an object this process just sealed (nobody pins it yet)."""
-        return ObjectInfo(key, enc.nbytes, level, False, True, enc.nblobs, serialize.KIND_NAMES[enc.kind],
-                          stored, 0, self.session, ctime)
+        info: ObjectInfo = _new(ObjectInfo, (key, enc.nbytes, level, False, True, enc.nblobs,
+                                             serialize.KIND_NAMES[enc.kind], stored, 0, self.session, ctime))
+        return info  # (tuple.__new__: the NamedTuple's own __new__ is a Python call on every put)
 
     def reserve(self, ref: KeyRef, what: Contents, level: int, shadow: bool = False) -> Reservation:
         """Create an invisible ``writing`` entry for ``what`` (``what.src`` unused) on ``level``, with

@@ -141,9 +141,11 @@ class MemoryLevel:
         cache, src = at.cache, what.src
         if at.fast is None:
             return None
-        if src is not None and (what.kind == L.KIND_PICKLE or what.size > cache.small_max or what.device
-                                or (type(src) is np.ndarray and not (src.flags.c_contiguous
-                                                                     or src.flags.f_contiguous))):
+        if src is not None and what.kind != L.KIND_RAW and (  # raw bytes are one contiguous buffer (encode)
+                what.kind == L.KIND_PICKLE or what.device
+                or (type(src) is np.ndarray and not (src.flags.c_contiguous or src.flags.f_contiguous))):
+            return None
+        if src is not None and what.size > cache.small_max:
             return None
         if entry is not None:  # EntryStolen goes to the caller, which takes another outside the lock
             return self._place_and_insert(at, ref, entry, what, give_up, (held, seal))
