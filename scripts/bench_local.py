@@ -5,7 +5,8 @@ Measured in one run, medians over repeats:
 
 - small objects (20,000 numpy arrays of 64 bytes): put and get ops/s in one
   process and in two processes at once (and of the workers' whole
-  put/get/delete pass), and a sweep of 1, 2, 4, 8 processes
+  put/get/delete pass, beside the same two workers each on a store of its
+  own: what the machine allows this code), and a sweep of 1, 2, 4, 8 processes
   at once (where it flattens: at the core count); baseline: one
   ``multiprocessing.shared_memory`` segment per object plus a
   ``multiprocessing.Manager().dict()`` registry;
@@ -22,6 +23,7 @@ Usage: python scripts/bench_local.py [--repeats 5] [--small 20000] [--big-mib 10
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -82,12 +84,17 @@ def bench_small(n: int, repeats: int, name: str) -> dict:
     """
     arrays = [np.full(8, i, np.float64) for i in range(n)]  # 64 bytes each
     puts, gets, solo_puts, solo_gets, two_puts, two_gets, solo_mix, two_mix = [], [], [], [], [], [], [], []
-    with shmstore.connect(name, capacity="256MiB", prefault="64MiB") as store:
-        store.wait_prefaulted(64 * MiB)
+    own_solo, own_two = [], []  # the same two workers, each on a store of its own: what this machine allows
+    with contextlib.ExitStack() as stack:
+        store, *own = [stack.enter_context(shmstore.connect(s, capacity="256MiB", prefault="64MiB"))
+                       for s in (name, name + "o0", name + "o1")]
+        for s in (store, *own):
+            s.wait_prefaulted(64 * MiB)
         small_ops(store, [f"warm{i}" for i in range(2000)], arrays[:2000])
-        workers = Workers(name, n)
+        workers, apart = Workers(name, n), Workers([s.name for s in own], n)
         try:
             workers.run(2)  # warm-up pass: fresh processes fault their mappings in
+            apart.run(2)
             for r in range(repeats):  # interleaved, so that machine noise hits all alike
                 p, g = small_ops(store, [f"k{r}-{i}" for i in range(n)], arrays)
                 puts.append(p)
@@ -100,8 +107,11 @@ def bench_small(n: int, repeats: int, name: str) -> dict:
                 two_puts.append(p)
                 two_gets.append(g)
                 two_mix.append(m)
+                own_solo.append(apart.run(1)[2])
+                own_two.append(apart.run(2)[2])
         finally:
             workers.close()
+            apart.close()
     base = bench_small_baseline(min(n, 5000), arrays)
     return {"n": n, "put_ops": median(solo_puts), "get_ops": median(solo_gets),
             "inprocess_put_ops": median(puts), "inprocess_get_ops": median(gets),
@@ -109,6 +119,7 @@ def bench_small(n: int, repeats: int, name: str) -> dict:
             "two_proc_put_ratio": median([t / o for t, o in zip(two_puts, solo_puts)]),
             "two_proc_get_ratio": median([t / o for t, o in zip(two_gets, solo_gets)]),
             "mix_ops": median(solo_mix), "two_proc_mix_ratio": median([t / o for t, o in zip(two_mix, solo_mix)]),
+            "two_stores_mix_ratio": median([t / o for t, o in zip(own_two, own_solo)]),
             "baseline_put_ops": base[0], "baseline_get_ops": base[1]}
 
 
@@ -146,12 +157,14 @@ with shmstore.connect(name, prefault=0) as store:
 class Workers:
     """Worker processes (two by default) that run put/get passes alone or at the same moment."""
 
-    def __init__(self, name: str, n: int, count: int = 2) -> None:
+    def __init__(self, name: str | list[str], n: int, count: int = 2) -> None:
+        """``count`` workers on store ``name``, or one on each store of a list of names."""
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         self.n = n
-        self.procs = [subprocess.Popen([sys.executable, "-c", _WORKER, root, name, tag, str(n)],
+        names = [name] * count if isinstance(name, str) else name
+        self.procs = [subprocess.Popen([sys.executable, "-c", _WORKER, root, store, tag, str(n)],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                      for tag in "abcdefghijklmnop"[:count]]
+                      for tag, store in zip("abcdefghijklmnop", names)]
         for p in self.procs:
             assert p.stdout.readline().strip() == "ready"
 
@@ -335,7 +348,7 @@ def main() -> None:
           f"(this process: {r['inprocess_put_ops']:,.0f}/s, {r['inprocess_get_ops']:,.0f}/s) | "
           f"two processes: put {r['two_proc_put_ops']:,.0f}/s ({r['two_proc_put_ratio']:.2f}x), "
           f"get {r['two_proc_get_ops']:,.0f}/s ({r['two_proc_get_ratio']:.2f}x), put/get/delete pass "
-          f"{r['two_proc_mix_ratio']:.2f}x | "
+          f"{r['two_proc_mix_ratio']:.2f}x (each on a store of its own: {r['two_stores_mix_ratio']:.2f}x) | "
           f"baseline shared_memory+Manager: put {r['baseline_put_ops']:,.0f}/s, get {r['baseline_get_ops']:,.0f}/s "
           f"(shmstore {r['put_ops'] / r['baseline_put_ops']:.0f}x / {r['get_ops'] / r['baseline_get_ops']:.0f}x)",
           flush=True)
