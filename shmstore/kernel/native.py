@@ -1,4 +1,4 @@
-"""The only ctypes in shmstore: libc's robust pthread mutexes, madvise and the timer slack.
+"""The only ctypes in shmstore: libc's robust pthread mutexes, madvise, the timer slack and futexes.
 
 Foreign calls through ctypes release the GIL, which is what we want for both a
 blocking lock and a long ``madvise(MADV_POPULATE_WRITE)``.
@@ -9,13 +9,14 @@ import ctypes
 import ctypes.util
 import errno
 import mmap
+import platform
 import time
 from typing import Any
 
 __all__ = [
     "EOWNERDEAD", "ENOTRECOVERABLE", "address_of",
     "mutex_init", "mutex_trylock", "mutex_timedlock", "mutex_unlock",
-    "mutex_consistent", "populate_write", "set_timer_slack",
+    "mutex_consistent", "populate_write", "set_timer_slack", "futex_wait", "futex_wake",
 ]
 
 _LIBC_NAME = ctypes.util.find_library("c") or None
@@ -59,6 +60,11 @@ _timedlock = _fn("pthread_mutex_timedlock", _vp, ctypes.POINTER(_Timespec))
 _madvise = _fn("madvise", _vp, ctypes.c_size_t, ctypes.c_int)
 _prctl = _fn("prctl", ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
 _PR_SET_TIMERSLACK = 29
+_syscall = _libc.syscall  # variadic: every argument passed with its C type
+_syscall.restype = ctypes.c_long
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "ppc64le": 221, "s390x": 238}.get(platform.machine())
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not FUTEX_PRIVATE_FLAG): keyed on the shared page, across processes
+_FUTEX_POLL = 0.0005  # where there is no futex syscall: the nap of futex_wait
 
 
 def address_of(mm: mmap.mmap) -> tuple[int, object]:
@@ -117,3 +123,24 @@ def set_timer_slack(ns: int) -> bool:
     when asked instead of ~50 us late. Per thread; True where it took effect.
     """
     return bool(_prctl(_PR_SET_TIMERSLACK, max(1, int(ns)), 0, 0, 0) == 0)
+
+
+def futex_wait(addr: int, expected: int, timeout: float) -> None:
+    """Sleep while the 32-bit word at ``addr`` (in a shared mapping) holds ``expected``: until
+    :func:`futex_wake` on it, a signal, or ``timeout`` seconds. Returns at once where it holds another value.
+    Where the architecture's futex call is not known here, a nap of at most 0.5 ms: the caller looks again.
+    """
+    timeout = max(0.0, timeout)
+    if _SYS_FUTEX is None:  # pragma: no cover - other architectures
+        time.sleep(min(timeout, _FUTEX_POLL))
+        return
+    ts = _Timespec(int(timeout), int((timeout % 1) * 1e9))
+    _syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(addr), ctypes.c_int(_FUTEX_WAIT),
+             ctypes.c_uint32(expected & 0xFFFFFFFF), ctypes.byref(ts), ctypes.c_void_p(0), ctypes.c_int(0))
+
+
+def futex_wake(addr: int) -> None:
+    """Wake every process sleeping in :func:`futex_wait` on the word at ``addr``."""
+    if _SYS_FUTEX is not None:
+        _syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(addr), ctypes.c_int(_FUTEX_WAKE),
+                 ctypes.c_int(0x7FFFFFFF), ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_int(0))
