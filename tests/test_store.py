@@ -613,3 +613,17 @@ def test_items_and_values_are_those_of_the_keys_left(store):
     left = sorted(int(k[1:]) for k in keys[1::2])
     assert sorted(v for _, v in store.items()) == sorted(store.values()) == left
     assert all(store[k] == v for k, v in store.items())
+
+
+def test_a_strided_view_of_a_stored_array_is_put_like_any_array(store):
+    """Regression: a non-contiguous view of a stored array (a SharedArray, a subclass of ndarray) failed the
+    small put's contiguity check, which asked ``type(src) is np.ndarray``: ValueError from the C copy."""
+    store.put("a", np.arange(100.0))
+    store.put("big", np.arange(1 << 20, dtype=np.float64))
+    store.put("b", store.get("a")[::2])  # small: the C shortcut declines it, the steps copy it
+    store.put("c", store.get("big")[::4])
+    store.put("d", store.get("a").reshape(10, 10).T)  # F-contiguous: copied as it is
+    np.testing.assert_array_equal(store.get("b"), np.arange(0.0, 100.0, 2))
+    np.testing.assert_array_equal(store.get("c"), np.arange(1 << 20, dtype=np.float64)[::4])
+    np.testing.assert_array_equal(store.get("d"), np.arange(100.0).reshape(10, 10).T)
+    assert store.check() == []

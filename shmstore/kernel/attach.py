@@ -32,4 +32,4 @@ class Attachment:
         self.stripe_addrs = [lock.address for lock in node.stripes]
         self.arena, self.arena_addr, self.ro = node.arena_mm, node.arena.address, node.arena_ro
         self.prefault = node.prefault
-        self.ctx: Any = None  # set by Pins (None without the C fast path)
+        self.ctx: Any = None  # set by Pins where the C fast path has put_small (else None)

@@ -112,32 +112,34 @@ def begin_many(node: NodeStore, sid: int, keys: list[bytes]) -> list[tuple[bool,
 
 
 def finish(node: NodeStore, slot: int, error: str | None = None) -> None:
-    """End the caller's transfer: free the entry, or leave the error for the waiters."""
-    if slot < 0:
-        return
-    with node.admin:
-        _finish_locked(node, slot, error)
+    """End the caller's transfer: free the entry, or leave the error for the waiters (woken)."""
+    if slot >= 0:
+        finish_many(node, [(slot, error)])
 
 
-def _finish_locked(node: NodeStore, slot: int, error: str | None) -> None:
+def _finish_locked(node: NodeStore, slot: int, error: str | None) -> bool:
+    """:func:`finish` of one slot under the ADMIN lock: whether it ended a transfer of the caller's."""
     if slot < 0:
-        return
+        return False
     at = node.layout.migration(slot)
     if L.MIGRATION.get(node.buf, at, "pid") != os.getpid():
-        return
+        return False
     if not error:  # the usual case: one field, not the whole record (a third of a small fetch's map cost)
         L.MIGRATION.set(node.buf, at, "state", L.MIG_FREE)
     else:
         m = L.unpack_migration(node.buf, node.layout, slot)
         L.pack_migration(node.buf, node.layout, slot, m._replace(state=L.MIG_FAILED, error=error, time=time.time()))
-    futex_wake(node.meta.address + at + _STATE_AT)  # its waiters return now, not at their next look
+    return True
 
 
 def finish_many(node: NodeStore, slots: list[tuple[int, str | None]]) -> None:
-    """:func:`finish` of each (slot, error), under one lock."""
+    """:func:`finish` of each (slot, error), under one lock; their waiters are woken after it (so that they do
+    not wake into the lock): they return now, not at their next look."""
     with node.admin:
-        for slot, error in slots:
-            _finish_locked(node, slot, error)
+        ended = [slot for slot, error in slots if _finish_locked(node, slot, error)]
+    base = node.meta.address
+    for slot in ended:
+        futex_wake(base + node.layout.migration(slot) + _STATE_AT)
 
 
 _LOOK_AGAIN = 0.01  # a waiter asleep on the slot looks again this often: a transferring process that died

@@ -62,7 +62,9 @@ _prctl = _fn("prctl", ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulo
 _PR_SET_TIMERSLACK = 29
 _syscall = _libc.syscall  # variadic: every argument passed with its C type
 _syscall.restype = ctypes.c_long
-_SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "ppc64le": 221, "s390x": 238}.get(platform.machine())
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "ppc64le": 221, "s390x": 238}.get(platform.machine()) \
+    if ctypes.sizeof(ctypes.c_void_p) == 8 else None  # (the kernel's machine: a 32-bit Python's numbers differ)
+_FUTEX_OK = (0, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT)  # woken, the word differed, a signal, the timeout
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not FUTEX_PRIVATE_FLAG): keyed on the shared page, across processes
 _FUTEX_POLL = 0.0005  # where there is no futex syscall: the nap of futex_wait
 
@@ -128,15 +130,18 @@ def set_timer_slack(ns: int) -> bool:
 def futex_wait(addr: int, expected: int, timeout: float) -> None:
     """Sleep while the 32-bit word at ``addr`` (in a shared mapping) holds ``expected``: until
     :func:`futex_wake` on it, a signal, or ``timeout`` seconds. Returns at once where it holds another value.
-    Where the architecture's futex call is not known here, a nap of at most 0.5 ms: the caller looks again.
+    Where the architecture's futex call is not known here, or the call is refused, a nap of at most 0.5 ms:
+    the caller looks again.
     """
     timeout = max(0.0, timeout)
     if _SYS_FUTEX is None:  # pragma: no cover - other architectures
         time.sleep(min(timeout, _FUTEX_POLL))
         return
     ts = _Timespec(int(timeout), int((timeout % 1) * 1e9))
-    _syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(addr), ctypes.c_int(_FUTEX_WAIT),
-             ctypes.c_uint32(expected & 0xFFFFFFFF), ctypes.byref(ts), ctypes.c_void_p(0), ctypes.c_int(0))
+    if _syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(addr), ctypes.c_int(_FUTEX_WAIT),
+                ctypes.c_uint32(expected & 0xFFFFFFFF), ctypes.byref(ts), ctypes.c_void_p(0), ctypes.c_int(0)) \
+            and ctypes.get_errno() not in _FUTEX_OK:  # refused (a seccomp filter, ENOSYS): nap as before
+        time.sleep(min(timeout, _FUTEX_POLL))
 
 
 def futex_wake(addr: int) -> None:

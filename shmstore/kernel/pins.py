@@ -54,10 +54,10 @@ class Pins:
                 self.ctx, at.slot, base + lay.stats, L.STRIPE_STATS.size, L.STRIPE_STATS.offset["deleted"],
                 base + lay.pinmaps, lay.pinrow, base + L.ALLOC_OFFSET + L.ALLOC_STATE.offset["slots_high"],
                 L.FLAG_MOVING, L.FLAG_IN_CHUNK, L.ENTRY_HEAD.struct.size)
-            if hasattr(self._fast, "put_config"):  # (nor a put_small)
+            if hasattr(self._fast, "put_small"):  # (nor a put_small): at.ctx stays None, puts go the steps
                 self._fast.put_config(self.ctx, at.arena_addr,
                                       base + lay.client(at.slot) + L.CLIENT.offset["chunk"], L.LEVEL_MEMORY)
-        at.ctx = self.ctx
+                at.ctx = self.ctx
 
     def up(self, idx: int) -> None:
         """One more local pin on ``idx`` (its stripe lock held); the first sets our pin byte."""

@@ -143,7 +143,7 @@ class MemoryLevel:
             return None
         if src is not None and what.kind != L.KIND_RAW and (  # raw bytes are one contiguous buffer (encode)
                 what.kind == L.KIND_PICKLE or what.device
-                or (type(src) is np.ndarray and not (src.flags.c_contiguous or src.flags.f_contiguous))):
+                or (isinstance(src, np.ndarray) and not (src.flags.c_contiguous or src.flags.f_contiguous))):
             return None
         if src is not None and what.size > cache.small_max:
             return None
@@ -172,14 +172,15 @@ class MemoryLevel:
         Raises:
             ObjectExistsError, ObjectLockedError, StorageFullError (the object table is full).
         """
-        cache, put_small = at.cache, at.fast.put_small
+        cache, put_small, fresh = at.cache, at.fast.put_small, False
         while True:
             if not cache.entries:  # a batch more (StorageFullError: the table is full), outside the chunk lock
                 cache.entries.append(cache.take_entry(ref.key))
             with cache.chunk_lock:
                 r = put_small(at.ctx, ref.kb, ref.h, what.src, what.meta, what.kind, what.nbytes, what.nblobs,
                               cache.entries, cache.cut)
-                if r == codes.NO_CUT and L.align(max(what.size, 1)) <= cache.small_max and cache.new_chunk():
+                if r == codes.NO_CUT and not fresh and cache.new_chunk():  # once: a fresh chunk holds any small value
+                    fresh = True
                     continue
             if type(r) is tuple:
                 done: Reservation = _new(Reservation, r)

@@ -264,8 +264,18 @@ class Cluster:
         except errors.TransferError as exc:
             gave_up(exc, "get", key)
             raise
-        # a miss here: fetched thrice and deleted each time before it was read, or not to be fetched
-        return kernel.get(key, default, conditions=conditions)
+        # a miss here: fetched thrice and deleted each time before it was read (another rank of this node deletes
+        # it as it comes), or not to be fetched
+        if not fetch or default is not NO_DEFAULT:
+            return kernel.get(key, default, conditions=conditions)
+        value = kernel.get(key, _MISSED, conditions=conditions)
+        if value is not _MISSED:
+            return value
+        interrupted = errors.TransferError(
+            f"transfer of {key!r} into node {self.node!r} kept being interrupted: it came 3 times and was deleted "
+            f"here each time before this rank could read it (another rank deletes it: order the two)", key)
+        gave_up(interrupted, "get", key)
+        raise interrupted
 
     def fetch(self, keys: Iterable[str] | str, levels: Iterable[Level] | Level | None = None,
               block_size: int | None = None) -> None:

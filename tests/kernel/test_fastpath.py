@@ -186,3 +186,66 @@ def test_c_delete_leaves_what_the_python_steps_leave(store, name):
     store.put("big", b"y" * (4 << 20))
     store.delete("big")
     assert "big" not in store and store.check() == []
+
+
+@pytest.mark.parametrize("value", [b"x" * 300, "array"])
+def test_c_put_small_leaves_what_the_steps_leave(store, value):
+    """A small put in one C call (put_small: cut, copy, entry, seal) leaves the entry (every field of its head
+    and its key and array record), the stripe counters and the bytes as the steps one by one (cut in Python,
+    the C insert) leave them; only the offset (the cut moved on), the times and the generation differ."""
+    import numpy as np
+
+    from shmstore.kernel import layout as L
+    k = store.kernel
+    if k._at.ctx is None:
+        pytest.skip("the C fast path is not built here (pure-Python kernel)")
+    value = np.arange(40, dtype=np.float32).reshape(5, 8) if value == "array" else value
+    fields = [f.name for f in L.ENTRY_HEAD.fields]
+    seen = []
+    for ctx in (None, k._at.ctx):  # the steps first, then put_small (on the entry the delete handed back)
+        saved, k._at.ctx = k._at.ctx, ctx
+        try:
+            store.put("a", value)
+        finally:
+            k._at.ctx = saved
+        idx = k.lookup(k.begin("a"), False).idx
+        eoff = k._lay.entry(idx)
+        stripe = k._table.stripe_of(idx)
+        rest = k._buf[eoff + L.ENTRY_HEAD.struct.size: k._lay.entry(idx + 1)]  # its key and array record
+        seen.append((idx, L.entry_raw(k._buf, eoff), bytes(rest), bytes(L.stats_table(k._buf, k._lay)[stripe])))
+        got = store.get("a")
+        assert bytes(got) == value if isinstance(value, bytes) else np.array_equal(got, value)
+        del got
+        store.delete("a")
+    (i1, steps, rest1, stats1), (i2, small, rest2, stats2) = seen
+    assert i1 == i2 and rest1 == rest2 and stats1 == stats2
+    for name_, a, b in zip(fields, steps, small):
+        if name_ not in ("offset", "atime", "ctime", "gen"):
+            assert a == b, name_
+    assert small[L.E_OFFSET] == steps[L.E_OFFSET] + steps[L.E_SIZE]  # the next cut of the same chunk
+    assert small[L.E_FLAGS] & L.FLAG_IN_CHUNK and small[L.E_STATE] == L.SEALED
+    assert store.check() == []
+
+
+def test_a_build_without_put_small_puts_small_values_the_steps_way(name, monkeypatch):
+    """An extension built before put_small (it has the C insert and delete, not put_small nor put_config):
+    small puts go the steps one by one, never to a missing function."""
+    import types
+
+    import numpy as np
+
+    import shmstore
+    from shmstore.kernel import kernel as kmod
+    if kmod._fast is None:
+        pytest.skip("the C fast path is not built here (pure-Python kernel)")
+    older = types.SimpleNamespace(**{n: getattr(kmod._fast, n) for n in dir(kmod._fast)
+                                     if not n.startswith("__") and n not in ("put_small", "put_config")})
+    monkeypatch.setattr(kmod, "_fast", older)
+    with shmstore.connect(name, capacity="8MiB") as s:
+        assert s.kernel._at.ctx is None and s.kernel._at.fast is older
+        for i in range(100):
+            s.put(f"k{i}", bytes([i]) * (i + 1))
+            s.put(f"a{i}", np.full(i + 1, i))
+        assert all(bytes(s.get(f"k{i}")) == bytes([i]) * (i + 1) for i in range(100))
+        assert all((s.get(f"a{i}") == i).all() for i in range(100))
+        assert s.check() == []
