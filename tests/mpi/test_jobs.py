@@ -159,6 +159,16 @@ def _remove_orphaned_mpich_segments(before: set[str]) -> None:
             pass
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_mpich_leftovers():
+    """A job of this module that dies or is killed leaves MPICH's own shared memory in /dev/shm (2 MiB per node,
+    32 MiB more with VCIs): the tests that kill ranks remove theirs, and at the module's end whatever else
+    appeared meanwhile and no live process maps goes too (a whole suite left three jobs' worth)."""
+    before = _mpich_segments()
+    yield
+    _remove_orphaned_mpich_segments(before)
+
+
 def _leftovers(s: shmstore.Store) -> dict[str, object]:
     """What dead clients may still hold in a node store (empty once they are all reclaimed): entries being
     written, transfers in flight, attached clients other than ``s``, pins, memory no sealed object accounts for."""
