@@ -34,6 +34,21 @@ _MEMORY = int(Level.MEMORY)
 _new = tuple.__new__
 
 
+def _declined(at: Attachment, ref: KeyRef, rc: int) -> None:
+    """What a C insert or put_small that changed nothing answered ``rc`` calls for: a dead holder's stripe
+    lock (held by us now) repaired and released, or the key's error raised.
+
+    Raises:
+        ObjectLockedError: the key is being written. ObjectExistsError: it is present.
+    """
+    if rc == codes.OWNER_DEAD:  # we hold the lock now and must repair it first
+        at.stripes[ref.stripe].recover_held()
+    elif rc == codes.BEING_WRITTEN:
+        raise being_written_error(ref.key)
+    elif rc == codes.EXISTS:
+        raise exists_error(ref.key)
+
+
 class MemoryLevel:
     """The shm arena of one node store (see :class:`~shmstore.kernel.protocols.MovableLevel`).
 
@@ -187,12 +202,7 @@ class MemoryLevel:
                 return done
             if r == codes.NO_ENTRY:
                 continue
-            if r == codes.OWNER_DEAD:  # we hold the lock now and must repair it first
-                at.stripes[ref.stripe].recover_held()
-            elif r == codes.BEING_WRITTEN:
-                raise being_written_error(ref.key)
-            elif r == codes.EXISTS:
-                raise exists_error(ref.key)
+            _declined(at, ref, r)
             return None if r == codes.BUSY or r == codes.OWNER_DEAD else False
 
     def _place_and_insert(self, at: Attachment, ref: KeyRef, held: tuple[int, int], what: Encoded | Contents,
@@ -243,14 +253,9 @@ class MemoryLevel:
         self.unplace(idx, rec, flags)
         if rc == codes.STOLEN:
             raise EntryStolen
-        if rc == codes.OWNER_DEAD:  # we hold the lock now and must repair it first
-            at.stripes[ref.stripe].recover_held()
-        if rc == codes.BEING_WRITTEN:
-            at.cache.entries.append(held)
-            raise being_written_error(ref.key)
-        if rc == codes.EXISTS:
-            at.cache.entries.append(held)
-            raise exists_error(ref.key)
+        if rc == codes.BEING_WRITTEN or rc == codes.EXISTS:
+            at.cache.entries.append(held)  # unused: back to the batch
+        _declined(at, ref, rc)
         return None
 
     def unplace(self, idx: int, extent: int, flags: int) -> None:
