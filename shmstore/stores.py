@@ -20,14 +20,16 @@ store's name. So:
   same lock either came first (the store stays) or sees ``destroying`` and
   starts a fresh store.
 - only the store's own names go: ``-arena``, ``-wake``, the files of its
-  spill directory and ``-meta`` last, each only if it belongs to the store's
-  owner.
+  incarnation in its spill directory (a newer or older store of the same
+  name may share the directory: see :mod:`shmstore.kernel.spilldir`) and
+  ``-meta`` last, each only if it belongs to the store's owner.
 """
 from __future__ import annotations
 
 import logging
 import mmap
 import os
+import stat
 from typing import Any
 
 from .errors import PermissionDeniedError, ShmStoreError
@@ -36,6 +38,7 @@ from .kernel.files import SAFE_OPEN, open_regular
 from .kernel.lock import ShmLock
 from .kernel.node import pid_alive, store_prefix
 from .kernel.segment import Segment, list_segments, segment_path, unlink_segment, unlink_semaphore
+from .kernel.spilldir import incarnation, remove_dir
 
 __all__ = ["list_stores", "collect_stale"]
 
@@ -186,59 +189,76 @@ def _remove_if_stale(st: dict[str, Any]) -> bool:
         log.warning("leaving store %r on node %r of uid %d: %s", st["name"], st["node"], uid, exc)
         return False
     try:
-        if not _claim(seg, st):
+        h = _claim(seg, st)
+        if h is None:
             return False
     except ShmStoreError as exc:  # its ADMIN lock stayed taken: somebody alive holds it
         log.warning("leaving store %r on node %r of uid %d: %s", st["name"], st["node"], uid, exc)
         return False
     finally:
         seg.close()
-    _remove_names(prefix, uid, st["spill_dir"])
+    _remove_names(prefix, uid, st["spill_dir"], incarnation(h.creator_pid, h.created))
     return True
 
 
-def _claim(seg: Segment, st: dict[str, Any]) -> bool:
-    """Mark the store ``destroying`` if it is still stale, under its ADMIN lock; False if it is not."""
+def _claim(seg: Segment, st: dict[str, Any]) -> Any:
+    """Mark the store ``destroying`` if it is still stale, under its ADMIN lock; its header then, None if it is
+    not stale."""
     mm = seg.mapping()
     h = L.unpack_header(mm)
     if _header_problem(seg.name, h, st["uid"], seg.size) is not None or h.magic != L.MAGIC:
-        return False
+        return None
     lay = L.Layout.from_header(h)
     with ShmLock(seg.address + lay.lock_offset(L.LOCK_ADMIN), "admin", _LOCK_TIMEOUT):
         h = L.unpack_header(mm)
         if not _stale(h, _live_clients(mm, lay), pid_alive(h.spill_pid)):
-            return False
+            return None
         L.HEAD.set(mm, "state", L.STATE_DESTROYING)
-    return True
+    return h
 
 
-def _remove_names(prefix: str, uid: int, spill_root: str) -> None:
+def _remove_names(prefix: str, uid: int, spill_root: str, tag: str) -> None:
     """Remove a claimed store's names, each only if ``uid`` owns it; the metadata segment last (a process
     killed in between leaves a store that the next ``gc`` finds)."""
     unlink_segment(prefix + "-arena", owner=uid)
     unlink_semaphore(prefix + "-wake", owner=uid)
-    _remove_spill_files(os.path.join(spill_root, prefix.lstrip("/")), uid)
+    _remove_spill_files(spill_root, prefix.lstrip("/"), tag, uid)
     unlink_segment(prefix + "-meta", owner=uid)
 
 
-def _remove_spill_files(folder: str, uid: int) -> None:
-    """Remove the files of ``uid`` in the spill directory ``folder`` (never following a link), then it."""
+def _remove_spill_files(root: str, folder: str, tag: str, uid: int) -> int:
+    """Remove the files of the store incarnation ``tag`` in the spill directory ``<root>/<folder>`` of ``uid``,
+    then the directory if nothing else is in it and no process has it open; returns how many files went.
+
+    What :meth:`~shmstore.kernel.spilldir.SpillFiles.remove_all` does for the store's own processes, for a
+    store of maybe another user: the directory is never made, no link is followed, only regular files of
+    ``uid`` named for ``tag`` go, and nobody is waited for. A process that has the directory open belongs to
+    another incarnation of the name (the stale store has no live process): a store whose names were unlinked
+    behind its back, its clients still at work, whose files share the directory. Removing every file of the
+    user there took that store's objects on DISK with the stale one's.
+    """
+    path = os.path.join(root, folder)
     try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | SAFE_OPEN)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | SAFE_OPEN)
     except OSError:
-        return
+        return 0  # none, or something planted under its name: nothing of the store's
     try:
         if os.fstat(fd).st_uid != uid:
-            return
-        for entry in os.listdir(fd):
-            try:
-                if os.stat(entry, dir_fd=fd, follow_symlinks=False).st_uid == uid:
-                    os.unlink(entry, dir_fd=fd)
-            except OSError:
-                pass
+            return 0
+        removed = sum(_unlink_own(fd, entry, uid) for entry in os.listdir(fd) if entry.startswith(tag + "."))
+        remove_dir(fd, path, 0.0)
+        return removed
     finally:
         os.close(fd)
+
+
+def _unlink_own(dir_fd: int, entry: str, uid: int) -> bool:
+    """Remove ``entry`` of the directory ``dir_fd`` if it is a regular file of ``uid``; True if removed."""
     try:
-        os.rmdir(folder)
+        st = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+            return False
+        os.unlink(entry, dir_fd=dir_fd)
+        return True
     except OSError:
-        pass
+        return False

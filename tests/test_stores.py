@@ -247,3 +247,83 @@ def test_gc_of_a_live_store_of_another_program_leaves_it(bystanders):
         r = cli(*args, "--json", "--name", b.name)
         assert r.returncode == 0 and json.loads(r.stdout)["removed"] == []
     assert not b.damage()
+
+
+# ---- gc removes only the spill files of the store it removes (issue 30, item 2) -------------------------------
+
+LIVE_UNNAMED = """
+import os, sys, numpy as np, shmstore
+s = shmstore.connect(os.environ['N'], capacity='8MiB', spill_dir=os.environ['D'])
+s.put('a0', np.arange(50_000), levels=[shmstore.Level.DISK])
+seg = s.node_store.prefix.lstrip('/')
+for path in (f'/dev/shm/{seg}-meta', f'/dev/shm/{seg}-arena', f'/dev/shm/sem.{seg}-wake'):
+    os.unlink(path)  # a cleaner's rm: this store goes on, and the next connect makes a new one under the name
+print(s.node_store.disk.tag, flush=True)
+sys.stdin.readline()
+np.testing.assert_array_equal(s.get('a0'), np.arange(50_000))
+assert s.check() == [], s.check()
+print('intact', flush=True)
+sys.stdin.readline()
+s.close()
+"""
+
+
+def test_gc_of_a_stale_store_leaves_the_files_of_a_live_store_of_the_same_name(name, tmp_path):
+    """Two incarnations of one name share the spill directory: a live store whose names were unlinked behind its
+    back, and a newer one made under the name whose whole job then died. gc removed every file of the user in
+    the directory with the stale one: the live store lost every object on DISK (``SpillError: cannot read 'a0'
+    ... No such file or directory``; ``check``: ``entry .. is on disk but its file .. is missing``). Now gc
+    removes the stale store's own files (its incarnation's tag) and leaves the directory to the live one."""
+    live = Child(LIVE_UNNAMED, env={"N": name, "D": str(tmp_path)})
+    try:
+        live_tag = live.readline(timeout=60)
+        dead_store(name, str(tmp_path))  # the newer store, all its processes SIGKILLed
+        (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]  # beside it: the spill processes' log
+        dead_tags = {f.split(".")[0] for f in os.listdir(folder)} - {live_tag}
+        assert len(dead_tags) == 1, os.listdir(folder)
+        r = cli("gc", "--json", "--name", name)
+        assert r.returncode == 0 and json.loads(r.stdout)["removed"] == [f"{name}@{Config.from_kwargs().node}"]
+        assert not _segments(name)
+        left = os.listdir(folder)
+        assert left and all(f.startswith(live_tag + ".") for f in left), left  # the dead store's files went
+        live.send("")
+        assert live.readline() == "intact"
+        live.send("")
+        live.wait()
+        assert wait_for(lambda: not os.path.exists(folder), timeout=15)  # the last store of the name took it
+    finally:
+        if live.proc.poll() is None:
+            live.kill()
+
+
+def test_gc_as_root_for_another_user_removes_only_that_store_s_own_files(name, tmp_path):
+    """The epilog's gc (root, ``--uid``) removes the stale store's files of its own incarnation, each a regular
+    file of that user, and leaves the rest: another incarnation's file (a live store of the same name), a file
+    of another owner and a symbolic link under the store's tag. The directory stays while anything is in it."""
+    if os.getuid() != 0:
+        pytest.skip("removing another user's store needs root")
+    uid = 61000 + random.randrange(4000)
+    dead = name + "dead"
+    hand_over(dead, str(tmp_path), uid)
+    try:
+        (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+        (tag,) = {f.split(".")[0] for f in os.listdir(folder)}
+        own = set(os.listdir(folder))
+        kept = {"other": f"{int(tag.split('-')[0], 16) + 1:x}-1.3.0", "owner": f"{tag}.99.0", "link": f"{tag}.98.0"}
+        for kind, entry in kept.items():
+            path = os.path.join(folder, entry)
+            if kind == "link":
+                os.symlink(os.path.join(folder, kept["other"]), path)
+            else:
+                with open(path, "wb") as f:
+                    f.write(b"x")
+            owner = 65534 if kind == "owner" else uid
+            os.lchown(path, owner, owner)
+        r = cli("gc", "--uid", str(uid), "--json", "--name", dead)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["removed"] == [f"{dead}@{Config.from_kwargs().node} (uid {uid})"]
+        assert sorted(os.listdir(folder)) == sorted(kept.values()), (own, os.listdir(folder))
+    finally:
+        for s in os.listdir(SHM):
+            if f"-{dead}-" in s:
+                os.unlink(os.path.join(SHM, s))

@@ -42,7 +42,7 @@ import numpy as np
 from ..errors import PermissionDeniedError, ShmStoreError, SpillError
 from .files import SAFE_OPEN, make_dir, make_dirs, open_regular
 
-__all__ = ["SpillFiles", "CHUNK", "LINGER", "incarnation"]
+__all__ = ["SpillFiles", "CHUNK", "LINGER", "incarnation", "remove_dir"]
 
 CHUNK = 64 << 20  # bytes per write/read call: progress granularity, bounded memory
 LINGER = 2.0  # seconds a removal waits for other processes to let the directory go
@@ -316,27 +316,9 @@ class SpillFiles:
                 os.unlink(self._own + name, dir_fd=dfd)
             except OSError:
                 pass
-        self._remove_dir(dfd)
+        remove_dir(dfd, self.path, LINGER)  # LINGER: a store's last client wakes its spill process before it lets go
         self.close()
         return len(names)
-
-    def _remove_dir(self, dfd: int) -> None:
-        """Remove the directory once no other process has it open (waiting ``LINGER`` seconds at most: the
-        last client of a store wakes its spill process before it lets the directory go), if it is empty."""
-        deadline = time.monotonic() + LINGER
-        while True:
-            try:
-                _hold(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    return  # in use (by another store of this name): the last to go removes it
-                time.sleep(0.01)
-        try:
-            if os.fstat(dfd).st_ino == os.lstat(self.path).st_ino:
-                os.rmdir(self.path)
-        except OSError:  # files are left (another store's), or it is gone already
-            pass
 
     def close(self) -> None:
         """Release this process's descriptor of the directory; idempotent."""
@@ -350,6 +332,25 @@ class SpillFiles:
             self.close()
         except (OSError, ShmStoreError):  # a finalizer never raises; the descriptor closes at exit anyway
             pass
+
+
+def remove_dir(dfd: int, path: str, linger: float) -> None:
+    """Remove the spill directory ``path`` (open as ``dfd``) once no other process has it open (waiting
+    ``linger`` seconds at most: see :meth:`SpillFiles.remove_all` for why), if it is empty."""
+    deadline = time.monotonic() + linger
+    while True:
+        try:
+            _hold(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return  # in use (by another store of this name): the last to go removes it
+            time.sleep(0.01)
+    try:
+        if os.fstat(dfd).st_ino == os.lstat(path).st_ino:
+            os.rmdir(path)
+    except OSError:  # files are left (another store's), or it is gone already
+        pass
 
 
 _held: weakref.WeakSet[SpillFiles] = weakref.WeakSet()  # this process's open directories (and their locks)
