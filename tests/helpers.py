@@ -36,6 +36,14 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: flo
         interval = min(interval * 1.5, 0.2)
 
 
+def view_arena(store) -> tuple[int, int]:
+    """(address, size) of the arena's read-only mapping in this process: what the views ``get`` hands out point
+    into (the writable mapping that puts copy into is another range, ``store.kernel._at.arena_addr``)."""
+    import numpy as np
+    first = np.frombuffer(store.node_store.arena_ro, np.uint8, 1)
+    return int(first.ctypes.data), store.node_store.capacity
+
+
 def shm_segments(prefix: str = "shmstore-") -> list[str]:
     """This user's shmstore segments and semaphores in /dev/shm."""
     mine = (prefix + str(os.getuid()), "sem." + prefix + str(os.getuid()))

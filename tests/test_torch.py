@@ -11,7 +11,7 @@ import pytest
 
 from shmstore import Level
 
-from helpers import Child
+from helpers import Child, view_arena
 
 torch = pytest.importorskip("torch", reason="torch is not installed (scripts/torch-check.sh installs it and runs this)")
 
@@ -31,7 +31,7 @@ def _state_dict() -> dict:
 
 
 def _arena(store) -> tuple[int, int]:
-    return store.kernel._at.arena_addr, store.node_store.capacity
+    return view_arena(store)
 
 
 def test_state_dict_round_trip_keeps_dtypes_shapes_and_types(store):

@@ -102,7 +102,7 @@ class NodeStore:
         self.chunk_size = min(4 << 20, max(L.MIN_CHUNK, self.capacity // 64)) & ~(L.PAGE - 1)
         self.small_max = self.chunk_size // 16
         arena.advise_hugepages()
-        self.arena_ro = memoryview(self.arena_mm).toreadonly()
+        self.arena_ro = memoryview(arena.readonly_mapping())  # views: PROT_READ (see Segment.readonly_mapping)
         # its own files in the directory named after it (a name can outlive its store: see kernel/spilldir.py)
         self.disk = SpillFiles(L.spill_dir(self.buf), self.prefix.lstrip("/"),
                              incarnation(self.header.creator_pid, self.header.created))

@@ -81,9 +81,9 @@ class LevelHost(Protocol):
     alloc: Allocator             # the extent allocator (guarded by alloc_lock)
     alloc_lock: ShmLock
     table: Table
-    arena: Segment               # the MEMORY arena's segment, mapped as arena_mm (writable) and arena_ro
-    arena_mm: mmap.mmap
-    arena_ro: memoryview
+    arena: Segment               # the MEMORY arena's segment, mapped twice: arena_mm (writable: puts copy
+    arena_mm: mmap.mmap          # into it) and arena_ro (a PROT_READ mapping of the same pages: every view
+    arena_ro: memoryview         # handed out is built over it, so numpy cannot make one writable)
     prefault: Prefaulter
     disk: SpillFiles               # the store's spill directory (this incarnation's files)
 

@@ -93,6 +93,7 @@ class Segment:
     size: int = 0
     mm: mmap.mmap | None = None
     address: int = 0
+    ro: mmap.mmap | None = None  # the read-only mapping, once readonly_mapping() made it
     _anchor: object = None
     _fd: int = -1
 
@@ -179,6 +180,30 @@ class Segment:
             raise ValueError(f"segment {self.name!r} is closed")
         return self.mm
 
+    def readonly_mapping(self) -> mmap.mmap:
+        """A second mapping of the segment, read-only (``PROT_READ``), made on first use and closed by ``close``.
+
+        What views handed to users are built over: numpy refuses
+        ``setflags(write=True)`` on an array over it (the mapping exports a
+        read-only buffer), and a write that ignores the flag (a torch tensor,
+        ctypes, a C extension) faults (SIGSEGV) in the writing process instead
+        of changing the object under every reader. Its page-table entries are
+        its own: a page this process wrote through ``mapping()`` costs a minor
+        fault on the first read through this one.
+
+        Raises:
+            ValueError: the segment is closed.
+        """
+        if self.ro is None:
+            if self._fd < 0:
+                raise ValueError(f"segment {self.name!r} is closed")
+            self.ro = mmap.mmap(self._fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ)
+            try:
+                self.ro.madvise(mmap.MADV_HUGEPAGE)  # as advise_hugepages for the writable one
+            except (AttributeError, OSError):
+                pass
+        return self.ro
+
     def advise_hugepages(self) -> None:
         """Ask for transparent huge pages (honoured where shmem THP is ``advise``; a no-op elsewhere).
 
@@ -205,12 +230,14 @@ class Segment:
         mapped until they are garbage collected.
         """
         self._anchor = None
-        if self.mm is not None:
-            try:
-                self.mm.close()
-            except BufferError:
-                pass  # views into it are alive; the mmap object unmaps when they die
-            self.mm = None
+        for attr in ("ro", "mm"):
+            mm = getattr(self, attr)
+            if mm is not None:
+                try:
+                    mm.close()
+                except BufferError:
+                    pass  # views into it are alive; the mmap object unmaps when they die
+                setattr(self, attr, None)
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

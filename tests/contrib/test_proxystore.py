@@ -16,7 +16,7 @@ import pytest
 
 import shmstore
 
-from helpers import Child
+from helpers import Child, view_arena
 
 pytest.importorskip("proxystore", reason="proxystore is not installed (pip install 'shmstore[proxystore]')")
 from proxystore.connectors.protocols import Connector, DeferrableConnector  # noqa: E402
@@ -161,9 +161,9 @@ def test_arrays_resolve_as_read_only_views_of_the_store(pstore, connector):
     resolved = proxy["w"]
     assert not resolved.flags.writeable
     np.testing.assert_array_equal(resolved, arr)
-    base = connector.store.kernel._at.arena_addr
+    base, size = view_arena(connector.store)
     addr = resolved.__array_interface__["data"][0]
-    assert base <= addr < base + connector.store.node_store.capacity  # in shared memory: no copy
+    assert base <= addr < base + size  # in shared memory: no copy
     assert addr % 64 == 0
 
 
@@ -312,9 +312,9 @@ print(proxy.run(), flush=True)
 # ---- serialize() writes into the store, put adopts (issue 21 item 5) ------------------------------------
 
 def _arena_holds(connector, data):
-    base = connector.store.kernel._at.arena_addr
+    base, size = view_arena(connector.store)
     addr = np.frombuffer(data, np.uint8).__array_interface__["data"][0]
-    return base <= addr < base + connector.store.node_store.capacity
+    return base <= addr < base + size
 
 
 def _keys(connector):

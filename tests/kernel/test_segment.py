@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pickle
 
+import numpy as np
 import pytest
 
 from shmstore.kernel.segment import Segment, list_segments, segment_exists, unlink_segment
@@ -49,6 +50,26 @@ def test_close_is_idempotent_and_safe_on_a_half_built_segment(name):
     seg.unlink()  # the name is gone already: nothing raised
     half = Segment.__new__(Segment)  # __init__ never ran: the class defaults make close() safe
     half.close()
+
+
+def test_the_read_only_mapping_sees_every_write_and_lends_no_writable_buffer(name):
+    """What views are built over (issue 30 item 4): the same pages, mapped PROT_READ, exporting a read-only
+    buffer (so numpy refuses setflags(write=True)); made once, closed with the segment."""
+    with Segment.create(name, 8192) as seg:
+        ro = seg.readonly_mapping()
+        assert seg.readonly_mapping() is ro
+        seg.mapping()[10:15] = b"hello"
+        assert ro[10:15] == b"hello"  # one set of pages
+        assert memoryview(ro).readonly
+        view = np.ndarray((8,), np.uint8, ro, 8)
+        with pytest.raises(ValueError, match="WRITEABLE"):
+            view.setflags(write=True)
+        with pytest.raises(TypeError):
+            ro[0] = 1
+        del view
+    assert seg.ro is None and ro.closed
+    with pytest.raises(ValueError, match="closed"):
+        seg.readonly_mapping()
 
 
 def test_create_refuses_an_existing_name_and_leaves_it(name):
