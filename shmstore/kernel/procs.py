@@ -1,4 +1,5 @@
-"""Processes: is a pid still the process we knew, and the spill processes this one started."""
+"""Processes: is a pid still the process we knew (alive: not dead, dying or a zombie), and the spill processes this
+one started."""
 from __future__ import annotations
 
 import os
@@ -12,24 +13,55 @@ __all__ = ["proc_start_time", "pid_alive", "reap_children", "spawned", "spill_ou
 spawned: list[subprocess.Popen[bytes]] = []  # spill processes started by this process, until reaped
 
 
+_PF_EXITING = 0x4  # /proc/<pid>/stat flags: the process is in do_exit, never to run user code again
+_SIGKILL_BIT = 1 << (9 - 1)  # SIGKILL in the pending-signal masks of /proc/<pid>/status
+
+
 def proc_start_time(pid: int) -> int | None:
-    """Start time of a live process (clock ticks since boot); None if gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if fields[0] in (b"Z", b"X"):
-        return None
-    return int(fields[19])
+    """Start time of a live process (clock ticks since boot); None if gone, a zombie, or exiting."""
+    stat = _running(pid)
+    return None if stat is None else int(stat[19])
 
 
 def pid_alive(pid: int, start: int = 0) -> bool:
-    """True if ``pid`` runs and (when ``start`` is given) is the same process."""
-    if pid <= 0:
-        return False
-    now = proc_start_time(pid)
-    return now is not None and (not start or now == start)
+    """True if ``pid`` runs and (when ``start`` is given) is the same process.
+
+    A process that is dead but not yet reaped is not alive: a zombie, one
+    exiting (its memory being torn down, which takes milliseconds for a
+    process with large mappings), or one SIGKILLed that has not begun to
+    exit. The spill process SIGKILLed just before its store's last client
+    closed looked alive to that client, which then left the store to it
+    (woke it) instead of removing the store itself: the store stayed in
+    /dev/shm for good.
+    """
+    stat = _running(pid) if pid > 0 else None
+    if stat is None or (start and int(stat[19]) != start):
+        return False  # gone, dying, or the pid names another process now
+    # a sleeping process is woken by a SIGKILL at once (state R): only a running one may have it pending
+    return stat[0] == b"S" or not _sigkill_pending(pid)
+
+
+def _running(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (the state first), None if the process is gone,
+    a zombie or exiting."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if len(stat) < 20 or stat[0] in (b"Z", b"X") or int(stat[6]) & _PF_EXITING:
+        return None
+    return stat
+
+
+def _sigkill_pending(pid: int) -> bool:
+    """Whether ``pid`` has a SIGKILL pending (sent, not yet acted on); True if it is gone meanwhile."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            masks = [line.split()[1] for line in f if line.startswith((b"SigPnd:", b"ShdPnd:"))]
+    except OSError:
+        return True
+    return any(int(m, 16) & _SIGKILL_BIT for m in masks)
 
 
 def reap_children() -> None:

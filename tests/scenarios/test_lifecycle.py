@@ -112,6 +112,50 @@ s.close()
     assert not os.listdir(tmp_path)
 
 
+KILLS_ITS_SPILL_PROCESS = """
+import os, signal, sys, time, numpy as np, shmstore
+from shmstore.kernel.procs import spawned
+for i, wait in enumerate(['none'] * 3 + ['zombie']):
+    s = shmstore.connect(os.environ['N'] + str(i), capacity='16MiB', spill_dir=os.environ['D'])
+    s.put('a', np.arange(300_000))
+    s.put('d', np.arange(1000), levels=[shmstore.Level.DISK])
+    assert s.wait_spill_ready(60)
+    spill = s.spill_pid
+    assert [p.pid for p in spawned] == [spill]  # our child: nobody reaps it but us
+    os.kill(spill, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while wait == 'zombie' and time.monotonic() < deadline:
+        with open(f'/proc/{spill}/stat') as f:
+            if f.read().rsplit(')', 1)[1].split()[0] == 'Z':
+                break
+        time.sleep(0.001)
+    s.close()  # the last client: at once (the spill process still dying), or once it is a zombie
+    print(wait, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_the_last_client_removes_the_store_when_it_just_sigkilled_its_own_spill_process(name, tmp_path):
+    """Regression (issue 30, item 9): SIGKILL the spill process (this client's child) right before the last
+    client closes: the close took the dying process (SIGKILL pending, or tearing down its memory) for a live
+    one, woke it to remove the store and removed nothing, so the store stayed in /dev/shm for good (3 stores
+    of 3 here). A dying process, and a zombie not reaped yet, are dead: the close removes the store itself."""
+    child = Child(KILLS_ITS_SPILL_PROCESS, env={"N": name, "D": str(tmp_path)})
+    try:
+        assert [child.readline(timeout=120) for _ in range(4)] == ["none"] * 3 + ["zombie"]
+        assert wait_for(lambda: all(gone(name + str(i)) for i in range(4)), timeout=5), \
+            [s for s in shm_segments() if name in s]
+        assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # the spill files went with the stores
+        child.send("")
+        child.wait()
+    finally:
+        if child.proc.poll() is None:
+            child.kill()
+        for seg in shm_segments():  # what the old code left, so that it fails this test and not the next
+            if f"-{name}" in seg:
+                os.unlink("/dev/shm/" + seg)
+
+
 def test_usage_is_exact_while_the_store_spills(name, tmp_path):
     """Regression: usage drifted with background spilling (11.5 MB reported for 16 MB of objects,
     negative after clear): updating one level's counter zeroed the others'."""
