@@ -172,6 +172,7 @@ class Worker:
         between two it is noted and dropped (there is nothing to interrupt, and this loop has no ``try``
         around its own bookkeeping)."""
         if self.in_op:
+            self.in_op = False  # a second Ctrl-C before _resolve_interrupted runs is noted, not raised there
             raise KeyboardInterrupt
         self.note("i", "-")
 

@@ -14,8 +14,10 @@ import os
 import struct
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from . import layout as L
+from .interrupts import interruptible
 from .native import futex_wait, futex_wake
 from .node import NodeStore, pid_alive, proc_start_time
 
@@ -145,6 +147,7 @@ def finish_many(node: NodeStore, slots: list[tuple[int, str | None]]) -> None:
 _LOOK_AGAIN = 0.01  # a waiter asleep on the slot looks again this often: a transferring process that died
 
 
+@interruptible
 def wait(node: NodeStore, slot: int, sid: int, key: bytes, timeout: float) -> str | None:
     """Wait for the transfer in ``slot``; returns None when done, the error when it failed,
     or ``"retry"`` when its process died (call ``begin`` again).
@@ -153,7 +156,8 @@ def wait(node: NodeStore, slot: int, sid: int, key: bytes, timeout: float) -> st
     joined a transfer returns as soon as it is scheduled after the transfer's
     end (with 0.5 ms naps it was up to 0.5 ms late, and a long transfer
     woke it 2,000 times a second). It looks again every 10 ms meanwhile, for
-    a transferring process that died.
+    a transferring process that died. Interruptible: a Ctrl-C raises here at
+    once (a waiter holds nothing of the transfer it joined).
     """
     deadline = time.monotonic() + timeout
     word = node.meta.address + node.layout.migration(slot) + _STATE_AT
@@ -161,16 +165,28 @@ def wait(node: NodeStore, slot: int, sid: int, key: bytes, timeout: float) -> st
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        with node.admin:
-            m = L.unpack_migration(node.buf, node.layout, slot)
-            if m.state == L.MIG_FREE or m.session != sid or m.key != key:
-                return None
-            if m.state == L.MIG_FAILED:
-                return m.error or "transfer failed"
-            if not pid_alive(m.pid, m.start):
-                return "retry"
+        outcome = _look(node, slot, sid, key)
+        if outcome is not _IN_FLIGHT:
+            return outcome if outcome is None else str(outcome)
         futex_wait(word, L.MIG_FLIGHT, min(left, _LOOK_AGAIN))  # at once where the state changed meanwhile
     return f"waited {timeout:g} s for the transfer of {key.decode(errors='replace')!r} by another process"
+
+
+_IN_FLIGHT: Any = object()  # _look: the transfer is still under way
+
+
+def _look(node: NodeStore, slot: int, sid: int, key: bytes) -> Any:
+    """What :func:`wait` returns for the transfer in ``slot`` now, or ``_IN_FLIGHT`` (under the ADMIN lock: a
+    signal inside waits for this to return, see ``interrupts.py``)."""
+    with node.admin:
+        m = L.unpack_migration(node.buf, node.layout, slot)
+        if m.state == L.MIG_FREE or m.session != sid or m.key != key:
+            return None
+        if m.state == L.MIG_FAILED:
+            return m.error or "transfer failed"
+        if not pid_alive(m.pid, m.start):
+            return "retry"
+    return _IN_FLIGHT
 
 
 def clear_dead(node: NodeStore) -> int:

@@ -326,8 +326,20 @@ class Puts:
         return done
 
     def abort(self, idx: int) -> None:
-        """Drop a reserved entry and give its space back."""
+        """Drop a reserved entry and give its space back (also one :meth:`set_aside` before)."""
         with self.node.stripe_of(idx):
             self._table.unlink(idx, self._table.bucket_of(idx))
             self.node.release(idx, cache=self._cache)
+
+    def set_aside(self, idx: int) -> None:
+        """Hide a ``writing`` entry from its key but keep its space: the key is free again (a later put or
+        fetch of it goes ahead) while something may still write into the space (a receive MPI could not
+        cancel). The entry stays this client's, as an overwrite's is before it is swapped in (a shadow:
+        in no chain); :meth:`abort` frees it, and so does this client's death."""
+        buf, eoff = self._buf, self._lay.entry(idx)
+        with self.node.stripe_of(idx):
+            if L.ENTRY_HEAD.get(buf, eoff, "state") != L.WRITING or L.ENTRY_HEAD.get(buf, eoff, "writer") != self.slot:
+                return
+            self._table.unlink(idx, self._table.bucket_of(idx))
+            L.ENTRY_HEAD.set(buf, eoff, "flags", L.ENTRY_HEAD.get(buf, eoff, "flags") | L.FLAG_SHADOW)
 

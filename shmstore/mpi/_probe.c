@@ -9,6 +9,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <stdint.h>
 #include <sys/prctl.h>
 #include <time.h>
@@ -23,7 +24,8 @@ static int64_t mono_ns(void) {
 
 /* probe_wait(iprobe_address, any_source, tag, comm_handle, spin_ns, nap_ns, max_ns[, nap_max_ns])
  * -> 1 when a message
- * with ``tag`` is waiting, 0 after max_ns without one, -rc when MPI_Iprobe failed.
+ * with ``tag`` is waiting, 0 after max_ns without one, 2 when a signal cut a nap short (its Python handler
+ * runs once this returns: a Ctrl-C raises at once), -rc when MPI_Iprobe failed.
  *
  * Calls MPI_Iprobe (its address from the loaded MPI library; the communicator handle is passed in a
  * register, an int for MPICH's ABI and a pointer for Open MPI's, both fit intptr_t) with the GIL released:
@@ -40,7 +42,7 @@ static PyObject *probe_wait(PyObject *self, PyObject *args) {
     if (nap_max_ns < nap_ns)
         nap_max_ns = nap_ns;
     iprobe_fn iprobe = (iprobe_fn)(uintptr_t)addr;
-    int flag = 0, rc = 0;
+    int flag = 0, rc = 0, interrupted = 0;
     char status[256]; /* larger than any MPI_Status */
     Py_BEGIN_ALLOW_THREADS
     int64_t start = mono_ns();
@@ -62,7 +64,10 @@ static PyObject *probe_wait(PyObject *self, PyObject *args) {
             if (slack > 0)
                 prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
         }
-        nanosleep(&nap, NULL);
+        if (nanosleep(&nap, NULL) != 0 && errno == EINTR) {
+            interrupted = 1; /* a signal for this thread: Python runs its handler when we return */
+            break;
+        }
         if (nap_ns < nap_max_ns) {
             nap_ns = nap_ns * 2 < nap_max_ns ? nap_ns * 2 : nap_max_ns;
             nap.tv_sec = (time_t)(nap_ns / 1000000000);
@@ -72,7 +77,7 @@ static PyObject *probe_wait(PyObject *self, PyObject *args) {
     if (slack > 0)
         prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
     Py_END_ALLOW_THREADS
-    return PyLong_FromLong(rc != 0 ? -(long)(rc < 0 ? -rc : rc) : flag ? 1 : 0);
+    return PyLong_FromLong(rc != 0 ? -(long)(rc < 0 ? -rc : rc) : flag ? 1 : interrupted ? 2 : 0);
 }
 
 static PyMethodDef methods[] = {

@@ -33,6 +33,7 @@ call, and the job aborts if nobody catches the exception (``abort.py``).
 """
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -50,7 +51,7 @@ from ..refs import Ref, register_cluster_finder
 from ..refs import new_key as new_ref_key
 from ..store import Store
 from ..streams import Reader
-from . import abort
+from . import abandon, abort
 from . import tags as T
 from . import wire as W
 from .copies import Copies
@@ -435,10 +436,19 @@ class Cluster:
         self._closed = True
         _OPEN.discard(self)
         abort.closed()
-        self._comm.Barrier()  # nobody sends requests any more
+        try:
+            self._msg.barrier([self._comm.Ibarrier()], "close")  # nobody sends requests any more
+        except BaseException as exc:  # a rank left by an exception (it never comes), or a Ctrl-C: leave too
+            self._leave(exc)
+            raise
         if self._service is not None:
             self._service.close()
         self._comm.Barrier()
+        self._msg.stop_watching()
+        if not abandon.wait_released(self.store.config.peer_timeout):  # MPI may still write into the store
+            print(f"shmstore.mpi: rank {self.rank}: {abandon.held()} transfer(s) given up on still hold store "
+                  f"space after {self.store.config.peer_timeout:g} s (their peer died or hangs): it is freed "
+                  f"when this process ends", file=sys.stderr, flush=True)
         for c in self._links.bulk:
             c.Free()
         self._comm.Free()
@@ -456,11 +466,18 @@ class Cluster:
         elif not self._closed:
             self._closed = True
             _OPEN.discard(self)
-            abort.leave(exc)
-            self._leave_here()
+            self._msg.say_left(exc)  # the others' close and barrier raise instead of waiting for this rank
+            print(f"shmstore.mpi: rank {self.rank} of {self.size} (node {self.node!r}) left its Cluster by an "
+                  f"exception ({type(exc).__name__}): the cluster's other ranks raise TransferError in their "
+                  f"close() or barrier(); a collective call this rank makes on the job's communicator now waits "
+                  f"for ranks that will not come", file=sys.stderr, flush=True)
+            self._leave(exc)
 
-    def _leave_here(self) -> None:
-        """Stop this node's service and close the store on this rank alone (see :func:`abort.leave`)."""
+    def _leave(self, exc: BaseException | None) -> None:
+        """Stop this node's service and close the store on this rank alone: no collective call (see
+        :func:`abort.leave`)."""
+        self._closed = True
+        abort.leave(exc)
         if self._service is not None:
             self._service.close(wait=1.0)
         self.store.close()

@@ -24,6 +24,7 @@ node (small ones inside the reply), new copies registered once per home.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 import threading
@@ -42,6 +43,7 @@ from ..levels import Level, parse_levels
 from ..placement import DEFAULT_PUT_LEVELS
 from . import tags as T
 from . import wire as W
+from .abandon import give_up
 from .cuda import cuda_aware
 from .dirclient import DirectoryClient
 from .links import Links
@@ -286,14 +288,27 @@ class Fetcher:
             except BaseException:
                 self._release(src, found)
                 raise
+        unfinished = _Unfinished()
         try:
-            self._receive(key, src, level, r.idx, r.offset, found, block)
+            self._receive(key, src, level, r.idx, r.offset, found, block, unfinished)
         except BaseException:
-            kernel.puts.abort(r.idx)
+            self._let_go(r.idx, unfinished)
             raise
         kernel.puts.seal(r.idx, r.stripe)
         self._count(n)
         return float(r.ctime)
+
+    def _let_go(self, idx: int, unfinished: _Unfinished) -> None:
+        """Give back the space of a transfer that failed: at once where every receive is over, else once MPI
+        is done with the ones it could not cancel (``abandon.py``: a stopped sender that wakes still fills
+        them). Meanwhile the space is set aside, not freed, and the key is free for another fetch."""
+        puts = self.kernel.puts
+        if unfinished.reqs:
+            try:
+                puts.set_aside(idx)
+            except errors.ShmStoreError:  # its stripe lock stayed taken: the key stays taken until released
+                pass
+        give_up(unfinished.reqs, release=functools.partial(puts.abort, idx), keep=unfinished.buffer)
 
     def _release(self, src: int, found: W.Found) -> None:
         """Let the source unpin what it pinned for us (a large object we will not take)."""
@@ -305,7 +320,8 @@ class Fetcher:
         with node.admin:
             L.add_transfer_stats(node.buf, transfers=1, received=nbytes)
 
-    def _receive(self, key: str, src: int, level: int, idx: int, off: int, found: W.Found, block: int) -> None:
+    def _receive(self, key: str, src: int, level: int, idx: int, off: int, found: W.Found, block: int,
+                 unfinished: _Unfinished) -> None:
         nbytes = found.nbytes
         sink = self.kernel.sink(idx, Level(level), off, nbytes, "incoming transfer")
         try:
@@ -318,38 +334,46 @@ class Fetcher:
                 else:
                     sink.write(np.frombuffer(found.inline, np.uint8), 0)
             elif nbytes and dst is not None:
-                self._frames(key, src, dst, nbytes, found.handle, block)
+                unfinished.buffer = dst  # mapped while MPI may still write it (a closed store keeps it mapped)
+                self._frames(key, src, dst, nbytes, found.handle, block, unfinished)
             elif nbytes:  # a file or a device without CUDA-aware MPI: frames through host blocks
-                self._frames(key, src, None, nbytes, found.handle, block,
+                self._frames(key, src, None, nbytes, found.handle, block, unfinished,
                              copy_in=lambda pos, n, b: sink.write(b, pos))
             sink.close()
         except BaseException:
             sink.abort()
             raise
 
-    def _frames(self, key: str, src: int, dst: Any, nbytes: int, handle: int, block: int,
+    def _frames(self, key: str, src: int, dst: Any, nbytes: int, handle: int, block: int, unfinished: _Unfinished,
                 copy_in: Callable[[int, int, np.ndarray], None] | None = None) -> None:
         """Receive an object's frames into ``dst`` (host or device memory), or with ``copy_in`` through
         host blocks handed to it; one thread per stream (this one runs the first). A source that sends no
-        frame for ``peer_timeout`` seconds is taken for dead: TransferError (the caller drops the space)."""
+        frame for ``peer_timeout`` seconds is taken for dead: TransferError, the receives into ``dst`` still
+        live left in ``unfinished`` (the caller gives them up with the space, see :meth:`_let_go`). The
+        first stream that fails (a Ctrl-C on this thread included) stops the others at their next look."""
         msg, bulk = self.links.messenger, self.links.bulk
         streams = max(1, min(self.streams, len(bulk)))
         tag, _ = msg.call_tagged(src, W.Data(handle, block, streams), key)
         plan, peer = T.frames(nbytes, block, streams), self.links.leaders[src]
         failed: list[BaseException] = []
+        stop = threading.Event()
 
         def wait(reqs: list[MPI.Request]) -> None:
-            msg.wait(reqs, src, key)
+            msg.wait(reqs, src, key, stop)
 
         def stream(i: int) -> None:
+            reqs: list[MPI.Request] = []
             try:
-                if copy_in is not None:
+                if copy_in is not None:  # the staging gives its own requests up, with its blocks
                     recv_staged(bulk[i], peer, tag, plan[i::streams], copy_in, wait=wait)
                     return
-                wait([bulk[i].Irecv([dst[pos: pos + n], MPI.BYTE], source=peer, tag=tag)
-                      for pos, n in plan[i::streams]])
+                for pos, n in plan[i::streams]:
+                    reqs.append(bulk[i].Irecv([dst[pos: pos + n], MPI.BYTE], source=peer, tag=tag))
+                wait(reqs)
             except BaseException as exc:  # re-raised on the calling thread
+                unfinished.reqs.extend(r for r in reqs if r)
                 failed.append(exc)
+                stop.set()
 
         threads = [threading.Thread(target=stream, args=(i,), name="shmstore-mpi-stream", daemon=True)
                    for i in range(1, min(streams, len(plan)))]
@@ -359,9 +383,21 @@ class Fetcher:
         for t in threads:
             t.join()
         if failed:
-            if isinstance(failed[0], MPI.Exception):  # a receive failed to start (its sender is gone)
-                raise msg.failed(src, "transfer", key, failed[0]) from failed[0]
-            raise failed[0]
+            msg.burn(tag)  # frames may still come on this tag: never a later transfer's
+            first = next((e for e in failed if not isinstance(e, Exception)), failed[0])  # a Ctrl-C first
+            if isinstance(first, MPI.Exception):  # a receive failed to start (its sender is gone)
+                raise msg.failed(src, "transfer", key, first) from first
+            raise first
+
+
+class _Unfinished:
+    """The receives of a failed transfer that MPI may still write into, and the buffer they write into."""
+
+    __slots__ = ("reqs", "buffer")
+
+    def __init__(self) -> None:
+        self.reqs: list[MPI.Request] = []
+        self.buffer: Any = None
 
 
 def _shared_error(key: str, node: str, err: str) -> Exception:

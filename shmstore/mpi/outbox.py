@@ -7,7 +7,8 @@ loop and every request behind it (about 1 ms), and for ever where the
 requester died: it goes without blocking and is kept here until it
 completes. The loop tends the kept sends between requests; those still not
 taken after ``timeout`` seconds without any of them completing are
-cancelled and dropped (their receivers died), so that the loop naps again
+given up (cancelled, and kept by ``abandon.py`` until MPI is done with
+them: their receivers died, or wake later), so that the loop naps again
 instead of probing as if a transfer were under way, for ever. Where MPI
 reports a send failed (its receiver is gone), nobody is left to answer.
 """
@@ -21,7 +22,8 @@ from typing import Any
 from mpi4py import MPI
 
 from . import wire as W
-from .poll import cancel, settle
+from .abandon import give_up
+from .poll import settle
 
 __all__ = ["Outbox"]
 
@@ -98,15 +100,15 @@ class Outbox:
         self._take_handoff()
         try:
             if self.out and not settle(self.out, min(limit, self.timeout), False, 0.001, 0.001):
-                cancel(self.out)
+                give_up(self.out)
         except MPI.Exception:  # a receiver that died
-            cancel(self.out)
-        self.out.clear()
+            give_up(self.out)
+        self.out = []
         self._since = 0.0
 
     def _drop(self) -> None:
-        cancel(self.out)
-        self.out.clear()
+        give_up(self.out)  # each request keeps its pickled bytes until MPI is done with it (abandon.py)
+        self.out = []
         self._since = 0.0
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 from typing import Callable
 
@@ -25,11 +26,12 @@ from mpi4py import MPI
 
 from .. import errors
 from ..config import pure_python, service_idle, service_spin
+from ..kernel.interrupts import interruptible
 
-__all__ = ["prober", "python_prober", "spin_window", "idle_nap", "Pace", "quiet_wait", "quiet_barrier", "settle",
-           "cancel"]
+__all__ = ["prober", "python_prober", "spin_window", "idle_nap", "Pace", "quiet_wait", "quiet_barrier", "settle"]
 
 Probe = Callable[..., bool]
+_SLICE = 0.1  # the longest stretch the C prober waits before the main thread looks at signals again
 
 
 def _iprobe_address() -> int | None:
@@ -72,18 +74,29 @@ def prober(comm: MPI.Comm) -> Probe:
         return python_prober(comm)
     handle = MPI._handleof(comm)
 
+    @interruptible  # holds nothing: a Ctrl-C raises here at once (the caller burns the reply tag)
     def probe(source: int, tag: int, spin: float, nap: float, limit: float, nap_max: float = 0.0) -> bool:
-        rc = probe_wait(addr, source, tag, handle, int(spin * 1e9), int(nap * 1e9), int(min(limit, 1e9) * 1e9),
-                        int(nap_max * 1e9))
-        if rc < 0:
-            raise errors.TransferError(f"MPI_Iprobe failed with error code {-rc}")
-        return bool(rc == 1)
+        while True:
+            # in slices: the main thread looks at the signals that came (maybe to another thread) between them
+            part = min(limit, _SLICE)
+            rc = probe_wait(addr, source, tag, handle, int(spin * 1e9), int(nap * 1e9), int(part * 1e9),
+                            int(nap_max * 1e9))
+            if rc == 1:
+                return True
+            if rc < 0:
+                raise errors.TransferError(f"MPI_Iprobe failed with error code {-rc}")
+            if rc == 0:  # the slice passed (a signal's nap cut short counts for nothing: at most one slice more)
+                limit -= part
+                if limit <= 0:
+                    return False
+            spin, nap = 0.0, max(nap, nap_max)  # a long wait: its naps have grown already
 
     return probe
 
 
 def python_prober(comm: MPI.Comm) -> Probe:
     """:func:`prober` in Python (where the C extension is missing or disabled): wakes take the GIL."""
+    @interruptible
     def probe(source: int, tag: int, spin: float, nap: float, limit: float, nap_max: float = 0.0) -> bool:
         deadline = time.monotonic() + limit
         while not comm.iprobe(source, tag):
@@ -96,6 +109,7 @@ def python_prober(comm: MPI.Comm) -> Probe:
     return probe
 
 
+@interruptible
 def quiet_wait(reqs: list[MPI.Request], first_nap: float = 20e-6, nap_max: float = 1e-3) -> None:
     """Wait for ``reqs`` without spinning: test after naps from ``first_nap`` doubling to ``nap_max`` seconds
     (MPICH's blocking waits busy-poll, taking a core from ranks that share it)."""
@@ -105,15 +119,19 @@ def quiet_wait(reqs: list[MPI.Request], first_nap: float = 20e-6, nap_max: float
         nap = min(nap * 2, nap_max)
 
 
+@interruptible
 def settle(reqs: list[MPI.Request], timeout: float, busy: bool, first_nap: float = 20e-6,
-           nap_max: float = 1e-3) -> bool:
+           nap_max: float = 1e-3, stop: threading.Event | None = None) -> bool:
     """Wait for ``reqs`` (a transfer's frames): True once all completed, False where none completed for
-    ``timeout`` seconds (the peer died, or stalls: the caller gives up and says which).
+    ``timeout`` seconds (the peer died, or stalls: the caller gives them up with their memory,
+    ``abandon.give_up``, and says which).
 
     The deadline counts from the last request that completed, not from the start, so a large object moving
     frame by frame is never cut short. ``busy``: test back to back (the rank has a core of its own: MPI
     progresses the bytes only inside the tests), else after naps from ``first_nap`` doubling to ``nap_max``.
-    The clock is read only after a test that found nothing new, every 64th such test while busy.
+    The clock is read only after a test that found nothing new, every 64th such test while busy. ``stop``:
+    False as soon as it is set (seen when the clock is read). Interruptible: Ctrl-C raises here at once,
+    the requests left as they are (the caller gives them up with their memory).
     """
     left = len(reqs)
     if MPI.Request.Testall(reqs):  # the usual case for a small transfer: done by the first look
@@ -133,26 +151,13 @@ def settle(reqs: list[MPI.Request], timeout: float, busy: bool, first_nap: float
             continue
         if busy:
             idle += 1
-            if idle & 63 or time.monotonic() < deadline:
+            if idle & 63 or (time.monotonic() < deadline and not (stop is not None and stop.is_set())):
                 continue
             return False
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
             return False
         time.sleep(nap)
         nap = min(nap * 2, nap_max)
-
-
-def cancel(reqs: list[MPI.Request]) -> None:
-    """Give up on ``reqs`` after :func:`settle` timed out: cancel each (a receive not yet matched is then
-    never filled), and free what cannot complete. Never raises."""
-    for r in reqs:
-        try:
-            if r:
-                r.Cancel()
-                if not r.Test():
-                    r.Free()
-        except Exception:  # MPI may refuse to cancel a matched request: nothing more can be done here
-            pass
 
 
 def quiet_barrier(comm: MPI.Comm) -> None:

@@ -20,6 +20,7 @@ call's: the tag of a call that timed out is never used again.
 """
 from __future__ import annotations
 
+import ast
 import itertools
 import threading
 import time
@@ -31,7 +32,8 @@ from .. import errors
 from ..kernel.interrupts import interruptible
 from . import tags as T
 from . import wire as W
-from .poll import cancel, prober, settle
+from .abandon import give_up
+from .poll import prober, settle
 
 __all__ = ["Messenger", "gave_up"]
 
@@ -39,6 +41,7 @@ _NAP = 20e-6      # the first nap after the spin window
 _NAP_MAX = 1e-3   # naps double up to this
 _FRAME_NAP_MAX = 100e-6  # and up to this while frames flow (MPI moves a large message only while it is tested)
 _SETTING = "raise peer_timeout= / SHMSTORE_PEER_TIMEOUT"
+_LEFT_NOTE = 512  # bytes of a rank's notice that it left the cluster by an exception
 
 
 class Messenger:
@@ -53,6 +56,9 @@ class Messenger:
         self._burnt: set[int] = set()  # tags of calls that gave up: a late reply may still come on them
         self._probe = prober(comm)
         self._posted: set[int] = set()  # nodes posted to since the last flush
+        self._note = bytearray(_LEFT_NOTE)  # another rank's notice that it left by an exception (say_left)
+        self._watch: MPI.Request | None = None  # the receive of that notice, posted by the first barrier
+        self._notes: list[MPI.Request] = []  # this rank's own notices (small: sent at once; kept, never waited)
         self.calls = self.posts = 0  # requests sent by this rank (calls answered, posts not), for the benchmarks
         self.forwarded = 0  # calls answered by another node than the one asked (the request went on to it)
 
@@ -84,13 +90,16 @@ class Messenger:
                     linger: float = 0.0, any_source: bool = False, patience: float = 1.0) -> tuple[int, Any]:
         """:meth:`call`, also returning the reply tag (bulk frames follow a Data reply on it)."""
         dest, tag = self.leaders[node], self.next_tag()
-        self._send(node, msg, tag, linger if self.spin else 0.0, key)
+        try:
+            self._send(node, msg, tag, linger if self.spin else 0.0, key)
+        except BaseException:  # the request may still arrive late, and its reply come on this tag
+            self.burn(tag)
+            raise
         spin = self.spin if spin is None else spin
         source = MPI.ANY_SOURCE if any_source else dest  # a reply tag is this rank's alone while the call lasts
         try:
             if not self._probe(source, tag, spin, _NAP, self.timeout * patience, _NAP_MAX):
-                with self._tag_lock:
-                    self._burnt.add(tag)
+                self.burn(tag)
                 raise self.late(node, f"did not answer a {_operation(msg)} request", self.timeout * patience,
                                 key if key is not None else getattr(msg, "key", None))
             if any_source:
@@ -102,41 +111,102 @@ class Messenger:
                 reply = W.receive_reply(self.comm, source, tag)
         except MPI.Exception as exc:
             raise self.failed(node, msg, key, exc) from exc
+        except BaseException:  # a Ctrl-C while it waited: the reply may still come, never to a later call
+            self.burn(tag)
+            raise
         if isinstance(reply, W.Failure):
             raise reply.exception(f"node {self.names[node]!r}", key if key is not None else getattr(msg, "key", None),
                                   dest)
         return tag, reply
 
-    def wait(self, reqs: list[MPI.Request], node: int, key: Any = None) -> None:
+    @interruptible
+    def wait(self, reqs: list[MPI.Request], node: int, key: Any = None, stop: threading.Event | None = None) -> None:
         """Wait for ``reqs`` (bulk frames from or to ``node``): testing back to back where this rank has a
         core of its own, else after naps (20 us doubling up to 1 ms), so that ranks sharing cores let the
-        senders and each other run.
+        senders and each other run; ``stop``: give up once it is set (another stream of the transfer
+        failed). Ctrl-C raises here at once.
 
         Raises:
-            TransferError: no frame completed for :attr:`timeout` seconds (the requests are cancelled).
+            TransferError: no frame completed for :attr:`timeout` seconds, or ``stop`` was set. The requests
+                are left as they are: MPI may still read or write their buffers, so the caller gives them up
+                together with that memory (``abandon.give_up``), never frees it at once.
         """
         try:
-            done = settle(reqs, self.timeout, self.spin > 0, _NAP, _FRAME_NAP_MAX)
+            done = settle(reqs, self.timeout, self.spin > 0, _NAP, _FRAME_NAP_MAX, stop)
         except MPI.Exception as exc:
-            cancel(reqs)
             raise self.failed(node, "transfer", key, exc) from exc
+        if not done and stop is not None and stop.is_set():
+            raise errors.TransferError(f"transfer from node {self.names[node]!r} given up: another of its streams "
+                                       f"failed", key if isinstance(key, str) else None, self.leaders[node])
         if not done:
-            cancel(reqs)
             raise self.late(node, "sent no frame", self.timeout, key)
 
+    def burn(self, tag: int) -> None:
+        """Never use reply tag ``tag`` again: a call or a transfer on it was given up, and a late reply or
+        frame may still come on it (it must not be taken for a later call's)."""
+        with self._tag_lock:
+            self._burnt.add(tag)
+
     @interruptible
-    def barrier(self, reqs: list[MPI.Request]) -> None:
+    def barrier(self, reqs: list[MPI.Request], what: str = "barrier") -> None:
         """Wait for ``reqs`` (an ``Ibarrier``) as long as it takes, like MPI's own collectives: the other ranks
-        may compute for hours before they reach it. Blocking where this rank has a core of its own, else
-        testing after naps. Ctrl-C raises here at once (the store's signal handler does not wait for a
-        barrier to end: it holds nothing of the store)."""
-        if self.spin > 0:
-            MPI.Request.Waitall(reqs)
-            return
-        nap = _NAP
-        while not MPI.Request.Testall(reqs):
+        may compute for hours before they reach it. Testing back to back for the spin window where this rank
+        has a core of its own, then after naps (20 us doubling up to 1 ms). Ctrl-C raises here at once (the
+        store's signal handler does not wait for a barrier to end: it holds nothing of the store).
+
+        Raises:
+            TransferError: a rank left the cluster by an exception (:meth:`say_left`): it never comes.
+        """
+        watch = self._watch_left()
+        spin_until, nap = None, _NAP
+        while True:
+            if MPI.Request.Testall(reqs):
+                return
+            if watch.Test():
+                raise self._left_error(what)
+            if self.spin > 0:
+                now = time.monotonic()
+                spin_until = spin_until or now + self.spin
+                if now < spin_until:
+                    continue
             time.sleep(nap)
             nap = min(nap * 2, _NAP_MAX)
+
+    def say_left(self, exc: BaseException | None) -> None:
+        """Tell every other rank that this one left the cluster by the exception ``exc`` (a small message to
+        each, never waited for): their :meth:`barrier` (a cluster's ``close`` and ``barrier``) then raises
+        instead of waiting for ever for a rank that will not come."""
+        what = f"{type(exc).__name__}: {exc}" if exc is not None else "an exception"
+        note = repr((self.comm.rank, what[:_LEFT_NOTE - 64])).encode()[:_LEFT_NOTE]
+        for r in range(self.comm.size):
+            if r != self.comm.rank:
+                try:
+                    self._notes.append(self.comm.Isend([note, MPI.BYTE], dest=r, tag=T.TAG_LEFT))
+                except MPI.Exception:  # that rank is gone already
+                    continue
+
+    def stop_watching(self) -> None:
+        """Withdraw the receive of other ranks' departures (the cluster closes collectively)."""
+        if self._watch is not None:
+            give_up([self._watch], keep=self._note)
+            self._watch = None
+
+    def _watch_left(self) -> MPI.Request:
+        if self._watch is None:
+            self._watch = self.comm.Irecv([self._note, MPI.BYTE], source=MPI.ANY_SOURCE, tag=T.TAG_LEFT)
+        return self._watch
+
+    def _left_error(self, what: str) -> errors.TransferError:
+        text = bytes(self._note).rstrip(b"\0").decode(errors="replace")
+        try:
+            rank, why = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            rank, why = -1, text
+        node = next((self.names[i] for i, leader in enumerate(self.leaders) if leader == rank), None)
+        where = f"rank {rank}" + (f" (leader of node {node!r})" if node is not None else "")
+        return errors.TransferError(f"{what} of the cluster failed: {where} left it by an exception ({why}), so "
+                                    f"this collective call can never complete; leave the cluster by an exception "
+                                    f"too (this one, uncaught, ends the job)", None, rank)
 
     def late(self, node: int, what: str, waited: float, key: Any = None) -> errors.TransferError:
         """The error of a wait on ``node`` that passed its deadline: ``what`` it did not do, naming the node, its
@@ -164,11 +234,17 @@ class Messenger:
                 W.request(self.comm, msg, self.leaders[node], tag, linger)  # buffered at once
                 return
             req = W.request_nowait(self.comm, msg, self.leaders[node], tag, linger)
-            done = settle([req], self.timeout, self.spin > 0, _NAP, _NAP_MAX)
         except MPI.Exception as exc:
             raise self.failed(node, msg, key, exc) from exc
+        try:
+            done = settle([req], self.timeout, self.spin > 0, _NAP, _NAP_MAX)
+        except BaseException as exc:  # MPI failed it, or a Ctrl-C: the request holds the pickled bytes MPI
+            give_up([req])            # may still read
+            if isinstance(exc, MPI.Exception):
+                raise self.failed(node, msg, key, exc) from exc
+            raise
         if not done:
-            cancel([req])
+            give_up([req])
             raise self.late(node, f"did not take a {_operation(msg)} request", self.timeout,
                             key if key is not None else getattr(msg, "key", None))
 

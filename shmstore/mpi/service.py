@@ -28,9 +28,11 @@ and a delete is deferred; a lease the requester never collects expires after
 thread, so this loop never waits on another node's service.
 
 Nothing here waits for ever on a rank that died: a bulk send whose receiver
-takes no frame for ``peer_timeout`` seconds is given up (its lease, the
-source's pin, goes with it), and so is a reply the requester never takes
-(``outbox.py``); pulls wait as any fetch does (see ``rpc.py``).
+takes no frame for ``peer_timeout`` seconds is given up, and so is a reply
+the requester never takes (``outbox.py``); pulls wait as any fetch does (see
+``rpc.py``). A send given up on keeps its lease, the source's pin, until MPI
+is done with it (``abandon.py``): a receiver that was only stopped reads the
+source when it wakes, so the space must not be reused before.
 """
 from __future__ import annotations
 
@@ -47,13 +49,14 @@ from ..kernel import native
 from ..levels.device import to_host
 from . import tags as T
 from . import wire as W
+from .abandon import give_up
 from .cuda import cuda_aware
 from .dirclient import DirectoryClient
 from .directory import WAIT, Directory
 from .fetch import Fetcher
 from .links import Links
 from .outbox import Outbox
-from .poll import Pace, cancel, prober, python_prober, settle
+from .poll import Pace, prober, python_prober, settle
 from .staging import send_staged
 
 if TYPE_CHECKING:
@@ -127,7 +130,7 @@ class Service:
             stop = W.request_nowait(self.comm, W.Stop(), self.comm.rank, 0)  # the loop ends on it; a send to
             self._thread.join(wait)  # this very rank completes only once received: never blocking on it
             if not stop.Test():
-                cancel([stop])
+                give_up([stop])
         self._stop.set()
         for t in self._workers:
             t.join(wait)
@@ -256,15 +259,20 @@ class Service:
 
         def send() -> None:
             plan = T.frames(lease.nbytes, msg.block, streams)
+            reqs: list[MPI.Request] = []
             try:
                 if hasattr(lease, "__cuda_array_interface__") and not cuda_aware():  # device bytes via host blocks
                     send_staged(bulk[:streams], src, tag, plan, lambda pos, n, b: to_host(b, lease[pos: pos + n]),
                                 wait=lambda reqs: self._sent(reqs, src))
                 else:  # host memory, or device memory handed to a CUDA-aware MPI as it is
-                    self._sent([bulk[i % streams].Isend([lease[pos: pos + n], MPI.BYTE], dest=src, tag=tag)
-                                for i, (pos, n) in enumerate(plan)], src)
+                    for i, (pos, n) in enumerate(plan):
+                        reqs.append(bulk[i % streams].Isend([lease[pos: pos + n], MPI.BYTE], dest=src, tag=tag))
+                    self._sent(reqs, src)
             except (errors.TransferError, MPI.Exception):
-                return  # the requester died (or hangs): its frames are given up, the lease (the pin) goes
+                # the requester died or hangs: its frames are given up, and the lease (the pin of the source
+                # object) goes only once MPI is done with them: a receiver that wakes later still reads it
+                give_up(reqs, keep=lease)
+                return
             self._count_sent(lease.nbytes)
 
         self._spawn(_SENDER, send)
@@ -275,14 +283,14 @@ class Service:
         them finish).
 
         Raises:
-            TransferError: ``dest`` took no frame for ``peer_timeout`` seconds (the sends are cancelled).
+            TransferError: ``dest`` took no frame for ``peer_timeout`` seconds (the sends are left live: the
+                caller gives them up with their source, ``abandon.give_up``).
         """
         try:
             done = settle(reqs, self.timeout, False, _BUSY_PAUSE, _BUSY_PAUSE)
         except MPI.Exception:  # MPI failed a send (the receiver died)
             done = False
         if not done:
-            cancel(reqs)
             raise errors.TransferError(f"rank {dest} took no frame within {self.timeout:g} s: it died or hangs "
                                        f"(raise peer_timeout= / SHMSTORE_PEER_TIMEOUT)", None, dest)
 

@@ -12,9 +12,9 @@ empty plan sends nothing: a zero-length buffer never reaches MPI or CUDA.
 The copy functions are plain callables over host blocks, so the pipeline
 itself is tested on host buffers (``tests/mpi/ranks``). ``wait`` waits for a list
 of requests; the cluster's raises ``TransferError`` when the peer sends or
-takes nothing for ``peer_timeout`` seconds (a dead rank). Blocks whose
-requests could not be cancelled then are kept for the life of the process:
-MPI may still write into them.
+takes nothing for ``peer_timeout`` seconds (a dead rank), leaving the
+requests live: the blocks of requests given up on are kept until MPI is
+done with them (``abandon.py``), as MPI may still read or write them.
 """
 from __future__ import annotations
 
@@ -24,13 +24,12 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from .poll import cancel, settle
+from .abandon import give_up
 
 __all__ = ["host_blocks", "send_staged", "recv_staged"]
 
 Frame = tuple[int, int]
 Wait = Callable[[list[Any]], object]
-_KEPT: list[Any] = []  # blocks of requests given up on: never freed, MPI may still use them
 
 
 def host_blocks(count: int, size: int) -> list[np.ndarray]:
@@ -102,12 +101,7 @@ def recv_staged(comm: Any, source: int, tag: int, frames: Sequence[Frame],
 
 
 def _let_go(live: list[Any], blocks: list[np.ndarray]) -> None:
-    """Cancel the requests ``live`` left after an error, and wait a moment for them (a frame on its way
-    completes instead); keep ``blocks`` for ever where some could not be cancelled (a dead peer's)."""
-    if not live:
-        return
-    for r in live:
-        r.Cancel()
-    if not settle(live, 1.0, False):
-        cancel(live)
-        _KEPT.append(blocks)
+    """Give up the requests ``live`` left after an error: ``blocks`` stay allocated until MPI is done with
+    every one of them (cancelled, or completed: a late peer's frame; see ``abandon.py``)."""
+    if live:
+        give_up(live, keep=blocks)

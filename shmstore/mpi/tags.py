@@ -17,6 +17,7 @@ from __future__ import annotations
 from ..config import mpich_vcis, stream_count
 
 TAG_REQUEST = 1
+TAG_LEFT = 2    # a rank left the cluster by an exception (rpc.Messenger.say_left): every other rank's barrier raises
 TAG_REPLY_MIN = 1000
 TAG_REPLY_MAX = 30000
 

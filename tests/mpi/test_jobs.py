@@ -86,6 +86,44 @@ def test_rank_killed_mid_transfer_leaves_no_pins_reservations_or_migrations():
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.parametrize("stopped, reuse, transport", [("sender", "", "tcp"), ("receiver", "reuse", "tcp"),
+                                                      ("receiver", "", "default")])
+def test_a_transfer_given_up_while_mpi_still_moves_it_corrupts_nothing(stopped, reuse, transport):
+    """Issue 30, item 1: one end of a 192 MiB transfer is SIGSTOPped mid-way for longer than peer_timeout, then
+    SIGCONTed (tests/mpi/jobs/late_receive.py). The fetcher's get raises TransferError (or returns the right
+    bytes), then it puts an object as large, which before the fix landed in the space its abandoned receive
+    had reserved: MPI then wrote the rest of the old transfer over it (180 of 192 MiB wrong, 2 runs of 2 with
+    the sender stopped). With the receiver stopped, the holder's send passed its deadline and its pin went:
+    the holder deleted the object and put another in its place, and the receiver's late read took that one
+    (a get returned 188 MiB of the other object's bytes). ``tcp``: UCX over TCP, where the sender pushes the
+    bytes (deterministic); ``default``: the pip wheel's UCX over shared memory and CMA, two streams. Every
+    byte of every object is checked, and the given-up requests end up released."""
+    from helpers import unique_name
+    name = unique_name("lr")
+    env = dict(_env(), SHMSTORE_PEER_TIMEOUT="2", MPIEXEC_TIMEOUT="150")
+    if transport == "tcp":
+        env.update(UCX_TLS="tcp,self")  # (MPICH's UCX over TCP starts with one VCI only)
+        env.pop("MPIR_CVAR_CH4_NUM_VCIS", None)
+    else:
+        env.update(MPIR_CVAR_CH4_NUM_VCIS="4")  # two streams
+    job = os.path.join(ROOT, "tests", "mpi", "jobs", "late_receive.py")
+    before = set(shm_segments())
+    mpich = _mpich_segments()
+    try:
+        out, _ = _run_job([MPIEXEC, "-launcher", "fork", "-hosts", "n0:1,n1:1", "-n", "2", sys.executable, "-m",
+                           "mpi4py", job, name, stopped] + ([reuse] if reuse else []), env, name, 170)
+        assert "STOPPED" in out and "mid-transfer" in out, out[-4000:]  # the stop landed mid-transfer
+        assert "CORRUPT" not in out, out[-4000:]
+        assert "CLEAN rank 0" in out and "CLEAN rank 1" in out, out[-4000:]
+        assert "RESULT get" in out, out[-4000:]
+        assert wait_for(lambda: not {s for s in set(shm_segments()) - before if f"-{name}-" in s}, timeout=15)
+    finally:
+        for node in ("n0", "n1"):
+            shmstore.destroy(name, force=True, node=node)
+        _remove_orphaned_mpich_segments(mpich)
+
+
+@pytest.mark.timeout(200)
 def test_ranks_alone_in_their_shared_memory_groups_but_sharing_a_host_and_label_are_warned():
     """Two fake hosts (so MPI gives each rank a shared-memory group of its own) but one SHMSTORE_NODE label
     on one real host: the situation that silently made one store per rank under some Slurm layouts."""

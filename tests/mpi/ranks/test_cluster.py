@@ -386,11 +386,13 @@ def test_a_wait_on_a_rank_that_never_answers_ends_at_the_deadline(cluster, comm)
     """A call whose reply never comes (sent to the next rank on a communicator no service reads: the same wait
     as on a rank that died; on one rank, to itself, where MPI does not even finish the send) raises
     TransferError naming the node, its rank, the request and the setting after peer_timeout, napping rather
-    than spinning; bulk frames that never come alike (the receive cancelled)."""
+    than spinning; bulk frames that never come alike (the receive left live for the caller to give up with its
+    buffer: MPI may still write it)."""
     import time
 
     from mpi4py import MPI
 
+    from shmstore.mpi.abandon import give_up
     from shmstore.mpi.rpc import Messenger
     silent = comm.Dup()  # no service reads it: every reply waits for ever, but for the deadline
     peer = (comm.rank + 1) % comm.size
@@ -405,9 +407,12 @@ def test_a_wait_on_a_rank_that_never_answers_ends_at_the_deadline(cluster, comm)
         assert 0.3 <= took < 2.0 and caught.value.peer == peer, took
         assert spent < took / 2, (spent, took)  # naps, no spin
         buf = np.empty(8, np.uint8)
+        reqs = [silent.Irecv([buf, MPI.BYTE], source=peer, tag=77)]
         with pytest.raises(shmstore.TransferError, match=r"sent no frame within 0\.3 s") as caught:
-            m.wait([silent.Irecv([buf, MPI.BYTE], source=peer, tag=77)], 0, "k")
+            m.wait(reqs, 0, "k")
         assert caught.value.object_id == "k"
+        assert reqs[0]  # left live: its buffer is the caller's to give up with it (MPI may still write it)
+        assert give_up(reqs, keep=buf)  # never matched: cancelled at once, confirmed
         comm.Barrier()  # every rank's requests are out: take them (MPI warns of messages never received)
         deadline = time.monotonic() + 0.5
         while time.monotonic() < deadline:
