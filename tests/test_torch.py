@@ -6,12 +6,14 @@ and runs these tests.
 """
 from __future__ import annotations
 
+import signal
+
 import numpy as np
 import pytest
 
 from shmstore import Level
 
-from helpers import Child, view_arena
+from helpers import Child, view_arena, wait_for
 
 torch = pytest.importorskip("torch", reason="torch is not installed (scripts/torch-check.sh installs it and runs this)")
 
@@ -112,3 +114,25 @@ def test_tensors_over_the_store_are_not_torch_shared_and_share_memory_copies_the
     t.share_memory_()
     assert t.is_shared() and not base <= t.data_ptr() < base + capacity
     assert float(t.sum()) == sum(range(1000))
+
+
+def test_an_in_place_write_into_a_tensor_from_the_store_kills_the_writer_and_changes_nothing(store):
+    """torch has no read-only tensors (issue 30 item 4): a tensor over the store is writable as far as torch
+    knows, but its memory is the arena's read-only mapping, so an in-place op faults (SIGSEGV) in the process
+    that tried it; every other process reads the tensor unchanged. ``clone()`` first to change one."""
+    store.put("sd", {"w": torch.arange(1000, dtype=torch.float32)})
+    child = Child("""
+import faulthandler, os, shmstore, torch
+faulthandler.disable()  # the SIGSEGV is the expected end
+s = shmstore.connect(os.environ['N'])
+w = s.get('sd')['w']
+mine = w.clone().add_(1)  # a copy: the way to change one
+print(float(mine.sum()), flush=True)
+w.add_(1)
+print('wrote', flush=True)
+""", env={"N": store.name})
+    assert child.readline() == str(float(sum(range(1, 1001))))
+    assert child.proc.wait(60) == -signal.SIGSEGV
+    child.kill()
+    assert wait_for(lambda: not store.get_info("sd").pinned, timeout=30)  # the janitor released its pin
+    assert torch.equal(store.get("sd")["w"], torch.arange(1000, dtype=torch.float32))
