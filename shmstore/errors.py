@@ -2,8 +2,8 @@
 
 Everything raised on purpose derives from :class:`ShmStoreError`. Where a
 standard exception fits, ours also derives from it (``ObjectNotFoundError`` is
-a ``KeyError``, ``LockTimeoutError`` a ``TimeoutError``), so ``except KeyError``
-keeps working. Messages are lowercase, name the object with ``!r``, give sizes
+a ``KeyError``, as is ``InvalidKeyError``; ``LockTimeoutError`` a ``TimeoutError``),
+so ``except KeyError`` keeps working. Messages are lowercase, name the object with ``!r``, give sizes
 in human units and, for limits, end with the setting to change in parentheses.
 """
 from __future__ import annotations
@@ -137,8 +137,16 @@ class InvalidArgumentError(ShmStoreError, ValueError):
     """An argument is out of range (negative size, bad level, ...)."""
 
 
-class InvalidKeyError(InvalidArgumentError):
-    """A key is not a non-empty ``str`` of at most 255 UTF-8 bytes."""
+class InvalidKeyError(InvalidArgumentError, KeyError):
+    """A key is not a non-empty ``str`` of at most 255 UTF-8 bytes.
+
+    Also a ``KeyError``: no object can have such a key, so a lookup answers it as it answers a missing one
+    (``store.mapping().get(("t", 1))`` is None, ``.pop(k, None)`` the default, as with a dict); and a
+    ``ValueError``, as every ``InvalidArgumentError``.
+    """
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
 
 
 class SerializationError(ShmStoreError, TypeError):

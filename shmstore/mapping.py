@@ -1,7 +1,9 @@
 """A store as a :class:`collections.abc.MutableMapping`, for libraries that check for one.
 
 ``store.mapping()`` returns a :class:`StoreMapping`: dict semantics
-throughout (``m[k] = v`` replaces atomically, a miss is a ``KeyError``, an
+throughout (``m[k] = v`` replaces atomically, a miss is a ``KeyError``, and
+so is a key no object can have, ``m[123]``: ``InvalidKeyError`` is a
+``KeyError``, so ``m.get(123)`` is None and ``m.pop(123, None)`` None; an
 empty one is false, ``len``/iteration over this session's keys), values as
 ``Store.get`` returns them (read-only zero-copy views for arrays and bytes).
 zict's ``LRU``/``Buffer``, zarr's stores and any code written against
@@ -37,7 +39,7 @@ class StoreMapping(MutableMapping[str, Any]):
         """The value of ``key``, as ``Store.get`` returns it.
 
         Raises:
-            KeyError: (``ObjectNotFoundError``) no such object.
+            KeyError: (``ObjectNotFoundError``) no such object; (``InvalidKeyError``) no object can have ``key``.
         """
         return self.store.get(key)
 
@@ -53,7 +55,7 @@ class StoreMapping(MutableMapping[str, Any]):
         """Delete ``key``.
 
         Raises:
-            KeyError: (``ObjectNotFoundError``) no such object.
+            KeyError: (``ObjectNotFoundError``) no such object; (``InvalidKeyError``) no object can have ``key``.
         """
         self.store.delete(key)
 

@@ -42,6 +42,34 @@ def test_is_a_mutable_mapping_with_dict_semantics(store):
     assert len(m) == 0 and store.keys() == [] and not store.check()
 
 
+IMPOSSIBLE = [123, ("t", 1), b"bytes", None, "", "x" * 256, "\udc80"]
+
+
+@pytest.mark.parametrize("key", IMPOSSIBLE, ids=lambda k: repr(k)[:12])
+def test_an_impossible_key_is_answered_as_a_missing_one(store, key):
+    """A key no object can have (not a str, empty, too long, not UTF-8) is missing to every lookup, as ``123`` is
+    from a dict of str: ``in`` is False, ``get`` and ``pop`` give the default, ``[]`` and ``del`` raise KeyError
+    (InvalidKeyError, a KeyError and a ValueError; issue 30 item 11: it was a ValueError only, and ``in``
+    raised it). Storing under it still raises InvalidKeyError."""
+    m = store.mapping()
+    store.put("a", 1)
+    assert key not in store and key not in m
+    assert m.get(key) is None and m.get(key, 7) == 7 and m.pop(key, None) is None
+    with pytest.raises(KeyError):
+        m[key]
+    with pytest.raises(KeyError):
+        del m[key]
+    with pytest.raises(KeyError):
+        m.pop(key)
+    with pytest.raises(shmstore.InvalidKeyError) as err:
+        m[key] = 1
+    assert isinstance(err.value, ValueError) and isinstance(err.value, KeyError)
+    assert not str(err.value).startswith(("'", '"'))  # the message, not KeyError's repr of it
+    with pytest.raises(shmstore.InvalidKeyError):
+        m.setdefault(key, 1)
+    assert dict(m) == {"a": 1} and not store.check()
+
+
 def test_behaves_like_a_dict_under_random_operations(store):
     m, ref, rng = store.mapping(), {}, random.Random(21)
     for step in range(600):

@@ -83,7 +83,19 @@ def test_state_dict_of_many_arrays_returns_views(store):
     assert not w.flags.writeable and not w.flags.owndata
 
 
-@pytest.mark.parametrize("value", [b"", b"hello", bytearray(b"\x00\x01" * 1000), memoryview(b"abcdef")[1:4]])
+BYTES_LIKE = {
+    "empty": b"", "bytes": b"hello", "bytearray": bytearray(b"\x00\x01" * 1000),
+    "slice": memoryview(b"abcdef")[1:4],
+    # not C-contiguous (issue 30 item 11: a Fortran-ordered view raised a raw TypeError, "casts are restricted
+    # to C-contiguous views"): stored as bytes(value) has them, in C order
+    "fortran": memoryview(np.asfortranarray(np.arange(12.0).reshape(3, 4))),
+    "fortran records": memoryview(np.asfortranarray(np.arange(6, dtype="<i4").view([("a", "<i4")]).reshape(2, 3))),
+    "strided": memoryview(np.arange(10)[::2]),
+    "0-d": memoryview(np.array(2.5)),
+}
+
+
+@pytest.mark.parametrize("value", list(BYTES_LIKE.values()), ids=list(BYTES_LIKE))
 def test_bytes_like_values_are_stored_raw(store, value):
     store.put("b", value)
     got = store.get("b")
@@ -91,6 +103,16 @@ def test_bytes_like_values_are_stored_raw(store, value):
     assert bytes(got) == bytes(value)
     with store.open_reader("b") as r:
         assert r.read() == bytes(value)
+    store.put_many({"c": value})
+    assert bytes(store.get("c")) == bytes(value)
+
+
+def test_a_bytes_like_value_that_cannot_be_read_is_a_serialization_error(store):
+    released = memoryview(b"abc")
+    released.release()
+    with pytest.raises(shmstore.SerializationError, match="released memoryview"):
+        store.put("b", released)
+    assert "b" not in store and store.list() == [] and store.check() == []
 
 
 def test_out_of_band_buffers_besides_arrays(store):

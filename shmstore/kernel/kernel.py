@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import (
     InvalidArgumentError,
+    InvalidKeyError,
     ObjectNotFoundError,
     ShmStoreError,
     SpillError,
@@ -569,6 +570,12 @@ class Kernel:
             raise self._not_found(key, " to delete")  # outside the lock: it looks at the other sessions' stripes
 
     def contains(self, key: str) -> bool:
+        """Whether ``key`` has a sealed object in this session: False for anything that cannot be a key (``123``,
+        ``""``), as ``123 in {}`` is (issue 30 item 11: it raised InvalidKeyError).
+
+        Raises:
+            StoreClosedError: the store is closed, or this is a forked child.
+        """
         if _fast is not None and type(key) is str and not self._closed and not self._deferred \
                 and self._fork == _FORKS[0] and hasattr(_fast, "has"):
             r = _fast.has(self._ctx, key)  # one C call, no pin: what a fetch asks first
@@ -576,7 +583,12 @@ class Kernel:
                 return bool(r)
             if r == _codes.OWNER_DEAD:  # the stripe lock's holder died: we hold it now and must repair it
                 self._stripes[self._stripe_of(key)].recover_held()
-        ref = self.begin(key)
+        try:
+            ref = self.begin(key)
+        except InvalidKeyError:
+            if self._closed or self._fork != _FORKS[0]:
+                self.check_open()  # a closed store says so, whatever the key
+            return False
         with self._stripes[ref.stripe]:
             _, eoff, found = find_entry(self._buf, self._lay, ref.bucket, ref.h, self.sid, ref.kb)
             return found is not None and L.entry(self._buf, eoff).state == L.SEALED

@@ -78,11 +78,16 @@ def _fast_dtype(dt: np.dtype) -> str | None:
 
 
 def as_u8(buf: Any) -> np.ndarray:
-    """A flat uint8 view of any bytes-like value (a copy only if it is not contiguous)."""
+    """A flat uint8 view of any bytes-like value: its bytes as ``bytes(buf)`` has them (in C order), a copy only
+    if they are not C-contiguous (a Fortran-ordered or strided view: ``memoryview.cast`` takes C order only).
+
+    Raises:
+        TypeError: not bytes-like. ValueError: a released memoryview.
+    """
     mv = memoryview(buf)
     if mv.nbytes == 0:
         return _EMPTY
-    if not mv.contiguous:
+    if not mv.c_contiguous:
         mv = memoryview(mv.tobytes())
     return np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv, np.uint8)
 
@@ -105,7 +110,10 @@ def encode(obj: Any) -> Encoded:
         src = np.frombuffer(obj, np.uint8) if obj else _EMPTY
         return Encoded(L.KIND_RAW, src.nbytes, src.nbytes, src=src)
     if isinstance(obj, (bytes, bytearray, memoryview)):
-        src = as_u8(obj)
+        try:
+            src = as_u8(obj)
+        except (TypeError, ValueError, BufferError) as exc:  # a released memoryview, an exporter that refuses
+            raise SerializationError(f"cannot store {type(obj).__name__}: {exc}") from exc
         return Encoded(L.KIND_RAW, src.nbytes, src.nbytes, src=src)
     if hasattr(obj, "__cuda_array_interface__"):
         enc = _encode_device(obj)
