@@ -91,31 +91,49 @@ def test_stripe_stats_of_one_level_leave_the_other_levels_alone():
 def test_stores_never_show_other_processes_a_zero():
     """Regression: struct.pack_into zero-fills before it writes, so a process reading without a lock saw a
     DISK capacity of 0 while the spill process rewrote the spill state (its heartbeat): a bogus 'disk full'.
-    Stores copy packed bytes in instead; a field rewritten with its own value never reads as anything else."""
+    Stores copy packed bytes in instead; a field rewritten with its own value never reads as anything else.
+
+    The reader reads ``ROUNDS`` times while the writer goes ``ROUNDS`` times round its stores (counts, not
+    times: how many fit into a second depends on the machine; issue 30 item 11); the deadline only catches
+    a hang."""
     import mmap
     import os
+    import struct
     import time
+    rounds_wanted, counter, stop = 20_000, 8184, 8176  # the last two words: the writer's rounds, the stop flag
     buf = mmap.mmap(-1, 8192)  # shared with the child
     L.SPILL_STATE.pack(buf, L.SPILL_OFFSET, high=0.9, low=0.75, disk_capacity=12345)
     soff = 4096
     L.add_stripe_stats(buf, soff, L.LEVEL_DISK, 777, 1)
     pid = os.fork()
-    if pid == 0:  # the writer: whole-record and single-field stores, as fast as it can
+    if pid == 0:  # the writer: whole-record and single-field stores, as fast as it can, until told to stop
         try:
-            end = time.monotonic() + 1.5
-            while time.monotonic() < end:
+            n, end = 0, time.monotonic() + 300  # (an orphan's end)
+            while not struct.unpack_from("<q", buf, stop)[0] and time.monotonic() < end:
                 L.SPILL_STATE.pack(buf, L.SPILL_OFFSET, high=0.9, low=0.75, disk_capacity=12345,
                                    heartbeat=time.time())
                 L.SPILL_STATE.set(buf, L.SPILL_OFFSET, "heartbeat", time.time())
                 L.add_stripe_stats(buf, soff, L.LEVEL_MEMORY, 64, 1)
                 L.add_stripe_stats(buf, soff, L.LEVEL_MEMORY, -64, -1)
+                n += 1
+                struct.pack_into("<q", buf, counter, n)
         finally:
             os._exit(0)
     zeros = reads = 0
-    end = time.monotonic() + 1.2
-    while time.monotonic() < end:
-        s = L.unpack_spill_state(buf)
-        zeros += (s.disk_capacity != 12345) + (s.high != 0.9) + (L.STRIPE_STATS.unpack(buf, soff).used[2] != 777)
-        reads += 1
-    os.waitpid(pid, 0)
-    assert reads > 1000 and zeros == 0, f"{zeros} torn reads in {reads}"
+    deadline = time.monotonic() + 120
+    try:
+        while not struct.unpack_from("<q", buf, counter)[0]:  # the writer has started
+            assert time.monotonic() < deadline, "the writer never started"
+            time.sleep(0.001)
+        first = struct.unpack_from("<q", buf, counter)[0]
+        while reads < rounds_wanted or struct.unpack_from("<q", buf, counter)[0] - first < rounds_wanted:
+            s = L.unpack_spill_state(buf)
+            zeros += (s.disk_capacity != 12345) + (s.high != 0.9) + (L.STRIPE_STATS.unpack(buf, soff).used[2] != 777)
+            reads += 1
+            if not reads % 1000:
+                assert time.monotonic() < deadline, f"{reads} reads in 120 s, writer round {first} to " \
+                                                    f"{struct.unpack_from('<q', buf, counter)[0]}"
+    finally:
+        struct.pack_into("<q", buf, stop, 1)
+        os.waitpid(pid, 0)
+    assert zeros == 0, f"{zeros} torn reads in {reads}"

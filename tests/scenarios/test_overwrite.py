@@ -106,13 +106,15 @@ def test_overwrite_after_close_raises_store_closed(name):
 
 
 READER = """
-import os, sys, time, zlib
+import os, sys, threading, time, zlib
 import numpy as np
 import shmstore
 store = shmstore.connect(os.environ['N'])
-end = time.monotonic() + float(os.environ['T'])
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+end = time.monotonic() + 600  # reads until told to stop; never past this (an orphan)
 n = 0
-while time.monotonic() < end:
+while not stop.is_set() and time.monotonic() < end:
     try:
         v = store.get('hot')
     except shmstore.ObjectNotFoundError:
@@ -123,6 +125,8 @@ while time.monotonic() < end:
         print('CORRUPT', flush=True)
         sys.exit(4)
     n += 1
+    if n == 1:
+        print('reading', flush=True)
 print('reads', n, flush=True)
 """
 
@@ -152,20 +156,26 @@ def _value(seed: int) -> np.ndarray:
     return np.concatenate([np.array([zlib.crc32(body.tobytes())], np.uint64).view(np.uint8), body])
 
 
+@pytest.mark.timeout(400)
 def test_readers_never_miss_or_see_torn_values_while_writers_overwrite_and_are_killed(name, tmp_path):
-    seconds = 6.0
+    """Readers read while writers overwrite and are SIGKILLed, eight times: a count, not a time (a loaded
+    machine once fitted only 4 kills into the 5 s this test ran for; issue 30 item 11). The deadline only
+    catches a hang."""
+    kills_wanted = 8
     with shmstore.connect(name, capacity="64MiB", spill_dir=str(tmp_path)) as store:
         store.put("hot", _value(1))
         env = {"N": name, "SHMSTORE_SPILL_DIR": str(tmp_path)}
-        readers = [Child(READER, env=dict(env, T=str(seconds))) for _ in range(2)]
+        readers = [Child(READER, env=env) for _ in range(2)]
+        assert [r.readline(timeout=60) for r in readers] == ["reading"] * 2  # both read before the first kill
         rng = random.Random()
         seed = rng.randrange(1 << 30)
         print("seed", seed)
         rng = random.Random(seed)
         writers, kills = [], 0
-        end = time.monotonic() + seconds - 1
+        deadline = time.monotonic() + 240
         try:
-            while time.monotonic() < end:
+            while kills < kills_wanted:
+                assert time.monotonic() < deadline, f"only {kills} kills in 240 s"
                 writers = [w for w in writers if w.proc.poll() is None]
                 while len(writers) < 2:
                     w = Child(WRITER, env=dict(env, SEED=str(rng.randrange(1 << 30))))
@@ -179,11 +189,15 @@ def test_readers_never_miss_or_see_torn_values_while_writers_overwrite_and_are_k
         finally:
             for w in writers:
                 w.kill()
-        outs = [r.readline(timeout=30) for r in readers]
+            for r in readers:
+                try:
+                    r.send("stop")
+                except OSError:  # it exited (MISSING, CORRUPT): its last line says why
+                    pass
+        outs = [r.readline(timeout=60) for r in readers]
         for r in readers:
             r.wait()
         assert all(o.startswith("reads") for o in outs), outs
-        assert kills >= 5
         assert wait_for(lambda: len(store.status()["clients"]) == 1, timeout=20), store.status()
         v = np.asarray(store.get("hot"))
         assert zlib.crc32(v[8:].tobytes()) == int(v[:8].view(np.uint64)[0])
