@@ -186,10 +186,17 @@ class Messenger:
                     continue
 
     def stop_watching(self) -> None:
-        """Withdraw the receive of other ranks' departures (the cluster closes collectively)."""
+        """Withdraw the receive of other ranks' departures and drop the replies that came late, on the tags of
+        calls that gave up (the cluster closes collectively: every service has stopped; MPI warns at exit of
+        messages never received)."""
         if self._watch is not None:
             give_up([self._watch], keep=self._note)
             self._watch = None
+        with self._tag_lock:
+            burnt = sorted(self._burnt)
+        for tag in burnt:
+            while self.comm.iprobe(MPI.ANY_SOURCE, tag):
+                W.receive_reply(self.comm, MPI.ANY_SOURCE, tag)
 
     def _watch_left(self) -> MPI.Request:
         if self._watch is None:

@@ -123,6 +123,57 @@ def test_a_transfer_given_up_while_mpi_still_moves_it_corrupts_nothing(stopped, 
         _remove_orphaned_mpich_segments(mpich)
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("where", ["close", "barrier"])
+def test_a_rank_that_leaves_by_a_caught_exception_makes_the_others_raise_not_hang(where):
+    """Issue 30, item 6: one rank raises inside ``with Cluster()``, catches it outside and calls a collective of
+    its own (tests/mpi/jobs/left_and_caught.py); the others close the cluster (or wait in its barrier). Before,
+    they waited in ``close()`` for ever, nothing printed (killed at 120 s). Now the leaving rank warns that the
+    others will fail, and they raise TransferError naming it at once: uncaught, it ends the job."""
+    from helpers import unique_name
+    name = unique_name("lc")
+    job = os.path.join(ROOT, "tests", "mpi", "jobs", "left_and_caught.py")
+    mpich = _mpich_segments()
+    try:
+        out, took = _run_job([MPIEXEC, "-launcher", "fork", "-hosts", "n0:2,n1:2", "-n", "4", sys.executable, "-m",
+                              "mpi4py", job, name, where], dict(_env(), MPIEXEC_TIMEOUT="100"), name, 120)
+        assert "raising on rank 1" in out and "rank 1 caught boom from rank 1" in out, out[-4000:]
+        assert "rank 1 of 4 (node 'n0') left its Cluster by an exception (RuntimeError)" in out, out[-4000:]
+        assert f"{where} of the cluster failed: rank 1 left it by an exception (RuntimeError: boom from rank 1)" \
+            in out, out[-4000:]
+        assert "got past its barrier" not in out, out[-4000:]
+        assert took < 60, f"the job took {took:.0f} s to end:\n{out[-4000:]}"  # about 3 s here; hung: 100 s
+    finally:
+        for node in ("n0", "n1"):
+            shmstore.destroy(name, force=True, node=node)
+        _remove_orphaned_mpich_segments(mpich)
+
+
+@pytest.mark.timeout(150)
+def test_ctrl_c_ends_every_wait_on_a_hung_rank_at_once():
+    """Issue 30, item 7: with the holder's rank stopped, a SIGINT (Ctrl-C) ends a get's wait for a reply, a
+    ``locate``, a large get that took the node's transfer slot, and a rank's wait for that transfer (the
+    node's dedup wait) at once (tests/mpi/jobs/interrupt_waits.py), not after peer_timeout (60 s here; it
+    came out after the timeout before). Once the holder is back, the same objects are fetched whole."""
+    from helpers import unique_name
+    name = unique_name("iw")
+    job = os.path.join(ROOT, "tests", "mpi", "jobs", "interrupt_waits.py")
+    mpich = _mpich_segments()
+    try:
+        out, _ = _run_job([MPIEXEC, "-launcher", "fork", "-hosts", "n0:2,n1:1", "-n", "3", sys.executable, "-m",
+                           "mpi4py", job, name], dict(_env(), SHMSTORE_PEER_TIMEOUT="60", MPIEXEC_TIMEOUT="120"),
+                          name, 140)
+        for op in ("0 get-small", "0 locate", "0 get-big", "1 join-transfer"):
+            line = next((x for x in out.splitlines() if x.startswith(f"RESULT {op} ")), None)
+            assert line is not None and " interrupted " in line, (op, out[-4000:])
+            assert float(line.rsplit(" ", 1)[1]) < 5.0, line  # at once; on a loaded machine, within seconds
+        assert "AGAIN ok" in out, out[-4000:]
+    finally:
+        for node in ("n0", "n1"):
+            shmstore.destroy(name, force=True, node=node)
+        _remove_orphaned_mpich_segments(mpich)
+
+
 @pytest.mark.timeout(200)
 def test_ranks_alone_in_their_shared_memory_groups_but_sharing_a_host_and_label_are_warned():
     """Two fake hosts (so MPI gives each rank a shared-memory group of its own) but one SHMSTORE_NODE label
