@@ -116,9 +116,10 @@ def compute(client, name):
 def kill(client, name):
     """A worker SIGKILLed while a computation runs: Dask recomputes what it held; its store objects go."""
     import dask.array as da
-    n = 2048
-    x = da.fromfunction(lambda i, j: ((i * n + j) % 1000) / 7.0, shape=(n, n), chunks=512, dtype=float)
-    y = x.map_blocks(slow_copy)  # 16 blocks of 2 MiB, 0.3 s each: the kill lands while they run
+    t0 = time.monotonic()
+    n = 1536
+    x = da.fromfunction(lambda i, j: ((i * n + j) % 1000) / 7.0, shape=(n, n), chunks=384, dtype=float)
+    y = x.map_blocks(slow_copy)  # 16 blocks of 1.1 MiB, 0.3 s each: the kill lands while they run
     work = client.compute([y.sum(), y @ y.T], sync=False)
     pids = client.run(os.getpid)
 
@@ -127,13 +128,17 @@ def kill(client, name):
     wait_until(blocks_done, "a few blocks stored")
     victim = max(pids, key=lambda w: client.run(worker_facts, workers=[w])[w]["stored"])
     os.kill(pids[victim], signal.SIGKILL)
+    t_kill = time.monotonic() - t0
     total, gram = (f.result(timeout=TIMEOUT) for f in work)
+    t_done = time.monotonic() - t0
     host = ((np.arange(n * n).reshape(n, n) % 1000) / 7.0)
     facts = {"killed": pids[victim], "sum_ok": bool(np.isclose(total, host.sum(), rtol=1e-9)),
-             "matmul_ok": bool(np.allclose(gram, host @ host.T))}
+             "matmul_ok": bool(np.allclose(gram, host @ host.T)), "t_kill": t_kill, "t_done": t_done,
+             "t_check": time.monotonic() - t0}
     del work
     wait_until(lambda: len(client.scheduler_info()["workers"]) == 2, "the nanny to restart the killed worker")
     facts["pids_after"] = sorted(client.run(os.getpid).values())
+    facts["t_restarted"] = time.monotonic() - t0
     facts["killed_keys_left"] = [k for k in store_keys(name)[0] if k.startswith(f"dask/{pids[victim]}.")]
     facts["client_stats"] = _client_stats()
     return facts
