@@ -109,8 +109,9 @@ __all__ = ["ShmStoreData", "DaskSharedArray", "encode_key", "decode_key", "open_
 _MISSING: Any = object()
 _log = logging.getLogger("shmstore.contrib.dask")
 _open: weakref.WeakValueDictionary[int, ShmStoreData] = weakref.WeakValueDictionary()  # by id: open mappings
-#: what this process sent and received by reference (``sent``, ``received_shared``, ``received_copied``) and how
-#: many arrays it sent by value because the recipient was on another host (``sent_by_value``)
+#: this process's transfers of stored arrays (dask_transfer): ``sent`` by reference, ``sent_by_value`` (under
+#: 1 MiB, or to another host), received by reference as a shared view (``received_shared``) or copied out of the
+#: store (``received_copied``, in a process without a mapping on that store)
 transfer_stats: collections.Counter[str] = collections.Counter()
 
 
@@ -162,7 +163,11 @@ class ShmStoreData(MutableMapping[Hashable, Any]):
         self._warned: set[str] = set()
         self._store = connect(name, session=session, **connect_kwargs)
         self._last_sweep = 0.0
-        self.sweep()
+        try:
+            self.sweep()  # a worker restarted after a SIGKILL: what the killed one left goes now
+        except BaseException:
+            self.close()
+            raise
         _open[id(self)] = self
 
     # ---- the mapping ----------------------------------------------------

@@ -45,7 +45,7 @@ from distributed.comm.addressing import get_address_host
 from distributed.protocol.numpy import deserialize_numpy_ndarray, serialize_numpy_ndarray
 from distributed.protocol.serialize import dask_deserialize, dask_serialize
 
-from ..errors import ShmStoreError, TransferError
+from ..errors import ShmStoreError, StoreClosedError, TransferError
 from ..kernel.views import SharedArray
 from ..store import observe
 from .dask import BOOT_ID, DaskSharedArray, open_mapping, transfer_stats
@@ -76,11 +76,14 @@ def same_host(context: dict[str, Any] | None) -> bool:
 def dumps(x: DaskSharedArray, context: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[Any]]:
     """The header (and no frames) naming ``x``'s stored object, or ``x`` by value (see the module's docs)."""
     ref = x.store_ref
-    if ref is not None and x.nbytes >= MIN_BY_REFERENCE and same_host(context):
+    if ref is not None and x.nbytes >= MIN_BY_REFERENCE and ref[0].by_reference and same_host(context):
         mapping, skey = ref
-        if mapping.by_reference and not mapping.closed:
+        try:
             store = mapping.store
             mapping.lend(x, skey)
+        except StoreClosedError:  # the worker is closing: its view is still valid, send the bytes
+            pass
+        else:
             transfer_stats["sent"] += 1
             return {"shmstore": [store.name, store.node, store.session, skey, BOOT_ID],
                     "shape": list(x.shape), "dtype": x.dtype.str}, []

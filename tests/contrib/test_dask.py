@@ -143,6 +143,23 @@ def test_a_killed_worker_objects_go_when_the_next_mapping_is_made(name, tmp_path
         assert live.store.check() == []
 
 
+EXIT_CHILD = """
+import numpy as np
+from shmstore.contrib.dask import ShmStoreData
+d = ShmStoreData({name!r})
+d[("chunk", 0)] = np.ones(20_000)
+print(d.store_key(("chunk", 0)), flush=True)
+"""  # and exits without close(): as a worker process ends
+
+
+def test_a_worker_process_that_exits_leaves_nothing(name, tmp_path):
+    with ShmStoreData(name, capacity="64MiB", spill_dir=str(tmp_path)) as live:
+        child = Child(EXIT_CHILD.format(name=name))
+        skey = child.readline()
+        child.wait()
+        assert skey.startswith("dask/") and _session_keys(live) == []
+
+
 def test_zict_buffer_over_it_takes_tuple_keys(data):
     zict = pytest.importorskip("zict")
     buf = zict.Buffer(fast={}, slow=data, n=3)  # three values in memory
