@@ -20,23 +20,45 @@ the frame the signal interrupted:
    back), it runs the program's handler at once, as if we were not there;
 2. otherwise it finds the outermost shmstore frame of that stretch of the
    stack (the verb the program called, or the wait that called it) and
-   runs the program's handler when that frame returns or raises, through a
-   trace function set on that frame only. The verb finishes (all or
-   nothing, as ever) and then raises ``KeyboardInterrupt`` to its caller.
-   A finalizer (a view's unpin, run by the garbage collector anywhere)
-   cannot raise to anyone (Python swallows it): the signals wait on for the
-   code it interrupted, the end of its store stretch, or else the next line
-   of the program's frame.
+   runs the program's handler when that frame returns or raises. The verb
+   finishes (all or nothing, as ever) and then raises ``KeyboardInterrupt``
+   to its caller. A finalizer (a view's unpin, run by the garbage collector
+   anywhere) cannot raise to anyone (Python swallows it): the signals wait
+   on for the code it interrupted, the end of its store stretch, or else
+   the next line of the program's frame.
 
-A second signal while one is deferred runs the handler at once: a verb
-stuck for good (a hung file system) can still be interrupted. That, and
-exceptions no handler raises (``PyThreadState_SetAsyncExc``, a handler
+How the return is seen must not depend on who else traces the program. A
+frame's ``f_trace`` runs only under a tracer set from Python: coverage's C
+tracer (``coverage run``, ``pytest --cov``) never calls it, and signals
+deferred that way were lost (10 of 20 Ctrl-Cs never raised; a SIGTERM
+handler calling ``sys.exit`` never ran). So three ways watch for it, and
+the first to see it delivers:
+
+- a profile function (``sys.setprofile``, where no profiler holds that
+  slot: coverage traces, it does not profile), called at every return in
+  the main thread until the target's;
+- the target frame's ``f_trace`` (where a profiler such as cProfile holds
+  the profile slot: then the trace slot is free, or a debugger's Python
+  tracer calls it);
+- a watcher thread, while anything is deferred, that looks at the main
+  thread's stack every millisecond: once it is outside the store's code
+  and the signals still wait (both slots held by C tools, or a finalizer's
+  "next line" that no line event reports), it hands them back to the main
+  thread by sending it the signal again (``signal.pthread_kill``), and the
+  handler runs them there, or defers them anew where the main thread is
+  in the store's code again.
+
+A second signal while one is deferred runs the program's handler at once
+(a verb stuck for good, a hung file system, can still be interrupted); the
+first still waits for the verb, so a handler that counts sees both. That,
+and exceptions no handler raises (``PyThreadState_SetAsyncExc``, a handler
 installed after the last verb), are asynchronous exceptions inside the
 store's code: each lock then repairs what its section left (see
 :class:`~shmstore.kernel.lock.ShmLock`), as it would after its holder died.
 
 Cost: nothing while no signal comes (one identity check of the SIGINT
-handler per verb); the frame walk and one trace function only when one does.
+handler per verb); the frame walk, the hooks and the watcher only when one
+does.
 """
 from __future__ import annotations
 
@@ -45,6 +67,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import weakref
 from types import CodeType, FrameType
 from typing import Any, Callable, TypeVar
@@ -57,6 +80,7 @@ _SIGINT = int(signal.SIGINT)
 # signals whose Python handler the store defers; SIGINT's default handler is Python-level too
 _DEFERRED = tuple(int(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM,
                                    signal.SIGUSR1, signal.SIGUSR2))
+_HERE = __file__
 _INTERRUPTIBLE: set[CodeType] = set()
 _FINALIZERS: set[CodeType] = set()
 _installed: list[Any] = [None]   # the handler of SIGINT guard() last saw ours (or declined to wrap)
@@ -83,12 +107,17 @@ def critical_frame(frame: FrameType | None) -> FrameType | None:
     """The outermost frame of the stretch of shmstore code ``frame`` is in, or None if a signal may
     raise at ``frame`` now (outside shmstore, or in a function marked :func:`interruptible`).
 
-    Frames of other code called from shmstore (pickle, a user's ``__reduce__``) count as inside it.
+    Frames of other code called from shmstore (pickle, a user's ``__reduce__``) count as inside it. Frames
+    of this module (the hooks that watch for a verb's return, themselves interrupted) count as nothing: the
+    signal lands where the event they were called for happened.
     """
     target = None
     f = frame
     while f is not None:
         code = f.f_code
+        if code.co_filename == _HERE:
+            f = f.f_back
+            continue
         if _ours(code):
             if code in _INTERRUPTIBLE:
                 return target
@@ -122,11 +151,10 @@ class DeferringHandler:
         if now.delivering:  # the verb is over and the ones that waited are being handled: this one joins them
             now.handlers.append(self)
             return None
-        if self in now.handlers:  # a second one while the first waits: the program's handler now
-            now.handlers.remove(self)
-            if not now.handlers:
-                now.disarm()
-            return self.wrapped(signum, frame)
+        if now.handoff:  # the watcher handed back what waited for a return no hook saw: deliver or defer anew
+            return now.take_back(frame)
+        if self in now.handlers:  # a second one while the first waits: the program's handler now (the first
+            return self.wrapped(signum, frame)  # still waits for the verb)
         target = now.target or critical_frame(frame)
         if target is None:  # outside the store's code
             return self.wrapped(signum, frame)
@@ -139,21 +167,25 @@ class DeferringHandler:
 class _Deferred:
     """The signals waiting for the store's code to return, and the frame they wait for (main thread only).
 
-    One trace function on one frame: ``arm`` sets it (turning tracing on
-    with a trace function that traces nothing else, if none was on), the
-    frame's return (or, after a finalizer, the next line of the program's
-    frame it interrupted) delivers every signal that waited, in order, and
-    ``disarm`` puts things back. A signal that comes during the delivery
-    joins it; none is ever left waiting with nothing armed.
+    ``arm`` sets the hooks on one frame (see the module's notes: a profile
+    function where the slot is free, the frame's trace function, and the
+    watcher thread), the frame's return (or, after a finalizer, the next
+    line of the program's frame it interrupted) delivers every signal that
+    waited, in order, and ``disarm`` puts things back. A signal that comes
+    during the delivery joins it; none is ever left waiting with nothing
+    armed. Everything but the watcher runs in the main thread; the watcher
+    only reads, and sets :attr:`handoff` before it signals the main thread.
     """
 
     def __init__(self) -> None:
         self.handlers: list[DeferringHandler] = []
         self.target: FrameType | None = None
         self.delivering = False  # the program's handlers of the signals that waited are running
+        self.handoff = False     # the watcher saw the main thread leave the store's code with signals waiting
         self._at_line = False   # deliver at the target's next line too (a program frame, after a finalizer)
         self._old_trace: Any = None
         self._old_local: Any = None
+        self._profiling = False  # our profile function is set (the main thread's profile slot was free)
 
     def arm(self, target: FrameType, at_line: bool = False) -> None:
         self.target, self._at_line = target, at_line
@@ -163,6 +195,10 @@ class _Deferred:
         self._old_local = target.f_trace
         target.f_trace_lines = at_line
         target.f_trace = self._on_event
+        if sys.getprofile() is None:  # no profiler: ours sees the target's return whoever traces
+            sys.setprofile(self._on_profile)
+            self._profiling = True
+        _watcher.start()
 
     def disarm(self) -> None:
         target, self.target = self.target, None
@@ -171,11 +207,38 @@ class _Deferred:
             target.f_trace_lines = True
             if self._old_trace is None and sys.gettrace() is _no_local_trace:
                 sys.settrace(None)
+        if self._profiling:
+            self._profiling = False
+            if sys.getprofile() == self._on_profile:  # (a bound method: equal, not identical, each time)
+                sys.setprofile(None)
         self._old_trace = self._old_local = None
 
-    def _on_event(self, frame: FrameType, event: str, arg: Any) -> Any:
+    def take_back(self, frame: FrameType | None) -> Any:
+        """The signals the watcher handed back (the main thread left the store's code with them still waiting):
+        their handlers now where ``frame`` is outside the store's code, else deferred anew to its end."""
+        self.handoff = False
+        if not self.handlers or self.delivering:
+            return None
+        target = critical_frame(frame)
+        if target is None:
+            self._deliver(frame)
+            return None
+        if target is not self.target:
+            self.disarm()
+            self.arm(target)
+        return None
+
+    def _on_profile(self, frame: FrameType, event: str, arg: Any) -> None:
+        if self.target is None:  # disarmed by now
+            return
+        if event == "return" and frame is self.target:
+            self._on_event(frame, event, arg, traced=False)
+
+    def _on_event(self, frame: FrameType, event: str, arg: Any, traced: bool = True) -> Any:
+        if frame is not self.target:  # a stale frame trace (delivered another way meanwhile): trace no more
+            return None
         local = self._old_local
-        if local is not None:  # a debugger's or coverage's tracer of this frame goes on seeing it
+        if local is not None and traced:  # a debugger's or coverage's tracer of this frame goes on seeing it
             local(frame, event, arg)
         if not (event == "return" or (event == "line" and self._at_line)):
             return self._on_event
@@ -233,6 +296,82 @@ def _no_local_trace(frame: FrameType, event: str, arg: Any) -> None:
     return None
 
 
+class _Watcher:
+    """The thread that hands deferred signals back to the main thread where no hook saw the verb's return
+    (see the module's notes). Started when a signal is deferred; it looks every millisecond while signals
+    wait, every 50 ms otherwise, and ends after a second with none. No lock and no event: the main thread
+    starts it from signal handlers, which may interrupt each other (and a start racing the end is settled
+    by who holds :attr:`_thread`, see :meth:`_ending`)."""
+
+    interval = 0.001
+    idle = 0.05
+    linger = 1.0
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            t = threading.Thread(target=self._run, name="shmstore-signals", daemon=True)
+            self._thread = t
+            t.start()
+
+    def forget(self) -> None:
+        """In a forked child: the parent's thread is not there."""
+        self._thread = None
+
+    def _ending(self) -> bool:
+        """Whether this thread may end (nothing waits): it lets go of :attr:`_thread` first, so a start from
+        then on makes a new one, then looks again; a signal deferred in between keeps it (or the new one)."""
+        me = threading.current_thread()
+        if self._thread is me:
+            self._thread = None
+        if _DEFERRED_NOW.handlers and self._thread is None:
+            self._thread = me
+            return False
+        return True
+
+    def _run(self) -> None:
+        now, main = _DEFERRED_NOW, threading.main_thread()
+        quiet = 0.0
+        while main.is_alive():
+            time.sleep(self.interval if now.handlers else self.idle)
+            if not now.handlers:
+                quiet += self.idle
+                if quiet >= self.linger and self._ending():
+                    return
+                continue
+            quiet = 0.0
+            if now.handoff or now.delivering:
+                continue
+            if not _outside_store(main.ident or 0):
+                continue  # still in the store's code (the hooks deliver at its end), or gone
+            signum = next((h.signum for h in now.handlers if _getsignal(h.signum) is h), None)
+            if signum is None:  # the program replaced every such handler: nobody to hand them to
+                now.handlers.clear()
+                break
+            now.handoff = True
+            try:
+                signal.pthread_kill(main.ident or 0, signum)
+            except (OSError, ValueError):
+                now.handoff = False
+                break
+
+
+def _outside_store(ident: int) -> bool:
+    """Whether thread ``ident`` runs outside the store's code now (or in an interruptible wait). Keeps no
+    reference to its frames: a frame held here would keep its locals (a view, and its pin) alive."""
+    top = sys._current_frames().get(ident)
+    try:
+        return top is not None and critical_frame(top) is None
+    finally:
+        del top
+
+
+_watcher = _Watcher()
+os.register_at_fork(after_in_child=_watcher.forget)
+
+
 def deferring(signum: int) -> DeferringHandler | None:
     """The store's handler of ``signum`` if it is installed."""
     h = _getsignal(signum)
@@ -242,6 +381,12 @@ def deferring(signum: int) -> DeferringHandler | None:
 def pending() -> bool:
     """True while a signal waits for a verb to finish (tests)."""
     return bool(_DEFERRED_NOW.handlers)
+
+
+def watcher_interval(seconds: float) -> float:
+    """Set how often the watcher looks at the main thread while signals wait (tests); returns the old one."""
+    old, _Watcher.interval = _Watcher.interval, seconds
+    return old
 
 
 def guard() -> None:

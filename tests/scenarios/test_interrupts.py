@@ -445,10 +445,10 @@ def test_a_signal_inside_a_verb_is_handled_when_the_verb_returns_and_a_second_on
     def twice(frame):
         handler(signal.SIGINT, frame)
         handler(signal.SIGINT, frame)  # a second Ctrl-C: the program's handler now
-        assert len(calls) == 2
+        assert len(calls) == 2 and interrupts.pending()  # the first still waits for the verb
 
     store.put("two", _Reduced(twice))
-    assert len(calls) == 2 and not interrupts.pending()
+    assert len(calls) == 3 and not interrupts.pending()  # a handler that counts sees both
 
     other = interrupts.DeferringHandler(signal.SIGUSR2, lambda s, f: calls.append("usr2"))
     raising = interrupts.DeferringHandler(signal.SIGINT, signal.default_int_handler)
