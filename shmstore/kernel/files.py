@@ -70,7 +70,8 @@ def open_regular(path: str, flags: int, uid: int, dir_fd: int | None = None, sho
         The open descriptor (the caller closes it).
 
     Raises:
-        FileNotFoundError: no such file.
+        FileNotFoundError: no such file, or it was replaced (by another regular file of ``uid``) while it was
+            opened: the file looked at is gone.
         PermissionDeniedError: a FIFO, socket, link, directory or device, or another user's file.
     """
     shown = path if shown is None else shown
@@ -80,9 +81,13 @@ def open_regular(path: str, flags: int, uid: int, dir_fd: int | None = None, sho
     try:
         st = os.fstat(fd)
         check_regular(shown, st, uid)
-        # replaced between the lstat and the open (in a sticky directory only its owner can do that)
+        # Replaced between the lstat and the open by another regular file of uid: in a sticky directory (or
+        # one of uid's own) only uid or root can do that, so the file looked at is gone, not planted. A
+        # store removed and made again under its name does it: connect() tries again on FileNotFoundError
+        # (a PermissionDeniedError here once ended a connect beside a store's last close).
         if (st.st_dev, st.st_ino) != (seen.st_dev, seen.st_ino):
-            raise PermissionDeniedError(f"{shown!r} changed while it was opened: left alone")
+            raise FileNotFoundError(errno.ENOENT, f"{shown!r} was replaced while it was opened (removed and made "
+                                                  f"again meanwhile)")
         return fd
     except BaseException:
         os.close(fd)

@@ -6,6 +6,16 @@ spill process. :meth:`NodeStore.open` creates them all-or-nothing on first
 use, or attaches; creation races are settled by ``O_EXCL`` on the metadata
 segment, and attachers wait for the creator to publish ``state = ready``.
 
+The creator takes the first client slot before it publishes the store. The
+race it closes, step by step: the creator publishes ``ready``; another
+process attaches, registers, puts, gets and closes while the creator is
+still building its own view of the store; that process, the only client
+registered, removes the store as its last client (the spill process is not
+even started); the creator finds its wake-up semaphore gone
+(``FileNotFoundError`` out of ``connect()``), or registers into a store
+being destroyed. A store is never without a client between its creation
+and its creator's ``close``.
+
 The lifecycle race with the janitor, step by step: the spill process takes
 the ADMIN lock, sees no client, sets ``state = destroying``, releases the
 lock and unlinks the names. A client that mapped the segment before the
@@ -25,7 +35,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..config import SHM_DIR, Config
-from ..errors import LayoutError, PermissionDeniedError, StorageFullError, StoreNotFoundError
+from ..errors import LayoutError, PermissionDeniedError, ShmStoreError, StorageFullError, StoreNotFoundError
 from ..units import format_size
 from ..values import Level
 from . import layout as L
@@ -76,6 +86,7 @@ class NodeStore:
     meta: Segment
     arena: Segment
     prefault: Prefaulter
+    _held_slot = -1  # the client slot the creator took before publishing the store, until register() hands it out
 
     def __init__(self, cfg: Config, meta: Segment, arena: Segment, created: bool) -> None:
         self.cfg = cfg
@@ -108,8 +119,13 @@ class NodeStore:
                              incarnation(self.header.creator_pid, self.header.created))
         self.levels: dict[Level, MovableLevel] = {}  # handed in by use_levels
         self.devices: dict[Level, DeviceLevel] = {}
-        self.wake = Wakeup(self.prefix + "-wake", create=False)  # the creator made it (see _create)
-        self.prefault = Prefaulter(meta, arena, self.capacity, self.layout)
+        self._held_slot = 0 if created else -1  # the creator's, taken before it published the store (_create)
+        try:
+            self.wake = Wakeup(self.prefix + "-wake", create=False)  # the creator made it (see _create)
+            self.prefault = Prefaulter(meta, arena, self.capacity, self.layout)
+        except BaseException:  # gone (a store being removed): let go of what this built (the caller of its segments)
+            self.close()
+            raise
 
     # ---- open / create / attach -------------------------------------------
     @classmethod
@@ -123,10 +139,12 @@ class NodeStore:
         """
         deadline = time.monotonic() + _ATTACH_TIMEOUT
         prefix = store_prefix(cfg.name, cfg.node)
+        why: OSError | None = None
         while True:
             try:
                 return cls._attach(cfg, prefix, deadline)
-            except FileNotFoundError as exc:
+            except FileNotFoundError as exc:  # none, or a name of it gone: the store is going away
+                why = exc
                 if not create:
                     raise StoreNotFoundError(
                         f"no store {cfg.name!r} on node {cfg.node!r}: never created here, or removed when its last "
@@ -141,10 +159,13 @@ class NodeStore:
             try:
                 return cls._create(cfg, prefix)
             except FileExistsError:
-                pass  # lost the creation race: attach to the winner's store
+                pass  # lost the creation race, or the store is being removed: attach to what is there
+            except FileNotFoundError as exc:  # removed under its creator (a destroy --force): make it again
+                why = exc
             if time.monotonic() > deadline:
-                raise LayoutError(f"store {cfg.name!r} on node {cfg.node!r} neither attachable nor creatable "
-                                  f"(segments {prefix}-*: remove them with `shmstore destroy {cfg.name}`)")
+                raise LayoutError(f"store {cfg.name!r} on node {cfg.node!r} neither attachable nor creatable for "
+                                  f"{_ATTACH_TIMEOUT:g} s (last: {why}; segments {prefix}-*: if no process uses "
+                                  f"them, remove them with `shmstore destroy {cfg.name}`)") from why
             time.sleep(0.005)
 
     @classmethod
@@ -175,21 +196,17 @@ class NodeStore:
             except FileExistsError:  # stale arena of a store whose metadata is gone
                 unlink_segment(prefix + "-arena")
                 arena = Segment.create(prefix + "-arena", capacity)
+            _occupy(meta.mapping(), lay, 0)  # the creator is a client before anyone can attach (see the module notes)
             L.HEAD.set(buf, "state", L.STATE_READY)
             return cls(cfg, meta, arena, created=True)
         except BaseException:
-            if arena is not None:
-                arena.close()
-                arena.unlink()
-            meta.close()
-            meta.unlink()
-            if wake_made:
-                unlink_semaphore(prefix + "-wake")
+            _undo_create(prefix, meta, arena, wake_made)
             raise
 
     @classmethod
     def _attach(cls, cfg: Config, prefix: str, deadline: float) -> NodeStore:
         meta = Segment.attach(prefix + "-meta")  # FileNotFoundError goes to open()
+        arena = None
         try:
             h = _wait_ready(meta, prefix, deadline)
             if meta.size < L.Layout.from_header(h).size:
@@ -202,7 +219,9 @@ class NodeStore:
                 raise LayoutError(f"store {cfg.name!r} has metadata but no arena segment "
                                   f"(remove it with `shmstore destroy {cfg.name}`)") from None
             return cls(cfg, meta, arena, created=False)
-        except BaseException:
+        except BaseException:  # every descriptor of this attempt goes (open() may try many times)
+            if arena is not None:
+                arena.close()
             meta.close()
             raise
 
@@ -219,10 +238,12 @@ class NodeStore:
             FileNotFoundError: the store is being destroyed (open it again).
             StorageFullError: every client slot is taken (``max_clients``).
         """
-        pid, start = os.getpid(), proc_start_time(os.getpid()) or 0
         with self.admin:
             if L.HEAD.get(self.buf, "state") != L.STATE_READY:
                 raise FileNotFoundError(f"store {self.cfg.name!r} is being destroyed")
+            if self._held_slot >= 0:  # the creator's, taken in _create
+                slot, self._held_slot = self._held_slot, -1
+                return slot
             clients = L.client_table(self.buf, self.layout)
             free = [int(s) for s in (clients["state"] == 0).nonzero()[0]]
             if not free:
@@ -230,10 +251,7 @@ class NodeStore:
                     f"store {self.cfg.name!r} has all {self.layout.max_clients} client slots taken "
                     f"(raise max_clients= / SHMSTORE_MAX_CLIENTS when creating the store)")
             slot = free[0]
-            if slot + 1 > L.ALLOC.get(self.buf, "slots_high"):  # first: whoever counts pins must look at this row
-                L.ALLOC.set(self.buf, "slots_high", slot + 1)
-            L.pack_client(self.buf, self.layout.client(slot), pid, 1, start, time.time())
-            L.pack_request(self.buf, self.layout.client(slot), L.Request(0, 0, 0, 0, 0, 0, 0, 0, 0, ""))
+            _occupy(self.buf, self.layout, slot)
             return slot
 
     def deregister(self, slot: int) -> int:
@@ -416,6 +434,12 @@ class NodeStore:
     # ---- teardown ------------------------------------------------------------
     def close(self) -> None:
         """Stop the prefault thread and unmap; idempotent (and safe on a half-built store)."""
+        held, self._held_slot = self._held_slot, -1
+        if held >= 0:  # created here, never registered: the store is left without clients, as before its creation
+            try:
+                self.deregister(held)
+            except ShmStoreError:  # its ADMIN lock stayed taken: the janitor reclaims the slot once we are gone
+                pass
         prefault, arena_ro = getattr(self, "prefault", None), getattr(self, "arena_ro", None)
         if prefault is not None:
             prefault.stop()
@@ -449,6 +473,31 @@ class NodeStore:
         unlink_segment(self.prefix + "-arena")
         unlink_segment(self.prefix + "-meta")
         return files
+
+
+def _occupy(buf: mmap.mmap, lay: L.Layout, slot: int) -> None:
+    """Make client slot ``slot`` this process's (ADMIN lock held, or the store not published yet)."""
+    if slot + 1 > L.ALLOC.get(buf, "slots_high"):  # first: whoever counts pins must look at this row
+        L.ALLOC.set(buf, "slots_high", slot + 1)
+    L.pack_client(buf, lay.client(slot), os.getpid(), 1, proc_start_time(os.getpid()) or 0, time.time())
+    L.pack_request(buf, lay.client(slot), L.Request(0, 0, 0, 0, 0, 0, 0, 0, 0, ""))
+
+
+def _undo_create(prefix: str, meta: Segment, arena: Segment | None, wake_made: bool) -> None:
+    """Remove what a failed ``_create`` made: its names only while they are still its own (a ``destroy
+    --force`` may have removed them, and a newer store taken the name); the metadata segment last."""
+    ours = meta.named() is not False
+    if ours and meta.mm is not None:
+        L.HEAD.set(meta.mm, "state", L.STATE_DESTROYING)  # one that attached meanwhile starts over
+    if arena is not None:
+        arena.close()
+        if ours:
+            arena.unlink()
+    if ours and wake_made:
+        unlink_semaphore(prefix + "-wake")
+    if ours:
+        meta.unlink()
+    meta.close()
 
 
 def _check_room(size: int) -> None:

@@ -1,14 +1,19 @@
 """Several real processes on one store, and processes killed with SIGKILL."""
 from __future__ import annotations
 
+import mmap
 import os
+import random
 import signal
+import threading
+import time
 
 import numpy as np
 import pytest
 
 import shmstore
 from shmstore import Level
+from shmstore.config import Config
 from shmstore.kernel import layout as L
 
 from helpers import Child, check_arena, shm_segments, spill_processes, spill_running, wait_for
@@ -221,26 +226,128 @@ s.close()
     assert wait_for(lambda: not any(name in s for s in shm_segments()), timeout=10)
 
 
-def test_short_scripts_coming_and_going_on_one_name_never_fail_or_leave_anything(name):
-    """Four processes each connect, put, read back and close one name 15 times, as short job steps do: a
-    close that finds the spill process still starting removes the store and stops that process while
-    another process may be connecting or mid-put; every put and get succeeds (a store removed under a
-    connect is made anew), and nothing of the name or its spill processes is left at the end."""
-    code = """
-import shmstore, os, sys, numpy as np
-for i in range(15):
+SHORT_SCRIPT = """
+import shmstore, os, random, sys, time, numpy as np
+rng = random.Random(int(os.environ['SEED']))
+
+def nap():  # half of the steps wait up to 2 ms first: other interleavings each run
+    if rng.random() < 0.5:
+        time.sleep(rng.random() * 0.002)
+
+for i in range(int(os.environ['ROUNDS'])):
+    nap()
     with shmstore.connect(os.environ['N'], capacity='16MiB') as s:
+        if rng.random() < 0.5:
+            continue  # a script that only looks: in and out as fast as it goes
+        nap()
         key = f"{os.environ['TAG']}-{i}"
         value = np.full(1000 + i, i)
         s.put(key, value)
+        nap()
         assert (s.get(key) == value).all()
         s.delete(key)
 print('ok', flush=True)
 """
-    kids = [Child(code, env={"N": name, "TAG": f"k{i}"}) for i in range(4)]
-    for k in kids:
-        assert k.readline(timeout=120) == "ok"
-        k.wait()
+
+
+class Pauser:
+    """Stops the children with SIGSTOP, as a busy node's scheduler does, made to happen on a quiet machine too:
+    one at random for 1 to 20 ms, again and again, at whatever line it is; and the creator of each new store of
+    ``name`` for 30 ms right as it publishes the store (its header says ``ready``: while the others attach and
+    close around it). Signals go through pidfds, opened while the children surely live, so none reaches another
+    process once a child is reaped and its pid reused."""
+
+    def __init__(self, kids: list[Child], name: str, seed: int) -> None:
+        self.fds = {k.pid: os.pidfd_open(k.pid) for k in kids}
+        self.meta = f"/dev/shm/shmstore-{os.getuid()}-{name}-{Config.from_kwargs().node}-meta"
+        self.rng, self.stop = random.Random(seed), threading.Event()
+        self.threads = [threading.Thread(target=run, name=f"pauser-{i}", daemon=True)
+                        for i, run in enumerate((self._at_random, self._at_creation))]
+        for t in self.threads:
+            t.start()
+
+    def _at_random(self) -> None:
+        while not self.stop.wait(self.rng.uniform(0, 0.005)):
+            self._pause(self.rng.choice(list(self.fds.values())), self.rng.uniform(0.001, 0.02))
+
+    def _at_creation(self) -> None:
+        seen = None
+        while not self.stop.wait(0.0002):
+            try:
+                fd = os.open(self.meta, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if st.st_ino != seen and st.st_size >= L.HEADER_SIZE:
+                    seen = st.st_ino
+                    with mmap.mmap(fd, L.HEADER_SIZE, prot=mmap.PROT_READ) as mm:
+                        self._stop_its_creator(mm)
+            finally:
+                os.close(fd)
+
+    def _stop_its_creator(self, mm: mmap.mmap) -> None:
+        deadline = time.monotonic() + 0.1
+        while L.HEAD.get(mm, "state") == L.STATE_INIT and time.monotonic() < deadline:
+            time.sleep(0)  # a look every few us; the GIL goes to the others meanwhile
+        fd = self.fds.get(L.HEAD.get(mm, "creator_pid"))
+        if fd is not None and L.HEAD.get(mm, "state") == L.STATE_READY:
+            self._pause(fd, 0.03)
+
+    @staticmethod
+    def _pause(fd: int, seconds: float) -> None:
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGSTOP)
+        except ProcessLookupError:  # it has exited
+            return
+        try:
+            time.sleep(seconds)
+        finally:
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGCONT)
+            except ProcessLookupError:  # SIGKILLed meanwhile (a failure's cleanup)
+                pass
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(10)
+        for fd in self.fds.values():
+            os.close(fd)
+
+
+def test_short_scripts_coming_and_going_on_one_name_never_fail_or_leave_anything(name):
+    """Six processes each connect and close one name 30 times, as short job steps do, half of the times putting,
+    reading back and deleting a value in between, with random naps between the steps, while each process is
+    stopped for a few ms at random moments: a close that finds the spill process still starting removes the
+    store and stops that process while another process may be connecting or mid-put; every connect, put and get
+    succeeds (a store removed under a connect is made anew), and nothing of the name or its spill processes is
+    left at the end.
+
+    Regression (issue 30, item 10): a creator published its store before it registered as its client; another
+    process attached, did its work and closed as the store's only client, removing the store under its creator
+    (``FileNotFoundError: no semaphore '/shmstore-...-wake'`` out of ``connect()``). And a connect that opened the
+    arena of a store removed and made again meanwhile raised ``PermissionDeniedError: ... changed while it was
+    opened``. Four processes, no naps, no stops (this test before): found in one whole-suite run of two, in 0 of 10
+    runs alone under load; this test fails 10 runs of 10 on that code (the creator stopped as it publishes)."""
+    seed = random.randrange(1 << 30)
+    kids: list[Child] = []
+    pauser = None
+    try:
+        for i in range(6):
+            kids.append(Child(SHORT_SCRIPT, env={"N": name, "TAG": f"k{i}", "SEED": str(seed + i), "ROUNDS": "30"}))
+        pauser = Pauser(kids, name, seed)
+        for k in kids:
+            try:
+                assert k.readline(timeout=120) == "ok"
+            except RuntimeError as exc:  # it failed: its traceback, and the seed of its naps
+                raise AssertionError(f"seed {seed}: {exc}") from None
+            k.wait()
+    finally:
+        if pauser is not None:
+            pauser.close()
+        for k in kids:
+            k.kill()  # the others too, when one failed (reaped, their pipes closed: no descriptor left)
     assert wait_for(lambda: not any(name in s for s in shm_segments()), timeout=10)
     assert wait_for(lambda: not spill_processes(name), timeout=10), spill_processes(name)
 
