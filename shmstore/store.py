@@ -22,6 +22,7 @@ from .config import Config, explicit_settings
 from .errors import (
     ConfigError,
     ConfigWarning,
+    LayoutError,
     ObjectNotFoundError,
     ShmStoreError,
     StoreClosedError,
@@ -77,10 +78,12 @@ class Store:
             try:
                 slot = node.register()
                 break
-            except FileNotFoundError:  # the janitor is removing it: start a fresh one
+            except FileNotFoundError as exc:  # the janitor is removing it: start a fresh one
                 node.close()
                 if time.monotonic() > deadline:
-                    raise
+                    raise LayoutError(f"store {config.name!r} on node {config.node!r} kept being removed while this "
+                                      f"process connected, for 10 s (a process destroying it again and again? "
+                                      f"`shmstore status {config.name}` shows who uses it)") from exc
                 time.sleep(0.01)
         self._node = node
         try:  # the levels as this client reaches them: a device level asks the spill process for its arenas
