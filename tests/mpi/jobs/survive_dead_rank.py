@@ -4,6 +4,9 @@ that node) is SIGKILLed while the other ranks run one operation over and over on
     mpiexec -disable-auto-cleanup -launcher fork -hosts n0:2,n1:1 -n 3 python -m mpi4py \
         survive_dead_rank.py NAME OP [KILL|STOP]
 
+With four ranks (``-hosts n0:2,n1:2 -n 4``) rank 3 is a survivor on the dead rank's own node: it works on
+objects node n0 holds whose home (their directory entry) is node n1, kept by the dead rank.
+
 OP is one of get, get_many, fetch, migrate, delete, overwrite. Ranks 0 and 1 (node n0) work on objects that
 only node n1 holds: rank 0 on keys whose home (their entry in the location directory) is node n0, rank 1 on
 keys whose home is node n1. (Ranks on the dead rank's own node are no survivors: its launcher proxy kills
@@ -42,12 +45,12 @@ GIVE_UP = 30.0       # seconds of repeating the operation before saying it never
 
 
 def keys_for(rank: int) -> list[str]:
-    """Rank ``rank``'s keys: their home is node n0 for rank 0, node n1 for rank 1."""
+    """Rank ``rank``'s keys: their home is node n0 for rank 0, node n1 for ranks 1 and 3."""
     out, i = [], 0
     while len(out) < POOL:
         k = f"s{rank}-{i}"
         i += 1
-        if home_of(k, 2) == rank:
+        if home_of(k, 2) == rank % 2:
             out.append(k)
     return out
 
@@ -127,13 +130,16 @@ def wait_for_each_other(survivors: MPI.Comm, limit: float = 10.0) -> None:
 def main(name: str, op: str, how: signal.Signals) -> None:
     faulthandler.dump_traceback_later(GIVE_UP + 5, exit=False)  # where a hang is, in the test's output
     with Cluster(name=name, capacity="256MiB", prefault=0) as c:
-        assert c.size == 3 and c.nodes == ["n0", "n1"], (c.size, c.nodes)
+        assert c.size in (3, 4) and c.nodes == ["n0", "n1"], (c.size, c.nodes)
         survivors = c.comm.Split(MPI.UNDEFINED if c.rank == VICTIM else 0, c.rank)
         victim = c.comm.bcast(os.getpid(), root=VICTIM)  # (one host: emulated nodes)
-        if c.rank == VICTIM:  # every object the survivors use: only node n1 holds it
+        if c.rank == VICTIM:  # every object ranks 0 and 1 use: only node n1 holds it
             for r in (0, 1):
                 for i, k in enumerate(keys_for(r)):
                     c.put(k, value(i))
+        if c.rank == 0 and c.size > 3:  # rank 3's (on the victim's node): only node n0 holds them
+            for i, k in enumerate(keys_for(3)):
+                c.put(k, value(i))
         c.barrier()
         if c.rank == VICTIM:
             threading.Thread(target=kill_self, args=(c, op, how), daemon=True).start()
