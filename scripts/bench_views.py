@@ -3,14 +3,16 @@
 
 Each repeat starts two fresh processes on one store: the putter puts the array
 and then reads it twice (get + sum, first and second time), and once it has,
-a reader in another process does the same. A fresh process has no page-table
-entries for the arena yet, so its first read pays the minor faults of every
-page it touches (the kernel maps up to 16 pages a fault on a shared file
-mapping), its second read none. Views are built over a read-only mapping of
-the arena, separate from the writable one puts copy into (README: "Views are
-read-only"), so the putter's first read faults its pages in a second time;
-the reader maps them once either way. Medians over repeats; the minor faults
-of each read (``getrusage``) beside the times.
+a reader in another process does the same. Views are built over a read-only
+mapping of the arena, separate from the writable one that puts copy into
+(README: "Views are read-only"), and a fresh process has no page-table
+entries for it: its first read of each page costs a minor fault (the kernel
+maps 16 pages a fault), its second none. Before, views were built over the
+writable mapping, whose pages the putter had faulted in by writing them and
+every other process's prefault thread faults in ahead of use (``--settle``:
+each process reads once that thread is done; without it, at once after
+connecting, beside it). Medians over repeats of the wall time, the CPU time
+(user + system: steadier on a busy machine) and the minor faults of each read.
 
 Usage: python scripts/bench_views.py [--mib 1024] [--repeats 5] [--settle]
 """
@@ -34,24 +36,36 @@ import shmstore  # noqa: E402
 MiB = 1 << 20
 
 
+def _usage() -> tuple[float, int]:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime, r.ru_minflt
+
+
 def _read_twice(store: shmstore.Store, key: str) -> dict:
-    """Seconds and minor faults of get + sum, first and second time."""
+    """Seconds (wall and CPU: user + system, steadier on a busy machine) and minor faults of get + sum, first
+    and second time; the object must be in memory throughout (a spilled one is read from its file)."""
     out = {}
     for when in ("first", "second"):
-        f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+        (c0, f0), t0 = _usage(), time.perf_counter()
         total = float(store.get(key).sum())
         out[when] = time.perf_counter() - t0
-        out[when + "_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+        c1, f1 = _usage()
+        out[when + "_cpu"], out[when + "_faults"] = c1 - c0, f1 - f0
+        assert store.get_info(key).level == shmstore.Level.MEMORY, "spilled: the figures would be the disk's"
     out["sum"] = total
     return out
 
 
+def _capacity(nbytes: int) -> int:
+    return 2 * nbytes + 64 * MiB  # the object stays under the high watermark: never spilled
+
+
 def _child(role: str, name: str, key: str, nbytes: int, settle: bool) -> None:
-    with shmstore.connect(name, create=False) as store:
+    with shmstore.connect(name, create=False, prefault=_capacity(nbytes)) as store:
         if role == "put":
             store.put(key, np.ones(nbytes // 8))
-        if settle:  # a process connected a while ago: its prefault thread (README: Prefaulting) is done
-            store.node_store.prefault.wait(store.node_store.capacity, timeout=120)
+        if settle:  # a process connected a while ago: its prefault thread is done (the whole arena)
+            assert store.node_store.prefault.wait(_capacity(nbytes), timeout=120)
         print(json.dumps(_read_twice(store, key)), flush=True)
         if role == "put":
             sys.stdin.readline()  # the object stays while the reader reads it
@@ -95,8 +109,8 @@ def main() -> None:
         return
     nbytes = args.mib * MiB
     runs: dict[str, list[dict]] = {"putter": [], "reader": []}
-    with shmstore.connect("bench-views-" + uuid.uuid4().hex[:8], capacity=nbytes + 64 * MiB,
-                          prefault=nbytes + 64 * MiB) as store:
+    capacity = _capacity(nbytes)
+    with shmstore.connect("bench-views-" + uuid.uuid4().hex[:8], capacity=capacity, prefault=capacity) as store:
         for r in range(args.repeats):
             put, got = _repeat(store, f"a{r}", nbytes, args.settle)
             runs["putter"].append(put)
@@ -105,10 +119,11 @@ def main() -> None:
     print(f"get + sum of a {args.mib} MiB float64 array, medians of {args.repeats} (fresh processes each repeat, "
           f"each reading {when}):")
     for who, rs in runs.items():
-        med = {k: statistics.median(r[k] for r in rs) for k in ("first", "second", "first_faults", "second_faults")}
-        print(f"  {who:6s}: first {med['first'] * 1e3:7.1f} ms ({med['first_faults']:.0f} minor faults) | "
-              f"second {med['second'] * 1e3:7.1f} ms ({med['second_faults']:.0f} faults) | "
-              f"each first: {' '.join(format(r['first'] * 1e3, '.0f') for r in rs)} ms")
+        med = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "sum"}
+        print(f"  {who:6s}: first {med['first'] * 1e3:6.1f} ms, CPU {med['first_cpu'] * 1e3:6.1f} ms "
+              f"({med['first_faults']:.0f} minor faults) | second {med['second'] * 1e3:6.1f} ms, CPU "
+              f"{med['second_cpu'] * 1e3:6.1f} ms ({med['second_faults']:.0f} faults) | each first's CPU: "
+              f"{' '.join(format(r['first_cpu'] * 1e3, '.0f') for r in rs)} ms")
 
 
 if __name__ == "__main__":

@@ -17,9 +17,11 @@ Three kinds:
 Torch CPU tensors (alone or in a state dict; torch is never imported here,
 only recognised once the application has imported it) are stored the same
 way, as their raw bytes plus dtype and shape, and come back as tensors over
-the store's memory: zero-copy, read-only by convention (torch has no
-read-only tensors: writing into one changes the shared object under every
-reader). Device tensors, sparse and quantized ones take torch's own pickling.
+the store's memory: zero-copy, over the arena's read-only mapping. torch has
+no read-only tensors, so it lets an in-place write into one start; the
+mapping faults it and the writing process dies with SIGSEGV, the object
+unchanged for every reader (``clone()`` to change one). Device tensors,
+sparse and quantized ones take torch's own pickling.
 """
 from __future__ import annotations
 

@@ -29,7 +29,9 @@ def _release(self: np.ndarray) -> None:
 
 
 class Lease(np.ndarray):
-    """Read-only bytes of one stored object (raw bytes and pickled values hang off it)."""
+    """Read-only bytes of one stored object (raw bytes and pickled values hang off it), over a read-only mapping
+    as a :class:`SharedArray` is (or over an immutable ``bytes`` copy of a device object, for its reader):
+    nothing built on it can be made writable."""
 
     _release: tuple[Any, ...] | None  # (function, index, generation): what unpins it, set by the kernel
 
@@ -41,6 +43,9 @@ class SharedArray(np.ndarray):
 
     ``get`` returns it for stored numpy arrays: a zero-copy view whose
     lifetime (with that of any view taken from it) pins the stored object.
+    Its memory is a read-only mapping (the arena's ``PROT_READ`` one, or a
+    spill file's), so numpy refuses ``setflags(write=True)`` on it and on
+    every view derived from it; a write that ignores the flag faults.
     Results of arithmetic on it are plain ndarrays; pickling it pickles a
     plain array.
     """
