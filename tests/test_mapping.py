@@ -67,6 +67,9 @@ def test_an_impossible_key_is_answered_as_a_missing_one(store, key):
     assert not str(err.value).startswith(("'", '"'))  # the message, not KeyError's repr of it
     with pytest.raises(shmstore.InvalidKeyError):
         m.setdefault(key, 1)
+    for verb in (lambda: store.get(key, None), lambda: store.pop(key, None), lambda: store.delete(key, True)):
+        with pytest.raises(shmstore.InvalidKeyError):  # the store's own verbs: a bad key is a bug, not a miss
+            verb()
     assert dict(m) == {"a": 1} and not store.check()
 
 
