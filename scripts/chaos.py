@@ -733,7 +733,12 @@ class Chaos:
                 self.journal.state[key] = "d"
 
     # ---- the whole run ----------------------------------------------------------
-    def run(self, rounds: int | None = None, seconds: float = 10.0, hours: float | None = None) -> dict:
+    def run(self, rounds: int | None = None, seconds: float = 10.0, hours: float | None = None,
+            until: Callable[[dict[str, Any]], bool] | None = None, max_rounds: int | None = None) -> dict:
+        """Run ``rounds`` rounds (for ``hours`` where None); with ``until``, then more, one at a time, until
+        ``until`` holds for the result so far, ``max_rounds`` at most: what a test needs to have happened
+        (kills, reads verified) bounded by counts, not by how much a round of ``seconds`` fits on this
+        machine."""
         self.log(f"chaos: seed {self.seed}, {self.nworkers} workers, capacity {self.capacity}, "
                  f"max_objects {self.max_objects}, names unlinked every {self.unlink_every or 'no'} round(s), "
                  f"store {self.name}")
@@ -742,7 +747,9 @@ class Chaos:
         prefix = f"shmstore-{os.getuid()}-{self.name}-"
         try:
             self.store = self._connect()
-            while (rounds is None or n < rounds) and (stop is None or time.monotonic() < stop):
+            while (rounds is None or n < rounds or (until is not None and not until(self._result(n))
+                                                   and (max_rounds is None or n < max_rounds))) \
+                    and (stop is None or time.monotonic() < stop):
                 self.round(seconds, unlink=bool(self.unlink_every) and (n + 1) % self.unlink_every == 0)
                 n += 1
                 self.log(f"chaos: round {n} ok: {self.checked} reads verified, kills {self.kills}, "
@@ -765,7 +772,10 @@ class Chaos:
                     store.close()
             shmstore.destroy(self.name, force=True)
             shutil.rmtree(self.dir, ignore_errors=True)
-        return {"seed": self.seed, "rounds": n, "verified": self.checked, "kills": self.kills,
+        return self._result(n)
+
+    def _result(self, rounds: int) -> dict[str, Any]:
+        return {"seed": self.seed, "rounds": rounds, "verified": self.checked, "kills": dict(self.kills),
                 "interrupts caught": self.caught}
 
 

@@ -35,28 +35,35 @@ def _seed() -> int:
     return int(seed) if seed else random.SystemRandom().randrange(1 << 31)
 
 
-def _run(rounds: int, seconds: float, **kw) -> dict:
+def _run(rounds: int, seconds: float, until=None, max_rounds: int | None = None, **kw) -> dict:
     seed = _seed()
     print(f"chaos seed {seed} (rerun with SHMSTORE_CHAOS_SEED={seed})")
-    result = chaos.Chaos(seed, workers=4, capacity="16MiB", **kw).run(rounds=rounds, seconds=seconds)
+    result = chaos.Chaos(seed, workers=4, capacity="16MiB", **kw).run(rounds=rounds, seconds=seconds, until=until,
+                                                                      max_rounds=max_rounds)
     print(result)
     return result
 
 
-@pytest.mark.timeout(300)
+def _enough(result: dict) -> bool:
+    """What the first test needs to have happened: counts, reached however many rounds it takes this machine
+    (issue 30 item 11: a round is 7 s, and what fits into one depends on the machine's speed)."""
+    kills = result["kills"]
+    return result["verified"] > 20 and kills["worker SIGKILL"] > 10 and kills["spill SIGKILL"] > 0 \
+        and result["interrupts caught"] > 0  # Ctrl-Cs the workers caught mid-operation and went on after
+
+
+@pytest.mark.timeout(900)
 def test_chaos_kills_lose_and_leak_nothing():
-    result = _run(rounds=4, seconds=7, unlink_every=2)
-    assert result["rounds"] == 4 and result["verified"] > 20  # a few hundred to thousands (fewer on a busy host)
-    assert result["kills"]["worker SIGKILL"] > 10 and result["kills"]["spill SIGKILL"] > 0
-    assert result["kills"]["names unlinked"] == 2
-    assert result["interrupts caught"] > 0  # Ctrl-Cs the workers caught mid-operation and went on after
+    result = _run(rounds=4, seconds=7, unlink_every=2, until=_enough, max_rounds=16)
+    assert result["rounds"] >= 4 and _enough(result), result  # a few hundred to thousands of reads verified
+    assert result["kills"]["names unlinked"] == result["rounds"] // 2
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_chaos_with_a_full_object_table():
     """96 entries for 4 workers that take batches of 32: they keep taking entries from each other."""
-    result = _run(rounds=2, seconds=6, max_objects=96)
-    assert result["rounds"] == 2 and result["verified"] > 50
+    result = _run(rounds=2, seconds=6, max_objects=96, until=lambda r: r["verified"] > 50, max_rounds=12)
+    assert result["rounds"] >= 2 and result["verified"] > 50, result
 
 
 @pytest.mark.stress
