@@ -28,7 +28,8 @@ EOWNERDEAD = errno.EOWNERDEAD
 ENOTRECOVERABLE = errno.ENOTRECOVERABLE
 _PTHREAD_PROCESS_SHARED = 1
 _PTHREAD_MUTEX_ROBUST = 1
-_MADV_POPULATE_WRITE = 23  # Linux 5.14; Python 3.11's mmap lacks the constant
+_MADV_POPULATE_READ = 22   # Linux 5.14; Python 3.11's mmap lacks the constants
+_MADV_POPULATE_WRITE = 23
 _CLOCK_MONOTONIC = 1
 
 
@@ -114,6 +115,16 @@ def populate_write(addr: int, length: int) -> int:
     if length <= 0:
         return 0
     if _madvise(addr, length, _MADV_POPULATE_WRITE) == 0:
+        return 0
+    return ctypes.get_errno()
+
+
+def populate_read(addr: int, length: int) -> int:
+    """Map pages that exist already (a read-only mapping of shared memory another mapping faulted in) without
+    touching them: one call instead of a minor fault per 64 KiB on the first read. Returns 0 or an errno."""
+    if length <= 0:
+        return 0
+    if _madvise(addr, length, _MADV_POPULATE_READ) == 0:
         return 0
     return ctypes.get_errno()
 

@@ -10,6 +10,7 @@ import os
 import stat
 from typing import Any
 
+import numpy as np
 import posix_ipc
 
 from ..errors import PermissionDeniedError, ShmStoreError, StorageFullError
@@ -94,6 +95,7 @@ class Segment:
     mm: mmap.mmap | None = None
     address: int = 0
     ro: mmap.mmap | None = None  # the read-only mapping, once readonly_mapping() made it
+    _ro_address: int | None = None
     _anchor: object = None
     _fd: int = -1
 
@@ -223,13 +225,22 @@ class Segment:
         end = min(self.size, (offset + length + 4095) & ~4095)
         return native.populate_write(self.address + start, end - start)
 
+    def populate_readonly(self, offset: int, length: int) -> int:
+        """Map ``[offset, offset+length)`` of :meth:`readonly_mapping` (pages faulted in through the writable
+        one: no page is allocated); returns 0 or an errno."""
+        start = offset & ~4095
+        end = min(self.size, (offset + length + 4095) & ~4095)
+        if self._ro_address is None:
+            self._ro_address = int(np.frombuffer(self.readonly_mapping(), np.uint8, 1).ctypes.data)
+        return native.populate_read(self._ro_address + start, end - start)
+
     def close(self) -> None:
         """Unmap and close the descriptor; idempotent.
 
         Raises nothing: if live views still export the mapping it stays
         mapped until they are garbage collected.
         """
-        self._anchor = None
+        self._anchor = self._ro_address = None
         for attr in ("ro", "mm"):
             mm = getattr(self, attr)
             if mm is not None:
