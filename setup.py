@@ -6,6 +6,6 @@ shmstore runs on its pure-Python kernel, with the same behaviour.
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("shmstore.kernel._fast", ["shmstore/kernel/_fast.c"], optional=True),
-                   Extension("shmstore.kernel._copy", ["shmstore/kernel/_copy.c"], optional=True),
+setup(ext_modules=[Extension("shmstore.meta._fast", ["shmstore/meta/_fast.c"], optional=True),
+                   Extension("shmstore.primitives._copy", ["shmstore/primitives/_copy.c"], optional=True),
                    Extension("shmstore.mpi._probe", ["shmstore/mpi/_probe.c"], optional=True)])

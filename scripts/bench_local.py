@@ -36,8 +36,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shmstore  # noqa: E402
-from shmstore.kernel.lock import ShmLock, init_lock  # noqa: E402
-from shmstore.kernel.segment import Segment  # noqa: E402
+from shmstore.meta.lock import ShmLock, init_lock  # noqa: E402
+from shmstore.primitives.segment import Segment  # noqa: E402
 
 MiB = 1 << 20
 

@@ -59,7 +59,7 @@ sys.path.insert(0, ROOT)
 
 import shmstore  # noqa: E402
 from shmstore import Level  # noqa: E402
-from shmstore.kernel import layout as L  # noqa: E402
+from shmstore.meta import layout as L  # noqa: E402
 
 MAGIC = 0x5EEDC0DE
 _HEADER = np.dtype([("magic", "<u4"), ("crc", "<u4"), ("length", "<u8")])

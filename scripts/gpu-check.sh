@@ -123,7 +123,7 @@ print("env: python", sys.version.split()[0], sys.executable, "glibc", platform.l
 try:
     import shmstore
     print("env: shmstore", shmstore.__version__, "from", os.path.dirname(shmstore.__file__))
-    for m in ("shmstore.kernel._fast", "shmstore.kernel._copy", "shmstore.mpi._probe"):
+    for m in ("shmstore.meta._fast", "shmstore.primitives._copy", "shmstore.mpi._probe"):
         try:
             importlib.import_module(m)
             print("env: C helper", m, "built")

@@ -27,9 +27,9 @@ from .errors import (
     StoreNotFoundError,
     TransferError,
 )
-from .kernel.views import SharedArray
 from .levels import Capacity, Level, ObjectInfo
 from .mapping import StoreMapping
+from .node.views import SharedArray
 from .refs import Ref
 from .store import Store, connect, destroy
 from .stores import collect_stale

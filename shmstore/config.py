@@ -256,7 +256,7 @@ def log_level() -> int:
 
 def log_file() -> str | None:
     """``SHMSTORE_LOG_FILE``: the file spill processes append their log to (``stderr``: the creating process's
-    stderr, whatever it is); None when unset (see :func:`shmstore.kernel.procs.spill_output`)."""
+    stderr, whatever it is); None when unset (see :func:`shmstore.primitives.procs.spill_output`)."""
     value: str | None = env("LOG_FILE", str)
     return value
 

@@ -17,6 +17,8 @@ import time
 from functools import partial
 from typing import Any, Callable, TypeVar
 
+from .client.batches import batch_error
+from .client.kernel import Kernel
 from .config import Config
 from .errors import (
     InvalidArgumentError,
@@ -26,10 +28,9 @@ from .errors import (
     SpillError,
     StorageFullError,
 )
-from .kernel import Kernel, NodeStore
-from .kernel import layout as L
-from .kernel.batches import batch_error
 from .levels import Capacity, Level, ObjectInfo
+from .meta import layout as L
+from .node.nodestore import NodeStore
 from .spill import requests
 from .spill.policy import spill_candidates
 from .units import format_size

@@ -1,7 +1,7 @@
 """The user API: :func:`connect`, :class:`Store`, :func:`destroy`.
 
 A :class:`Store` is one process's connection to its node's store: a client
-slot, a :class:`~shmstore.kernel.Kernel` for its session, and the policy the
+slot, a :class:`~shmstore.client.kernel.Kernel` for its session, and the policy the
 kernel leaves out (priority lists of levels, waiting for the spill process).
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .client.kernel import NO_DEFAULT, Kernel, check_get_args
 from .config import Config, explicit_settings
 from .errors import (
     ConfigError,
@@ -28,20 +29,19 @@ from .errors import (
     StoreClosedError,
     StoreInUseError,
 )
-from .kernel import Kernel, NodeStore
-from .kernel import layout as L
-from .kernel.check import check as check_node
-from .kernel.interrupts import guard as guard_signals
-from .kernel.interrupts import interruptible
-from .kernel.kernel import NO_DEFAULT, check_get_args
-from .kernel.node import pid_alive, reap_children, store_prefix
-from .kernel.procs import stop_spawned
-from .kernel.segment import unlink_segment, unlink_semaphore
-from .kernel.settings import ignored_settings
 from .levels import Capacity, Level, ObjectInfo, parse_levels
 from .levels.registry import open_levels
+from .levels.spillfiles import of_store
 from .mapping import StoreMapping
+from .meta import layout as L
+from .node.check import check as check_node
+from .node.nodestore import NodeStore, pid_alive, reap_children, store_prefix
+from .node.settings import ignored_settings
 from .placement import DEFAULT_PUT_LEVELS, DEVICE_PUT_LEVELS, Placement
+from .primitives.interrupts import guard as guard_signals
+from .primitives.interrupts import interruptible
+from .primitives.procs import stop_spawned
+from .primitives.segment import unlink_segment, unlink_semaphore
 from .refs import Ref
 from .refs import new_key as new_ref_key
 from .spill.requests import request_arena
@@ -108,7 +108,7 @@ class Store:
     @property
     def node_store(self) -> NodeStore:
         """The node's metadata store under this connection: the inspection seam for tools and tests (its
-        table, usage, locks and spill process, as :mod:`shmstore.kernel.node` documents them). Storing and
+        table, usage, locks and spill process, as :mod:`shmstore.node.nodestore` documents them). Storing and
         reading objects never needs it."""
         return self._node_checked()
 
@@ -453,7 +453,7 @@ class Store:
             "persistent": bool(L.HEAD.get(node.buf, "flags") & L.FLAG_PERSIST),
             "objects": node.nobjects(),
             "levels": {lv.name.lower(): c._asdict() for lv, c in self._placement.capacity().items()},
-            "spill_dir": node.disk.path,
+            "spill_dir": node.spill_path,
             "moving": _moving(node),
             "clients": [{"pid": pid, "alive": pid_alive(pid, start), "slot": slot}
                         for slot, pid, start in node.clients()],
@@ -621,6 +621,7 @@ def destroy(name: str | None = None, force: bool = False, node: str | None = Non
                 raise StoreInUseError(f"store {cfg.name!r} has {len(live)} attached client(s) (pids "
                                       f"{', '.join(map(str, live[:8]))}); close them or pass force=True")
             L.HEAD.set(ns.buf, "state", L.STATE_DESTROYING)
+        of_store(ns).remove_all()  # its spill files (no level is opened here: see NodeStore.unlink)
         ns.unlink()
     finally:
         ns.close()

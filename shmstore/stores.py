@@ -6,7 +6,7 @@ store's name. So:
 
 - nothing is opened before it is known to be a regular file owned by the uid
   its name carries (``lstat``, then ``O_NONBLOCK | O_NOFOLLOW`` and ``fstat``:
-  see :mod:`shmstore.kernel.files`). A FIFO, socket, symbolic link, directory,
+  see :mod:`shmstore.primitives.files`). A FIFO, socket, symbolic link, directory,
   another user's file, a file too short for a header, a header that is not
   ours, of another layout version or naming another store than its file name:
   skipped with a logged warning, never waited on, never removed. A FIFO made
@@ -16,12 +16,12 @@ store's name. So:
   listing says so first; then, right before removing it, the same is decided
   again under the store's ADMIN lock, where it is marked ``destroying`` (a
   client may have attached since the listing). That is the janitor's own
-  protocol (see :mod:`shmstore.kernel.node`): a client registering under the
+  protocol (see :mod:`shmstore.node.nodestore`): a client registering under the
   same lock either came first (the store stays) or sees ``destroying`` and
   starts a fresh store.
 - only the store's own names go: ``-arena``, ``-wake``, the files of its
   incarnation in its spill directory (a newer or older store of the same
-  name may share the directory: see :mod:`shmstore.kernel.spilldir`) and
+  name may share the directory: see :mod:`shmstore.levels.spillfiles`) and
   ``-meta`` last, each only if it belongs to the store's owner.
 """
 from __future__ import annotations
@@ -33,12 +33,12 @@ import stat
 from typing import Any
 
 from .errors import PermissionDeniedError, ShmStoreError
-from .kernel import layout as L
-from .kernel.files import SAFE_OPEN, open_regular
-from .kernel.lock import ShmLock
-from .kernel.node import pid_alive, store_prefix
-from .kernel.segment import Segment, list_segments, segment_path, unlink_segment, unlink_semaphore
-from .kernel.spilldir import incarnation, remove_dir
+from .levels.spillfiles import incarnation, remove_dir
+from .meta import layout as L
+from .meta.lock import ShmLock
+from .node.nodestore import pid_alive, store_prefix
+from .primitives.files import SAFE_OPEN, open_regular
+from .primitives.segment import Segment, list_segments, segment_path, unlink_segment, unlink_semaphore
 
 __all__ = ["list_stores", "collect_stale"]
 
@@ -230,7 +230,7 @@ def _remove_spill_files(root: str, folder: str, tag: str, uid: int) -> int:
     """Remove the files of the store incarnation ``tag`` in the spill directory ``<root>/<folder>`` of ``uid``,
     then the directory if nothing else is in it and no process has it open; returns how many files went.
 
-    What :meth:`~shmstore.kernel.spilldir.SpillFiles.remove_all` does for the store's own processes, for a
+    What :meth:`~shmstore.levels.spillfiles.SpillFiles.remove_all` does for the store's own processes, for a
     store of maybe another user: the directory is never made, no link is followed, only regular files of
     ``uid`` named for ``tag`` go, and nobody is waited for. A process that has the directory open belongs to
     another incarnation of the name (the stale store has no live process): a store whose names were unlinked

@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from .client.kernel import Kernel
 from .errors import InvalidArgumentError, ShmStoreError, StoreClosedError
-from .kernel import layout as L
-from .kernel.kernel import Kernel
-from .kernel.protocols import Sink
-from .kernel.refs import Contents
-from .kernel.serialize import as_u8
 from .levels import Level
+from .meta import layout as L
+from .meta.keyref import Contents
+from .node.protocols import Sink
+from .node.serialize import as_u8
 from .units import format_size
 
 __all__ = ["Writer", "Reader"]

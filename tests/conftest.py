@@ -10,7 +10,7 @@ import warnings
 import pytest
 
 import shmstore
-from shmstore.kernel.node import reap_children
+from shmstore.node.nodestore import reap_children
 
 from helpers import Bystander, children, of_this_run, shm_segments, unique_name, wait_for
 

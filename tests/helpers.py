@@ -75,7 +75,7 @@ def children() -> list[int]:
 
 def spill_popen(pid: int):
     """The Popen of a spill process this test process started."""
-    from shmstore.kernel.procs import spawned
+    from shmstore.primitives.procs import spawned
     return next(p for p in spawned if p.pid == pid)
 
 
@@ -191,7 +191,7 @@ def hand_over(name: str, spill_dir: str, uid: int) -> None:
     cannot run), then given its names, files and header."""
     import mmap
 
-    from shmstore.kernel import layout as L
+    from shmstore.meta import layout as L
     dead_store(name, spill_dir)
     for seg in [s for s in os.listdir("/dev/shm") if f"-{name}-" in s]:
         new = seg.replace(f"shmstore-{os.getuid()}-", f"shmstore-{uid}-", 1)
@@ -213,7 +213,7 @@ def check_arena(node) -> None:
     """Assert the arena's extents tile it exactly and every live object lies in its extent."""
     import numpy as np
 
-    from shmstore.kernel import layout as L
+    from shmstore.meta import layout as L
     buf, lay = node.buf, node.layout
     with node.alloc_lock:
         ext = L.extent_table(buf, lay).copy()

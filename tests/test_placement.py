@@ -6,9 +6,9 @@ import pytest
 
 import shmstore
 from shmstore import Level
-from shmstore.kernel import Kernel
-from shmstore.kernel import layout as L
+from shmstore.client.kernel import Kernel
 from shmstore.levels import parse_levels
+from shmstore.meta import layout as L
 from shmstore.placement import DEFAULT_PUT_LEVELS, Placement, _request_error, spill_progress_line
 
 

@@ -17,7 +17,7 @@ import pytest
 
 import shmstore
 from shmstore.config import Config
-from shmstore.kernel import layout as L
+from shmstore.meta import layout as L
 from shmstore.stores import _remove_if_stale, list_stores
 
 from helpers import ROOT, Child, dead_store, hand_over, shm_segments, spill_running, wait_for
@@ -258,7 +258,7 @@ s.put('a0', np.arange(50_000), levels=[shmstore.Level.DISK])
 seg = s.node_store.prefix.lstrip('/')
 for path in (f'/dev/shm/{seg}-meta', f'/dev/shm/{seg}-arena', f'/dev/shm/sem.{seg}-wake'):
     os.unlink(path)  # a cleaner's rm: this store goes on, and the next connect makes a new one under the name
-print(s.node_store.disk.tag, flush=True)
+print(s.node_store.levels[shmstore.Level.DISK].files.tag, flush=True)
 sys.stdin.readline()
 np.testing.assert_array_equal(s.get('a0'), np.arange(50_000))
 assert s.check() == [], s.check()

@@ -100,7 +100,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SerializationError, StorageFullError, StoreClosedError
-from ..kernel.views import SharedArray
+from ..node.views import SharedArray
 from ..store import Store, connect
 from .dask_keys import BOOT_ID, decode_key, encode_key, new_prefix, owner_alive, owner_of, store_key
 

@@ -19,13 +19,13 @@ from collections.abc import Hashable
 from typing import Any
 
 from ..errors import InvalidKeyError
-from ..kernel.procs import pid_alive, proc_start_time
+from ..primitives.procs import pid_alive, proc_start_time
 
 __all__ = ["PREFIX", "encode_key", "decode_key", "is_literal", "new_prefix", "store_key", "owner_of",
            "owner_alive", "BOOT_ID"]
 
 PREFIX = "dask/"
-MAX_KEY = 255  # bytes of a store key (shmstore.kernel.keys)
+MAX_KEY = 255  # bytes of a store key (shmstore.meta.keys)
 _LITERALS = (str, bytes, int, float, bool, type(None))
 _mappings = itertools.count()  # this process's mappings: one prefix each
 

@@ -46,7 +46,7 @@ from distributed.protocol.numpy import deserialize_numpy_ndarray, serialize_nump
 from distributed.protocol.serialize import dask_deserialize, dask_serialize
 
 from ..errors import ShmStoreError, StoreClosedError, TransferError
-from ..kernel.views import SharedArray
+from ..node.views import SharedArray
 from ..store import observe
 from .dask import BOOT_ID, DaskSharedArray, open_mapping, transfer_stats
 

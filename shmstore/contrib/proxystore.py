@@ -54,8 +54,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import errors
-from ..kernel import layout as L
-from ..kernel import serialize as _codec
+from ..meta import layout as L
+from ..node import serialize as _codec
 from ..store import Store, connect
 from ..values import Level
 

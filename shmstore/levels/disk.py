@@ -1,4 +1,4 @@
-"""The DISK level: one file per object in the store's spill directory (:mod:`shmstore.kernel.spilldir`),
+"""The DISK level: one file per object in the store's spill directory (:mod:`shmstore.levels.spillfiles`),
 counted against a quota.
 
 Files are scratch, not persistence (see the spill directory's notes for naming, safety and how two
@@ -15,13 +15,15 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import PermissionDeniedError, SpillError, StorageFullError
-from ..kernel import layout as L
-from ..kernel import serialize
-from ..kernel.protocols import LevelHost
-from ..kernel.spilldir import SpillFiles
+from ..meta import layout as L
+from ..meta.keyref import Contents, KeyRef, Reservation
+from ..node import serialize
+from ..node.protocols import LevelHost, PutContext
+from ..node.serialize import Encoded
 from ..units import format_size
 from ..values import Level
 from .device import is_device_array, to_host
+from .spillfiles import SpillFiles, of_store
 
 __all__ = ["DiskLevel", "FileSink", "disk_error"]
 
@@ -46,8 +48,8 @@ class DiskLevel:
     change it pays for, so that it always equals what the table charges
     (:meth:`charged`; derived again by :meth:`recount_locked` when a holder
     of the ALLOC lock died). Built from the store's
-    :class:`~shmstore.kernel.protocols.LevelHost` and owned by it; its files
-    are the store's spill directory (``host.disk``). Process-safe through the
+    :class:`~shmstore.node.protocols.LevelHost` and owned by it; its files
+    are the store's spill directory (``spillfiles.of_store``). Process-safe through the
     store's locks and file naming; thread-safe.
     """
 
@@ -57,7 +59,7 @@ class DiskLevel:
 
     def __init__(self, host: LevelHost) -> None:
         self.host = host
-        self.files: SpillFiles = host.disk
+        self.files: SpillFiles = of_store(host)
 
     def available(self) -> str | None:
         return None
@@ -84,12 +86,17 @@ class DiskLevel:
     def _refund_locked(self, size: int) -> None:
         L.ALLOC.set(self.host.buf, "disk_reserved", max(0, L.ALLOC.get(self.host.buf, "disk_reserved") - size))
 
-    def place(self, key: str, idx: int, gen: int, size: int, at: object,
+    def place(self, key: str, idx: int, gen: int, size: int, client: PutContext,
               write_entry: Callable[[int, int, int], None]) -> tuple[int, int, int]:
         with self.host.alloc_lock:  # one section: the quota always equals what the table charges
             self._charge_locked(key, size)
             write_entry(0, 0, 0)
         return 0, 0, 0
+
+    def try_put(self, client: PutContext, ref: KeyRef, what: Encoded | Contents,
+                give_up: Callable[[int, int], object], held: bool = False, seal: bool = True,
+                entry: tuple[int, int] | None = None) -> Reservation | None:
+        return None  # no shortcut: a put on DISK goes the general way
 
     def unplace(self, idx: int, extent: int, flags: int) -> None:
         pass  # the entry carries the charge: it goes when the entry is freed
@@ -186,7 +193,7 @@ class DiskLevel:
         """Remove the files of this store no entry explains (of a killed writer or mover); returns how many.
 
         Only this store's: a newer store under the same name keeps its files beside ours (see
-        ``kernel/spilldir.py``).
+        ``levels/spillfiles.py``).
         """
         return sum(self._remove_stray(name) for name in self.files.names())
 
@@ -215,8 +222,11 @@ class DiskLevel:
     def drop_lost(self) -> int:
         return 0  # files outlive every process
 
+    def remove_files(self) -> int:
+        return self.files.remove_all()
+
     def close(self) -> None:
-        pass
+        self.files.close()
 
 
 class FileSink:

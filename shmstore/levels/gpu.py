@@ -63,12 +63,12 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ..errors import DeviceError, ShmStoreError, StorageFullError
-from ..kernel import layout as L
-from ..kernel import serialize
-from ..kernel.alloc import Allocator
-from ..kernel.protocols import LevelHost, RequestArena
-from ..kernel.table import EntryStolen, owns_entry
-from ..kernel.views import pin_token
+from ..meta import layout as L
+from ..meta.alloc import Allocator
+from ..meta.table import EntryStolen, owns_entry
+from ..node import serialize
+from ..node.protocols import LevelHost, PutContext, RequestArena
+from ..node.views import pin_token
 from ..units import format_size
 from ..values import Level
 from .device import (
@@ -87,12 +87,13 @@ from .device import (
     settle,
     to_host,
 )
-from .gpuarena import STATE_NAMES, Arena, drop_dead_arenas, find_slot, ready_arenas, slot_for, slot_of
+from .gpuarena import STATE_NAMES, Arena, allocator, drop_dead_arenas, find_slot, ready_arenas, slot_for, slot_of
 from .gpumaps import DeviceIds, Mapping, MappingRegistry, view_owner
 from .memory import abort_arena_move, check_arena_objects, unplace_extent
 
 if TYPE_CHECKING:
-    from ..kernel.attach import Attachment
+    from ..meta.keyref import Contents, KeyRef, Reservation
+    from ..node.serialize import Encoded
 
 __all__ = ["GpuLevel", "cupy_or_reason", "device_of", "is_device_array", "to_host", "pin_token", "DEFAULT_FRACTION",
            "DEVICES", "MAPPINGS"]
@@ -108,9 +109,9 @@ def _no_settle(ordinal: int) -> None:
 
 
 class GpuLevel:
-    """Device memory of the node's GPUs (see :class:`~shmstore.kernel.protocols.DeviceLevel`).
+    """Device memory of the node's GPUs (see :class:`~shmstore.node.protocols.DeviceLevel`).
 
-    Built from the store's :class:`~shmstore.kernel.protocols.LevelHost` and
+    Built from the store's :class:`~shmstore.node.protocols.LevelHost` and
     owned by it; holds references to this process's mappings of the arenas
     (``MAPPINGS``, shared by every store of the process), and in the process
     built without ``request_arena`` (the spill process) the arenas' device
@@ -184,7 +185,7 @@ class GpuLevel:
         Raises:
             StorageFullError: the spill process could not make it (device memory, no CUDA there).
         """
-        alloc = self.host.gpu_alloc(slot)
+        alloc = allocator(self.host, slot)
         if alloc is not None:
             return alloc
         if self._request_arena is None:
@@ -194,7 +195,7 @@ class GpuLevel:
             if why is not None:
                 raise StorageFullError(f"no GPU arena for {self._name()}: {why} (see {self.setting})", None,
                                        Level.GPU)
-        alloc = self.host.gpu_alloc(slot)
+        alloc = allocator(self.host, slot)
         if alloc is None:
             raise StorageFullError(f"no GPU arena for {self._name()} ({self.setting})", None, Level.GPU)
         return alloc
@@ -326,7 +327,15 @@ class GpuLevel:
         return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(mem, 0), order=order)
 
     # ---- space ---------------------------------------------------------------------
-    def place(self, key: str, idx: int, gen: int, size: int, at: Attachment,
+    def try_put(self, client: PutContext, ref: KeyRef, what: Encoded | Contents,
+                give_up: Callable[[int, int], object], held: bool = False, seal: bool = True,
+                entry: tuple[int, int] | None = None) -> Reservation | None:
+        return None  # no shortcut: a put on the GPU goes the general way (a device copy, a stream sync)
+
+    def remove_files(self) -> int:
+        return 0  # nothing outside device memory and the metadata
+
+    def place(self, key: str, idx: int, gen: int, size: int, client: PutContext,
               write_entry: Callable[[int, int, int], None]) -> tuple[int, int, int]:
         slot = self._slot(claim=True)
         if slot < 0:
@@ -334,7 +343,7 @@ class GpuLevel:
         arena = self._arena(slot)
         node, eoff = self.host, self.host.layout.entry(idx)
         with node.alloc_lock:
-            if not owns_entry(node.buf, eoff, at.slot, gen):
+            if not owns_entry(node.buf, eoff, client.slot, gen):
                 raise EntryStolen
             rec, off = arena.alloc(size, idx + 1)
             if rec:
@@ -366,7 +375,7 @@ class GpuLevel:
         return self.largest_free_in(self._slot(claim=False))
 
     def largest_free_in(self, slot: int) -> int:
-        alloc = self.host.gpu_alloc(slot) if slot >= 0 else None
+        alloc = allocator(self.host, slot) if slot >= 0 else None
         if alloc is None:
             return 0
         with self.host.alloc_lock:
@@ -437,7 +446,7 @@ class GpuLevel:
                                 key=self.largest_free_in, reverse=True)
         node, eoff = self.host, self.host.layout.entry(idx)
         for s in tried:
-            arena = self._arena(s) if s == slot else self.host.gpu_alloc(s)
+            arena = self._arena(s) if s == slot else allocator(self.host, s)
             if arena is None:
                 continue
             with node.alloc_lock:

@@ -14,13 +14,15 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import StorageFullError
-from ..kernel import layout as L
-from ..kernel.procs import pid_alive
-from ..kernel.protocols import LevelHost
+from ..meta import layout as L
+from ..meta.alloc import Allocator
+from ..node.protocols import LevelHost
+from ..primitives.procs import pid_alive
 from ..values import Level
 from .gpumaps import UNCLAIMED, claim_slot
 
-__all__ = ["Arena", "slot_of", "arena_of", "slot_for", "find_slot", "ready_arenas", "lose_arena", "drop_dead_arenas"]
+__all__ = ["Arena", "slot_of", "arena_of", "slot_for", "find_slot", "ready_arenas", "lose_arena", "drop_dead_arenas",
+           "allocator"]
 
 STATE_NAMES = ("not made", "being made", "ready", "failed", "lost with the spill process that held it")
 
@@ -32,6 +34,14 @@ class Arena(NamedTuple):
     lo: int
     hi: int
     capacity: int
+
+
+def allocator(host: LevelHost, slot: int) -> Allocator | None:
+    """The allocator of arena ``slot`` if it is ready (metadata only: no device needed)."""
+    g = L.unpack_gpu(host.buf, host.layout, slot)
+    if g.state != L.GPU_READY:
+        return None
+    return Allocator(host.buf, host.layout, g.capacity, gpu=slot)
 
 
 def slot_of(offset: int) -> int:

@@ -34,7 +34,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any, Callable
 
 from ..errors import DeviceError
-from ..kernel.interrupts import finalizer
+from ..primitives.interrupts import finalizer
 
 __all__ = ["device_key", "DeviceIds", "claim_slot", "Mapping", "MappingRegistry", "ViewOwner", "view_owner"]
 

@@ -1,32 +1,30 @@
 """The MEMORY level: the node store's shared-memory arena, cut by its extent allocator.
 
 Small objects are cut from the putting client's current chunk
-(``kernel/cache.py``), others get an extent of their own, which the entry
+(``node/supplies.py``), others get an extent of their own, which the entry
 names in the ALLOC-locked section that allocates it (two-way ownership:
-``kernel/alloc.py``). The C fast path (``kernel/_fast.c``) is a shortcut of
+``meta/alloc.py``). The C fast path (``meta/_fast.c``) is a shortcut of
 :meth:`MemoryLevel.place` plus :meth:`MemoryLevel.write` for small values.
 """
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
 
 from ..errors import StorageFullError
-from ..kernel import layout as L
-from ..kernel import serialize
-from ..kernel.fastpath import codes
-from ..kernel.protocols import LevelHost
-from ..kernel.refs import Contents, KeyRef, Reservation, being_written_error, exists_error
-from ..kernel.table import EntryStolen, owns_entry
+from ..meta import layout as L
+from ..meta.fastpath import codes
+from ..meta.keyref import Contents, KeyRef, Reservation, being_written_error, exists_error
+from ..meta.table import EntryStolen, owns_entry
+from ..node import serialize
+from ..node.protocols import LevelHost, PutContext
 from ..units import format_size
 from ..values import Level
 from .device import is_device_array, to_host
 
 if TYPE_CHECKING:
-    from ..kernel.attach import Attachment
-    from ..kernel.serialize import Encoded
+    from ..node.serialize import Encoded
 
 __all__ = ["MemoryLevel", "ArenaSink"]
 
@@ -34,7 +32,7 @@ _MEMORY = int(Level.MEMORY)
 _new = tuple.__new__
 
 
-def _declined(at: Attachment, ref: KeyRef, rc: int) -> None:
+def _declined(client: PutContext, ref: KeyRef, rc: int) -> None:
     """What a C insert or put_small that changed nothing answered ``rc`` calls for: a dead holder's stripe
     lock (held by us now) repaired and released, or the key's error raised.
 
@@ -42,7 +40,7 @@ def _declined(at: Attachment, ref: KeyRef, rc: int) -> None:
         ObjectLockedError: the key is being written. ObjectExistsError: it is present.
     """
     if rc == codes.OWNER_DEAD:  # we hold the lock now and must repair it first
-        at.stripes[ref.stripe].recover_held()
+        client.stripes[ref.stripe].recover_held()
     elif rc == codes.BEING_WRITTEN:
         raise being_written_error(ref.key)
     elif rc == codes.EXISTS:
@@ -50,9 +48,9 @@ def _declined(at: Attachment, ref: KeyRef, rc: int) -> None:
 
 
 class MemoryLevel:
-    """The shm arena of one node store (see :class:`~shmstore.kernel.protocols.MovableLevel`).
+    """The shm arena of one node store (see :class:`~shmstore.node.protocols.MovableLevel`).
 
-    Built from the store's :class:`~shmstore.kernel.protocols.LevelHost` and
+    Built from the store's :class:`~shmstore.node.protocols.LevelHost` and
     owned by it; owns nothing of its own (the arena is the store's).
     Process-safe through the store's locks; thread-safe.
     """
@@ -76,16 +74,16 @@ class MemoryLevel:
         return s.high, s.low
 
     # ---- space ---------------------------------------------------------------------
-    def place(self, key: str, idx: int, gen: int, size: int, at: Attachment,
+    def place(self, key: str, idx: int, gen: int, size: int, client: PutContext,
               write_entry: Callable[[int, int, int], None]) -> tuple[int, int, int]:
-        cache = at.cache
-        if size <= cache.small_max:
-            with cache.chunk_lock:  # until the entry names the chunk (see cache.py)
-                rec, off = cache.carve(size)
+        supply = client.supply
+        if size <= supply.small_max:
+            with supply.chunk_lock:  # until the entry names the chunk (see node/supplies.py)
+                rec, off = supply.carve(size)
                 if rec:
                     write_entry(off, rec, L.FLAG_IN_CHUNK)
                     return off, rec, L.FLAG_IN_CHUNK
-        rec, off = self.alloc_extent(key, idx, gen, size, at.slot)
+        rec, off = self.alloc_extent(key, idx, gen, size, client.slot)
         write_entry(off, rec, 0)
         return off, rec, 0
 
@@ -129,8 +127,8 @@ class MemoryLevel:
             free = node.alloc.free_extents()
         return max((size for _, size in free), default=0)
 
-    # ---- the shortcut for small values: the C fast path (kernel/_fast.c) -----------------------------
-    def try_put(self, at: Attachment, ref: KeyRef, what: Encoded | Contents,
+    # ---- the shortcut for small values: the C fast path (meta/_fast.c) -----------------------------
+    def try_put(self, client: PutContext, ref: KeyRef, what: Encoded | Contents,
                 give_up: Callable[[int, int], object], held: bool = False, seal: bool = True,
                 entry: tuple[int, int] | None = None) -> Reservation | None:
         """:meth:`place` plus :meth:`write` and the entry's insert in one locked C call: with ``what.src``
@@ -153,32 +151,33 @@ class MemoryLevel:
             ObjectExistsError: the key is present. ObjectLockedError: it is being written.
             EntryStolen: (only with ``entry``) another client holds that entry now; nothing changed.
         """
-        cache, src = at.cache, what.src
-        if at.fast is None:
+        supply, src, ops = client.supply, what.src, client.ops
+        if ops is None:
             return None
         if src is not None and what.kind != L.KIND_RAW and (  # raw bytes are one contiguous buffer (encode)
                 what.kind == L.KIND_PICKLE or what.device
                 or (isinstance(src, np.ndarray) and not (src.flags.c_contiguous or src.flags.f_contiguous))):
             return None
-        if src is not None and what.size > cache.small_max:
+        if src is not None and what.size > supply.small_max:
             return None
         if entry is not None:  # EntryStolen goes to the caller, which takes another outside the lock
-            return self._place_and_insert(at, ref, entry, what, give_up, (held, seal))
-        if src is not None and seal and not held and at.ctx is not None:
-            done = self._put_small(at, ref, what)
+            return self._place_and_insert(client, ref, entry, what, give_up, (held, seal))
+        if src is not None and seal and not held and ops.ctx is not None:
+            done = self._put_small(client, ref, what)
             if done is not False:
                 return done
         while True:
-            entry = cache.take_entry(ref.key)
+            entry = supply.take_entry(ref.key)
             try:
-                done = self._place_and_insert(at, ref, entry, what, give_up, (held, seal))
+                done = self._place_and_insert(client, ref, entry, what, give_up, (held, seal))
             except EntryStolen:
                 continue  # another client holds that entry now
             if done is None:
-                cache.entries.append(entry)  # the general way takes an entry of its own
+                supply.entries.append(entry)  # the general way takes an entry of its own
             return done
 
-    def _put_small(self, at: Attachment, ref: KeyRef, what: Encoded | Contents) -> Reservation | None | Literal[False]:
+    def _put_small(self, client: PutContext, ref: KeyRef,
+                   what: Encoded | Contents) -> Reservation | None | Literal[False]:
         """The whole of :meth:`try_put` for a value to copy and seal at once, in one C call (``put_small``: a
         cut of the chunk, the copy, the entry's insert) under the chunk lock: its Reservation; None as
         try_put's; False where this C call cannot do it (a value for a chunk of its own, no chunk to be had,
@@ -187,14 +186,16 @@ class MemoryLevel:
         Raises:
             ObjectExistsError, ObjectLockedError, StorageFullError (the object table is full).
         """
-        cache, put_small, fresh = at.cache, at.fast.put_small, False
+        supply, ops, fresh = client.supply, client.ops, False
+        if ops is None:
+            return False
         while True:
-            if not cache.entries:  # a batch more (StorageFullError: the table is full), outside the chunk lock
-                cache.entries.append(cache.take_entry(ref.key))
-            with cache.chunk_lock:
-                r = put_small(at.ctx, ref.kb, ref.h, what.src, what.meta, what.kind, what.nbytes, what.nblobs,
-                              cache.entries, cache.cut)
-                if r == codes.NO_CUT and not fresh and cache.new_chunk():  # once: a fresh chunk holds any small value
+            if not supply.entries:  # a batch more (StorageFullError: the table is full), outside the chunk lock
+                supply.entries.append(supply.take_entry(ref.key))
+            with supply.chunk_lock:
+                r = ops.put_small(ref, what, supply.entries, supply.cut)
+                # once: a fresh chunk holds any small value
+                if r == codes.NO_CUT and not fresh and supply.new_chunk():
                     fresh = True
                     continue
             if type(r) is tuple:
@@ -202,10 +203,10 @@ class MemoryLevel:
                 return done
             if r == codes.NO_ENTRY:
                 continue
-            _declined(at, ref, r)
+            _declined(client, ref, r)
             return None if r == codes.BUSY or r == codes.OWNER_DEAD else False
 
-    def _place_and_insert(self, at: Attachment, ref: KeyRef, held: tuple[int, int], what: Encoded | Contents,
+    def _place_and_insert(self, client: PutContext, ref: KeyRef, held: tuple[int, int], what: Encoded | Contents,
                           give_up: Callable[[int, int], object],
                           mode: tuple[bool, bool] = (False, True)) -> Reservation | None:
         """Place ``what`` for entry ``held`` = (index, generation), in a cut of the client's chunk or an extent
@@ -214,36 +215,33 @@ class MemoryLevel:
         Raises:
             EntryStolen: the entry is not ours any more (nothing changed).
         """
-        cache, stored = at.cache, L.align(max(what.size, 1))
-        if stored <= cache.small_max:
-            with cache.chunk_lock:  # until the entry names the chunk (see cache.py)
-                rec, off = cache.carve(stored)
+        supply, stored = client.supply, L.align(max(what.size, 1))
+        if stored <= supply.small_max:
+            with supply.chunk_lock:  # until the entry names the chunk (see node/supplies.py)
+                rec, off = supply.carve(stored)
                 if rec:
-                    return self._insert(at, ref, held, what, (off, rec, L.FLAG_IN_CHUNK, stored), give_up, mode)
+                    return self._insert(client, ref, held, what, (off, rec, L.FLAG_IN_CHUNK, stored), give_up, mode)
         try:
-            rec, off = self.alloc_extent(ref.key, held[0], held[1], stored, at.slot)
+            rec, off = self.alloc_extent(ref.key, held[0], held[1], stored, client.slot)
         except StorageFullError:
             return None
-        return self._insert(at, ref, held, what, (off, rec, 0, stored), give_up, mode)
+        return self._insert(client, ref, held, what, (off, rec, 0, stored), give_up, mode)
 
-    def _insert(self, at: Attachment, ref: KeyRef, held: tuple[int, int], what: Encoded | Contents,
+    def _insert(self, client: PutContext, ref: KeyRef, held: tuple[int, int], what: Encoded | Contents,
                 space: tuple[int, int, int, int], give_up: Callable[[int, int], object],
                 mode: tuple[bool, bool] = (False, True)) -> Reservation | None:
         """The locked C call: the entry of ``held`` written and linked (copied and sealed with ``what.src``)
         in ``space`` = (offset, extent, flags, bytes taken); undone where it did not happen. ``mode`` = (the
         caller holds the stripe lock, seal copied bytes): see :meth:`try_put`."""
-        (idx, gen), (off, rec, flags, stored), lay = held, space, at.lay
+        (idx, gen), (off, rec, flags, stored), ops = held, space, client.ops
+        if ops is None:
+            return None
         try:
             data = what.src
-            if data is not None and off + what.size > at.prefault.populated and not flags & L.FLAG_IN_CHUNK:
-                at.prefault.ensure(off, what.size, ref.key)
-            ctime = time.time()
-            rc = at.fast.insert(at.meta_addr, lay.buckets, lay.entries, ref.bucket, ref.h, at.sid, ref.kb,
-                                at.stripe_addrs[ref.stripe], idx, gen, at.slot, off, stored, what.nbytes, ctime,
-                                rec, what.nblobs, what.kind, flags,
-                                L.SEALED if data is not None and mode[1] else L.WRITING,
-                                what.meta, at.meta_addr + lay.stripe_stats(ref.stripe), _MEMORY, data,
-                                at.arena_addr + off, mode[0])
+            if data is not None and off + what.size > client.prefault.populated and not flags & L.FLAG_IN_CHUNK:
+                client.prefault.ensure(off, what.size, ref.key)
+            rc, ctime = ops.insert(ref, held, space, what, L.SEALED if data is not None and mode[1] else L.WRITING,
+                                   mode[0])
         except BaseException:  # maybe after the C call did it all (asynchronous): see Puts.give_up
             give_up(idx, gen)  # an extent of its own is named by the entry and goes with it
             raise
@@ -254,8 +252,8 @@ class MemoryLevel:
         if rc == codes.STOLEN:
             raise EntryStolen
         if rc == codes.BEING_WRITTEN or rc == codes.EXISTS:
-            at.cache.entries.append(held)  # unused: back to the batch
-        _declined(at, ref, rc)
+            client.supply.entries.append(held)  # unused: back to the batch
+        _declined(client, ref, rc)
         return None
 
     def unplace(self, idx: int, extent: int, flags: int) -> None:
@@ -264,6 +262,9 @@ class MemoryLevel:
 
     def drop(self, idx: int, e: L.Entry) -> None:
         pass  # the bytes live in the arena: freeing the extent is all
+
+    def remove_files(self) -> int:
+        return 0  # nothing outside the arena
 
     def free_locked(self, idx: int, e: L.Entry) -> None:
         if e.extent and not e.flags & L.FLAG_IN_CHUNK:

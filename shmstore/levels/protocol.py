@@ -1,5 +1,5 @@
-"""The level protocols, where a level's author looks for them; defined in :mod:`shmstore.kernel.protocols`
+"""The level protocols, where a level's author looks for them; defined in :mod:`shmstore.node.protocols`
 (below the levels, so that the kernel types its seams without importing any level)."""
-from ..kernel.protocols import DeviceLevel, LevelHost, Levels, MovableLevel, RequestArena, Sink, StorageLevel
+from ..node.protocols import DeviceLevel, LevelHost, Levels, MovableLevel, RequestArena, Sink, StorageLevel
 
 __all__ = ["LevelHost", "StorageLevel", "MovableLevel", "DeviceLevel", "Levels", "Sink", "RequestArena"]

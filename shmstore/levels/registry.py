@@ -1,7 +1,7 @@
 """Every storage level, registered in one place, and the one function that opens them on a store.
 
 A new level is a module with a class satisfying the protocols of
-:mod:`shmstore.kernel.protocols` (built from a ``LevelHost``), plus one line
+:mod:`shmstore.node.protocols` (built from a ``LevelHost``), plus one line
 in :data:`LEVELS` (in :data:`DEVICE_LEVELS` for a level whose values are device
 arrays, built with a way to ask for its arenas: a ``DeviceLevel``);
 ``tests/levels/test_conformance.py`` runs the conformance suite over
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..kernel.protocols import DeviceLevel, LevelHost, Levels, MovableLevel, RequestArena
+from ..node.protocols import DeviceLevel, LevelHost, Levels, MovableLevel, RequestArena
 from ..values import Level
 from .disk import DiskLevel
 from .gpu import GpuLevel
@@ -33,7 +33,7 @@ def open_levels(host: LevelHost, request: Callable[[Level, int], str | None] | N
     """One instance of every registered level on the node store ``host``, as this process reaches it.
 
     Args:
-        host: the store's metadata (a :class:`~shmstore.kernel.NodeStore`).
+        host: the store's metadata (a :class:`~shmstore.node.nodestore.NodeStore`).
         request: how a client asks the spill process to make a device level's arena on device ``d``
             (``request(level, d)``: None once made, else why not); None in the process that makes and
             owns the arenas itself (the spill process, a test on a bare store).

@@ -4,7 +4,7 @@
  * application nothing while none do: probe_wait calls MPI_Iprobe of the MPI library mpi4py loaded
  * (its address found by poll.py) back to back for a short window, then after naps that double up to a
  * limit, all with the GIL released. It touches no store; it lives apart from the kernel's fast path
- * (kernel/_fast.c) so that the kernel knows nothing of MPI. Optional like the kernel's extensions:
+ * (meta/_fast.c) so that the kernel knows nothing of MPI. Optional like the kernel's extensions:
  * where it is not built (or SHMSTORE_PURE_PYTHON is set) poll.py probes from Python.
  */
 #define PY_SSIZE_T_CLEAN

@@ -43,10 +43,10 @@ from mpi4py import MPI
 import shmstore
 
 from .. import errors
-from ..kernel import encode_key
-from ..kernel import layout as L
-from ..kernel.kernel import NO_DEFAULT, check_get_args
+from ..client.kernel import NO_DEFAULT, check_get_args
 from ..levels import Level
+from ..meta import layout as L
+from ..meta.keys import encode_key
 from ..refs import Ref, register_cluster_finder
 from ..refs import new_key as new_ref_key
 from ..store import Store

@@ -23,7 +23,7 @@ from .fetch import Fetcher
 from .links import Links
 
 if TYPE_CHECKING:
-    from ..kernel import Kernel
+    from ..client.kernel import Kernel
 
 __all__ = ["Copies"]
 

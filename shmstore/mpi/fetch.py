@@ -36,10 +36,11 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import errors
-from ..kernel import encode_key, migrations
-from ..kernel import layout as L
-from ..kernel.refs import Contents
 from ..levels import Level, parse_levels
+from ..meta import layout as L
+from ..meta.keyref import Contents
+from ..meta.keys import encode_key
+from ..node import inbound
 from ..placement import DEFAULT_PUT_LEVELS
 from . import tags as T
 from . import wire as W
@@ -90,9 +91,9 @@ class Fetcher:
             if not missed and key in self.store:
                 return
             missed = False
-            owner, slot = migrations.begin(node, sid, kb)
+            owner, slot = inbound.begin(node, sid, kb)
             if not owner:
-                err = migrations.wait(node, slot, sid, kb, self.store.config.spill_timeout * 2)
+                err = inbound.wait(node, slot, sid, kb, self.store.config.spill_timeout * 2)
                 if err is None or err == "retry":
                     continue
                 raise _shared_error(key, self.links.name, err)  # the error of the transfer we waited for
@@ -103,12 +104,12 @@ class Fetcher:
                     else:
                         self._pull(key, source, source_copy, levels, block)
             except errors.ObjectNotFoundError:
-                migrations.finish(node, slot)  # a miss leaves no entry: waiters look again and miss too
+                inbound.finish(node, slot)  # a miss leaves no entry: waiters look again and miss too
                 raise
             except BaseException as exc:
-                migrations.finish(node, slot, f"{type(exc).__name__}:{exc}")
+                inbound.finish(node, slot, f"{type(exc).__name__}:{exc}")
                 raise
-            migrations.finish(node, slot)
+            inbound.finish(node, slot)
             return
         if key not in self.store:
             raise errors.TransferError(f"transfer of {key!r} into node {self.links.name!r} kept being interrupted",
@@ -203,11 +204,11 @@ class Fetcher:
             chunk = missing[start: start + T.BATCH]
             mine: list[tuple[str, int]] = []  # (key, migration slot) this rank transfers
             try:
-                begun = migrations.begin_many(node, sid, [encode_key(k) for k in chunk])
+                begun = inbound.begin_many(node, sid, [encode_key(k) for k in chunk])
                 mine = [(k, slot) for k, (owner, slot) in zip(chunk, begun) if owner]
                 landed.update(self._round([k for k, _ in mine], levels, block))
             finally:
-                migrations.finish_many(node, [(slot, None if k in landed or k in self.store else "retry")
+                inbound.finish_many(node, [(slot, None if k in landed or k in self.store else "retry")
                                               for k, slot in mine])
         return landed
 

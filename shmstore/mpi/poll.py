@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 from .. import errors
 from ..config import pure_python, service_idle, service_spin
-from ..kernel.interrupts import interruptible
+from ..primitives.interrupts import interruptible
 
 __all__ = ["prober", "python_prober", "spin_window", "idle_nap", "Pace", "quiet_wait", "quiet_barrier", "settle"]
 

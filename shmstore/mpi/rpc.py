@@ -29,7 +29,7 @@ from typing import Any
 from mpi4py import MPI
 
 from .. import errors
-from ..kernel.interrupts import interruptible
+from ..primitives.interrupts import interruptible
 from . import tags as T
 from . import wire as W
 from .abandon import give_up

@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING, Any, Callable
 from mpi4py import MPI
 
 from .. import errors
-from ..kernel import layout as L
-from ..kernel import native
 from ..levels.device import to_host
+from ..meta import layout as L
+from ..primitives import native
 from . import tags as T
 from . import wire as W
 from .abandon import give_up

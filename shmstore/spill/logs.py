@@ -1,4 +1,4 @@
-"""Where the spill process's log goes (see :func:`shmstore.kernel.procs.spill_output` for the choice).
+"""Where the spill process's log goes (see :func:`shmstore.primitives.procs.spill_output` for the choice).
 
 Its stderr is the creator's only where that is a regular file; otherwise it
 logs to a file, made at the first line so that a store without problems
@@ -17,7 +17,7 @@ from typing import IO
 
 from ..config import log_level
 from ..errors import ShmStoreError
-from ..kernel.files import SAFE_OPEN, check_regular, make_dirs
+from ..primitives.files import SAFE_OPEN, check_regular, make_dirs
 
 __all__ = ["setup_logging"]
 

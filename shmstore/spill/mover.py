@@ -22,7 +22,7 @@ copy is freed, and files are removed before the entries that name them are
 freed. If the spill process is killed mid-move, its replacement's
 :meth:`Mover.recover` rolls every half-done move back before serving
 anything; a killed client's half-done sections are repaired by whoever next
-takes the lock it held (``kernel/repair.py``).
+takes the lock it held (``node/repair.py``).
 """
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import SpillError, StorageFullError
-from ..kernel import layout as L
-from ..kernel.node import NodeStore
-from ..kernel.protocols import MovableLevel
 from ..levels import Level
+from ..meta import layout as L
+from ..node.nodestore import NodeStore
+from ..node.protocols import MovableLevel
 from ..units import format_size
 from .policy import arena_used, spill_candidates, watermark_excess
 
@@ -60,7 +60,6 @@ class Mover:
         self.node = node
         self.buf = node.buf
         self.lay = node.layout
-        self.disk = node.disk  # the store's spill directory (tests wrap its writes and reads)
 
     # ---- helpers -----------------------------------------------------------
     def key_of(self, idx: int) -> str:
@@ -300,7 +299,7 @@ class Mover:
     # ---- recovery ---------------------------------------------------------------
     def recover(self) -> int:
         """Roll back the moves a killed spill process left half done; drop stray files (of this store's: a
-        newer store under the same name keeps its files beside ours, see ``kernel/spilldir.py``).
+        newer store under the same name keeps its files beside ours, see ``levels/spillfiles.py``).
 
         Returns how many moves were rolled back.
         """

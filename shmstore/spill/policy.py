@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernel import layout as L
+from ..meta import layout as L
 
 __all__ = ["spill_candidates", "watermark_excess", "arena_used"]
 

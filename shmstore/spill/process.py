@@ -35,11 +35,12 @@ from typing import Callable
 
 from ..config import Config
 from ..errors import ConfigError, ShmStoreError, StorageFullError
-from ..kernel import NodeStore, migrations
-from ..kernel import layout as L
-from ..kernel.janitor import janitor_pass, sweep_deleted
 from ..levels import Level
 from ..levels.registry import open_levels
+from ..meta import layout as L
+from ..node import inbound
+from ..node.janitor import janitor_pass, sweep_deleted
+from ..node.nodestore import NodeStore
 from ..units import format_size
 from . import requests
 from .logs import setup_logging
@@ -147,7 +148,7 @@ class _Spiller:
             log.info("%s: reclaimed client pid %d (slot %d): %d unsealed/deleted object(s), %s",
                         self.label, pid, slot, dropped, format_size(freed))
         sweep_deleted(self.node)
-        migrations.clear_dead(self.node)
+        inbound.clear_dead(self.node)
         if L.ALLOC.get(self.node.buf, "retired"):
             self.node.reclaim_retired()
 
@@ -201,7 +202,7 @@ class _Spiller:
         whose files share the directory)."""
         if self.node.meta.named() is not False or self.node.clients():
             return False
-        files = self.node.disk.remove_all()
+        files = self.node.remove_level_files()
         log.warning("%s: the store's shared memory was removed without shmstore (not by destroy or gc) and "
                     "no client is left; exiting%s", self.label, f", removed {files} spill file(s)" if files else "")
         return True

@@ -20,9 +20,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from ..kernel import layout as L
-from ..kernel.interrupts import interruptible
-from ..kernel.node import NodeStore
+from ..meta import layout as L
+from ..node.nodestore import NodeStore
+from ..primitives.interrupts import interruptible
 
 __all__ = ["submit", "wait", "pending", "complete", "request_arena"]
 

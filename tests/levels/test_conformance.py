@@ -23,14 +23,15 @@ import pytest
 
 import shmstore
 from shmstore.config import Config
-from shmstore.kernel import NodeStore, serialize
-from shmstore.kernel import layout as L
-from shmstore.kernel.attach import Attachment
-from shmstore.kernel.cache import ClientCache
-from shmstore.kernel.check import check
-from shmstore.kernel.janitor import release_all
 from shmstore.levels.protocol import DeviceLevel, MovableLevel, StorageLevel
 from shmstore.levels.registry import DEVICE_LEVELS, LEVELS, open_levels
+from shmstore.meta import layout as L
+from shmstore.node import serialize
+from shmstore.node.check import check
+from shmstore.node.janitor import release_all
+from shmstore.node.nodestore import NodeStore
+from shmstore.node.protocols import PutContext
+from shmstore.node.supplies import ClientSupply
 
 from helpers import Child, wait_for
 
@@ -52,10 +53,11 @@ class Bare:
 
     def __init__(self, node, slot):
         self.node, self.slot = node, slot
-        self.at = Attachment(node, slot, 0, "", ClientCache(node, slot), None)
+        # what a put hands a level: this client's slot and supply (no C operations: the general way)
+        self.client = PutContext(slot, ClientSupply(node, slot), None, node.prefault, node.stripes)
 
     def reserve(self, key: str) -> tuple[int, int]:
-        return self.at.cache.take_entry(key)
+        return self.client.supply.take_entry(key)
 
     def place(self, lv, key: str, size: int) -> tuple[int, int, int, int, int]:
         """Place ``size`` bytes for a new entry as a put does (the entry names its space from the start);
@@ -66,7 +68,7 @@ class Bare:
             def write_entry(off, rec, flags):
                 L.ENTRY_HEAD.pack(self.node.buf, eoff, offset=off, extent=rec, flags=flags, size=size, nbytes=size,
                                   level=int(lv.level))
-            off, rec, flags = lv.place(key, idx, gen, size, self.at, write_entry)
+            off, rec, flags = lv.place(key, idx, gen, size, self.client, write_entry)
         return idx, gen, off, rec, flags
 
     def free(self, lv, idx: int) -> None:
@@ -165,9 +167,9 @@ def test_bare_full_names_the_level_and_places_nothing(bare, level):
     lv = bare.node.levels[level]
     idx, gen = bare.reserve("big")
     with bare.node.stripe_of(idx), pytest.raises(shmstore.StorageFullError) as exc:
-        lv.place("big", idx, gen, lv.total() + MiB, bare.at, lambda off, rec, flags: None)
+        lv.place("big", idx, gen, lv.total() + MiB, bare.client, lambda off, rec, flags: None)
     assert exc.value.level == level and lv.setting.split()[0] in str(exc.value)
-    bare.at.cache.entries.append((idx, gen))
+    bare.client.supply.entries.append((idx, gen))
 
 
 def test_bare_orphans_are_what_no_entry_explains(bare, level):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import shmstore
-from shmstore.kernel.spilldir import SpillFiles
+from shmstore.levels.spillfiles import SpillFiles
 
 
 @pytest.fixture
@@ -163,7 +163,7 @@ def test_components_planted_while_they_are_made_are_refused_never_followed(tmp_p
     import sys
 
     from shmstore.errors import PermissionDeniedError
-    from shmstore.kernel.files import make_dirs
+    from shmstore.primitives.files import make_dirs
     if os.getuid() != 0:
         pytest.skip("the attacker must be another user (a link of this user's own is followed by design): needs root")
     import pathlib

@@ -17,9 +17,10 @@ import pytest
 
 import shmstore
 from shmstore import Level
-from shmstore.kernel import layout as L
-from shmstore.kernel.alloc import Allocator
+from shmstore.levels import gpuarena
 from shmstore.levels.gpu import cupy_or_reason, device_of
+from shmstore.meta import layout as L
+from shmstore.meta.alloc import Allocator
 
 from helpers import Child, wait_for
 
@@ -94,10 +95,10 @@ def _arena_with_objects(store, d, cap, owner, sizes, uuid=b""):
         L.set_gpu(buf, lay, d, device=d, base=L.gpu_base(d), capacity=cap, owner=owner, epoch=1, uuid=uuid)
         Allocator(buf, lay, cap, gpu=d).init_arena()
         L.set_gpu(buf, lay, d, state=L.GPU_READY)
-    arena = node.gpu_alloc(d)
+    arena = gpuarena.allocator(node, d)
     for i, size in enumerate(sizes):
         kb = f"g{i}".encode()
-        idx, gen = store.kernel._cache.take_entry(kb.decode())
+        idx, gen = store.kernel._supply.take_entry(kb.decode())
         h, b, stripe = node.table.locate(store.kernel.sid, kb)
         with node.stripes[stripe]:
             with node.alloc_lock:
@@ -126,7 +127,7 @@ def test_gpu_arena_metadata_on_a_real_store(store):
     assert store.check() == []
     assert sorted(i.key for i in store.list(Level.GPU)) == ["g0", "g1"]
     with node.alloc_lock:  # a process died holding the ALLOC lock: the rebuild keeps both arenas tiled
-        from shmstore.kernel.repair import rebuild_allocator
+        from shmstore.node.repair import rebuild_allocator
         rebuild_allocator(node)
     assert store.check() == []
     assert node.levels[Level.GPU].drop_lost() == 2  # the owner is dead: the objects went with its device memory

@@ -11,7 +11,7 @@ import pytest
 
 import shmstore
 from shmstore import Level
-from shmstore.kernel import layout as L
+from shmstore.meta import layout as L
 
 from helpers import ROOT, shm_segments, wait_for
 

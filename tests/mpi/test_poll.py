@@ -27,7 +27,7 @@ def test_a_prober_finds_a_waiting_message_and_gives_up_after_its_limit(monkeypat
 
 
 def test_the_kernel_extension_knows_no_mpi():
-    fast = pytest.importorskip("shmstore.kernel._fast")
+    fast = pytest.importorskip("shmstore.meta._fast")
     assert not hasattr(fast, "probe_wait")
 
 

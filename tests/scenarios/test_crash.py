@@ -23,10 +23,10 @@ import pytest
 
 import shmstore
 from shmstore import Level
-from shmstore.kernel import NodeStore
-from shmstore.kernel import layout as L
-from shmstore.kernel.table import find_entry
 from shmstore.levels.registry import open_levels
+from shmstore.meta import layout as L
+from shmstore.meta.table import find_entry
+from shmstore.node.nodestore import NodeStore
 
 from helpers import spill_running, wait_for
 
@@ -382,16 +382,17 @@ def test_allocator_repair_during_a_move_keeps_the_movers_extents(crash_store, di
     node.use_levels(open_levels(node))  # as the spill process opens them
     try:
         mover = Mover(node)
-        copy = mover.disk.write if direction == "spill" else mover.disk.read_into
+        files = node.levels[Level.DISK].files  # the DISK level's spill files, which the mover writes and reads
+        copy = files.write if direction == "spill" else files.read_into
 
         def copy_then_repair(*args, **kw):
             copy(*args, **kw)
             _die_holding_alloc(store)  # between the mover's first and last step
 
         if direction == "spill":
-            mover.disk.write = copy_then_repair
+            files.write = copy_then_repair
         else:
-            mover.disk.read_into = copy_then_repair
+            files.read_into = copy_then_repair
         idx, e, _ = store.kernel.lookup(store.kernel.begin("victim"), False)
         moved = mover.spill(idx, e[L.E_GEN]) if direction == "spill" else mover.restore(idx, e[L.E_GEN])
         assert moved > 0

@@ -43,8 +43,9 @@ import pytest
 
 import shmstore
 from shmstore import Level
-from shmstore.kernel import fastpath, interrupts
-from shmstore.kernel import layout as L
+from shmstore.meta import fastpath
+from shmstore.meta import layout as L
+from shmstore.primitives import interrupts
 
 from .test_crash import PKG, assert_consistent, crc_of, kill_points, settle, values
 
@@ -111,7 +112,7 @@ def private_state_problems(store, mode: str) -> list[str]:
     if shared != local:
         problems.append(f"pin bytes {sorted(shared)} but local pins {sorted(local)}")
     reserved = set(np.flatnonzero((t["state"] == L.RESERVED) & (t["writer"] == slot)).tolist())
-    cached = {i for i, g in k._cache.entries if L.ENTRY_HEAD.get(buf, lay.entry(i), "gen") == g}
+    cached = {i for i, g in k._supply.entries if L.ENTRY_HEAD.get(buf, lay.entry(i), "gen") == g}
     if reserved != cached and not (mode == "async" and reserved > cached):
         problems.append(f"reserved entries {sorted(reserved)} but cached {sorted(cached)}")
     writing = np.flatnonzero((t["state"] == L.WRITING) & (t["writer"] == slot)).tolist()
@@ -642,7 +643,7 @@ def test_ctrl_c_inside_a_views_finalizer_reaches_the_program_not_swallowed(store
     """A view's unpin runs wherever the garbage collector frees it: Ctrl-C landing inside it waits for
     the program's next line (raised inside the finalizer, Python would print 'Exception ignored' and drop
     it)."""
-    from shmstore.kernel import views
+    from shmstore.node import views
     store.put("v", np.arange(1000))
     reached = []
 

@@ -9,7 +9,7 @@ import numpy as np
 
 import shmstore
 from shmstore import Level
-from shmstore.kernel import layout as L
+from shmstore.meta import layout as L
 
 from helpers import Child, shm_segments, spill_popen, spill_running, wait_for
 
@@ -114,7 +114,7 @@ s.close()
 
 KILLS_ITS_SPILL_PROCESS = """
 import os, signal, sys, time, numpy as np, shmstore
-from shmstore.kernel.procs import spawned
+from shmstore.primitives.procs import spawned
 for i, wait in enumerate(['none'] * 3 + ['zombie']):
     s = shmstore.connect(os.environ['N'] + str(i), capacity='16MiB', spill_dir=os.environ['D'])
     s.put('a', np.arange(300_000))

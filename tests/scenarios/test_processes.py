@@ -14,7 +14,7 @@ import pytest
 import shmstore
 from shmstore import Level
 from shmstore.config import Config
-from shmstore.kernel import layout as L
+from shmstore.meta import layout as L
 
 from helpers import Child, check_arena, shm_segments, spill_processes, spill_running, wait_for
 

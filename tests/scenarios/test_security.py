@@ -12,9 +12,9 @@ import pytest
 import shmstore
 from shmstore import Level
 from shmstore.config import Config
-from shmstore.kernel import layout as L
-from shmstore.kernel.node import store_prefix
-from shmstore.kernel.segment import Segment
+from shmstore.meta import layout as L
+from shmstore.node.nodestore import store_prefix
+from shmstore.primitives.segment import Segment
 
 from helpers import shm_segments, wait_for
 

@@ -21,13 +21,14 @@ import numpy as np
 import pytest
 
 from shmstore import Level
+from shmstore.client.kernel import Kernel
 from shmstore.config import Config
 from shmstore.errors import StorageFullError
-from shmstore.kernel import Kernel, NodeStore
-from shmstore.kernel import layout as L
-from shmstore.kernel.check import check
-from shmstore.kernel.spilldir import SpillFiles, incarnation
 from shmstore.levels.registry import open_levels
+from shmstore.levels.spillfiles import SpillFiles, incarnation
+from shmstore.meta import layout as L
+from shmstore.node.check import check
+from shmstore.node.nodestore import NodeStore
 from shmstore.spill.mover import MoveError, Mover
 
 MiB = 1 << 20
@@ -72,7 +73,7 @@ class Bare:
         return self.node.levels[MEM].largest_free()
 
     def files(self) -> list[str]:
-        return sorted(self.node.disk.names())
+        return sorted(self.node.levels[Level.DISK].files.names())
 
     def moving(self, idx: int) -> bool:
         return bool(L.entry(self.node.buf, self.node.layout.entry(idx)).flags & L.FLAG_MOVING)
@@ -194,7 +195,7 @@ def test_a_spill_that_cannot_write_rolls_back_and_says_why(bare):
     idx, gen, size = bare.put("k", VALUES["large"])
     want, before = bare.crc("k"), bare.free_memory()
     failures = L.unpack_spill_state(bare.node.buf).failures
-    blocker = bare.node.disk.path
+    blocker = bare.node.spill_path
     with open(blocker, "w") as f:
         f.write("not a directory")
     try:
@@ -399,11 +400,11 @@ def test_recover_rolls_back_a_mover_killed_mid_move(bare, start, point):
 def test_recover_removes_the_files_no_entry_explains_and_only_this_stores(bare):
     """Files of this store that no entry explains (a killed writer's ``.tmp``, a file of a freed entry, one
     of an other generation of a live entry) go; the object's own file, another incarnation's files (a
-    newer store under the same name keeps its files beside ours, see ``kernel/spilldir.py``) and files that
+    newer store under the same name keeps its files beside ours, see ``levels/spillfiles.py``) and files that
     are not shmstore's stay."""
     idx, gen, _ = bare.put("k", VALUES["large"], DISK)
     want = bare.crc("k")
-    mine = bare.node.disk
+    mine = bare.node.levels[Level.DISK].files
     data = [(0, memoryview(b"x" * 4096))]
     free = next(i for i in range(bare.node.layout.max_objects) if i != idx)
     mine.write(free, 1, data, 4096)  # a file of an entry that is free

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shmstore.kernel import layout as L
+from shmstore.meta import layout as L
 from shmstore.spill.policy import spill_candidates, watermark_excess
 
 

@@ -22,11 +22,12 @@ import numpy as np
 import pytest
 
 from shmstore import Level
+from shmstore.client.kernel import Kernel
 from shmstore.config import Config
-from shmstore.kernel import Kernel, NodeStore
-from shmstore.kernel import layout as L
-from shmstore.kernel.check import check
 from shmstore.levels.registry import open_levels
+from shmstore.meta import layout as L
+from shmstore.node.check import check
+from shmstore.node.nodestore import NodeStore
 from shmstore.spill import requests
 from shmstore.spill.process import POLL, TERM_GRACE
 
@@ -172,7 +173,7 @@ def test_sigterm_with_its_client_gone_removes_the_store_and_exits(client, logged
     store (segments and spill files) and exits 0, its log saying so."""
     assert 2 * POLL < TERM_GRACE / 2
     client.kernel.put("d", np.arange(100_000), Level.DISK)
-    folder = client.node.disk.path
+    folder = client.node.spill_path
     pid = client.start_spill()
     assert client.segments() and os.listdir(folder)
     os.kill(pid, signal.SIGTERM)

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from shmstore.kernel import layout as L
+from shmstore.meta import layout as L
 from shmstore.spill import requests
 
 

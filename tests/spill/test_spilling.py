@@ -12,7 +12,7 @@ import pytest
 
 import shmstore
 from shmstore import Level
-from shmstore.kernel import layout as L
+from shmstore.meta import layout as L
 
 from helpers import ROOT, Child, spill_running, wait_for
 
@@ -43,7 +43,7 @@ def check_accounting(store) -> None:
 
 
 def spill_files(store) -> list[str]:
-    return sorted(store.node_store.disk.names())
+    return sorted(store.node_store.levels[shmstore.Level.DISK].files.names())
 
 
 def test_priority_list_spills_lru_objects_to_disk(small):
@@ -193,7 +193,7 @@ s.close()
 def test_failed_spill_leaves_object_readable_and_reports_spill_error(name, tmp_path):
     with shmstore.connect(name, capacity="16MiB", spill_dir=str(tmp_path)) as s:
         spill_pid = s.spill_pid
-        blocker = s.node_store.disk.path
+        blocker = s.node_store.spill_path
         with open(blocker, "w") as f:  # a file where the store's spill directory should be
             f.write("not a directory")
         try:
@@ -311,7 +311,7 @@ sys.stdin.readline()
 def test_store_removal_removes_spill_files(name, tmp_path):
     s = shmstore.connect(name, capacity="8MiB", spill_dir=str(tmp_path))
     s.put("a", b"x" * 1000, levels=[Level.DISK])
-    path = s.node_store.disk.path
+    path = s.node_store.spill_path
     assert os.listdir(path)
     assert os.stat(path).st_mode & 0o777 == 0o700
     s.close()
@@ -346,12 +346,13 @@ s.put('new', np.arange(100_000), levels=[shmstore.Level.DISK])
 deadline = time.monotonic() + 60
 while not s.status()['spill']['heartbeat'] and time.monotonic() < deadline:  # its spill process has started
     time.sleep(0.01)                                                          # (and recovered) by its first beat
-stray = s.node_store.disk.file(5, 7)  # a file this store would take for a stray of its own (no entry 5 of gen 7)
+# a file this store would take for a stray of its own (no entry 5 of gen 7)
+stray = s.node_store.levels[shmstore.Level.DISK].files.file(5, 7)
 open(stray, 'wb').close()
 print(stray, flush=True)
 sys.stdin.readline()
 print(os.path.exists(stray), flush=True)
-s.node_store.disk.unlink('5.7')
+s.node_store.levels[shmstore.Level.DISK].files.unlink('5.7')
 np.testing.assert_array_equal(s.get('new'), np.arange(100_000))
 assert s.check() == [], s.check()
 s.close()
@@ -391,7 +392,8 @@ def test_a_new_store_under_an_unlinked_name_leaves_the_old_store_s_files_alone(n
         child = Child(NEW_STORE, env={"N": name, "D": str(tmp_path)})
         child.readline(timeout=60)  # the new store and its spill process are up
         _check_old(old)
-        old_spill, tag, folder = old.spill_pid, old.node_store.disk.tag, old.node_store.disk.path
+        old_spill, folder = old.spill_pid, old.node_store.spill_path
+        tag = old.node_store.levels[shmstore.Level.DISK].files.tag
         old.close()
         assert wait_for(lambda: not spill_running(old_spill), timeout=15)  # the old store went, with its files
         assert not [f for f in os.listdir(folder) if f.startswith(tag + ".")]
@@ -418,7 +420,7 @@ def test_a_spill_process_started_for_an_unlinked_store_leaves_the_new_one_alone(
         _unlink_names(old)
         child = Child(NEW_STORE, env={"N": name, "D": str(tmp_path)})
         stray = child.readline(timeout=60)
-        folder, dead = old.node_store.disk.path, old.spill_pid
+        folder, dead = old.node_store.spill_path, old.spill_pid
         os.kill(dead, signal.SIGKILL)
         assert wait_for(lambda: not spill_running(dead), timeout=10)
         assert old.spill_pid == dead  # not started again: it would open the new store by name
@@ -449,7 +451,7 @@ def test_the_old_store_leaves_the_directory_to_a_new_one_that_has_it_open(name, 
     old = _old_store_with_spilled_objects(name, str(tmp_path))
     try:
         _unlink_names(old)
-        folder = old.node_store.disk.path
+        folder = old.node_store.spill_path
         with shmstore.connect(name, capacity="8MiB", spill_dir=str(tmp_path)) as new:
             assert new.check() == []  # looks into the directory (none of its files there yet)
             old_spill = old.spill_pid
@@ -470,7 +472,7 @@ def test_a_forked_child_does_not_keep_the_spill_directory(tmp_path):
     from going (for as long as it lives) once the parent has closed its store."""
     import time
 
-    from shmstore.kernel.spilldir import LINGER, SpillFiles
+    from shmstore.levels.spillfiles import LINGER, SpillFiles
     d = SpillFiles(str(tmp_path), "store-dir")
     d.ensure()
     pid = os.fork()

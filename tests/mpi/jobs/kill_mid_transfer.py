@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from shmstore.kernel import layout as L
+from shmstore.meta import layout as L
 from shmstore.mpi import Cluster
 
 with Cluster(name=sys.argv[1], capacity="1GiB", persist=True, prefault=0) as c:

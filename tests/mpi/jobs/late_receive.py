@@ -43,7 +43,7 @@ STOPPER = r"""
 import os, signal, sys, time
 import numpy as np
 import shmstore
-from shmstore.kernel import layout as L
+from shmstore.meta import layout as L
 pid, name, stop_for = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 size = int(sys.argv[4])
 with shmstore.connect(name, node="n0", create=False) as s:

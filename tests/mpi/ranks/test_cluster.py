@@ -13,7 +13,7 @@ import pytest
 
 import shmstore
 from shmstore import Level
-from shmstore.kernel import layout as L
+from shmstore.meta import layout as L
 from shmstore.mpi import tags as T
 from shmstore.mpi import wire as W
 

@@ -1,0 +1,221 @@
+"""Process-shared locks that survive their holder being killed.
+
+:class:`ShmLock` wraps a robust, process-shared pthread mutex living in the
+metadata segment. Uncontended acquire+release is two foreign calls (about a
+microsecond). When a holder dies, the next acquirer gets ``EOWNERDEAD``: the
+lock marks the mutex consistent and runs the ``on_recover`` callback (while
+holding it) so the owner of the guarded data can repair a half-done update.
+
+Finalizers (which may fire from the garbage collector inside a locked
+section of the same thread) must never block on a store lock: they use
+``acquire(blocking=False)`` and defer their work when it fails.
+
+An exception that leaves a locked section without being raised there on
+purpose (a :class:`~shmstore.errors.ShmStoreError` or a private
+:class:`Orderly` one, raised with the guarded data consistent) came from
+somewhere else: an asynchronous exception (``PyThreadState_SetAsyncExc``, a
+signal handler the store's own did not defer, see ``interrupts.py``) or a
+bug, at any instruction of the section. The section may be half done, and
+its holder lives on, so nobody else would repair it: the context manager
+runs the same repair a dead holder's lock gets (``on_recover``) before it
+releases, which leaves the data as consistent as a SIGKILL at that
+instruction would have.
+
+Python checks for asynchronous exceptions when a Python function starts
+and after each call of a C function; it never does between a Python
+function's return and its caller's next instruction, nor inside a C call.
+So ``__enter__`` and ``acquire`` (Python) take the lock inside a ``try``
+that unlocks again, and ``__exit__`` and ``release`` are C methods
+(``_fast.LockBase``) that unlock before any Python runs, except the repair:
+no exception can land between taking the lock and the code that releases
+it. Without the C helper (``SHMSTORE_PURE_PYTHON=1``) the first instruction
+of ``__exit__`` stays such a point; the deferral of signals covers it for
+Ctrl-C.
+"""
+from __future__ import annotations
+
+import errno
+from collections.abc import Sequence
+from typing import Any, Callable, Literal, TypeVar
+
+from ..errors import LockTimeoutError, ShmStoreError
+from ..primitives import native
+from .fastpath import load as _load_fast
+
+__all__ = ["ShmLock", "init_lock", "Orderly", "holding"]
+
+_trylock, _unlock = native.mutex_trylock, native.mutex_unlock
+_SPIN = 40  # trylocks (~0.4 us each) before sleeping in the kernel
+
+
+class Orderly(Exception):
+    """A private control-flow exception raised inside a locked section with the guarded data
+    consistent (no repair needed); never escapes the package."""
+
+
+_ORDERLY = (ShmStoreError, Orderly)
+
+
+_T = TypeVar("_T")
+
+
+def holding(locks: Sequence[ShmLock], fn: Callable[[], _T]) -> _T:
+    """``fn()`` with every lock of ``locks`` held (taken in order), each released whatever happens.
+
+    One ``with`` per lock, nested by recursion: a loop of releases (or an
+    ``ExitStack``) would leave the rest held when an asynchronous exception
+    lands between two of them.
+
+    Raises:
+        LockTimeoutError: a lock stayed taken for its timeout (those taken are released).
+    """
+    if not locks:
+        return fn()
+    with locks[0]:
+        return holding(locks[1:], fn)
+
+
+def init_lock(addr: int) -> None:
+    """Initialise the mutex at ``addr`` (creator only, before publishing)."""
+    native.mutex_init(addr)
+
+
+class _PyLockBase:
+    """The unlocking half of :class:`ShmLock` in Python, where the C helper is not built (or
+    ``SHMSTORE_PURE_PYTHON=1``): the same, but with the one open instruction boundary noted above."""
+
+    __slots__ = ("_mutex",)
+
+    def __init__(self, addr: int) -> None:
+        self._mutex = addr
+
+    def _abandon(self, exc_type: type[BaseException]) -> None:
+        raise NotImplementedError
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> Literal[False]:
+        if exc_type is not None:
+            try:
+                self._abandon(exc_type)
+            finally:
+                _unlock(self._mutex)
+            return False
+        self.release()
+        return False
+
+    def release(self) -> None:
+        """Release the lock (held by this thread)."""
+        rc = _unlock(self._mutex)
+        if rc:
+            raise RuntimeError(f"release of a lock this thread does not hold ({errno.errorcode.get(rc, rc)})")
+
+
+_fast: Any = _load_fast()
+_LockBase: Any = _PyLockBase if _fast is None else _fast.LockBase
+
+
+class ShmLock(_LockBase):  # type: ignore[misc]
+    """A robust process-shared mutex, shaped like ``threading.Lock``.
+
+    Owned by the metadata segment: the segment's creator initialises it, and
+    it disappears with the segment; nobody unlinks a lock. Process-safe and
+    thread-safe, not reentrant.
+
+    Args:
+        addr: address of the mutex inside a mapping that outlives this object.
+        name: used in error messages.
+        timeout: default wait of the context manager, in seconds.
+        on_recover: called, with the lock held, after the previous holder died.
+    """
+
+    __slots__ = ("_addr", "name", "timeout", "_on_recover")
+
+    def __init__(self, addr: int, name: str, timeout: float = 10.0,
+                 on_recover: Callable[[], None] | None = None) -> None:
+        _LockBase.__init__(self, addr)  # __exit__ and release (C where built): unlock before anything else
+        self._addr = addr
+        self.name = name
+        self.timeout = timeout
+        self._on_recover = on_recover
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Acquire the lock; like ``threading.Lock.acquire``.
+
+        Returns:
+            True when acquired, False when not (non-blocking or timed out).
+        """
+        try:
+            return self._finish(_trylock(self._addr), blocking, timeout)
+        except BaseException:  # asynchronous, maybe after the lock was taken: nobody would release it
+            _unlock(self._addr)  # EPERM, harmless, where this thread does not hold it
+            raise
+
+    def _finish(self, rc: int, blocking: bool, timeout: float) -> bool:
+        """Complete an acquire whose trylock returned ``rc`` (nonzero: busy or owner dead)."""
+        if rc == errno.EBUSY and blocking:
+            # Holds last microseconds: spinning a little beats sleeping in the
+            # kernel and being woken (tens of microseconds each way).
+            for _ in range(_SPIN):
+                rc = _trylock(self._addr)
+                if rc != errno.EBUSY:
+                    break
+        if rc == errno.EBUSY and blocking:
+            wait = self.timeout if timeout is None or timeout < 0 else timeout
+            rc = native.mutex_timedlock(self._addr, wait)
+        if rc == 0:
+            return True
+        if rc == native.EOWNERDEAD:
+            native.mutex_consistent(self._addr)
+            if self._on_recover is not None:
+                self._on_recover()
+            return True
+        if rc in (errno.EBUSY, errno.ETIMEDOUT):
+            return False
+        raise OSError(rc, f"lock {self.name}: {errno.errorcode.get(rc, rc)}")
+
+    @property
+    def address(self) -> int:
+        return self._addr
+
+    def recover_held(self) -> None:
+        """The caller took this lock from a dead holder outside this class: repair, then release."""
+        try:
+            if self._on_recover is not None:
+                self._on_recover()
+        finally:
+            self.release()
+
+    def locked(self) -> bool:
+        """True when some thread or process holds the lock (a snapshot)."""
+        if not self._finish(_trylock(self._addr), False, 0):
+            return True
+        _unlock(self._addr)
+        return False
+
+    def __enter__(self) -> ShmLock:
+        try:
+            rc = _trylock(self._addr)
+            if rc == 0:  # the uncontended fast path
+                return self
+            taken = self._finish(rc, True, self.timeout)
+        except BaseException:  # asynchronous, after the lock was taken: __exit__ will not run
+            _unlock(self._addr)  # EPERM, harmless, where this thread does not hold it
+            raise
+        if not taken:
+            raise LockTimeoutError(
+                f"lock {self.name} not acquired within {self.timeout:g} s: another process holds it "
+                f"(raise lock_timeout= / SHMSTORE_LOCK_TIMEOUT, or check for a stopped process)"
+            )
+        return self
+
+    def abandon(self, exc: BaseException) -> None:
+        """What ``__exit__`` does before it unlocks when ``exc`` leaves the section, for a section
+        written as ``acquire()`` / ``try`` / ``release()`` (call it from an ``except`` clause)."""
+        self._abandon(type(exc))
+
+    def _abandon(self, exc_type: type[BaseException]) -> None:
+        """Called by ``__exit__`` (before it unlocks) when an exception leaves the section."""
+        if self._on_recover is not None and not issubclass(exc_type, _ORDERLY):
+            self._on_recover()  # not raised on purpose: the section may be half done (see the module notes)
+
+    def __repr__(self) -> str:
+        return f"<ShmLock {self.name}>"

@@ -1,0 +1,1 @@
+"""Tests of shmstore/client/, one file per module (a package: names may repeat those of other test folders)."""

@@ -1,1 +1,0 @@
-"""Tests of shmstore/kernel/, one file per module (a package: names may repeat those of other test folders)."""

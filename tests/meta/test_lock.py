@@ -1,0 +1,104 @@
+"""ShmLock: threading.Lock semantics, timeouts, recovery from a killed holder."""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from shmstore.errors import LockTimeoutError
+from shmstore.meta.lock import ShmLock, init_lock
+from shmstore.primitives.segment import Segment
+
+from helpers import Child
+
+
+@pytest.fixture
+def seg():
+    s = Segment.create(f"/shmstore-locktest-{uuid.uuid4().hex[:8]}", 4096)
+    init_lock(s.address)
+    yield s
+    s.close()
+    s.unlink()
+
+
+def child_code(name: str, body: str) -> str:
+    return f"""
+import sys, time
+from shmstore.primitives.segment import Segment
+from shmstore.meta.lock import ShmLock
+seg = Segment.attach({name!r})
+lock = ShmLock(seg.address, 'test')
+{body}
+"""
+
+
+def test_acquire_release_locked(seg):
+    lock = ShmLock(seg.address, "t", timeout=1)
+    assert not lock.locked()
+    assert lock.acquire()
+    assert lock.locked()
+    assert not lock.acquire(blocking=False)
+    lock.release()
+    assert not lock.locked()
+    with lock:
+        assert lock.locked()
+    assert not lock.locked()
+
+
+def test_timeout_between_threads(seg):
+    lock = ShmLock(seg.address, "t", timeout=0.2)
+    lock.acquire()
+    result = []
+    t = threading.Thread(target=lambda: result.append(lock.acquire(timeout=0.1)))
+    t.start()
+    t.join(5)
+    assert result == [False]
+    err = []
+
+    def ctx():
+        try:
+            with lock:
+                pass
+        except LockTimeoutError as exc:
+            err.append(exc)
+    t = threading.Thread(target=ctx)
+    t.start()
+    t.join(5)
+    assert err and "lock_timeout" in str(err[0]) and isinstance(err[0], TimeoutError)
+    lock.release()
+
+
+def test_holder_killed_with_sigkill_is_recovered(seg):
+    recovered = []
+    lock = ShmLock(seg.address, "t", timeout=5, on_recover=lambda: recovered.append(True))
+    child = Child(child_code(seg.name, "lock.acquire()\nprint('held', flush=True)\ntime.sleep(60)"))
+    assert child.readline() == "held"
+    assert lock.locked()
+    child.kill()
+    t0 = time.monotonic()
+    assert lock.acquire(timeout=5)
+    assert time.monotonic() - t0 < 2 and recovered == [True]
+    lock.release()
+    assert lock.acquire(blocking=False)  # consistent again: no second recovery
+    lock.release()
+    assert recovered == [True]
+
+
+def test_mutual_exclusion_across_processes(seg):
+    # a non-atomic read-modify-write of a counter next to the lock
+    body = """
+import struct
+for _ in range(3000):
+    with lock:
+        v = struct.unpack_from('<q', seg.mm, 64)[0]
+        struct.pack_into('<q', seg.mm, 64, v + 1)
+print('done', flush=True)
+"""
+    kids = [Child(child_code(seg.name, body)) for _ in range(3)]
+    for k in kids:
+        assert k.readline(60) == "done"
+        k.wait()
+    import struct
+    assert struct.unpack_from("<q", seg.mm, 64)[0] == 9000
