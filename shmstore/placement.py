@@ -33,6 +33,7 @@ from .meta import layout as L
 from .node.nodestore import NodeStore
 from .spill import requests
 from .spill.policy import spill_candidates
+from .spill.supervisor import ensure_spill
 from .units import format_size
 
 __all__ = ["Placement", "DEFAULT_PUT_LEVELS", "DEVICE_PUT_LEVELS"]
@@ -114,7 +115,7 @@ class Placement:
             return
         s = L.unpack_spill_state(self.node.buf)
         if time.time() - s.heartbeat > _SPILL_STALE:
-            self.node.ensure_spill()
+            ensure_spill(self.node)
         if self.node.used(L.LEVEL_MEMORY) > s.high * self.node.capacity:
             self.node.wake.post()
 

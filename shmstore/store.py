@@ -45,6 +45,7 @@ from .primitives.segment import unlink_segment, unlink_semaphore
 from .refs import Ref
 from .refs import new_key as new_ref_key
 from .spill.requests import request_arena
+from .spill.supervisor import ensure_spill, log_path, spill_alive, spill_booted
 from .streams import Reader, Writer
 
 __all__ = ["Store", "connect", "destroy", "observe"]
@@ -91,7 +92,7 @@ class Store:
             self._kernel = Kernel(node, slot, config.session, on_detach=self._on_detach)
             self._placement = Placement(self._kernel, node, config)
             if not observe:
-                node.ensure_spill()
+                ensure_spill(node)
                 node.prefault.start(config.prefault)
         except BaseException:
             node.deregister(slot)
@@ -133,7 +134,7 @@ class Store:
     @property
     def spill_pid(self) -> int:
         """Pid of this node store's spill process (restarted here if it died)."""
-        return self._node_checked().ensure_spill()
+        return ensure_spill(self._node_checked())
 
     def wait_prefaulted(self, nbytes: int, timeout: float = 60.0) -> bool:
         """Wait until the first ``nbytes`` of the arena are faulted in (by the background thread of the
@@ -459,7 +460,7 @@ class Store:
                         for slot, pid, start in node.clients()],
             "spill": {"pid": spill, "alive": pid_alive(spill),
                       "heartbeat": L.unpack_spill_state(node.buf).heartbeat,  # time.time() of its last round
-                      "log": node.log_path if os.path.lexists(node.log_path) else None},  # problems it logged
+                      "log": log_path(node) if os.path.lexists(log_path(node)) else None},  # problems it logged
         }
 
     def wait_spill_ready(self, timeout: float = 10.0) -> bool:
@@ -486,7 +487,7 @@ class Store:
         node, self._node = self._node, None
         if node is not None:
             if remaining == 0 and not self._observe:
-                if node.spill_alive() and node.spill_booted():
+                if spill_alive(node) and spill_booted(node):
                     node.wake.post()  # the janitor removes the store now rather than at its next round
                 elif node.remove_if_unused() is not None:  # no janitor (yet) to do it: the last client does,
                     stop_spawned(node.spill_pid())  # and a spill process of ours still importing need not finish
@@ -652,8 +653,8 @@ def _close_at_exit() -> None:
 def _wait_spill_ready(node: NodeStore, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     nap = 0.001
-    while not node.spill_booted():
-        if not node.spill_alive() or time.monotonic() >= deadline:
+    while not spill_booted(node):
+        if not spill_alive(node) or time.monotonic() >= deadline:
             return False
         time.sleep(nap)
         nap = min(nap * 2, 0.02)

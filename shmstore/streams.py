@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 
 from .client.kernel import Kernel
+from .client.puts import Incoming
 from .errors import InvalidArgumentError, ShmStoreError, StoreClosedError
 from .levels import Level
 from .meta import layout as L
 from .meta.keyref import Contents
-from .node.protocols import Sink
 from .node.serialize import as_u8
 from .units import format_size
 
@@ -41,8 +41,7 @@ class Writer:
     thread-safe.
     """
 
-    _idx = _gen = -1
-    _sink: Sink | None = None
+    _in: Incoming | None = None
     _dst: np.ndarray | None = None
     closed = True
 
@@ -50,15 +49,9 @@ class Writer:
         self.key, self.size, self.level = key, _check_size(key, size), level
         ref = kernel.begin(key)
         self._kernel = kernel
-        r = kernel.puts.reserve(ref, Contents(L.KIND_RAW, self.size, self.size), level)
-        self._idx, self._gen, self._stripe = r.idx, r.gen, r.stripe
+        self._in = kernel.puts.ingest(ref, Contents(L.KIND_RAW, self.size, self.size), level, kernel.give_up)
         kernel.writers.add(self)
-        try:
-            self._sink: Sink | None = kernel.node.levels[Level(level)].sink(r.idx, r.gen, r.offset, self.size, key)
-            self._dst = self._sink.buffer()
-        except BaseException:
-            kernel.puts.abort(self._idx)
-            raise
+        self._dst = self._in.buffer()
         self._pos = 0
         self.closed = False
 
@@ -88,7 +81,7 @@ class Writer:
             self._dst[self._pos: self._pos + n] = src
         elif n:
             try:
-                self._sink.write(src, self._pos)  # type: ignore[union-attr]
+                self._in.sink.write(src, self._pos)  # type: ignore[union-attr]
             except (OSError, ShmStoreError):  # the level's own error, naming its limit or path
                 self.abort()
                 raise
@@ -127,18 +120,14 @@ class Writer:
             raise InvalidArgumentError(
                 f"writer of {self.key!r} closed after {format_size(self._pos)} of {format_size(self.size)}; "
                 f"nothing was stored")
-        sink, self._sink = self._sink, None
         try:
-            if sink is not None:
-                sink.close()
+            self._in.seal()  # type: ignore[union-attr]
         except (OSError, ShmStoreError):  # the level's own error, naming its limit or path
-            self._sink = sink
             self.abort()
             raise
         self._dst = None
         self.closed = True
         self._kernel.writers.discard(self)
-        self._kernel.puts.seal(self._idx, self._stripe)
 
     def abort(self) -> None:
         """Drop the unsealed object and give its space back; idempotent."""
@@ -150,10 +139,8 @@ class Writer:
         self._dst = None
         self.closed = True
         self._kernel.writers.discard(self)
-        sink, self._sink = self._sink, None
-        if sink is not None:
-            sink.abort()
-        self._kernel.give_up(self._idx, self._gen, blocking)
+        if self._in is not None:
+            self._in.drop(blocking)
 
     def __enter__(self) -> Writer:
         return self

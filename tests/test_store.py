@@ -12,6 +12,7 @@ import pytest
 
 import shmstore
 from shmstore import Level
+from shmstore.spill.supervisor import spill_booted
 
 from helpers import Child, shm_segments, spill_popen, wait_for
 
@@ -411,7 +412,7 @@ def test_last_close_while_the_spill_process_starts_removes_the_store_at_once_and
     proc = spill_popen(s.spill_pid)
     os.kill(proc.pid, signal.SIGSTOP)  # it cannot write its first heartbeat now
     try:
-        assert not s.kernel.node.spill_booted()
+        assert not spill_booted(s.kernel.node)
         s.close()
         assert [x for x in shm_segments() if name in x] == []  # removed by close itself
         proc.send_signal(signal.SIGCONT)  # (a no-op where close reaped it already)

@@ -59,7 +59,7 @@ from .state import ClientState
 __all__ = ["Kernel", "Exported", "Located", "encode_key", "NO_DEFAULT", "check_get_args"]
 
 if TYPE_CHECKING:
-    from ..node.protocols import Sink
+    pass
 
 _U8 = np.dtype(np.uint8)
 _DTYPES: dict[bytes, np.dtype] = {}
@@ -477,12 +477,6 @@ class Kernel:
         if nbytes <= inline_max:  # small, on another level: copied out of the lease
             return Exported(kind, nbytes, nblobs, array, bytes(lease.tobytes()), None)
         return Exported(kind, nbytes, nblobs, array, None, lease)
-
-    def sink(self, idx: int, level: Level, offset: int, nbytes: int, what: str) -> Sink:
-        """Where the bytes of the reserved entry ``idx`` (``nbytes`` at ``offset`` on ``level``, as
-        :meth:`reserve` gave them) are written from outside this process (an incoming transfer)."""
-        gen = L.ENTRY_HEAD.get(self._buf, self._lay.entry(idx), "gen")
-        return self.node.levels[level].sink(idx, gen, offset, nbytes, what)
 
     # ---- batches: each stripe's lock taken once per step, not once per key (see batches.py) --------
     def put_many(self, items: Sequence[tuple[str, Any]], level: Level = Level.MEMORY,

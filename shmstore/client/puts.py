@@ -18,11 +18,11 @@ from ..meta.fastpath import codes as _fast_codes
 from ..meta.keyref import Contents, KeyRef, Reservation, being_written_error, exists_error
 from ..meta.table import EntryStolen, find_entry, owns_entry
 from ..node import serialize
-from ..node.protocols import PutContext, StorageLevel
+from ..node.protocols import PutContext, Sink, StorageLevel
 from ..values import Level, ObjectInfo
 from .state import ClientState
 
-__all__ = ["Puts"]
+__all__ = ["Puts", "Incoming"]
 
 _monotonic = time.monotonic
 _new = tuple.__new__
@@ -84,6 +84,26 @@ class Puts:
             self.give_up(r.idx, r.gen)  # a no-op once sealed (an exception after the last step)
             raise
         return self._new_info(ref.key, enc, lv.level, r.stored, r.ctime)
+
+    def ingest(self, ref: KeyRef, what: Contents, level: int,
+               give_up: Callable[[int, int, bool], object] | None = None) -> Incoming:
+        """Reserve ``what`` on ``level`` and open the level's sink for its bytes: a new object filled from
+        outside one copy of a put (a writer's stream, an incoming transfer), sealed or dropped through the
+        :class:`Incoming` this returns. The one way both are composed; the room is made by whoever calls
+        this through ``Placement.place`` (StorageFullError sends it to the next level, or waits for room).
+        ``give_up(idx, gen, blocking)``: how :meth:`Incoming.drop` gives the entry back (default
+        :meth:`give_up`; a kernel's defers what a finalizer cannot do).
+
+        Raises:
+            as :meth:`reserve`; the level's own error opening its sink (the entry is given back).
+        """
+        r = self.reserve(ref, what, level)
+        try:
+            sink = self.level_of(ref.key, level).sink(r.idx, r.gen, r.offset, what.size, ref.key)
+        except BaseException:
+            self.abort(r.idx)
+            raise
+        return Incoming(self, ref.key, Level(level), r, sink, give_up or self.give_up)
 
     def level_of(self, key: str, level: int) -> StorageLevel:
         """The level ``level`` of this store, if this process can use it (see :meth:`_level`)."""
@@ -341,3 +361,44 @@ class Puts:
             self._table.unlink(idx, self._table.bucket_of(idx))
             L.ENTRY_HEAD.set(buf, eoff, "flags", L.ENTRY_HEAD.get(buf, eoff, "flags") | L.FLAG_SHADOW)
 
+
+class Incoming:
+    """A new object being filled (see :meth:`Puts.ingest`): its reserved entry, invisible until sealed, and
+    the level's sink for its bytes (:attr:`sink`; :meth:`buffer` where it is memory to fill in place).
+
+    :meth:`seal` makes it visible, :meth:`drop` gives the entry and its space back: one of them, once.
+    Where something may still write into the space after a failure (a receive MPI could not cancel),
+    :meth:`set_aside` frees the key first and keeps the space until :meth:`drop`. Not thread-safe.
+    """
+
+    __slots__ = ("puts", "key", "level", "reservation", "sink", "_give_up")
+
+    def __init__(self, puts: Puts, key: str, level: Level, reservation: Reservation, sink: Sink,
+                 give_up: Callable[[int, int, bool], object]) -> None:
+        self.puts, self.key, self.level, self.reservation, self.sink = puts, key, level, reservation, sink
+        self._give_up = give_up
+
+    def buffer(self) -> Any:
+        """A writable uint8 array over the whole object (the arena), or None where the level has none."""
+        return self.sink.buffer()
+
+    def seal(self) -> None:
+        """Complete the bytes (the sink's close) and make the object visible.
+
+        Raises:
+            StorageFullError, SpillError, PermissionDeniedError: the level could not complete them (nothing
+                is sealed: :meth:`drop` it).
+        """
+        self.sink.close()
+        self.puts.seal(self.reservation.idx, self.reservation.stripe)
+
+    def drop(self, blocking: bool = True) -> None:
+        """Drop what was written and give the entry back; never raises for the sink (``blocking=False``: a
+        finalizer, which waits for no lock)."""
+        self.sink.abort()
+        self._give_up(self.reservation.idx, self.reservation.gen, blocking)
+
+    def set_aside(self) -> None:
+        """Free the key but keep the space (see :meth:`Puts.set_aside`); :meth:`drop` gives it back later."""
+        self.sink.abort()
+        self.puts.set_aside(self.reservation.idx)

@@ -24,7 +24,6 @@ node (small ones inside the reply), new copies registered once per home.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import sys
 import threading
@@ -36,6 +35,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import errors
+from ..client.puts import Incoming
 from ..levels import Level, parse_levels
 from ..meta import layout as L
 from ..meta.keyref import Contents
@@ -271,8 +271,7 @@ class Fetcher:
                     if copy is not None:
                         self._count(n)
                         return copy
-                level, r = self.store.placement.place(key, order,
-                                                      lambda level: (level, kernel.puts.reserve(ref, what, level)))
+                inc = self.store.placement.place(key, order, lambda level: kernel.puts.ingest(ref, what, level))
                 break
             except errors.ObjectExistsError:
                 self._release(src, found)
@@ -291,25 +290,25 @@ class Fetcher:
                 raise
         unfinished = _Unfinished()
         try:
-            self._receive(key, src, level, r.idx, r.offset, found, block, unfinished)
+            self._receive(key, src, inc, found, block, unfinished)
+            inc.seal()
         except BaseException:
-            self._let_go(r.idx, unfinished)
+            self._let_go(inc, unfinished)
             raise
-        kernel.puts.seal(r.idx, r.stripe)
         self._count(n)
-        return float(r.ctime)
+        return float(inc.reservation.ctime)
 
-    def _let_go(self, idx: int, unfinished: _Unfinished) -> None:
+    @staticmethod
+    def _let_go(inc: Incoming, unfinished: _Unfinished) -> None:
         """Give back the space of a transfer that failed: at once where every receive is over, else once MPI
         is done with the ones it could not cancel (``abandon.py``: a stopped sender that wakes still fills
         them). Meanwhile the space is set aside, not freed, and the key is free for another fetch."""
-        puts = self.kernel.puts
         if unfinished.reqs:
             try:
-                puts.set_aside(idx)
+                inc.set_aside()
             except errors.ShmStoreError:  # its stripe lock stayed taken: the key stays taken until released
                 pass
-        give_up(unfinished.reqs, release=functools.partial(puts.abort, idx), keep=unfinished.buffer)
+        give_up(unfinished.reqs, release=inc.drop, keep=unfinished.buffer)
 
     def _release(self, src: int, found: W.Found) -> None:
         """Let the source unpin what it pinned for us (a large object we will not take)."""
@@ -321,29 +320,24 @@ class Fetcher:
         with node.admin:
             L.add_transfer_stats(node.buf, transfers=1, received=nbytes)
 
-    def _receive(self, key: str, src: int, level: int, idx: int, off: int, found: W.Found, block: int,
+    def _receive(self, key: str, src: int, inc: Incoming, found: W.Found, block: int,
                  unfinished: _Unfinished) -> None:
-        nbytes = found.nbytes
-        sink = self.kernel.sink(idx, Level(level), off, nbytes, "incoming transfer")
-        try:
-            dst = sink.buffer()  # host memory MPI can receive into (the arena), or None
-            if dst is None and cuda_aware() and hasattr(sink, "cuda_buffer"):
-                dst = sink.cuda_buffer()  # the device array itself: CUDA-aware MPI receives into it
-            if found.inline is not None:
-                if isinstance(dst, np.ndarray):
-                    dst[:] = np.frombuffer(found.inline, np.uint8)
-                else:
-                    sink.write(np.frombuffer(found.inline, np.uint8), 0)
-            elif nbytes and dst is not None:
-                unfinished.buffer = dst  # mapped while MPI may still write it (a closed store keeps it mapped)
-                self._frames(key, src, dst, nbytes, found.handle, block, unfinished)
-            elif nbytes:  # a file or a device without CUDA-aware MPI: frames through host blocks
-                self._frames(key, src, None, nbytes, found.handle, block, unfinished,
-                             copy_in=lambda pos, n, b: sink.write(b, pos))
-            sink.close()
-        except BaseException:
-            sink.abort()
-            raise
+        """Fill the new object ``inc`` with what node ``src`` ``found`` (inline, or as frames)."""
+        nbytes, sink = found.nbytes, inc.sink
+        dst = sink.buffer()  # host memory MPI can receive into (the arena), or None
+        if dst is None and cuda_aware() and hasattr(sink, "cuda_buffer"):
+            dst = sink.cuda_buffer()  # the device array itself: CUDA-aware MPI receives into it
+        if found.inline is not None:
+            if isinstance(dst, np.ndarray):
+                dst[:] = np.frombuffer(found.inline, np.uint8)
+            else:
+                sink.write(np.frombuffer(found.inline, np.uint8), 0)
+        elif nbytes and dst is not None:
+            unfinished.buffer = dst  # mapped while MPI may still write it (a closed store keeps it mapped)
+            self._frames(key, src, dst, nbytes, found.handle, block, unfinished)
+        elif nbytes:  # a file or a device without CUDA-aware MPI: frames through host blocks
+            self._frames(key, src, None, nbytes, found.handle, block, unfinished,
+                         copy_in=lambda pos, n, b: sink.write(b, pos))
 
     def _frames(self, key: str, src: int, dst: Any, nbytes: int, handle: int, block: int, unfinished: _Unfinished,
                 copy_in: Callable[[int, int, np.ndarray], None] | None = None) -> None:

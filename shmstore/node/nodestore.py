@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import subprocess
-import sys
 import time
 from typing import TYPE_CHECKING, Callable
 
@@ -41,7 +39,7 @@ from ..meta.alloc import Allocator
 from ..meta.lock import ShmLock, init_lock
 from ..meta.table import Table
 from ..primitives.files import free_bytes
-from ..primitives.procs import pid_alive, proc_start_time, reap_children, spawned, spill_output
+from ..primitives.procs import pid_alive, proc_start_time, reap_children
 from ..primitives.segment import Segment, Wakeup, unlink_segment, unlink_semaphore
 from ..units import format_size
 from ..values import Level
@@ -58,7 +56,6 @@ NSTRIPES = 64
 _ATTACH_TIMEOUT = 10.0
 # the spill process does no linear algebra: numpy's BLAS need not start a thread per core at its import
 # (which took as much CPU again as the import itself, beside the application's first steps)
-_SPILL_THREADS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def store_prefix(name: str, node: str, uid: int | None = None) -> str:
@@ -337,36 +334,11 @@ class NodeStore:
             return False
         return True if self.release(idx, blocking, supply) else None
 
-    # ---- spill process -----------------------------------------------------
+    # ---- the spill process's traces in the metadata (its supervision: spill/supervisor.py) ---------
     def spill_pid(self) -> int:
+        """The pid the header names as the store's spill process (0: none started yet)."""
         pid: int = L.HEAD.get(self.buf, "spill_pid")
         return pid
-
-    def ensure_spill(self) -> int:
-        """Start the spill process if none runs; returns its pid."""
-        reap_children()
-        with self.admin:
-            pid: int = L.HEAD.get(self.buf, "spill_pid")
-            if pid_alive(pid):
-                return pid
-            if self.meta.named() is False:  # unlinked behind our back: one started now would open, by
-                return pid                  # name, another store, and leave at once (see spill/process.py)
-            stderr, log = spill_output(self.log_path)
-            # a session of its own: a Ctrl-C, Ctrl-\ or hangup of the creator's terminal never reaches it
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "shmstore.spill", "--name", self.cfg.name, "--node", self.cfg.node,
-                 "--spill-dir", self.cfg.spill_dir, *(["--log-file", log] if log else [])],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-                start_new_session=True, close_fds=True, env={**os.environ, **_SPILL_THREADS})
-            spawned.append(proc)
-            L.HEAD.set(self.buf, "spill_pid", proc.pid)
-            return proc.pid
-
-    @property
-    def log_path(self) -> str:
-        """The file the spill process logs to where its creator's stderr is not a file (see
-        :func:`~shmstore.primitives.procs.spill_output`): beside the store's spill directory, outliving it."""
-        return self.spill_path + ".log"
 
     @property
     def spill_path(self) -> str:
@@ -377,13 +349,6 @@ class NodeStore:
     def remove_level_files(self) -> int:
         """Remove what the levels keep outside shared memory (spill files) for this store; returns how many."""
         return sum(level.remove_files() for level in self.levels.values())
-
-    def spill_alive(self) -> bool:
-        return pid_alive(L.HEAD.get(self.buf, "spill_pid"))
-
-    def spill_booted(self) -> bool:
-        """Whether a spill process finished starting (its imports, its recovery): its first heartbeat."""
-        return bool(L.SPILL_STATE.get(self.buf, L.SPILL_OFFSET, "heartbeat"))
 
     def remove_if_unused(self) -> int | None:
         """Remove the store if it is not persistent and no client is attached.

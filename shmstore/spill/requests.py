@@ -23,6 +23,7 @@ from typing import Callable
 from ..meta import layout as L
 from ..node.nodestore import NodeStore
 from ..primitives.interrupts import interruptible
+from .supervisor import ensure_spill
 
 __all__ = ["submit", "wait", "pending", "complete", "request_arena"]
 
@@ -79,7 +80,7 @@ def _wait(node: NodeStore, slot: int, seq: int, timeout: float,
             L.REQUEST.set(buf, coff + L.REQUEST_OFFSET, "status", L.RS_IDLE)  # withdrawn
             return None
         if now > next_check:  # the spill process may have died: restart it, it serves the record
-            node.ensure_spill()
+            ensure_spill(node)
             node.wake.post()
             next_check = now + 0.5
         if progress is not None:

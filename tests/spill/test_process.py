@@ -3,7 +3,7 @@
 Each test makes a store of its own with no ``Store`` around it: the node
 store (``NodeStore.open``), one client (a ``Kernel`` on a slot, its levels
 opened as a ``Store`` opens them) and the spill process started the way a
-store starts it (``NodeStore.ensure_spill``: ``python -m shmstore.spill``,
+store starts it (``spill/supervisor.ensure_spill``: ``python -m shmstore.spill``,
 its pid written into the store's header). The client talks to it through its
 request record (``spill/requests.py``); the process is watched from outside:
 its exit status, its log, the store's segments and spill files.
@@ -30,6 +30,7 @@ from shmstore.node.check import check
 from shmstore.node.nodestore import NodeStore
 from shmstore.spill import requests
 from shmstore.spill.process import POLL, TERM_GRACE
+from shmstore.spill.supervisor import ensure_spill, spill_alive
 
 from helpers import ROOT, shm_segments, spill_popen, spill_running, wait_for
 
@@ -57,7 +58,7 @@ class Client:
             return
         self.left = True
         self.kernel.close()
-        if self.node.spill_alive():
+        if spill_alive(self.node):
             self.node.wake.post()
         else:
             self.node.remove_if_unused()
@@ -66,7 +67,7 @@ class Client:
     def start_spill(self) -> int:
         """Start the spill process as a store does; returns its pid once it has gone round its loop."""
         since = time.time()
-        pid = self.node.ensure_spill()
+        pid = ensure_spill(self.node)
         self.proc = spill_popen(pid)
         assert wait_for(lambda: L.unpack_spill_state(self.node.buf).heartbeat > since, timeout=30), \
             f"spill process {pid} never went round its loop (exit status {self.proc.poll()})"
