@@ -12,15 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import shmstore
-
-from .test_crash import _child_store, crc_of, sweep, values
-
-
-@pytest.fixture
-def crash_store(name, tmp_path):
-    with shmstore.connect(name, capacity="32MiB", spill_dir=str(tmp_path), prefault=0, max_objects=1024) as s:
-        yield s
+from ._sweeps import _child_store, crc_of, values
+from .test_crash import sweep
 
 
 def _batch() -> dict[str, object]:

@@ -16,7 +16,6 @@ import signal
 import sys
 import time
 import traceback
-import zlib
 
 import numpy as np
 import pytest
@@ -28,11 +27,10 @@ from shmstore.meta import layout as L
 from shmstore.meta.table import find_entry
 from shmstore.node.nodestore import NodeStore
 
+from ._sweeps import PKG, _child_store, assert_consistent, crc_of, kill_points, settle, values
 from helpers import spill_running, wait_for
 
-PKG = os.path.dirname(shmstore.__file__)
 MiB = 1 << 20
-RNG = __import__("random").Random()
 
 
 def _arm(stop_at: int) -> list[int]:
@@ -86,60 +84,8 @@ def run_killed(prepare, op, stop_at: int) -> int:
     return int(out)
 
 
-def settle(store) -> None:
-    """Wait until a spill process has gone round its loop since now: dead clients reclaimed, moves recovered."""
-    since = time.time()
-
-    def done() -> bool:
-        _ = store.spill_pid  # restart it if it is gone (a new one recovers before its first round)
-        store.node_store.wake.post()
-        others = [c for c in store.status()["clients"] if c["pid"] != os.getpid()]
-        return not others and L.unpack_spill_state(store.node_store.meta.mm).heartbeat > since
-    assert wait_for(done, timeout=20, interval=0.002), store.status()
-
-
-def assert_consistent(store) -> None:
-    problems = store.check()
-    assert not problems, "\n".join(problems)
-    cap, infos = store.get_capacity(), store.list()
-    for lv in (Level.MEMORY, Level.DISK):
-        assert cap[lv].used == sum(i.stored for i in infos if i.level == lv), lv
-    for info in infos:  # nothing listed that get does not find
-        store.get(info.key)
-
-
-def crc_of(obj) -> int:
-    if isinstance(obj, dict):
-        return zlib.crc32(np.ascontiguousarray(obj["a"])) ^ obj["n"]
-    return zlib.crc32(np.ascontiguousarray(np.frombuffer(memoryview(obj).cast("B"), np.uint8))
-                      if not isinstance(obj, np.ndarray) else np.ascontiguousarray(obj))
-
-
-def values():
-    rng = np.random.default_rng(5)
-    return {
-        "small": rng.integers(0, 255, 3000, dtype=np.uint8).tobytes(),        # C fast path, chunk
-        "dict": {"a": rng.random(5000), "n": 7},                                # pickled: Python path
-        "large": rng.random(300_000),                                           # an extent of its own
-        "disk": rng.integers(0, 255, 200_000, dtype=np.uint8),                  # on DISK
-    }
-
-
 # a move's kill point costs a spill process start (~0.3 s): 20 a run, each run from a random start of the stride
 MOVE_POINTS = int(os.environ.get("SHMSTORE_CRASH_POINTS", "20"))
-
-
-def kill_points(total: int, max_points: int | None = None) -> range:
-    """Lines to kill at: all of them, or a stride with a random start (printed, so a failure can be rerun).
-
-    ``SHMSTORE_CRASH_POINTS`` sets how many per operation (0: every line).
-    """
-    if max_points is None:
-        max_points = int(os.environ.get("SHMSTORE_CRASH_POINTS", "40"))
-    stride = max(1, total // max_points) if max_points else 1
-    start = 1 + RNG.randrange(stride)
-    print(f"kill points: {start}..{total} step {stride}")
-    return range(start, total + 1, stride)
 
 
 def sweep(store, prepare, op, verify, max_points: int | None = None) -> int:
@@ -159,16 +105,6 @@ def sweep(store, prepare, op, verify, max_points: int | None = None) -> int:
             raise AssertionError(f"killed at line {stop} of {total}: {exc}") from None
         tried += 1
     return tried
-
-
-@pytest.fixture
-def crash_store(name, tmp_path):
-    with shmstore.connect(name, capacity="32MiB", spill_dir=str(tmp_path), prefault=0, max_objects=1024) as s:
-        yield s
-
-
-def _child_store(store):
-    return lambda: shmstore.connect(store.name, spill_dir=store.config.spill_dir, prefault=0)
 
 
 @pytest.mark.parametrize("kind", ["small", "dict", "large", "disk"])

@@ -47,7 +47,7 @@ from shmstore.meta import fastpath
 from shmstore.meta import layout as L
 from shmstore.primitives import interrupts
 
-from .test_crash import PKG, assert_consistent, crc_of, kill_points, settle, values
+from ._sweeps import PKG, _child_store, assert_consistent, crc_of, kill_points, settle, values
 
 
 def _arm(stop_at: int) -> list[int]:
@@ -234,16 +234,6 @@ def mode(request) -> str:
         pytest.skip("asynchronous exceptions at any point need the C helper (its unlocking __exit__ and "
                     "insert): pure Python defers signals only")
     return request.param
-
-
-@pytest.fixture
-def crash_store(name, tmp_path):
-    with shmstore.connect(name, capacity="32MiB", spill_dir=str(tmp_path), prefault=0, max_objects=1024) as s:
-        yield s
-
-
-def _child_store(store):
-    return lambda: shmstore.connect(store.name, spill_dir=store.config.spill_dir, prefault=0)
 
 
 @pytest.mark.parametrize("kind", ["small", "dict", "large", "disk"])
@@ -570,7 +560,7 @@ def test_a_writer_finalized_inside_a_locked_section_of_its_own_thread_waits_for_
             s = shmstore.connect(store.name, spill_dir=store.config.spill_dir, prefault=0, lock_timeout=timeout)
             writer = s.open_writer("dropped", size, levels=levels)
             writer.write(b"x" * (size // 2))
-            idx, node = writer._idx, s.node_store
+            idx, node = writer._in.reservation.idx, s.node_store
             cycle: list = [writer]
             cycle.append(cycle)
             del writer, cycle
