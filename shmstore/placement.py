@@ -42,7 +42,8 @@ DEFAULT_PUT_LEVELS = (Level.MEMORY, Level.DISK)
 DEVICE_PUT_LEVELS = (Level.GPU, Level.MEMORY, Level.DISK)  # for device arrays: they stay on the device
 _WAKE_EVERY = 256  # small puts between two looks at the high watermark
 _T = TypeVar("_T")
-_SPILL_STALE = 5.0  # seconds without a spill process heartbeat before looking whether it is alive
+# seconds without a spill process heartbeat before looking whether it is alive
+_SPILL_STALE = 5.0
 
 
 class Placement:

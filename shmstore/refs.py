@@ -109,7 +109,8 @@ class Ref:
     def __init__(self, name: str, session: str, node: str, key: str, cluster: bool = False,
                  owner: Any = None) -> None:
         self.name, self.session, self.node, self.key, self.cluster = name, session, node, key, cluster
-        self._owner = owner  # the Store or Cluster that shared it (this process only; never pickled)
+        # the Store or Cluster that shared it (this process only; never pickled)
+        self._owner = owner
         self._pid = os.getpid()  # a forked child inherits the ref but cannot use the owner
 
     @classmethod

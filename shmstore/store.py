@@ -68,7 +68,8 @@ class Store:
 
     def __init__(self, config: Config, create: bool = True, observe: bool = False,
                  asked: frozenset[str] = frozenset(), strict: bool = False) -> None:
-        guard_signals()  # from now on a signal inside the store's code waits for the verb (see interrupts.py)
+        # from now on a signal inside the store's code waits for the verb (see interrupts.py)
+        guard_signals()
         self.config = config
         self._observe = observe
         deadline = time.monotonic() + 10
@@ -87,7 +88,8 @@ class Store:
                                       f"`shmstore status {config.name}` shows who uses it)") from exc
                 time.sleep(0.01)
         self._node = node
-        try:  # the levels as this client reaches them: a device level asks the spill process for its arenas
+        # the levels as this client reaches them: a device level asks the spill process for its arenas
+        try:
             node.use_levels(open_levels(node, functools.partial(request_arena, node, slot)))
             self._kernel = Kernel(node, slot, config.session, on_detach=self._on_detach)
             self._placement = Placement(self._kernel, node, config)

@@ -43,7 +43,8 @@ from .primitives.segment import Segment, list_segments, segment_path, unlink_seg
 __all__ = ["list_stores", "collect_stale"]
 
 log = logging.getLogger("shmstore")
-_LOCK_TIMEOUT = 5.0  # a live holder of the ADMIN lock means a live process: not stale anyway
+# a live holder of the ADMIN lock means a live process: not stale anyway
+_LOCK_TIMEOUT = 5.0
 
 
 def list_stores(uid: int | None = None, all_users: bool = False) -> list[dict[str, Any]]:
@@ -76,7 +77,8 @@ def _look(meta: str) -> dict[str, Any] | None:
         fd = open_regular(path, os.O_RDONLY, owner)
     except FileNotFoundError:
         return None  # removed since the directory was read
-    except OSError as exc:  # a FIFO, socket, link, directory, another user's file (PermissionDeniedError)
+    # a FIFO, socket, link, directory, another user's file (PermissionDeniedError)
+    except OSError as exc:
         log.warning("skipping %s", exc)
         return None
     try:

@@ -143,7 +143,8 @@ class Batches:
             except ShmStoreError:  # on purpose: entries[n] is back in the batch (see reserve_held)
                 supply.entries.extend(entries[n + 1:])
                 raise
-            except BaseException:  # asynchronous: entries[n] may be cut short anywhere (see Puts.give_up)
+            # asynchronous: entries[n] may be cut short anywhere (see Puts.give_up)
+            except BaseException:
                 for entry in entries[n:] + cut_short:
                     self._puts.give_up(*entry)
                 raise

@@ -72,7 +72,8 @@ _INDEX_TYPES = frozenset((slice, tuple, type(Ellipsis)))  # a default of these m
 _MISS = object()   # _get_fast's answer for a key with no object
 _ARRAY_CACHE = 65536  # (dtype, shape, order) of arrays this process got recently
 _monotonic = time.monotonic
-_new = tuple.__new__  # a named tuple from a raw one in one C call (the lookup is on get's path)
+# a named tuple from a raw one in one C call (the lookup is on get's path)
+_new = tuple.__new__
 _fast: Any = fastpath.load()  # the C helper (no stubs), or None
 
 
@@ -188,7 +189,8 @@ class Kernel:
         Raises:
             InvalidKeyError: not a valid key. StoreClosedError: the store is closed, or this is a forked child.
         """
-        _guard_signals()  # a signal from here on waits for the verb to finish (see interrupts.py)
+        # a signal from here on waits for the verb to finish (see interrupts.py)
+        _guard_signals()
         kb = encode_key(key)
         if self._closed or self._deferred or self._fork != _FORKS[0]:
             self.check_open()
@@ -241,7 +243,8 @@ class Kernel:
             ObjectNotFoundError: no sealed object has this key.
         """
         buf, key, stripe = self._buf, ref.key, ref.stripe
-        if pin and _fast is not None:  # C: lock, walk, pin, touch, unlock; the pin keeps the entry still after
+        # C: lock, walk, pin, touch, unlock; the pin keeps the entry still after
+        if pin and _fast is not None:
             r = _fast.get_entry(self._ctx, key)
             if type(r) is tuple:
                 return self._pinned(r[0], r[6], L.entry_raw(buf, r[6]))
@@ -385,7 +388,8 @@ class Kernel:
                 view = np.ndarray.__new__(Lease, (n,), _U8, buf, off)
             else:
                 view = np.ndarray.__new__(SharedArray, array[1], array[0], buf, off, None, array[2])
-        except BaseException:  # whatever it was (a damaged record, a device error, Ctrl-C): no view holds the pin
+        # whatever it was (a damaged record, a device error, Ctrl-C): no view holds the pin
+        except BaseException:
             self._release(idx, gen)
             raise
         view._release = (self._release, idx, gen)

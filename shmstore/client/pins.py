@@ -76,7 +76,8 @@ class Pins:
         if self._fast is not None:
             last: bool = self._fast.unpin(self.counts, idx, self._addr)
             return last
-        with self._lock:  # no allocation of GC-tracked objects inside: no finalizer can run here
+        # no allocation of GC-tracked objects inside: no finalizer can run here
+        with self._lock:
             n = self.counts.get(idx, 0) - 1
             if n > 0:
                 self.counts[idx] = n

@@ -146,7 +146,8 @@ class Puts:
         """ObjectInfo of an object this process just sealed (nobody pins it yet)."""
         info: ObjectInfo = _new(ObjectInfo, (key, enc.nbytes, level, False, True, enc.nblobs,
                                              serialize.KIND_NAMES[enc.kind], stored, 0, self.session, ctime))
-        return info  # (tuple.__new__: the NamedTuple's own __new__ is a Python call on every put)
+        # (tuple.__new__: the NamedTuple's own __new__ is a Python call on every put)
+        return info
 
     def reserve(self, ref: KeyRef, what: Contents, level: int, shadow: bool = False) -> Reservation:
         """Create an invisible ``writing`` entry for ``what`` (``what.src`` unused) on ``level``, with
@@ -224,7 +225,8 @@ class Puts:
                 self._table.link(idx, ref.bucket)
         except EntryStolen:
             raise
-        except ShmStoreError:  # raised on purpose: nothing linked, the placed space (if any) named by nobody
+        # raised on purpose: nothing linked, the placed space (if any) named by nobody
+        except ShmStoreError:
             if placed_ok:
                 lv.unplace(idx, rec, placed)
             supply.entries.append((idx, gen))  # still reserved for us
@@ -314,7 +316,8 @@ class Puts:
                 return self._give_up_locked(idx, gen, True)
         if not lock.acquire(blocking=False):
             return False
-        try:  # as the context manager does, in this frame: nothing can come between the acquire and the try
+        # as the context manager does, in this frame: nothing can come between the acquire and the try
+        try:
             return self._give_up_locked(idx, gen, False)
         except BaseException as exc:
             lock.abandon(exc)
@@ -335,8 +338,10 @@ class Puts:
         linked = e.state == L.WRITING and table.unlink(idx, b)
         try:
             done = self.node.release(idx, blocking, supply=self._supply)  # False: the ALLOC lock is taken
-        except ShmStoreError:  # the ALLOC lock stayed taken for its timeout: raised on purpose, so the
-            if linked:         # stripe's repair will not run, and the entry must be whole again
+        # the ALLOC lock stayed taken for its timeout: raised on purpose, so the stripe's repair will not run, and the
+        # entry must be whole again
+        except ShmStoreError:
+            if linked:
                 table.link(idx, b)
             raise
         if not done and linked:

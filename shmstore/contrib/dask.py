@@ -157,14 +157,17 @@ class ShmStoreData(MutableMapping[Hashable, Any]):
         self._private: dict[Hashable, Any] = {}
         self._numbers = itertools.count()  # store keys of keys that are no literals
         self._lock = threading.RLock()
-        self._lent: collections.Counter[str] = collections.Counter()  # store key -> views being sent by reference
-        self._returned: collections.deque[str] = collections.deque()  # lent views dropped (appended by finalizers)
-        self._doomed: set[str] = set()  # deleted while lent: deleted in the store when the last lent view goes
+        # store key -> views being sent by reference lent views dropped (appended by finalizers)
+        self._lent: collections.Counter[str] = collections.Counter()
+        self._returned: collections.deque[str] = collections.deque()
+        # deleted while lent: deleted in the store when the last lent view goes
+        self._doomed: set[str] = set()
         self._warned: set[str] = set()
         self._store = connect(name, session=session, **connect_kwargs)
         self._last_sweep = 0.0
         try:
-            self.sweep()  # a worker restarted after a SIGKILL: what the killed one left goes now
+            # a worker restarted after a SIGKILL: what the killed one left goes now
+            self.sweep()
         except BaseException:
             self.close()
             raise
@@ -264,7 +267,8 @@ class ShmStoreData(MutableMapping[Hashable, Any]):
     # ---- where values go ------------------------------------------------
     def _keeps_private(self, value: Any) -> bool:
         if isinstance(value, SharedArray) or isinstance(value, (bytes, bytearray, memoryview)):
-            return True  # already shared (zero copy as it is); bytes-like: the store would return a memoryview
+            # already shared (zero copy as it is); bytes-like: the store would return a memoryview
+            return True
         return _sizeof(value) < self.min_size
 
     def _put(self, skey: str, value: Any) -> bool:

@@ -52,7 +52,8 @@ from .dask import BOOT_ID, DaskSharedArray, open_mapping, transfer_stats
 
 __all__ = ["ReferenceLostError", "dumps", "loads", "same_host"]
 
-MIN_BY_REFERENCE = 1 << 20  # smaller arrays: their bytes cost less than a lookup (and, in a client, a connection)
+# smaller arrays: their bytes cost less than a lookup (and, in a client, a connection)
+MIN_BY_REFERENCE = 1 << 20
 
 
 class ReferenceLostError(TransferError, ConnectionError):

@@ -62,8 +62,10 @@ from ..values import Level
 __all__ = ["ShmStoreKey", "ShmStoreConnector", "serialize", "deserialize"]
 
 _MAGIC = b"SHMSTORE-PICKLE5"
-_PREFIX = 64  # the magic, padded: blobs keep the 64-byte alignment the store gives the object
-_STAGE_MIN = 1 << 20  # smaller: a fresh buffer and the put's copy cost less than a staged object's verbs
+# the magic, padded: blobs keep the 64-byte alignment the store gives the object
+_PREFIX = 64
+# smaller: a fresh buffer and the put's copy cost less than a staged object's verbs
+_STAGE_MIN = 1 << 20
 _new = tuple.__new__
 _STAGER: list[weakref.ref[ShmStoreConnector]] = []  # where serialize() writes (ShmStoreConnector._stage)
 
@@ -178,7 +180,8 @@ class ShmStoreConnector:
             self._closed = True
             keys, self._put_keys = self._put_keys, set()
             stages, self._stages = self._stages, {}
-        for stage in stages.values():  # staged, never put: hidden now (views of them stay valid until dropped)
+        # staged, never put: hidden now (views of them stay valid until dropped)
+        for stage in stages.values():
             stage.adopted = True
             try:
                 self._evict(stage.key)
@@ -456,6 +459,7 @@ def _deserialize_theirs(mv: memoryview) -> Any:
     from proxystore.serialize import deserialize as theirs
     try:
         return theirs(bytes(mv))
-    except Exception as exc:  # theirs raises its own SerializationError, or whatever its decoders do
+    # theirs raises its own SerializationError, or whatever its decoders do
+    except Exception as exc:
         raise errors.SerializationError(f"cannot deserialize {len(mv)} bytes: not made by shmstore's serialize(), "
                                         f"and ProxyStore's deserializer refused them: {exc}") from exc

@@ -235,7 +235,8 @@ def to_host(dst: np.ndarray, src: Any) -> None:
         cupy = need_cupy("copy to the host")
         with cuda_errors("copy to the host"):
             arr = cupy.asarray(src)
-            with arr.device:  # the current stream of the array's device: after the work queued on it there
+            # the current stream of the array's device: after the work queued on it there
+            with arr.device:
                 stream = cupy.cuda.get_current_stream()
                 arr.view(cupy.uint8).reshape(-1)[:dst.nbytes].get(stream=stream, out=dst)
                 stream.synchronize()

@@ -101,7 +101,8 @@ __all__ = ["GpuLevel", "cupy_or_reason", "device_of", "is_device_array", "to_hos
 DEFAULT_FRACTION = 0.5  # of the device's free memory, for an arena whose size was not set
 DEVICES = DeviceIds(device_source)  # this process's devices by key: one list per process
 MAPPINGS = MappingRegistry(ipc_open, ipc_close)  # this process's arena mappings: one per arena, every store shares
-device_of = slot_of  # the arena slot of an offset (a slot, not an ordinal: see gpuarena.py)
+# the arena slot of an offset (a slot, not an ordinal: see gpuarena.py)
+device_of = slot_of
 
 
 def _no_settle(ordinal: int) -> None:
@@ -130,7 +131,8 @@ class GpuLevel:
         self._maps: dict[int, tuple[int, Mapping]] = {}  # slot -> (epoch, this level's reference)
         self._lock = threading.Lock()
         self.owner = request_arena is None  # this process makes and holds the allocations (the spill process)
-        self._aim = -1  # the arena the mover's next move onto this level goes to (-1: this level chooses)
+        # the arena the mover's next move onto this level goes to (-1: this level chooses)
+        self._aim = -1
         buf = host.buf
         self._store: Hashable = (bytes(L.HEAD.get(buf, "name")), L.HEAD.get(buf, "created"),
                                  L.HEAD.get(buf, "creator_pid"))
@@ -231,7 +233,8 @@ class GpuLevel:
         cap = g.capacity if g.state == L.GPU_LOST else L.unpack_spill_state(buf).gpu_capacity
         try:
             cap, ptr, handle = allocate_shared(cap, DEFAULT_FRACTION, L.ALIGN, ordinal, DEVICES.name_of(ordinal))
-        except DeviceError as exc:  # the protocol's word for "cannot be made here"; the CUDA error chained
+        # the protocol's word for "cannot be made here"; the CUDA error chained
+        except DeviceError as exc:
             raise StorageFullError(str(exc), None, Level.GPU) from exc
         epoch = g.epoch + 1
         m = MAPPINGS.adopt((self._store, d, bytes(g.uuid), epoch), ptr, ordinal, device_free)
@@ -330,7 +333,8 @@ class GpuLevel:
     def try_put(self, client: PutContext, ref: KeyRef, what: Encoded | Contents,
                 give_up: Callable[[int, int], object], held: bool = False, seal: bool = True,
                 entry: tuple[int, int] | None = None) -> Reservation | None:
-        return None  # no shortcut: a put on the GPU goes the general way (a device copy, a stream sync)
+        # no shortcut: a put on the GPU goes the general way (a device copy, a stream sync)
+        return None
 
     def remove_files(self) -> int:
         return 0  # nothing outside device memory and the metadata

@@ -186,7 +186,8 @@ class MappingRegistry:
             self._drain_locked()
 
     def release(self, m: Mapping) -> None:
-        self._queued.append(m)  # atomic: a finalizer run inside a locked section of this thread lands here
+        # atomic: a finalizer run inside a locked section of this thread lands here
+        self._queued.append(m)
         if self._lock.acquire(blocking=False):
             try:
                 self._drain_locked()
@@ -206,7 +207,8 @@ class MappingRegistry:
         close = self._closers.pop(m.key, self._close)
         try:
             close(m.ptr)
-        except Exception:  # a dead context, interpreter exit: the driver unmaps at process exit anyway
+        # a dead context, interpreter exit: the driver unmaps at process exit anyway
+        except Exception:
             pass
 
     def live(self) -> dict[Hashable, int]:
@@ -240,7 +242,8 @@ def view_owner(token: Any, mapping: Mapping, settle: Callable[[int], None]) -> V
     return owner
 
 
-@finalizer  # run by the garbage collector anywhere: a Ctrl-C deferred inside it waits for the code it interrupted
+# run by the garbage collector anywhere: a Ctrl-C deferred inside it waits for the code it interrupted
+@finalizer
 def _let_go(settle: Callable[[int], None], mapping: Mapping, token: list[Any]) -> None:
     try:
         settle(mapping.ordinal)

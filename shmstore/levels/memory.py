@@ -190,7 +190,8 @@ class MemoryLevel:
         if ops is None:
             return False
         while True:
-            if not supply.entries:  # a batch more (StorageFullError: the table is full), outside the chunk lock
+            # a batch more (StorageFullError: the table is full), outside the chunk lock
+            if not supply.entries:
                 supply.entries.append(supply.take_entry(ref.key))
             with supply.chunk_lock:
                 r = ops.put_small(ref, what, supply.entries, supply.cut)
@@ -242,8 +243,10 @@ class MemoryLevel:
                 client.prefault.ensure(off, what.size, ref.key)
             rc, ctime = ops.insert(ref, held, space, what, L.SEALED if data is not None and mode[1] else L.WRITING,
                                    mode[0])
-        except BaseException:  # maybe after the C call did it all (asynchronous): see Puts.give_up
-            give_up(idx, gen)  # an extent of its own is named by the entry and goes with it
+        # maybe after the C call did it all (asynchronous): see Puts.give_up an extent of its own is named by the entry
+        # and goes with it
+        except BaseException:
+            give_up(idx, gen)
             raise
         if rc == 0:
             done: Reservation = _new(Reservation, (idx, gen, off, stored, ctime, ref.stripe))  # no Python __new__

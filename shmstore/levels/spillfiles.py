@@ -155,7 +155,8 @@ class SpillFiles:
             return -1
         try:
             return self.ensure()
-        except OSError:  # refused (PermissionDeniedError) or unusable: nothing of ours is in it
+        # refused (PermissionDeniedError) or unusable: nothing of ours is in it
+        except OSError:
             return -1
 
     def free_bytes(self) -> int:
@@ -321,7 +322,8 @@ class SpillFiles:
                 os.unlink(self._own + name, dir_fd=dfd)
             except OSError:
                 pass
-        remove_dir(dfd, self.path, LINGER)  # LINGER: a store's last client wakes its spill process before it lets go
+        # LINGER: a store's last client wakes its spill process before it lets go
+        remove_dir(dfd, self.path, LINGER)
         self.close()
         return len(names)
 

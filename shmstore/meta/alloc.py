@@ -48,7 +48,8 @@ class Allocator:
         self._buf = buf
         self._layout = layout
         self.capacity = capacity & ~(L.ALIGN - 1)
-        self.gpu = gpu  # -1: the MEMORY arena; else GPU arena ``gpu`` (same records, bins of its own)
+        # -1: the MEMORY arena; else GPU arena ``gpu`` (same records, bins of its own)
+        self.gpu = gpu
         self.base = 0 if gpu < 0 else L.gpu_base(gpu)
         self._bins, self._mask = L.bins_offsets(layout, gpu)
         self._I32, self._U64 = struct.Struct("<i"), struct.Struct("<Q")

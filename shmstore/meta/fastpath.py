@@ -20,14 +20,18 @@ __all__ = ["load", "codes", "Found", "Small", "ClientOps"]
 class codes:
     """Return codes of the C calls, shared with ``_fast.c`` (its ``RC_*`` constants)."""
 
-    MISSING = -1        # get_entry: no sealed entry has the key
-    BUSY = -2           # the stripe lock is taken: go the Python way, which waits
-    OWNER_DEAD = -3     # the lock's holder died: the caller holds it now, repairs and releases it
-    BEING_WRITTEN = -4  # insert: the key is being written
-    EXISTS = -5         # insert: the key exists
-    STOLEN = -6         # insert: the entry is not reserved for this client any more
-    NO_ENTRY = -7       # put_small: the client's reserved entries ran out
-    NO_CUT = -8         # put_small: the client's chunk lacks room (or it has none)
+    # get_entry: no sealed entry has the key the stripe lock is taken: go the Python way, which waits the lock's holder
+    # died: the caller holds it now, repairs and releases it insert: the key is being written insert: the key exists
+    # insert: the entry is not reserved for this client any more put_small: the client's reserved entries ran out
+    # put_small: the client's chunk lacks room (or it has none)
+    MISSING = -1
+    BUSY = -2
+    OWNER_DEAD = -3
+    BEING_WRITTEN = -4
+    EXISTS = -5
+    STOLEN = -6
+    NO_ENTRY = -7
+    NO_CUT = -8
 
 
 class Found(NamedTuple):
@@ -67,7 +71,8 @@ class ClientOps:
                  arena_addr: int) -> None:
         self.fast, self.meta_addr, self.lay, self.sid, self.slot = fast, meta_addr, lay, sid, slot
         self.stripe_addrs, self.arena_addr = list(stripe_addrs), arena_addr
-        self.ctx: Any = None  # the put_small context (see client/pins.py), None where the build has none
+        # the put_small context (see client/pins.py), None where the build has none
+        self.ctx: Any = None
 
     def insert(self, ref: KeyRef, held: tuple[int, int], space: tuple[int, int, int, int], what: Any,
                state: int, locked: bool) -> tuple[int, float]:

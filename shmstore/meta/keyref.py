@@ -16,7 +16,8 @@ from .layout import STRIPE_SHIFT as _SHIFT
 __all__ = ["KeyRef", "key_ref", "Contents", "Reservation", "exists_error", "being_written_error"]
 
 _crc32 = zlib.crc32
-_new = tuple.__new__  # a NamedTuple without its Python __new__: key_ref is on every verb's path
+# a NamedTuple without its Python __new__: key_ref is on every verb's path
+_new = tuple.__new__
 
 
 class KeyRef(NamedTuple):

@@ -145,7 +145,8 @@ class ShmLock(_LockBase):  # type: ignore[misc]
         """
         try:
             return self._finish(_trylock(self._addr), blocking, timeout)
-        except BaseException:  # asynchronous, maybe after the lock was taken: nobody would release it
+        # asynchronous, maybe after the lock was taken: nobody would release it
+        except BaseException:
             _unlock(self._addr)  # EPERM, harmless, where this thread does not hold it
             raise
 
@@ -215,7 +216,8 @@ class ShmLock(_LockBase):  # type: ignore[misc]
     def _abandon(self, exc_type: type[BaseException]) -> None:
         """Called by ``__exit__`` (before it unlocks) when an exception leaves the section."""
         if self._on_recover is not None and not issubclass(exc_type, _ORDERLY):
-            self._on_recover()  # not raised on purpose: the section may be half done (see the module notes)
+            # not raised on purpose: the section may be half done (see the module notes)
+            self._on_recover()
 
     def __repr__(self) -> str:
         return f"<ShmLock {self.name}>"

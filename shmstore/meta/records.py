@@ -55,9 +55,10 @@ class Field(NamedTuple):
     name: str
     type: str
     doc: str
-    code: str      # struct code of the field alone ("Q", "16s", "8q")
-    size: int      # bytes
-    n: int         # values it unpacks to (8 for i64[8], 1 otherwise)
+    # struct code of the field alone ("Q", "16s", "8q") bytes values it unpacks to (8 for i64[8], 1 otherwise)
+    code: str
+    size: int
+    n: int
 
 
 def _field(offset: int, name: str, type_: str, doc: str) -> Field:

@@ -46,7 +46,8 @@ __all__ = ["give_up", "held", "wait_released", "stats"]
 
 log = logging.getLogger("shmstore")
 
-_NAP_MIN, _NAP_MAX = 0.001, 0.1  # the tending thread's naps: short after a give-up, then a few a second
+# the tending thread's naps: short after a give-up, then a few a second
+_NAP_MIN, _NAP_MAX = 0.001, 0.1
 
 
 class _Held:
@@ -58,8 +59,9 @@ class _Held:
         self.reqs, self.keep, self.release, self.since = reqs, keep, release, time.monotonic()
 
 
-_lock = threading.Lock()      # the list and the counters
-_sweeping = threading.Lock()  # one thread tests the held requests at a time (MPI forbids testing one request
+# the list and the counters one thread tests the held requests at a time (MPI forbids testing one request
+_lock = threading.Lock()
+_sweeping = threading.Lock()
                               # from two threads at once)
 _held: list[_Held] = []
 _thread: list[threading.Thread | None] = [None]
@@ -81,7 +83,8 @@ def give_up(reqs: Iterable[MPI.Request | None], release: Callable[[], object] | 
     for r in live:
         try:
             r.Cancel()
-        except Exception:  # MPI may refuse to cancel (a send on some transports): it is then waited for
+        # MPI may refuse to cancel (a send on some transports): it is then waited for
+        except Exception:
             pass
     live = [r for r in live if not _over(r)]
     if not live:
@@ -131,7 +134,8 @@ def _over(r: MPI.Request) -> bool:
     try:
         if not r.Test(status):
             return False
-    except Exception:  # MPI failed it (its peer died): it completed, in error; nothing touches its buffer now
+    # MPI failed it (its peer died): it completed, in error; nothing touches its buffer now
+    except Exception:
         return True
     try:
         cancelled = status.Is_cancelled()
@@ -187,7 +191,8 @@ def _tend() -> None:
         _sweep()
 
 
-@atexit.register  # registered after mpi4py's own (it imports MPI first), so it runs before MPI_Finalize
+# registered after mpi4py's own (it imports MPI first), so it runs before MPI_Finalize
+@atexit.register
 def _stop() -> None:
     with _lock:
         _exiting[0] = True

@@ -35,8 +35,9 @@ from mpi4py import MPI
 
 __all__ = ["opened", "closed", "leave", "armed"]
 
-_open = 0        # clusters of this process open (created and not closed)
-_left = False    # a cluster of this process was left by an exception
+# clusters of this process open (created and not closed) a cluster of this process was left by an exception
+_open = 0
+_left = False
 _previous: Callable[..., Any] | None = None  # the excepthook ours calls first (it prints the traceback)
 
 
@@ -63,7 +64,8 @@ def leave(exc: BaseException | None = None) -> None:
     _install()
     if isinstance(exc, SystemExit):
         code = exc.code if isinstance(exc.code, int) else 1
-        MPI._set_abort_status(code)  # mpi4py's own mechanism: MPI_Abort(code) instead of MPI_Finalize at exit
+        # mpi4py's own mechanism: MPI_Abort(code) instead of MPI_Finalize at exit
+        MPI._set_abort_status(code)
 
 
 def armed() -> bool:

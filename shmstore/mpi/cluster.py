@@ -115,7 +115,8 @@ class Cluster:
             self._service = Service(self._links, self._dirs, self.store, self._fetcher, spin,
                                     idle_nap(ids.host_ranks))
             self._service.start()
-        self.store.wait_spill_ready()  # its start-up (imports, recovery) lands here, not in the first compute
+        # its start-up (imports, recovery) lands here, not in the first compute
+        self.store.wait_spill_ready()
         self._comm.Barrier()
         self._closed = False
         _OPEN.add(self)
@@ -154,7 +155,8 @@ class Cluster:
         (MPICH's blocking barrier busy-polls). Like MPI's own barrier it waits as long as the slowest rank
         computes: no deadline (a rank that died never arrives; see ``peer_timeout`` for the other waits)."""
         self._check()
-        self._msg.flush()  # what this rank posted (a fetch's registration) is in the directory when it returns
+        # what this rank posted (a fetch's registration) is in the directory when it returns
+        self._msg.flush()
         self._msg.barrier([self._comm.Ibarrier()])
 
     @classmethod
@@ -203,7 +205,8 @@ class Cluster:
         self._check()
         info = self.store.put(key, obj, levels, overwrite)
         try:
-            if overwrite:  # this copy replaces the entry; the old copies go after (each exactly: never a later one)
+            # this copy replaces the entry; the old copies go after (each exactly: never a later one)
+            if overwrite:
                 for i, copy in self._dirs.ask(W.DirReplace(key, self.node_index, info.size, info.created)).copies:
                     self._copies.delete_on(i, key, copy)
             else:
@@ -300,7 +303,8 @@ class Cluster:
 
     def _fetch(self, keys: list[str], levels: Iterable[Level] | Level | None, block: int) -> None:
         landed = self._fetcher.fetch_batch(keys, levels, block) if len(keys) > 1 else set()
-        for key in keys:  # what the batch left (being fetched by another rank of this node, stale, large)
+        # what the batch left (being fetched by another rank of this node, stale, large)
+        for key in keys:
             if key not in landed and key not in self.store:
                 self._fetcher.fetch_one(key, None, levels, block, missed=True)
 

@@ -44,10 +44,13 @@ class Copies:
             src, src_copy = copies[0]
             if dest == self.links.node:
                 self.fetcher.fetch_one(key, src, None, block, source_copy=src_copy)
-            else:  # it registers the new copy; its own waits on the source end first, naming the source
+            # it registers the new copy; its own waits on the source end first, naming the source
+            else:
                 self.links.messenger.call(dest, W.Pull(key, src, block, src_copy), patience=2.0)
-        if not keep_source:  # the copies moved from, each unlisted before it goes (an overwrite since stays;
-            for n, copy in copies:  # a copy the directory cannot name stays too: never a later write dropped)
+        # the copies moved from, each unlisted before it goes (an overwrite since stays;
+        if not keep_source:
+            # a copy the directory cannot name stays too: never a later write dropped)
+            for n, copy in copies:
                 if n != dest and copy is not None and self.dirs.ask(W.DirDrop(key, n, copy, keep=dest)):
                     self.delete_on(n, key, copy)
 

@@ -70,8 +70,10 @@ from . import wire as W
 
 __all__ = ["Directory", "home_of", "SPREAD_MIN", "WAIT"]
 
-SPREAD_MIN = 1 << 20  # objects of at least this many bytes are sent by each holder to one node at a time
-WAIT = object()       # a DirSource answer that comes later (every holder busy)
+# objects of at least this many bytes are sent by each holder to one node at a time a DirSource answer that comes later
+# (every holder busy)
+SPREAD_MIN = 1 << 20
+WAIT = object()
 
 
 def home_of(key: str, nnodes: int) -> int:
@@ -80,7 +82,8 @@ def home_of(key: str, nnodes: int) -> int:
 
 
 _NONE = object()  # no copy seen: never equal to a listed copy
-_ANON = itertools.count()  # pending fetches without a token (unit tests drive the directory by hand)
+# pending fetches without a token (unit tests drive the directory by hand)
+_ANON = itertools.count()
 
 
 class _Entry:
@@ -93,8 +96,10 @@ class _Entry:
         # fetches named a source and not done yet, by token: (node, the copies of the sources it may use as
         # they were listed then: a report that one was empty drops it only if it still lists that copy)
         self.pending: dict[Any, tuple[int, dict[int, W.Version]]] = {}
-        self.sending: dict[int, int] = {}  # holder -> fetches it serves now (large objects)
-        self.since: dict[int, float] = {}  # holder -> when it was last handed to a fetcher (time.monotonic)
+        # holder -> fetches it serves now (large objects) holder -> when it was last handed to a fetcher
+        # (time.monotonic)
+        self.sending: dict[int, int] = {}
+        self.since: dict[int, float] = {}
         # (node, answer, token) waiting for a holder
         self.waiters: deque[tuple[int, Callable[[Any], None], int]] = deque()
 
@@ -167,7 +172,8 @@ class Directory:
         """A migration's pull from the holder it chose: pending, nothing to choose."""
         e = self._entries.get(msg.key)
         if e is None or msg.source not in e.holders or e.copies.get(msg.source) != msg.copy:
-            return None  # replaced or moved since the caller looked: its source is not the key's now
+            # replaced or moved since the caller looked: its source is not the key's now
+            return None
         _pend(e, msg.token, msg.node, [msg.source])
         return W.Source(msg.source)
 
@@ -221,9 +227,11 @@ class Directory:
     def _drop_one(self, msg: W.DirDrop, answer: Any, later: list[Any]) -> bool:
         e = self._entries.get(msg.key)
         if e is None or msg.node not in e.holders or e.copies.get(msg.node) != msg.copy:
-            return False  # not listed, or another object is (put there meanwhile): that one stays
+            # not listed, or another object is (put there meanwhile): that one stays
+            return False
         if msg.keep >= 0 and msg.keep not in e.holders:
-            return False  # the move's destination lost its copy meanwhile: this one is the key's last
+            # the move's destination lost its copy meanwhile: this one is the key's last
+            return False
         self._drop(msg.key, msg.node)
         self._serve(msg.key, later)
         return True
@@ -258,7 +266,8 @@ class Directory:
         if node not in e.holders:
             e.holders.append(node)
         if copy is not None or node not in e.copies:  # the latest registration that knows names the copy: a
-            e.copies[node] = copy  # fetch that found the key put there meanwhile knows none, and the put's own
+            # fetch that found the key put there meanwhile knows none, and the put's own
+            e.copies[node] = copy
             # registration names it (clobbered with "unknown", a move's source drop deleted a later write)
         e.nbytes = max(e.nbytes, int(nbytes))
 

@@ -57,7 +57,8 @@ __all__ = ["Fetcher"]
 
 Levels: TypeAlias = Iterable[Level] | Level | None  # where copies go (None: the default put levels)
 _ASK = object()  # no lookup answer yet: ask the source
-_LINGER = 1e-3  # a batch's requests ask the services to wait for the next one without naps this long
+# a batch's requests ask the services to wait for the next one without naps this long
+_LINGER = 1e-3
 
 
 class Fetcher:
@@ -86,7 +87,8 @@ class Fetcher:
         kb = encode_key(key)
         node, sid = self.kernel.node, self.kernel.sid
         if source is None and missed and self._from_directory(key, levels, block, small_only=True):
-            return  # a small object: come inline, no migration entry (two ranks at once both land it: harmless)
+            # a small object: come inline, no migration entry (two ranks at once both land it: harmless)
+            return
         for _ in range(4):
             if not missed and key in self.store:
                 return
@@ -276,8 +278,10 @@ class Fetcher:
             except errors.ObjectExistsError:
                 self._release(src, found)
                 return None
-            except errors.ObjectLockedError:  # being written here: wait for the writer (a fetch of the same
-                if key in self.store:         # small object by another rank, which is not deduplicated)
+            # being written here: wait for the writer (a fetch of the same small object by another rank, which is not
+            # deduplicated)
+            except errors.ObjectLockedError:
+                if key in self.store:
                     self._release(src, found)
                     return None
                 if time.monotonic() > deadline:
@@ -335,7 +339,8 @@ class Fetcher:
         elif nbytes and dst is not None:
             unfinished.buffer = dst  # mapped while MPI may still write it (a closed store keeps it mapped)
             self._frames(key, src, dst, nbytes, found.handle, block, unfinished)
-        elif nbytes:  # a file or a device without CUDA-aware MPI: frames through host blocks
+        # a file or a device without CUDA-aware MPI: frames through host blocks
+        elif nbytes:
             self._frames(key, src, None, nbytes, found.handle, block, unfinished,
                          copy_in=lambda pos, n, b: sink.write(b, pos))
 

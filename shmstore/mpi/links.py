@@ -22,13 +22,16 @@ class Links:
     The Cluster owns the communicators and frees them at its collective close; whoever holds a Links only
     uses them.
     """
-    comm: MPI.Comm                # the private duplicate of the job's communicator: control messages
-    bulk: tuple[MPI.Comm, ...]    # bulk frames, one communicator per stream
-    messenger: Messenger          # calls to node services, with their deadline
-    rank: int                     # this rank in ``comm``
-    node: int                     # this rank's node index
-    nodes: tuple[str, ...]        # node names, by node index
-    leaders: tuple[int, ...]      # the leader rank (its service's) of each node, by node index
+    # the private duplicate of the job's communicator: control messages bulk frames, one communicator per stream calls
+    # to node services, with their deadline this rank in ``comm`` this rank's node index node names, by node index the
+    # leader rank (its service's) of each node, by node index
+    comm: MPI.Comm
+    bulk: tuple[MPI.Comm, ...]
+    messenger: Messenger
+    rank: int
+    node: int
+    nodes: tuple[str, ...]
+    leaders: tuple[int, ...]
 
     @property
     def name(self) -> str:

@@ -25,10 +25,12 @@ __all__ = ["Nodes", "identify", "label"]
 @dataclass(frozen=True)
 class Nodes:
     """The nodes of a job, as every rank sees them alike."""
-    names: list[str]      # node names, by node index
-    leaders: list[int]    # the leader rank of each node, by node index
-    index: int            # this rank's node
-    host_ranks: int       # ranks on this rank's host (all its emulated nodes, whatever MPI thinks)
+    # node names, by node index the leader rank of each node, by node index this rank's node ranks on this rank's host
+    # (all its emulated nodes, whatever MPI thinks)
+    names: list[str]
+    leaders: list[int]
+    index: int
+    host_ranks: int
 
     @property
     def name(self) -> str:

@@ -89,7 +89,8 @@ class Outbox:
                 self._since = now
                 return
             expired = now - self._since > self.timeout
-        except MPI.Exception:  # MPI failed one of them (its receiver died): the others will not come either
+        # MPI failed one of them (its receiver died): the others will not come either
+        except MPI.Exception:
             expired = True
         if expired:
             self._drop()
@@ -107,7 +108,8 @@ class Outbox:
         self._since = 0.0
 
     def _drop(self) -> None:
-        give_up(self.out)  # each request keeps its pickled bytes until MPI is done with it (abandon.py)
+        # each request keeps its pickled bytes until MPI is done with it (abandon.py)
+        give_up(self.out)
         self.out = []
         self._since = 0.0
 

@@ -31,7 +31,8 @@ from ..primitives.interrupts import interruptible
 __all__ = ["prober", "python_prober", "spin_window", "idle_nap", "Pace", "quiet_wait", "quiet_barrier", "settle"]
 
 Probe = Callable[..., bool]
-_SLICE = 0.1  # the longest stretch the C prober waits before the main thread looks at signals again
+# the longest stretch the C prober waits before the main thread looks at signals again
+_SLICE = 0.1
 
 
 def _iprobe_address() -> int | None:
@@ -74,7 +75,8 @@ def prober(comm: MPI.Comm) -> Probe:
         return python_prober(comm)
     handle = MPI._handleof(comm)
 
-    @interruptible  # holds nothing: a Ctrl-C raises here at once (the caller burns the reply tag)
+    # holds nothing: a Ctrl-C raises here at once (the caller burns the reply tag)
+    @interruptible
     def probe(source: int, tag: int, spin: float, nap: float, limit: float, nap_max: float = 0.0) -> bool:
         while True:
             # in slices: the main thread looks at the signals that came (maybe to another thread) between them
@@ -85,7 +87,8 @@ def prober(comm: MPI.Comm) -> Probe:
                 return True
             if rc < 0:
                 raise errors.TransferError(f"MPI_Iprobe failed with error code {-rc}")
-            if rc == 0:  # the slice passed (a signal's nap cut short counts for nothing: at most one slice more)
+            # the slice passed (a signal's nap cut short counts for nothing: at most one slice more)
+            if rc == 0:
                 limit -= part
                 if limit <= 0:
                     return False
@@ -147,7 +150,8 @@ def settle(reqs: list[MPI.Request], timeout: float, busy: bool, first_nap: float
             if left <= 0:
                 return True
             deadline = time.monotonic() + timeout
-            nap = first_nap  # frames are flowing: look again soon (the next one's hand-shake waits for a test)
+            # frames are flowing: look again soon (the next one's hand-shake waits for a test)
+            nap = first_nap
             continue
         if busy:
             idle += 1

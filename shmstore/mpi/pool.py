@@ -71,7 +71,8 @@ def open_cluster(executor: Any, **connect_kwargs: Any) -> Cluster:
         raise errors.InvalidArgumentError("the executor's workers would never join the Cluster (this call would "
                                           "wait for ever): make it MPIPoolExecutor(**pool.worker_setup(...)) with "
                                           "the same settings")
-    executor.bootup(wait=False)  # the workers run the initializer, which meets this rank in the collective
+    # the workers run the initializer, which meets this rank in the collective
+    executor.bootup(wait=False)
     return join(connect_kwargs)
 
 

@@ -39,7 +39,8 @@ __all__ = ["Messenger", "gave_up"]
 
 _NAP = 20e-6      # the first nap after the spin window
 _NAP_MAX = 1e-3   # naps double up to this
-_FRAME_NAP_MAX = 100e-6  # and up to this while frames flow (MPI moves a large message only while it is tested)
+# and up to this while frames flow (MPI moves a large message only while it is tested)
+_FRAME_NAP_MAX = 100e-6
 _SETTING = "raise peer_timeout= / SHMSTORE_PEER_TIMEOUT"
 _LEFT_NOTE = 512  # bytes of a rank's notice that it left the cluster by an exception
 
@@ -59,8 +60,10 @@ class Messenger:
         self._note = bytearray(_LEFT_NOTE)  # another rank's notice that it left by an exception (say_left)
         self._watch: MPI.Request | None = None  # the receive of that notice, posted by the first barrier
         self._notes: list[MPI.Request] = []  # this rank's own notices (small: sent at once; kept, never waited)
-        self.calls = self.posts = 0  # requests sent by this rank (calls answered, posts not), for the benchmarks
-        self.forwarded = 0  # calls answered by another node than the one asked (the request went on to it)
+        # requests sent by this rank (calls answered, posts not), for the benchmarks
+        self.calls = self.posts = 0
+        # calls answered by another node than the one asked (the request went on to it)
+        self.forwarded = 0
 
     def next_tag(self) -> int:
         """A reply tag for a new call (counted in :attr:`calls`)."""
@@ -111,7 +114,8 @@ class Messenger:
                 reply = W.receive_reply(self.comm, source, tag)
         except MPI.Exception as exc:
             raise self.failed(node, msg, key, exc) from exc
-        except BaseException:  # a Ctrl-C while it waited: the reply may still come, never to a later call
+        # a Ctrl-C while it waited: the reply may still come, never to a later call
+        except BaseException:
             self.burn(tag)
             raise
         if isinstance(reply, W.Failure):
@@ -245,8 +249,9 @@ class Messenger:
             raise self.failed(node, msg, key, exc) from exc
         try:
             done = settle([req], self.timeout, self.spin > 0, _NAP, _NAP_MAX)
-        except BaseException as exc:  # MPI failed it, or a Ctrl-C: the request holds the pickled bytes MPI
-            give_up([req])            # may still read
+        # MPI failed it, or a Ctrl-C: the request holds the pickled bytes MPI may still read
+        except BaseException as exc:
+            give_up([req])
             if isinstance(exc, MPI.Exception):
                 raise self.failed(node, msg, key, exc) from exc
             raise

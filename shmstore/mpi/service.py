@@ -69,8 +69,10 @@ HANDLE_TTL = 120.0
 _NO_REPLY = object()
 _SENDER = "shmstore-mpi-send"  # the name of bulk-send threads
 _BUSY_PAUSE = 50e-6   # the first nap after the spin window; naps double up to _ACTIVE_PAUSE
-_ACTIVE_PAUSE = 200e-6  # the longest nap while requests come at their recent pace (poll.Pace's window)
-_IDLE_PAUSE = 1e-3    # probe interval of an idle node where every core computes (poll.idle_nap: 50 us where
+# the longest nap while requests come at their recent pace (poll.Pace's window)
+_ACTIVE_PAUSE = 200e-6
+# probe interval of an idle node where every core computes (poll.idle_nap: 50 us where
+_IDLE_PAUSE = 1e-3
                       # the host has a core to spare): the first request after a pause waits <= 1 ms
 _LINGER_MAX = 0.005   # the longest spin a request may ask for (its linger)
 
@@ -89,7 +91,8 @@ class Service:
         self.comm = links.comm
         self.links = links
         self.spin = spin
-        self.idle = idle  # seconds between probes once requests stopped coming at their pace (poll.idle_nap)
+        # seconds between probes once requests stopped coming at their pace (poll.idle_nap)
+        self.idle = idle
         self.store = store
         self.kernel = store.kernel
         self.fetcher = fetcher
@@ -100,7 +103,8 @@ class Service:
         self._stop = threading.Event()
         self._workers: list[threading.Thread] = []  # pulls and bulk sends under way
         self._outbox = Outbox(self.comm, self.timeout)  # replies and posts not yet taken by their receivers
-        self._sent_later = 0  # bytes sent inside replies, counted once the reply is out (off the reply's path)
+        # bytes sent inside replies, counted once the reply is out (off the reply's path)
+        self._sent_later = 0
         self.directory: Directory = dirs.local  # this node's share of the location directory (see directory.py)
         self._handlers: dict[type, Callable[[int, int, Any], Any]] = {
             W.Lookup: self._on_lookup, W.LookupMany: self._on_lookup_many, W.Data: self._on_data,
@@ -165,7 +169,8 @@ class Service:
             except (errors.TransferError, OverflowError, OSError):  # the C prober failed: probe from Python
                 probe = python_prober(self.comm)
                 continue
-            except MPI.Exception:  # MPI reports a failure (a rank died, on transports that say so): go on
+            # MPI reports a failure (a rank died, on transports that say so): go on
+            except MPI.Exception:
                 time.sleep(_IDLE_PAUSE)
                 continue
             if not ready:
@@ -326,7 +331,8 @@ class Service:
         result = self.directory.handle(msg, answer)
         if result is WAIT:
             return _NO_REPLY
-        if not tag:  # a posted registration: the copies of keys deleted or replaced while they came go here
+        # a posted registration: the copies of keys deleted or replaced while they came go here
+        if not tag:
             if result is False and isinstance(msg, W.DirDone) and msg.copy is not None:
                 self._drop_copy(msg.node, msg.key, msg.copy)
             elif isinstance(msg, W.DirDoneMany):

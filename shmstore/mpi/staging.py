@@ -96,7 +96,8 @@ def recv_staged(comm: Any, source: int, tag: int, frames: Sequence[Frame],
             k = i + nb
             if k < len(frames):
                 reqs[j] = comm.Irecv([blocks[j][:frames[k][1]], MPI.BYTE], source=source, tag=tag)
-    finally:  # an error half way: do not leave receives posted into blocks about to be freed
+    # an error half way: do not leave receives posted into blocks about to be freed
+    finally:
         _let_go([r for r in reqs if r is not None], blocks)
 
 

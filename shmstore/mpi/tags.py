@@ -17,7 +17,8 @@ from __future__ import annotations
 from ..config import mpich_vcis, stream_count
 
 TAG_REQUEST = 1
-TAG_LEFT = 2    # a rank left the cluster by an exception (rpc.Messenger.say_left): every other rank's barrier raises
+# a rank left the cluster by an exception (rpc.Messenger.say_left): every other rank's barrier raises
+TAG_LEFT = 2
 TAG_REPLY_MIN = 1000
 TAG_REPLY_MAX = 30000
 
@@ -27,8 +28,10 @@ INLINE_MAX = 64 << 10      # objects up to this size travel inside the reply
 DEFAULT_BLOCK = 256 << 20  # bytes per bulk frame
 MAX_BLOCK = 1 << 30
 
-STREAMS = 2                # bulk communicators per cluster: the most streams one transfer uses
-SPLIT_MIN = 8 << 20        # objects of at least this many bytes are spread over every stream
+# bulk communicators per cluster: the most streams one transfer uses objects of at least this many bytes are spread over
+# every stream
+STREAMS = 2
+SPLIT_MIN = 8 << 20
 
 
 def default_streams() -> int:

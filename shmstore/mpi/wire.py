@@ -45,9 +45,11 @@ means (see ``directory.py``)."""
 
 class Outcome(enum.Enum):
     """How a fetch from a holder ended (:class:`DirDone`, :class:`DoneItem`)."""
-    COPIED = "copied"  # the fetcher holds a copy now
-    STALE = "stale"    # the holder had no copy (the directory drops it)
-    FAILED = "failed"  # the transfer failed (the holder is free again, nothing listed)
+    # the fetcher holds a copy now the holder had no copy (the directory drops it) the transfer failed (the holder is
+    # free again, nothing listed)
+    COPIED = "copied"
+    STALE = "stale"
+    FAILED = "failed"
 
 
 # ---- requests to a node's objects ------------------------------------------------
@@ -235,8 +237,10 @@ class DirDone(NamedTuple):
     node: int
     outcome: Outcome
     nbytes: int
-    copy: Version = None  # the fetched object's creation time on ``node`` (what a refusal deletes); None: none
-    token: int = 0  # the DirSource's: which pending fetch this is (a fetch named in an entry replaced since
+    # the fetched object's creation time on ``node`` (what a refusal deletes); None: none
+    copy: Version = None
+    # the DirSource's: which pending fetch this is (a fetch named in an entry replaced since
+    token: int = 0
     #                 must not be taken for another fetch of the same node, named in the new one)
 
 

@@ -55,7 +55,8 @@ def frozen(node: NodeStore, fn: Callable[[], _T]) -> _T:
     return holding([*node.stripes, node.alloc_lock], fn)
 
 
-_BEYOND = 4096  # entries past the never-used cursor checked to be untouched (the tail is never scanned)
+# entries past the never-used cursor checked to be untouched (the tail is never scanned)
+_BEYOND = 4096
 
 def check(node: NodeStore) -> list[str]:
     """Every inconsistency of ``node``'s metadata, spill files and counters (see the module notes)."""

@@ -126,7 +126,8 @@ def _finish_locked(node: NodeStore, slot: int, error: str | None) -> bool:
     at = node.layout.migration(slot)
     if L.MIGRATION.get(node.buf, at, "pid") != os.getpid():
         return False
-    if not error:  # the usual case: one field, not the whole record (a third of a small fetch's map cost)
+    # the usual case: one field, not the whole record (a third of a small fetch's map cost)
+    if not error:
         L.MIGRATION.set(node.buf, at, "state", L.MIG_FREE)
     else:
         m = L.unpack_migration(node.buf, node.layout, slot)
@@ -144,7 +145,8 @@ def finish_many(node: NodeStore, slots: list[tuple[int, str | None]]) -> None:
         futex_wake(base + node.layout.migration(slot) + _STATE_AT)
 
 
-_LOOK_AGAIN = 0.01  # a waiter asleep on the slot looks again this often: a transferring process that died
+# a waiter asleep on the slot looks again this often: a transferring process that died
+_LOOK_AGAIN = 0.01
 
 
 @interruptible

@@ -83,7 +83,8 @@ class NodeStore:
     meta: Segment
     arena: Segment
     prefault: Prefaulter
-    _held_slot = -1  # the client slot the creator took before publishing the store, until register() hands it out
+    # the client slot the creator took before publishing the store, until register() hands it out
+    _held_slot = -1
 
     def __init__(self, cfg: Config, meta: Segment, arena: Segment, created: bool) -> None:
         self.cfg = cfg
@@ -117,7 +118,8 @@ class NodeStore:
         try:
             self.wake = Wakeup(self.prefix + "-wake", create=False)  # the creator made it (see _create)
             self.prefault = Prefaulter(meta, arena, self.capacity, self.layout)
-        except BaseException:  # gone (a store being removed): let go of what this built (the caller of its segments)
+        # gone (a store being removed): let go of what this built (the caller of its segments)
+        except BaseException:
             self.close()
             raise
 
@@ -153,7 +155,8 @@ class NodeStore:
             try:
                 return cls._create(cfg, prefix)
             except FileExistsError:
-                pass  # lost the creation race, or the store is being removed: attach to what is there
+                # lost the creation race, or the store is being removed: attach to what is there
+                pass
             except FileNotFoundError as exc:  # removed under its creator (a destroy --force): make it again
                 why = exc
             if time.monotonic() > deadline:
@@ -190,7 +193,8 @@ class NodeStore:
             except FileExistsError:  # stale arena of a store whose metadata is gone
                 unlink_segment(prefix + "-arena")
                 arena = Segment.create(prefix + "-arena", capacity)
-            _occupy(meta.mapping(), lay, 0)  # the creator is a client before anyone can attach (see the module notes)
+            # the creator is a client before anyone can attach (see the module notes)
+            _occupy(meta.mapping(), lay, 0)
             L.HEAD.set(buf, "state", L.STATE_READY)
             return cls(cfg, meta, arena, created=True)
         except BaseException:
@@ -209,7 +213,8 @@ class NodeStore:
                 arena = Segment.attach(prefix + "-arena")
             except FileNotFoundError:
                 if L.HEAD.get(meta.mm, "state") == L.STATE_DESTROYING or meta.named() is False:
-                    raise  # its last client (or spill process) is removing it right now: open() tries again
+                    # its last client (or spill process) is removing it right now: open() tries again
+                    raise
                 raise LayoutError(f"store {cfg.name!r} has metadata but no arena segment "
                                   f"(remove it with `shmstore destroy {cfg.name}`)") from None
             return cls(cfg, meta, arena, created=False)
@@ -302,7 +307,8 @@ class NodeStore:
         lock = self.alloc_lock
         if not lock.acquire(blocking=False):
             return False
-        try:  # as the context manager does, in this frame: nothing can come between the acquire and the try
+        # as the context manager does, in this frame: nothing can come between the acquire and the try
+        try:
             self._free_locked(idx, e, level)
         except BaseException as exc:
             lock.abandon(exc)
@@ -401,10 +407,12 @@ class NodeStore:
     def close(self) -> None:
         """Stop the prefault thread and unmap; idempotent (and safe on a half-built store)."""
         held, self._held_slot = self._held_slot, -1
-        if held >= 0:  # created here, never registered: the store is left without clients, as before its creation
+        # created here, never registered: the store is left without clients, as before its creation
+        if held >= 0:
             try:
                 self.deregister(held)
-            except ShmStoreError:  # its ADMIN lock stayed taken: the janitor reclaims the slot once we are gone
+            # its ADMIN lock stayed taken: the janitor reclaims the slot once we are gone
+            except ShmStoreError:
                 pass
         prefault, arena_ro = getattr(self, "prefault", None), getattr(self, "arena_ro", None)
         if prefault is not None:

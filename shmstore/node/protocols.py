@@ -77,16 +77,20 @@ class LevelHost(Protocol):
     the store's name and incarnation; the GPU level its arenas' records).
     """
 
-    prefix: str                  # the store's names: /shmstore-<uid>-<name>-<node> (+ -meta, -arena, ...)
-    buf: mmap.mmap               # the metadata segment, as every function of layout.py takes it
+    # the store's names: /shmstore-<uid>-<name>-<node> (+ -meta, -arena, ...) the metadata segment, as every function of
+    # layout.py takes it
+    prefix: str
+    buf: mmap.mmap
     layout: L.Layout
     capacity: int                # bytes of the MEMORY arena
     alloc: Allocator             # the extent allocator (guarded by alloc_lock)
     alloc_lock: ShmLock
     table: Table
-    arena: Segment               # the MEMORY arena's segment, mapped twice: arena_mm (writable: puts copy
-    arena_mm: mmap.mmap          # into it) and arena_ro (a PROT_READ mapping of the same pages: every view
-    arena_ro: memoryview         # handed out is built over it, so numpy cannot make one writable)
+    # the MEMORY arena's segment, mapped twice: arena_mm (writable: puts copy into it) and arena_ro (a PROT_READ mapping
+    # of the same pages: every view handed out is built over it, so numpy cannot make one writable)
+    arena: Segment
+    arena_mm: mmap.mmap
+    arena_ro: memoryview
     prefault: Prefaulter
 
     def used(self, level: int) -> int:
@@ -155,8 +159,10 @@ class StorageLevel(Protocol):
     """
 
     level: Level
-    spill_to: Level | None  # where the spill policy moves objects off this level (None: never)
-    setting: str            # the setting that sizes the level, for error messages
+    # where the spill policy moves objects off this level (None: never) the setting that sizes the level, for error
+    # messages
+    spill_to: Level | None
+    setting: str
 
     def available(self) -> str | None:
         """None if this process can place and read objects on the level, else why not (a sentence)."""

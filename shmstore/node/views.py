@@ -18,7 +18,8 @@ from ..primitives.interrupts import finalizer
 __all__ = ["SharedArray", "Lease", "ARRAY_TYPES", "PinToken", "pin_token"]
 
 
-@finalizer  # run by the garbage collector anywhere: a Ctrl-C deferred inside it waits for the code it interrupted
+# run by the garbage collector anywhere: a Ctrl-C deferred inside it waits for the code it interrupted
+@finalizer
 def _release(self: np.ndarray) -> None:
     release = getattr(self, "_release", None)
     if release is not None:
@@ -82,6 +83,7 @@ def pin_token(release: Callable[[int, int], None], idx: int, gen: int) -> PinTok
     return token
 
 
-@finalizer  # run by the garbage collector anywhere: a Ctrl-C deferred inside it waits for the code it interrupted
+# run by the garbage collector anywhere: a Ctrl-C deferred inside it waits for the code it interrupted
+@finalizer
 def _release_pin(release: Callable[[int, int], None], idx: int, gen: int) -> None:
     release(idx, gen)

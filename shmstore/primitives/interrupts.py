@@ -148,12 +148,15 @@ class DeferringHandler:
 
     def __call__(self, signum: int, frame: FrameType | None) -> Any:
         now = _DEFERRED_NOW
-        if now.delivering:  # the verb is over and the ones that waited are being handled: this one joins them
+        # the verb is over and the ones that waited are being handled: this one joins them
+        if now.delivering:
             now.handlers.append(self)
             return None
-        if now.handoff:  # the watcher handed back what waited for a return no hook saw: deliver or defer anew
+        # the watcher handed back what waited for a return no hook saw: deliver or defer anew
+        if now.handoff:
             return now.take_back(frame)
-        if self in now.handlers:  # a second one while the first waits: the program's handler now (the first
+        # a second one while the first waits: the program's handler now (the first
+        if self in now.handlers:
             return self.wrapped(signum, frame)  # still waits for the verb)
         target = now.target or critical_frame(frame)
         if target is None:  # outside the store's code
@@ -180,12 +183,16 @@ class _Deferred:
     def __init__(self) -> None:
         self.handlers: list[DeferringHandler] = []
         self.target: FrameType | None = None
-        self.delivering = False  # the program's handlers of the signals that waited are running
-        self.handoff = False     # the watcher saw the main thread leave the store's code with signals waiting
-        self._at_line = False   # deliver at the target's next line too (a program frame, after a finalizer)
+        # the program's handlers of the signals that waited are running the watcher saw the main thread leave the
+        # store's code with signals waiting
+        self.delivering = False
+        self.handoff = False
+        # deliver at the target's next line too (a program frame, after a finalizer)
+        self._at_line = False
         self._old_trace: Any = None
         self._old_local: Any = None
-        self._profiling = False  # our profile function is set (the main thread's profile slot was free)
+        # our profile function is set (the main thread's profile slot was free)
+        self._profiling = False
 
     def arm(self, target: FrameType, at_line: bool = False) -> None:
         self.target, self._at_line = target, at_line
@@ -254,7 +261,8 @@ class _Deferred:
         store stretch if it is store code, else its next line."""
         self.disarm()
         while caller is not None and caller.f_code.co_filename == weakref.__file__:
-            caller = caller.f_back  # weakref.finalize's own frame: the callback's exceptions are swallowed there too
+            # weakref.finalize's own frame: the callback's exceptions are swallowed there too
+            caller = caller.f_back
         inner = critical_frame(caller)
         if inner is not None:
             self.arm(inner)
@@ -401,7 +409,8 @@ def guard() -> None:
 
 def _install() -> None:
     if threading.current_thread() is not threading.main_thread():
-        return  # only the main thread may set handlers; the main thread's next verb does it
+        # only the main thread may set handlers; the main thread's next verb does it
+        return
     for signum in _DEFERRED:
         h = _getsignal(signum)
         if callable(h) and not isinstance(h, DeferringHandler):

@@ -66,7 +66,8 @@ _syscall.restype = ctypes.c_long
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "ppc64le": 221, "s390x": 238}.get(platform.machine()) \
     if ctypes.sizeof(ctypes.c_void_p) == 8 else None  # (the kernel's machine: a 32-bit Python's numbers differ)
 _FUTEX_OK = (0, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT)  # woken, the word differed, a signal, the timeout
-_FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not FUTEX_PRIVATE_FLAG): keyed on the shared page, across processes
+# shared (not FUTEX_PRIVATE_FLAG): keyed on the shared page, across processes
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _FUTEX_POLL = 0.0005  # where there is no futex syscall: the nap of futex_wait
 
 

@@ -13,7 +13,8 @@ __all__ = ["proc_start_time", "pid_alive", "reap_children", "spawned", "spill_ou
 spawned: list[subprocess.Popen[bytes]] = []  # spill processes started by this process, until reaped
 
 
-_PF_EXITING = 0x4  # /proc/<pid>/stat flags: the process is in do_exit, never to run user code again
+# /proc/<pid>/stat flags: the process is in do_exit, never to run user code again
+_PF_EXITING = 0x4
 _SIGKILL_BIT = 1 << (9 - 1)  # SIGKILL in the pending-signal masks of /proc/<pid>/status
 
 

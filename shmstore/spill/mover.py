@@ -129,14 +129,16 @@ class Mover:
             with lock:
                 self._give_up(idx)
             raise
-        except Exception as exc:  # a device level placing the copy: a CUDA error (a RuntimeError), no CuPy
+        # a device level placing the copy: a CUDA error (a RuntimeError), no CuPy
+        except Exception as exc:
             with lock:
                 self._give_up(idx)
             raise self._failed(idx, size, src.level, to, exc) from exc
         self._state(moving=idx + 1, moving_to=int(to), progress=0, total=size)
         try:
             self._copy(src, dst, idx, gen, e.offset, off, size)
-        except Exception as exc:  # a file's OSError; from a device copy anything (CUDA errors, AttributeError)
+        # a file's OSError; from a device copy anything (CUDA errors, AttributeError)
+        except Exception as exc:
             with lock:
                 self._give_up(idx)  # the target's copy and extent go, the object stays, readable
             self._state(moving=0, failures=L.unpack_spill_state(buf).failures + 1)

@@ -48,9 +48,12 @@ from .mover import MoveError, Mover
 
 __all__ = ["main", "POLL"]
 
-POLL = 0.25  # seconds between janitor rounds; requests and departures wake it at once
-ORPHAN_EVERY = 8  # janitor rounds between checks that the store's segments still exist
-TERM_GRACE = 2.0  # seconds after SIGTERM to wait for the job's clients to die or leave
+# seconds between janitor rounds; requests and departures wake it at once
+POLL = 0.25
+# janitor rounds between checks that the store's segments still exist seconds after SIGTERM to wait for the job's
+# clients to die or leave
+ORPHAN_EVERY = 8
+TERM_GRACE = 2.0
 log = logging.getLogger("shmstore.spill")
 
 
@@ -227,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         cfg = Config.from_kwargs(name=args.name, node=args.node, spill_dir=args.spill_dir, prefault=0)
-    except ConfigError as exc:  # a bad argument or SHMSTORE_* variable: say which, exit 2 (as argparse does)
+    # a bad argument or SHMSTORE_* variable: say which, exit 2 (as argparse does)
+    except ConfigError as exc:
         if args.log_file:
             log.error("%s", exc)  # its stderr may be /dev/null (see kernel.procs.spill_output)
         parser.error(str(exc))
@@ -246,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         pass
     try:
         return spiller.run()
-    except Exception:  # into the log: its stderr may be /dev/null (see kernel.procs.spill_output)
+    # into the log: its stderr may be /dev/null (see kernel.procs.spill_output)
+    except Exception:
         log.exception("%s: the spill process failed", spiller.label)
         return 1
     finally:

@@ -33,8 +33,10 @@ def ensure_spill(node: NodeStore) -> int:
         pid = node.spill_pid()
         if pid_alive(pid):
             return pid
-        if node.meta.named() is False:  # unlinked behind our back: one started now would open, by
-            return pid                  # name, another store, and leave at once (see spill/process.py)
+        # unlinked behind our back: one started now would open, by name, another store, and leave at once (see
+        # spill/process.py)
+        if node.meta.named() is False:
+            return pid
         stderr, log = spill_output(log_path(node))
         # a session of its own: a Ctrl-C, Ctrl-\ or hangup of the creator's terminal never reaches it
         proc = subprocess.Popen(

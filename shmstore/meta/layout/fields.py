@@ -32,7 +32,8 @@ __all__ = ["MAGIC", "LAYOUT_VERSION", "HEADER_SIZE", "MAX_SESSIONS", "MAX_KEY", 
            "USED_WIDTH", "Header", "SpillState", "Request", "Migration", "fast_path_layout"]
 
 MAGIC = b"SHMSTOR\0"
-LAYOUT_VERSION = 8  # 8: a stripe owns whole cache lines of bucket heads (STRIPE_SHIFT); GPU arenas keyed by
+# 8: a stripe owns whole cache lines of bucket heads (STRIPE_SHIFT); GPU arenas keyed by
+LAYOUT_VERSION = 8
                     # the device's identity (GPU_ARENA.uuid), not its ordinal; REQUEST.arena
 HEADER_SIZE = 4096
 MAX_SESSIONS = 256
@@ -42,7 +43,8 @@ ALIGN = 64
 PAGE = 4096
 NBINS = 64
 MAX_GPUS = 8
-GPU_BASE_SHIFT = 44  # GPU arena d starts at offset (d + 1) << 44 of the store's offset space
+# GPU arena d starts at offset (d + 1) << 44 of the store's offset space
+GPU_BASE_SHIFT = 44
 MIN_CHUNK = 64 << 10  # smallest chunk of the arena handed to a client for small objects
 
 # lock indices
@@ -53,7 +55,8 @@ LOCK_STRIDE = 64
 FREE, WRITING, SEALED, DELETED, RESERVED = 0, 1, 2, 3, 4
 KIND_RAW, KIND_NDARRAY, KIND_PICKLE = 0, 1, 2
 FLAG_MOVING, FLAG_IN_CHUNK = 1, 2
-FLAG_SHADOW = 4  # a ``writing`` entry of an overwrite: in no chain until it replaces the old one
+# a ``writing`` entry of an overwrite: in no chain until it replaces the old one
+FLAG_SHADOW = 4
 LEVEL_GPU, LEVEL_MEMORY, LEVEL_DISK = 0, 1, 2  # Level values, for code below the Level enum
 LEVEL_NAMES = ("gpu", "memory", "disk")
 STATE_NAMES = {FREE: "free", WRITING: "writing", SEALED: "sealed", DELETED: "deleted", RESERVED: "reserved"}
