@@ -530,15 +530,15 @@ class Kernel:
         return self.batches.delete_many([self.begin(key) for key in keys], missing_ok)
 
     # ---- delete / query ---------------------------------------------------
-    def delete(self, key: str, missing_ok: bool = False, copy: float | None = None) -> None:
-        """Hide ``key`` at once; its space is freed when the last pin goes. With ``copy`` (the object's
+    def delete(self, key: str, missing_ok: bool = False, version: float | None = None) -> None:
+        """Hide ``key`` at once; its space is freed when the last pin goes. With ``version`` (the object's
         creation time, ``ObjectInfo.created``: what tells one object under a key from the next on a node) only
         that very object: a newer one under the key stays (like a missing key, it counts as missing).
 
         Raises:
             ObjectNotFoundError: no such object (unless ``missing_ok``).
         """
-        if copy is None and _fast is not None and type(key) is str and not self._closed and not self._deferred \
+        if version is None and _fast is not None and type(key) is str and not self._closed and not self._deferred \
                 and self._fork == _FORKS[0]:
             r = _fast.delete(self._ctx, key)  # the steps below in one C call, where they are the common ones
             if type(r) is tuple:
@@ -557,7 +557,7 @@ class Kernel:
         with self._stripes[ref.stripe]:
             idx, eoff, found = find_entry(self._buf, self._lay, b, ref.h, self.sid, ref.kb)
             e = None if found is None else L.entry(self._buf, eoff)
-            missing = e is None or e.state != L.SEALED or (copy is not None and copy != e.ctime)
+            missing = e is None or e.state != L.SEALED or (version is not None and version != e.ctime)
             if e is not None and not missing:
                 # hidden first, then out of its chain: killed in between, it is a deleted entry in a
                 # chain, which the stripe's repair unlinks; never a sealed entry out of every chain

@@ -207,8 +207,8 @@ class Cluster:
         try:
             # this copy replaces the entry; the old copies go after (each exactly: never a later one)
             if overwrite:
-                for i, copy in self._dirs.ask(W.DirReplace(key, self.node_index, info.size, info.created)).copies:
-                    self._copies.delete_on(i, key, copy)
+                for i, version in self._dirs.ask(W.DirReplace(key, self.node_index, info.size, info.created)).copies:
+                    self._copies.delete_on(i, key, version)
             else:
                 self._dirs.ask(W.DirAdd([key], self.node_index, [info.size], [info.created]))
         except errors.TransferError as exc:

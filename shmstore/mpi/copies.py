@@ -41,18 +41,18 @@ class Copies:
         if not copies:
             raise errors.ObjectNotFoundError(f"no node has {key!r}", key)
         if dest not in [n for n, _ in copies]:
-            src, src_copy = copies[0]
+            src, src_version = copies[0]
             if dest == self.links.node:
-                self.fetcher.fetch_one(key, src, None, block, source_copy=src_copy)
+                self.fetcher.fetch_one(key, src, None, block, source_version=src_version)
             # it registers the new copy; its own waits on the source end first, naming the source
             else:
-                self.links.messenger.call(dest, W.Pull(key, src, block, src_copy), patience=2.0)
+                self.links.messenger.call(dest, W.Pull(key, src, block, src_version), patience=2.0)
         # the copies moved from, each unlisted before it goes (an overwrite since stays;
         if not keep_source:
             # a copy the directory cannot name stays too: never a later write dropped)
-            for n, copy in copies:
-                if n != dest and copy is not None and self.dirs.ask(W.DirDrop(key, n, copy, keep=dest)):
-                    self.delete_on(n, key, copy)
+            for n, version in copies:
+                if n != dest and version is not None and self.dirs.ask(W.DirDrop(key, n, version, keep=dest)):
+                    self.delete_on(n, key, version)
 
     def delete_all(self, key: str) -> int:
         """Delete every copy of ``key`` the directory lists, and this node's copy even where it lists none:
@@ -68,9 +68,9 @@ class Copies:
             raise
         gone = 0
         failed: errors.TransferError | None = None
-        for node, copy in sorted(listed, key=lambda nc: nc[0] != self.links.node):  # this node's copy first
+        for node, version in sorted(listed, key=lambda nc: nc[0] != self.links.node):  # this node's copy first
             try:
-                gone += self.delete_on(node, key, copy)
+                gone += self.delete_on(node, key, version)
             except errors.TransferError as exc:  # a node that died: the others' copies still go
                 failed = failed or exc
         gone += self.delete_here(key)
@@ -86,16 +86,16 @@ class Copies:
         except errors.ObjectNotFoundError:
             return 0
 
-    def delete_on(self, node: int, key: str, copy: W.Version = None) -> bool:
-        """Delete node ``node``'s copy of ``key`` (only the object ``copy`` where given): True if it went.
+    def delete_on(self, node: int, key: str, version: W.Version = None) -> bool:
+        """Delete node ``node``'s copy of ``key`` (only the object ``version`` where given): True if it went.
 
         Raises:
             TransferError: ``node`` did not answer within ``peer_timeout``.
         """
         if node == self.links.node:
             try:
-                self.kernel.delete(key, False, copy)
+                self.kernel.delete(key, False, version)
                 return True
             except errors.ObjectNotFoundError:
                 return False
-        return bool(self.links.messenger.call(node, W.Delete(key, copy)))
+        return bool(self.links.messenger.call(node, W.Delete(key, version)))

@@ -171,7 +171,7 @@ class Directory:
     def _source_for(self, msg: W.DirSourceFor, answer: Any, later: list[Any]) -> W.Source | None:
         """A migration's pull from the holder it chose: pending, nothing to choose."""
         e = self._entries.get(msg.key)
-        if e is None or msg.source not in e.holders or e.copies.get(msg.source) != msg.copy:
+        if e is None or msg.source not in e.holders or e.copies.get(msg.source) != msg.version:
             # replaced or moved since the caller looked: its source is not the key's now
             return None
         _pend(e, msg.token, msg.node, [msg.source])
@@ -190,16 +190,16 @@ class Directory:
 
     def _done_many(self, msg: W.DirDoneMany, answer: Any, later: list[Any]) -> W.Refused:
         refused: list[tuple[str, W.Version]] = []
-        for key, source, outcome, nbytes, copy in msg.items:
-            if not self._done(W.DirDone(key, source, msg.node, outcome, nbytes, copy, msg.token), answer, later) \
-                    and copy is not None:
-                refused.append((key, copy))
+        for key, source, outcome, nbytes, version in msg.items:
+            if not self._done(W.DirDone(key, source, msg.node, outcome, nbytes, version, msg.token), answer, later) \
+                    and version is not None:
+                refused.append((key, version))
         return W.Refused(refused)
 
     def _add_many(self, msg: W.DirAdd, answer: Any, later: list[Any]) -> None:
         copies = msg.copies or [None] * len(msg.keys)
-        for k, size, copy in zip(msg.keys, msg.sizes, copies):
-            self._add(k, msg.node, size, copy)
+        for k, size, version in zip(msg.keys, msg.sizes, copies):
+            self._add(k, msg.node, size, version)
 
     def _copies(self, msg: W.DirCopies, answer: Any, later: list[Any]) -> W.Holders:
         e = self._entries.get(msg.key)
@@ -212,7 +212,7 @@ class Directory:
         if e is not None and was_pending and e.sending.get(msg.source, 0) > 0:
             e.sending[msg.source] -= 1
         if msg.outcome is W.Outcome.COPIED and was_pending:
-            self._add(msg.key, msg.node, msg.nbytes, msg.copy)
+            self._add(msg.key, msg.node, msg.nbytes, msg.version)
         elif msg.outcome is W.Outcome.STALE and was_pending and e is not None and msg.source in e.holders \
                 and e.copies.get(msg.source) == seen.get(msg.source, _NONE):  # type: ignore[union-attr]
             # the copy found missing is the one listed when the source was named: not a copy landed since
@@ -226,7 +226,7 @@ class Directory:
 
     def _drop_one(self, msg: W.DirDrop, answer: Any, later: list[Any]) -> bool:
         e = self._entries.get(msg.key)
-        if e is None or msg.node not in e.holders or e.copies.get(msg.node) != msg.copy:
+        if e is None or msg.node not in e.holders or e.copies.get(msg.node) != msg.version:
             # not listed, or another object is (put there meanwhile): that one stays
             return False
         if msg.keep >= 0 and msg.keep not in e.holders:
@@ -246,7 +246,7 @@ class Directory:
     def _replace(self, msg: W.DirReplace, answer: Any, later: list[Any]) -> W.Holders:
         old = self._entries.pop(msg.key, None)
         e = self._entries[msg.key] = _Entry()
-        e.holders, e.nbytes, e.copies = [msg.node], int(msg.nbytes), {msg.node: msg.copy}
+        e.holders, e.nbytes, e.copies = [msg.node], int(msg.nbytes), {msg.node: msg.version}
         if old is None:
             return W.Holders([])
         e.waiters = old.waiters  # fetchers waiting for a holder get the new object
@@ -259,15 +259,15 @@ class Directory:
         W.DirTake: _take, W.DirReplace: _replace, W.DirSourceMany: _source_many, W.DirDoneMany: _done_many,
         W.DirCopies: _copies}
 
-    def _add(self, key: str, node: int, nbytes: int, copy: W.Version = None) -> None:
+    def _add(self, key: str, node: int, nbytes: int, version: W.Version = None) -> None:
         e = self._entries.get(key)
         if e is None:
             e = self._entries[key] = _Entry()
         if node not in e.holders:
             e.holders.append(node)
-        if copy is not None or node not in e.copies:  # the latest registration that knows names the copy: a
+        if version is not None or node not in e.copies:  # the latest registration that knows names the copy: a
             # fetch that found the key put there meanwhile knows none, and the put's own
-            e.copies[node] = copy
+            e.copies[node] = version
             # registration names it (clobbered with "unknown", a move's source drop deleted a later write)
         e.nbytes = max(e.nbytes, int(nbytes))
 

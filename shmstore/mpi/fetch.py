@@ -80,9 +80,9 @@ class Fetcher:
 
     # ---- one key ----------------------------------------------------------------
     def fetch_one(self, key: str, source: int | None, levels: Levels, block: int, missed: bool = False,
-                  source_copy: W.Version = None) -> None:
+                  source_version: W.Version = None) -> None:
         """One deduplicated transfer of ``key`` into this node (from ``source``, whose copy the directory
-        listed as ``source_copy``, else from a holder the directory names); ``missed``: the caller just found
+        listed as ``source_version``, else from a holder the directory names); ``missed``: the caller just found
         it missing here."""
         kb = encode_key(key)
         node, sid = self.kernel.node, self.kernel.sid
@@ -104,7 +104,7 @@ class Fetcher:
                     if source is None:
                         self._from_directory(key, levels, block)
                     else:
-                        self._pull(key, source, source_copy, levels, block)
+                        self._pull(key, source, source_version, levels, block)
             except errors.ObjectNotFoundError:
                 inbound.finish(node, slot)  # a miss leaves no entry: waiters look again and miss too
                 raise
@@ -134,29 +134,29 @@ class Fetcher:
                     return True
                 raise errors.ObjectNotFoundError(f"no node has {key!r} (nodes: {list(nodes)})", key)
             src, found = answer.node, answer.found if type(answer) is W.Sourced else _ASK  # Sourced: looked up
-            outcome, nbytes, copy = W.Outcome.FAILED, 0, None
+            outcome, nbytes, version = W.Outcome.FAILED, 0, None
             try:
-                nbytes, copy = self._from(src, key, levels, block, found)
+                nbytes, version = self._from(src, key, levels, block, found)
                 outcome = W.Outcome.COPIED if nbytes >= 0 else W.Outcome.STALE
             finally:
                 # posted, no reply awaited: the home made this node pending when it named the source, so a
                 # delete meanwhile finds it; this rank's later requests to the home come after this one
                 try:
-                    listed = self.dirs.ask(W.DirDone(key, src, self.me, outcome, max(nbytes, 0), copy, token),
+                    listed = self.dirs.ask(W.DirDone(key, src, self.me, outcome, max(nbytes, 0), version, token),
                                            post=True)
                 except errors.TransferError:
                     if outcome is not W.Outcome.FAILED:  # else the error on its way out says what failed first
                         raise
                     listed = None
             if outcome is W.Outcome.COPIED:
-                if listed is False and copy is not None:  # refused by our own directory: deleted or replaced
-                    self.kernel.delete(key, True, copy)  # while it came; the old copy goes, ask again
+                if listed is False and version is not None:  # refused by our own directory: deleted or replaced
+                    self.kernel.delete(key, True, version)  # while it came; the old copy goes, ask again
                     continue
                 return True
         raise errors.TransferError(f"every node the directory names for {key!r} lost it while asked", key)
 
-    def _pull(self, key: str, source: int, source_copy: W.Version, levels: Levels, block: int) -> None:
-        """A migration's transfer from node ``source`` (its copy ``source_copy``, as the directory listed it):
+    def _pull(self, key: str, source: int, source_version: W.Version, levels: Levels, block: int) -> None:
+        """A migration's transfer from node ``source`` (its copy ``source_version``, as the directory listed it):
         pending at the home while the bytes move, the new copy listed before it returns (the registration is
         answered).
 
@@ -165,16 +165,16 @@ class Fetcher:
         """
         nodes = self.links.nodes
         token = self._token()
-        if self.dirs.ask(W.DirSourceFor(key, self.me, source, source_copy, token)) is None:
+        if self.dirs.ask(W.DirSourceFor(key, self.me, source, source_version, token)) is None:
             raise errors.ObjectNotFoundError(f"{key!r} was deleted, replaced or moved from node "
                                              f"{nodes[source]!r} while the migration began", key)
-        outcome, nbytes, copy = W.Outcome.FAILED, 0, None
+        outcome, nbytes, version = W.Outcome.FAILED, 0, None
         try:
-            nbytes, copy = self._from(source, key, levels, block)
+            nbytes, version = self._from(source, key, levels, block)
             outcome = W.Outcome.COPIED if nbytes >= 0 else W.Outcome.STALE
         finally:
             try:
-                listed = self.dirs.ask(W.DirDone(key, source, self.me, outcome, max(nbytes, 0), copy, token))
+                listed = self.dirs.ask(W.DirDone(key, source, self.me, outcome, max(nbytes, 0), version, token))
             except errors.TransferError:
                 if outcome is not W.Outcome.FAILED:  # else the error on its way out says what failed first
                     raise
@@ -182,8 +182,8 @@ class Fetcher:
         if outcome is W.Outcome.STALE:
             raise errors.ObjectNotFoundError(f"node {nodes[source]!r} has no copy of {key!r} to move", key)
         if listed is False:
-            if copy is not None:
-                self.kernel.delete(key, True, copy)
+            if version is not None:
+                self.kernel.delete(key, True, version)
             raise errors.ObjectNotFoundError(f"{key!r} was deleted or replaced while it moved", key)
 
     def _from(self, src: int, key: str, levels: Levels, block: int, found: Any = _ASK) -> tuple[int, W.Version]:
@@ -239,8 +239,8 @@ class Fetcher:
                     if f is None:
                         outcome[k] = W.DoneItem(k, src, W.Outcome.STALE, 0)
                         continue
-                    copy = self._transfer(k, src, f, levels, block)
-                    outcome[k] = W.DoneItem(k, src, W.Outcome.COPIED, int(f.nbytes), copy)
+                    version = self._transfer(k, src, f, levels, block)
+                    outcome[k] = W.DoneItem(k, src, W.Outcome.COPIED, int(f.nbytes), version)
                     landed.add(k)
         finally:
             unreported = None
@@ -250,8 +250,8 @@ class Fetcher:
                 except errors.TransferError as exc:
                     unreported = unreported or exc
                     continue
-                for k, copy in refused.copies if refused else ():  # our own directory refused it: deleted or
-                    self.kernel.delete(k, True, copy)                  # replaced meanwhile
+                for k, version in refused.copies if refused else ():  # our own directory refused it: deleted or
+                    self.kernel.delete(k, True, version)                  # replaced meanwhile
                     landed.discard(k)
             if unreported is not None and sys.exc_info()[1] is None:  # else the error on its way out is first
                 raise unreported
@@ -269,10 +269,10 @@ class Fetcher:
         while True:
             try:
                 if found.inline is not None and order[0] == Level.MEMORY:  # small: one C call copies and seals
-                    copy: W.Version = kernel.puts.put_stored(ref, what._replace(src=found.inline), Level.MEMORY)
-                    if copy is not None:
+                    version: W.Version = kernel.puts.put_stored(ref, what._replace(src=found.inline), Level.MEMORY)
+                    if version is not None:
                         self._count(n)
-                        return copy
+                        return version
                 inc = self.store.placement.place(key, order, lambda level: kernel.puts.ingest(ref, what, level))
                 break
             except errors.ObjectExistsError:

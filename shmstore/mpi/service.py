@@ -307,7 +307,7 @@ class Service:
 
     def _on_delete(self, src: int, tag: int, msg: W.Delete) -> bool:
         try:
-            self.kernel.delete(msg.key, False, msg.copy)
+            self.kernel.delete(msg.key, False, msg.version)
             return True
         except errors.ObjectNotFoundError:
             return False
@@ -315,7 +315,7 @@ class Service:
     def _on_pull(self, src: int, tag: int, msg: W.Pull) -> Any:
         def run() -> None:
             try:
-                self.fetcher.fetch_one(msg.key, msg.source, None, msg.block, source_copy=msg.copy)
+                self.fetcher.fetch_one(msg.key, msg.source, None, msg.block, source_version=msg.version)
                 reply: Any = None
             except Exception as exc:
                 reply = W.Failure.of(exc)
@@ -333,11 +333,11 @@ class Service:
             return _NO_REPLY
         # a posted registration: the copies of keys deleted or replaced while they came go here
         if not tag:
-            if result is False and isinstance(msg, W.DirDone) and msg.copy is not None:
-                self._drop_copy(msg.node, msg.key, msg.copy)
+            if result is False and isinstance(msg, W.DirDone) and msg.version is not None:
+                self._drop_version(msg.node, msg.key, msg.version)
             elif isinstance(msg, W.DirDoneMany):
-                for key, copy in result.copies:
-                    self._drop_copy(msg.node, key, copy)
+                for key, version in result.copies:
+                    self._drop_version(msg.node, key, version)
         return result
 
     def _on_dir_source(self, src: int, tag: int, msg: W.DirSource) -> Any:
@@ -374,13 +374,13 @@ class Service:
         self._outbox.reply(reply, msg.rank, msg.tag)
         return _NO_REPLY
 
-    def _drop_copy(self, node: int, key: str, copy: float) -> None:
-        """Delete the object ``copy`` of ``key`` on node ``node`` without waiting: here at once, elsewhere by a
+    def _drop_version(self, node: int, key: str, version: float) -> None:
+        """Delete the object ``version`` of ``key`` on node ``node`` without waiting: here at once, elsewhere by a
         posted Delete (never a newer object under the key)."""
         if node == self.links.node:
-            self.kernel.delete(key, True, copy)
+            self.kernel.delete(key, True, version)
         else:
-            self._outbox.post(W.Delete(key, copy), self.links.leaders[node])
+            self._outbox.post(W.Delete(key, version), self.links.leaders[node])
 
     def _on_read(self, src: int, tag: int, msg: W.Read) -> W.Chunk:
         with self.store.open_reader(msg.key) as r:

@@ -86,8 +86,8 @@ class RemoteWriter:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            copy = self._msg.call(self._node, W.WriterClose(self._handle, False), self.key)
-            self._dirs.ask(W.DirAdd([self.key], self._node, [self.size], [copy]))  # sealed there: locatable
+            version = self._msg.call(self._node, W.WriterClose(self._handle, False), self.key)
+            self._dirs.ask(W.DirAdd([self.key], self._node, [self.size], [version]))  # sealed there: locatable
 
     def abort(self) -> None:
         if not self.closed:

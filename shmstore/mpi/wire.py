@@ -83,19 +83,19 @@ class Has(NamedTuple):
 
 
 class Delete(NamedTuple):
-    """Delete this node's copy of ``key``: True if there was one. With ``copy`` (its creation time) only
+    """Delete this node's copy of ``key``: True if there was one. With ``version`` (its creation time) only
     that very object (a copy the directory listed or refused), never a later one under the key."""
     key: str
-    copy: Version = None
+    version: Version = None
 
 
 class Pull(NamedTuple):
-    """Fetch ``key`` into this node from node ``source``, whose copy the directory listed as ``copy`` (a
+    """Fetch ``key`` into this node from node ``source``, whose copy the directory listed as ``version`` (a
     migration): None once it is here."""
     key: str
     source: int
     block: int
-    copy: Version = None
+    version: Version = None
 
 
 class Read(NamedTuple):
@@ -138,12 +138,12 @@ class DirAdd(NamedTuple):
 
 class DirDrop(NamedTuple):
     """Node ``node`` is to hold no copy of ``key`` (sent before the copy is deleted): only if its listed copy
-    is ``copy`` (not another object put there meanwhile) and, with ``keep`` >= 0, while node ``keep`` is
+    is ``version`` (not another object put there meanwhile) and, with ``keep`` >= 0, while node ``keep`` is
     listed (a move drops its sources only while its destination holds the key: two moves the opposite
     ways would otherwise drop both copies). True if it was dropped."""
     key: str
     node: int
-    copy: Version = None
+    version: Version = None
     keep: int = -1
 
 
@@ -164,13 +164,13 @@ class DirTake(NamedTuple):
 
 
 class DirReplace(NamedTuple):
-    """Node ``node`` holds the only copy of ``key`` now (``nbytes``, its ``copy``; an overwrite): the other
+    """Node ``node`` holds the only copy of ``key`` now (``nbytes``, its ``version``; an overwrite): the other
     holders with their copies (:class:`Holders`), which the overwriter then deletes (fetches in flight are
     refused when they end)."""
     key: str
     node: int
     nbytes: int
-    copy: Version = None
+    version: Version = None
 
 
 class DirSource(NamedTuple):
@@ -199,12 +199,12 @@ class DirSourceSmall(NamedTuple):
 
 class DirSourceFor(NamedTuple):
     """A migration's pull of ``key`` into ``node`` from the holder ``source`` it chose, whose copy was listed
-    as ``copy``: ``Source(source)``, pending at once (no queueing, no choice), or None where the key has no entry
+    as ``version``: ``Source(source)``, pending at once (no queueing, no choice), or None where the key has no entry
     any more or ``source`` lists another copy than this one (replaced or moved since)."""
     key: str
     node: int
     source: int
-    copy: Version
+    version: Version
     token: int = 0
 
 
@@ -238,7 +238,7 @@ class DirDone(NamedTuple):
     outcome: Outcome
     nbytes: int
     # the fetched object's creation time on ``node`` (what a refusal deletes); None: none
-    copy: Version = None
+    version: Version = None
     # the DirSource's: which pending fetch this is (a fetch named in an entry replaced since
     token: int = 0
     #                 must not be taken for another fetch of the same node, named in the new one)
@@ -250,7 +250,7 @@ class DoneItem(NamedTuple):
     source: int
     outcome: Outcome
     nbytes: int
-    copy: Version = None
+    version: Version = None
 
 
 class DirDoneMany(NamedTuple):
@@ -370,8 +370,8 @@ _OUTCOMES = {o.value: o for o in Outcome}
 _PACK: dict[type, Callable[[Any], Any]] = {
     Sourced: lambda m: (m.node, None if m.found is None else tuple(m.found)),
     FoundMany: lambda m: [None if f is None else tuple(f) for f in m.items],
-    DirDone: lambda m: (m.key, m.source, m.node, m.outcome.value, m.nbytes, m.copy, m.token),
-    DirDoneMany: lambda m: (m.node, [(i.key, i.source, i.outcome.value, i.nbytes, i.copy) for i in m.items],
+    DirDone: lambda m: (m.key, m.source, m.node, m.outcome.value, m.nbytes, m.version, m.token),
+    DirDoneMany: lambda m: (m.node, [(i.key, i.source, i.outcome.value, i.nbytes, i.version) for i in m.items],
                             m.token),
 }
 _UNPACK: dict[type, Callable[[Any], Any]] = {
