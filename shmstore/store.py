@@ -91,6 +91,7 @@ class Store:
         # the levels as this client reaches them: a device level asks the spill process for its arenas
         try:
             node.use_levels(open_levels(node, functools.partial(request_arena, node, slot)))
+            node.prefault.pin_row(slot, config.name)  # before any get writes a pin byte
             self._kernel = Kernel(node, slot, config.session, on_detach=self._on_detach)
             self._placement = Placement(self._kernel, node, config)
             if not observe:

@@ -224,7 +224,8 @@ class Messenger:
         rank and the setting (:class:`Cluster`'s verbs add which operation of which key gave up)."""
         rank = self.leaders[node]
         return errors.TransferError(f"node {self.names[node]!r} (rank {rank}) {what} within {waited:g} s: that "
-                                    f"rank died or hangs ({_SETTING})", key if isinstance(key, str) else None, rank)
+                                    f"rank died, hangs or cannot be reached ({_SETTING})",
+                                    key if isinstance(key, str) else None, rank)
 
     def failed(self, node: int, msg: Any, key: Any, exc: BaseException) -> errors.TransferError:
         """The error of an MPI call about ``node`` that failed (MPI reports that rank gone, on transports

@@ -296,8 +296,8 @@ class Service:
         except MPI.Exception:  # MPI failed a send (the receiver died)
             done = False
         if not done:
-            raise errors.TransferError(f"rank {dest} took no frame within {self.timeout:g} s: it died or hangs "
-                                       f"(raise peer_timeout= / SHMSTORE_PEER_TIMEOUT)", None, dest)
+            raise errors.TransferError(f"rank {dest} took no frame within {self.timeout:g} s: it died, hangs or "
+                                       f"cannot be reached (raise peer_timeout= / SHMSTORE_PEER_TIMEOUT)", None, dest)
 
     def _on_release(self, src: int, tag: int, msg: W.Release) -> None:
         self._leases.pop(msg.handle, None)

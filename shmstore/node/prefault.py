@@ -10,10 +10,16 @@ ahead of the allocator's frontier and ``META_AHEAD`` entries (and extent
 records) ahead of the entries handed out, never the rest of a large table
 (a store sized for millions of objects costs memory only as they come); a writer that reaches past what is
 populated faults its range in first, so a full /dev/shm is a
-``StorageFullError``, never a SIGBUS.
+``StorageFullError``, never a SIGBUS. A client's row of pin bytes (one
+byte per entry, written by every ``get``, read by others) is faulted in
+the same way, as far ahead as the entries: the first stretch when the
+client connects (:meth:`Prefaulter.pin_row`, which raises on a full
+/dev/shm), the rest by the clients' threads (a pin byte on a page tmpfs
+could not give was a SIGBUS in ``get``).
 """
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -27,6 +33,11 @@ __all__ = ["Prefaulter"]
 
 _POPULATE_CHUNK = 32 << 20
 META_AHEAD = 65536  # entry and extent records kept faulted in ahead of those handed out
+
+
+def _why(rc: int) -> str:
+    """What a failed MADV_POPULATE_WRITE means (EFAULT: the pages' SIGBUS, which tmpfs gives when full)."""
+    return "tmpfs full" if rc == errno.EFAULT else os.strerror(rc)
 
 
 class Prefaulter:
@@ -43,6 +54,7 @@ class Prefaulter:
     def __init__(self, meta: Segment, arena: Segment, capacity: int, layout: L.Layout) -> None:
         self.meta, self.arena, self.capacity, self.layout = meta, arena, capacity, layout
         self._meta_done: dict[int, int] = {}  # section start -> bytes of it faulted in
+        self._row: int | None = None  # offset of this process's row of pin bytes in the metadata
         self.populated = 0  # the first ``populated`` bytes of the arena are faulted in, here
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
@@ -70,7 +82,13 @@ class Prefaulter:
         sections = [(0, lay.entries),  # header, locks, clients, counters, buckets
                     (lay.entries, min(lay.max_objects, ahead) * L.ENTRY_SIZE),
                     (lay.extents, min(lay.nextents, 2 * ahead) * L.EXTENT.size),
-                    (lay.migrations, self.meta.size - lay.migrations)]  # pin rows: touched as pins come
+                    (lay.migrations, self.meta.size - lay.migrations)]
+        # pin rows as far as the entries: this client's first, then every slot's that was ever used (others
+        # read and clear them; a tmpfs page is allocated on a read too)
+        row = min(lay.max_objects, ahead)
+        slots = range(L.ALLOC.get(self.meta.mm, "slots_high"))
+        sections += [(start, row) for start in dict.fromkeys(
+            ([self._row] if self._row is not None else []) + [lay.pinbyte(s, 0) for s in slots])]
         for start, length in sections:
             done = self._meta_done.get(start, 0)
             while done < length and not stop.is_set():
@@ -80,6 +98,23 @@ class Prefaulter:
                 done += n
                 self._meta_done[start] = done
         return True
+
+    def pin_row(self, slot: int, name: str) -> None:
+        """Fault in client ``slot``'s row of pin bytes as far ahead as the entries (its thread, once
+        started, keeps it so).
+
+        Raises:
+            StorageFullError: /dev/shm has no pages left for it.
+        """
+        lay = self.layout
+        self._row = lay.pinbyte(slot, 0)
+        length = min(lay.max_objects, L.entry_cursor(self.meta.mm)[0] + META_AHEAD)
+        rc = self.meta.populate(self._row, length)
+        if rc and rc != 22:  # EINVAL: no MADV_POPULATE_WRITE in this kernel
+            raise StorageFullError(
+                f"cannot connect to store {name!r}: /dev/shm has no free pages left for this process's "
+                f"{format_size(length)} of pin bytes ({_why(rc)}; free /dev/shm)", requested=length)
+        self._meta_done[self._row] = length
 
     def _loop(self, prefault: int, stop: threading.Event) -> None:
         self._meta(stop)
@@ -117,5 +152,5 @@ class Prefaulter:
         if rc and rc != 22:  # EINVAL: no MADV_POPULATE_WRITE in this kernel; write and hope
             raise StorageFullError(
                 f"cannot place {key!r} ({format_size(length)}): /dev/shm has no free pages left "
-                f"({os.strerror(rc)}; free /dev/shm or lower capacity= / SHMSTORE_CAPACITY)",
+                f"({_why(rc)}; free /dev/shm or lower capacity= / SHMSTORE_CAPACITY)",
                 object_id=key, requested=length)
