@@ -17,10 +17,10 @@ n1) then, while a thread of it cuts its node's link (``ip link set eth0 down`` i
 - ``full``: gets ``big`` while its node's own /dev/shm is full (a ballast file fills it but 16 MiB; the link
   stays up; run with SHMSTORE_PREFAULT=0, else the store's arena was faulted in, its pages its own, before).
 
-It must raise (``full``: StorageFullError) TransferError naming node n0 within peer_timeout (+ a margin), and nothing is corrupt. Then the
-link comes back and rank 1 does it again (TCP may need seconds to resend what the cut lost: up to 10
-attempts): the same object comes, every byte right, and rank 0's copy is still whole (a migrate that failed
-took nothing away). It prints:
+It must raise TransferError naming node n0 (``full``: StorageFullError naming the key and its size) within
+peer_timeout (+ a margin), and nothing is corrupt. Then the link comes back and rank 1 does it again (TCP
+may need seconds to resend what the cut lost: up to 10 attempts): the same object comes, every byte right,
+and rank 0's copy is still whole (a migrate that failed took nothing away). It prints:
 
     RAISED <seconds> <the error's message>    (or RETURNED: the test fails)
     AGAIN ok                                  (the second try came, every byte right)
@@ -92,6 +92,7 @@ def main() -> None:
             else:
                 cutter = threading.Timer(0.5, link, ("down",))
                 cutter.start()
+            expected: type[Exception] = StorageFullError if what == "full" else TransferError
             t0 = time.monotonic()
             try:
                 if what in ("fetch", "full"):
@@ -102,7 +103,7 @@ def main() -> None:
                 else:
                     got = c.locate(small)
                 print(f"RETURNED {time.monotonic() - t0:.2f} {type(got).__name__}", flush=True)
-            except (StorageFullError if what == "full" else TransferError) as exc:
+            except expected as exc:
                 took = time.monotonic() - t0
                 print(f"RAISED {took:.2f} {exc}", flush=True)
                 if took > timeout + 3:
@@ -130,7 +131,7 @@ def main() -> None:
                         got = np.asarray(c.get("big"))
                         ok = got.nbytes == SIZE and np.array_equal(got, pattern())
                     break
-                except (StorageFullError if what == "full" else TransferError) as exc:
+                except TransferError as exc:
                     print(f"ATTEMPT {attempt} {exc}", flush=True)
             else:
                 ok = False
