@@ -5,6 +5,11 @@
 #
 #   mpi/slurm/testcluster.sh start DIR     # then: export SLURM_CONF=DIR/slurm.conf; sbatch ...
 #   mpi/slurm/testcluster.sh stop DIR      # stops every daemon by its pid file
+#
+# TESTNODES=NODES_DIR: on nodes apart (mpi/testnodes started under NODES_DIR, with at least nodes n1 and n2):
+# each slurmd runs in its node's namespaces with the node's own address, so job scripts, srun and the epilog
+# run per node and see only that node's /dev/shm; slurmctld stays on this host, reached at the bridge's
+# address. Jobs that spill should set SHMSTORE_SPILL_DIR=NODES_DIR/local (each node's own scratch).
 set -euo pipefail
 cmd=${1:?usage: testcluster.sh start|stop DIR}
 dir=$(realpath -m "${2:?usage: testcluster.sh start|stop DIR}")
@@ -42,9 +47,17 @@ exec $here/epilog.sh
 EPI
 chmod +x "$dir/epilog.sh"
 ctld_port=$((16000 + RANDOM % 2000))
+ctld_host=localhost addr1=127.0.0.1 addr2=127.0.0.1
+if [ -n "${TESTNODES:-}" ]; then
+    # shellcheck disable=SC1091
+    net=$(. "$TESTNODES/state" && echo "$NET")
+    ctld_host="localhost($net.254)" addr1=$(awk '$2 == "n1" {print $1}' "$TESTNODES/hosts")
+    addr2=$(awk '$2 == "n2" {print $1}' "$TESTNODES/hosts")
+    [ -n "$addr1" ] && [ -n "$addr2" ] || { echo "testcluster: $TESTNODES has no nodes n1 and n2" >&2; exit 1; }
+fi
 cat > "$dir/slurm.conf" <<CONF
 ClusterName=shmstore-ci
-SlurmctldHost=localhost
+SlurmctldHost=$ctld_host
 SlurmctldPort=$ctld_port
 SlurmUser=root
 SlurmdUser=root
@@ -69,14 +82,19 @@ KillWait=5
 InactiveLimit=0
 MinJobAge=30
 Epilog=$dir/epilog.sh
-NodeName=n1 NodeAddr=127.0.0.1 Port=$((ctld_port + 2001)) CPUs=$cpus State=UNKNOWN TmpDisk=1024
-NodeName=n2 NodeAddr=127.0.0.1 Port=$((ctld_port + 2002)) CPUs=$cpus State=UNKNOWN TmpDisk=1024
+NodeName=n1 NodeAddr=$addr1 Port=$((ctld_port + 2001)) CPUs=$cpus State=UNKNOWN TmpDisk=1024
+NodeName=n2 NodeAddr=$addr2 Port=$((ctld_port + 2002)) CPUs=$cpus State=UNKNOWN TmpDisk=1024
 PartitionName=ci Nodes=n1,n2 Default=YES MaxTime=UNLIMITED State=UP OverSubscribe=YES
 CONF
 export SLURM_CONF="$dir/slurm.conf"
 slurmctld -f "$SLURM_CONF"
-slurmd -f "$SLURM_CONF" -N n1
-slurmd -f "$SLURM_CONF" -N n2
+if [ -n "${TESTNODES:-}" ]; then
+    "$TESTNODES/bin/testnodes" exec "$TESTNODES" n1 slurmd -f "$SLURM_CONF" -N n1
+    "$TESTNODES/bin/testnodes" exec "$TESTNODES" n2 slurmd -f "$SLURM_CONF" -N n2
+else
+    slurmd -f "$SLURM_CONF" -N n1
+    slurmd -f "$SLURM_CONF" -N n2
+fi
 for _ in $(seq 100); do
     if [ "$(sinfo -h -o '%T' 2>/dev/null | sort -u | tr -d '\n')" = "idle" ]; then
         echo "testcluster: up (SLURM_CONF=$SLURM_CONF)"

@@ -1,8 +1,12 @@
 """Slurm for real: a throwaway cluster of two emulated nodes (mpi/slurm/testcluster.sh), the quick scaling
 job and a job scancelled mid-transfer, submitted with sbatch and checked afterwards.
 
-Needs Slurm's daemons (Debian: ``slurm-wlm munge``; ``.ci/run`` installs them) and root; skips with the
-reason otherwise.
+Every test runs twice: ``shared``, both slurmds on this host (one /dev/shm, one network), and ``apart``, each
+slurmd in its own node's namespaces (mpi/testnodes: own /dev/shm, scratch, host name and address; MPI
+between the nodes over TCP), where the job scripts, srun and the epilog of a node see only that node.
+
+Needs Slurm's daemons (Debian: ``slurm-wlm munge``; ``.ci/run`` installs them) and root (``apart``: and
+namespaces); skips with the reason otherwise.
 """
 from __future__ import annotations
 
@@ -23,21 +27,66 @@ pytestmark = [pytest.mark.mpi, pytest.mark.skipif(
 BIN = os.path.dirname(sys.executable)
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    """The cluster's environment (SLURM_CONF, PATH with this interpreter first); stopped at the end."""
+class Slurm(dict):
+    """The cluster's environment (SLURM_CONF, PATH with this interpreter first), and where its nodes keep
+    their shared memory and scratch."""
+
+    def __init__(self, env: dict[str, str], nodes: str | None) -> None:
+        super().__init__(env)
+        self.nodes = nodes  # the mpi/testnodes folder (apart), or None (shared)
+
+    def shm(self, node: str) -> str:
+        """The /dev/shm that node ``node``'s processes see."""
+        if self.nodes is None:
+            return "/dev/shm"
+        with open(os.path.join(self.nodes, "nodes", node, "pid")) as f:
+            return f"/proc/{f.read().strip()}/root/dev/shm"
+
+    def spill(self, tmp_path) -> tuple[str, list[str]]:
+        """The SHMSTORE_SPILL_DIR to give a job, and the folders behind it (one per node apart)."""
+        if self.nodes is None:
+            spill = tmp_path / "spill"
+            spill.mkdir()
+            return str(spill), [str(spill)]
+        return os.path.join(self.nodes, "local"), [os.path.join(self.nodes, "nodes", n, "scratch")
+                                                   for n in ("n1", "n2")]
+
+    def segments(self, pattern: str) -> list[str]:
+        """Entries of any node's /dev/shm (this host's too) whose name holds ``pattern``."""
+        dirs = dict.fromkeys(["/dev/shm", self.shm("n1"), self.shm("n2")])
+        return [os.path.join(d, e) for d in dirs for e in os.listdir(d) if pattern in e]
+
+
+@pytest.fixture(scope="module", params=["shared", "apart"])
+def slurm(request, tmp_path_factory):
+    """The cluster (see :class:`Slurm`); stopped at the end, and its nodes apart with it."""
     d = str(tmp_path_factory.mktemp("slurm"))
     env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""), PYTHONPATH=ROOT,
                SLURM_CONF=os.path.join(d, "slurm.conf"), SHMSTORE_PYTHON=sys.executable)
     for var in [v for v in env if v.startswith(("SLURM_JOB", "SLURM_NNODES", "SHMSTORE_NODE"))]:
         env.pop(var)
+    testnodes = os.path.join(ROOT, "mpi", "testnodes")
+    nodes = None
+    if request.param == "apart":
+        r = subprocess.run(["unshare", "--net", "--mount", "--uts", "true"], capture_output=True, text=True)
+        if r.returncode or not (shutil.which("nsenter") and shutil.which("ip") and shutil.which("tc")):
+            pytest.skip(f"no namespaces here for nodes apart ({r.stderr.strip() or 'no nsenter, ip or tc'})")
+        nodes = str(tmp_path_factory.mktemp("nodes"))
+        r = subprocess.run([testnodes, "start", nodes, "3", "--owner", str(os.getpid())], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        # MPI between the nodes over TCP (as on every node apart: mpi/testnodes), one VCI
+        env.update(TESTNODES=nodes, UCX_TLS="tcp,self", UCX_NET_DEVICES="eth0", MPIR_CVAR_CH4_NUM_VCIS="1")
     script = os.path.join(ROOT, "mpi", "slurm", "testcluster.sh")
     r = subprocess.run(["bash", script, "start", d], env=env, capture_output=True, text=True, timeout=120)
     try:
         assert r.returncode == 0, r.stdout + r.stderr
-        yield env
+        yield Slurm(env, nodes)
     finally:
         subprocess.run(["bash", script, "stop", d], env=env, capture_output=True, timeout=60)
+        if nodes is not None:
+            r = subprocess.run([testnodes, "stop", nodes], capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stdout + r.stderr
 
 
 def sbatch(env: dict[str, str], *args: str) -> str:
@@ -52,19 +101,19 @@ def running(env: dict[str, str], job: str) -> bool:
     return bool(r.stdout.strip())
 
 
-def leftovers(job: str, spill_dir: str) -> list[str]:
-    """Whatever job ``job`` left on this machine: store segments, semaphores, spill files, spill processes."""
-    left = [s for s in os.listdir("/dev/shm") if f"-job-{job}-" in s]
-    left += [os.path.join(r, f) for r, _, fs in os.walk(spill_dir) for f in fs]
+def leftovers(slurm: Slurm, job: str, spill_dirs: list[str]) -> list[str]:
+    """Whatever job ``job`` left on any node: store segments, semaphores, spill files, spill processes."""
+    left = slurm.segments(f"-job-{job}-")
+    left += [os.path.join(r, f) for d in spill_dirs for r, _, fs in os.walk(d) for f in fs]
     r = subprocess.run(["pgrep", "-af", f"shmstore.spill --name job-{job} "], capture_output=True, text=True)
     return left + r.stdout.split("\n")[:-1]
 
 
 @pytest.mark.timeout(300)
 def test_quick_scaling_job_writes_its_csv_and_plots_and_leaves_nothing(slurm, tmp_path):
-    out, spill = tmp_path / "results", tmp_path / "spill"
-    spill.mkdir()
-    env = dict(slurm, SCALING_OUT=str(out), SHMSTORE_SPILL_DIR=str(spill))
+    out = tmp_path / "results"
+    spill, spill_dirs = slurm.spill(tmp_path)
+    env = dict(slurm, SCALING_OUT=str(out), SHMSTORE_SPILL_DIR=spill)
     job = sbatch(env, "-N", "2", "--ntasks-per-node=2", "-o", str(tmp_path / "job.out"),
                  os.path.join(ROOT, "mpi", "slurm", "scaling.sbatch"), "--quick")
     assert wait_for(lambda: not running(env, job), timeout=240), (tmp_path / "job.out").read_text()[-3000:]
@@ -82,25 +131,28 @@ def test_quick_scaling_job_writes_its_csv_and_plots_and_leaves_nothing(slurm, tm
             assert (out / f"{png}.png").stat().st_size > 10_000
     except ImportError:
         assert "no matplotlib" in log
-    assert wait_for(lambda: not leftovers(job, str(spill)), timeout=30), leftovers(job, str(spill))
+    assert wait_for(lambda: not leftovers(slurm, job, spill_dirs), timeout=30), leftovers(slurm, job, spill_dirs)
 
 
 @pytest.mark.timeout(300)
 def test_job_cancelled_mid_transfer_leaves_no_store_spill_file_or_process(slurm, tmp_path):
-    spill = tmp_path / "spill"
-    spill.mkdir()
-    env = dict(slurm, SHMSTORE_SPILL_DIR=str(spill))
+    spill, spill_dirs = slurm.spill(tmp_path)
+    env = dict(slurm, SHMSTORE_SPILL_DIR=spill)
     log = tmp_path / "job.out"
     job = sbatch(env, "-N", "2", "--ntasks-per-node=2", "-o", str(log), "--wrap",
                  f"srun --mpi=pmi2 -K {sys.executable} -m mpi4py {ROOT}/tests/mpi/jobs/transfer_loop.py")
     assert wait_for(lambda: log.exists() and "transferring" in log.read_text(), timeout=120), \
         log.read_text()[-3000:] if log.exists() else "no output"
-    assert [s for s in os.listdir("/dev/shm") if f"-job-{job}-n1-" in s]  # one store per node, named by the job
-    assert [s for s in os.listdir("/dev/shm") if f"-job-{job}-n2-" in s]
+    # one store per node, named by the job (apart: each in its own node's /dev/shm, and only there)
+    assert [s for s in os.listdir(slurm.shm("n1")) if f"-job-{job}-n1-" in s]
+    assert [s for s in os.listdir(slurm.shm("n2")) if f"-job-{job}-n2-" in s]
+    if slurm.nodes is not None:
+        assert not [s for s in os.listdir(slurm.shm("n1")) if f"-job-{job}-n2-" in s]
+        assert not [s for s in os.listdir("/dev/shm") if f"-job-{job}-" in s]
     time.sleep(0.3)  # well inside the transfer loop
     subprocess.run(["scancel", job], env=env, check=True, timeout=30)
     assert wait_for(lambda: not running(env, job), timeout=60)
-    assert wait_for(lambda: not leftovers(job, str(spill)), timeout=30), leftovers(job, str(spill))
+    assert wait_for(lambda: not leftovers(slurm, job, spill_dirs), timeout=30), leftovers(slurm, job, spill_dirs)
 
 
 @pytest.fixture
@@ -134,8 +186,9 @@ def test_epilog_ends_within_seconds_beside_a_fifo_a_socket_and_garbage_under_the
     import socket
     uid = job_user
     job = sbatch(slurm, "-H", f"--uid={uid}", f"--gid={uid}", "-N", "2", "-o", "/dev/null", "--wrap", "sleep 1")
-    planted = [f"/dev/shm/shmstore-{uid}-job-{job}-n1-meta", f"/dev/shm/shmstore-{uid}-job-{job}-n2-meta",
-               f"/dev/shm/shmstore-{uid}-job-{job}x-n1-meta"]
+    n1, n2 = slurm.shm("n1"), slurm.shm("n2")
+    planted = [f"{n1}/shmstore-{uid}-job-{job}-n1-meta", f"{n2}/shmstore-{uid}-job-{job}-n2-meta",
+               f"{n1}/shmstore-{uid}-job-{job}x-n1-meta"]
     dead = f"job{job}dead"
     try:
         os.mkfifo(planted[0])
@@ -146,21 +199,25 @@ def test_epilog_ends_within_seconds_beside_a_fifo_a_socket_and_garbage_under_the
         for p in planted:
             os.lchown(p, uid, uid)
         hand_over(dead, str(tmp_path), uid)
+        if n1 != "/dev/shm":  # apart: the dead store is node n1's (its spill folder stays where n1 sees it)
+            for seg in [s for s in os.listdir("/dev/shm") if f"-{dead}-" in s]:
+                shutil.copy2(os.path.join("/dev/shm", seg), os.path.join(n1, seg))
+                os.chown(os.path.join(n1, seg), uid, uid)
+                os.unlink(os.path.join("/dev/shm", seg))
         subprocess.run(["scontrol", "release", job], env=slurm, check=True, timeout=30)
         assert wait_for(lambda: not running(slurm, job), timeout=60)
         t0 = time.monotonic()
         assert wait_for(lambda: _nodes_idle(slurm), timeout=30), "the epilog hangs: nodes stay completing"
         assert time.monotonic() - t0 < 15
-        assert wait_for(lambda: not [s for s in os.listdir("/dev/shm") if f"-{dead}-" in s], timeout=10)
+        assert wait_for(lambda: not slurm.segments(f"-{dead}-"), timeout=10)
         assert not os.listdir(tmp_path)
         assert all(os.path.lexists(p) for p in planted)  # not the epilog's to remove
     finally:
         for p in planted:
             if os.path.lexists(p):
                 os.unlink(p)
-        for s in os.listdir("/dev/shm"):
-            if f"-{dead}-" in s:
-                os.unlink("/dev/shm/" + s)
+        for s in slurm.segments(f"-{dead}-"):
+            os.unlink(s)
 
 
 @pytest.mark.timeout(300)
@@ -171,9 +228,8 @@ def test_a_job_whose_rank_raises_ends_long_before_its_time_limit_with_the_traceb
     the project's job.sbatch (``srun -K python -m mpi4py``) and under plain ``srun`` with a plain ``python``
     script, the job ends within seconds of the raise, its output holds the traceback, and neither node keeps
     a store segment, spill file or spill process of the job."""
-    spill = tmp_path / "spill"
-    spill.mkdir()
-    env = dict(slurm, SHMSTORE_SPILL_DIR=str(spill))
+    spill, spill_dirs = slurm.spill(tmp_path)
+    env = dict(slurm, SHMSTORE_SPILL_DIR=spill)
     log = tmp_path / "job.out"
     script = os.path.join(ROOT, "tests", "mpi", "jobs", "raise_in_cluster.py")
     how = [os.path.join(ROOT, "mpi", "slurm", "job.sbatch"), script, "-", "leader", "get"] \
@@ -187,4 +243,4 @@ def test_a_job_whose_rank_raises_ends_long_before_its_time_limit_with_the_traceb
     assert took < 60, f"{took:.0f} s (the time limit is 5 minutes):\n{out[-3000:]}"
     assert "Traceback (most recent call last)" in out and "RuntimeError: boom from rank 0" in out, out[-3000:]
     assert "DUE TO TIME LIMIT" not in out, out[-3000:]
-    assert wait_for(lambda: not leftovers(job, str(spill)), timeout=30), leftovers(job, str(spill))
+    assert wait_for(lambda: not leftovers(slurm, job, spill_dirs), timeout=30), leftovers(slurm, job, spill_dirs)
