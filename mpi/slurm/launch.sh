@@ -18,5 +18,5 @@ SHMSTORE_SRUN=(srun --mpi=pmi2 -K)
 # they log to a file beside the spill directory: see README) go into this job's output.
 shmstore_cleanup() {
     srun -N "$SLURM_NNODES" -n "$SLURM_NNODES" --ntasks-per-node=1 bash -c 'python -m shmstore gc
-        cat "$SHMSTORE_SPILL_DIR"/shmstore-"$(id -u)"-job-"$SLURM_JOB_ID"-*.log 2>/dev/null >&2' || true
+        cat "$SHMSTORE_SPILL_DIR"/shmstore-"$(id -u)"-job-"$SLURM_JOB_ID"-*.log 2>/dev/null >&2 || true' || true
 }
