@@ -47,9 +47,18 @@ def comm(cluster):
     return cluster.comm
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
+    """Every test is an MPI test; its time limit grows with the ranks per core (a 64-rank job on a 2-core
+    machine runs each rank a 32nd of the time: the racing test took over 120 s there)."""
+    import math
+    import os
+    scale = max(1, math.ceil(MPI.COMM_WORLD.size / (4 * (os.cpu_count() or 1))))
+    base = config.getini("timeout") or 120
     for item in items:
         item.add_marker(pytest.mark.mpi)
+        marker = item.get_closest_marker("timeout")
+        if scale > 1:
+            item.add_marker(pytest.mark.timeout(float(marker.args[0] if marker and marker.args else base) * scale))
 
 
 @pytest.fixture
