@@ -135,7 +135,7 @@ def nodes(tmp_path_factory) -> Iterator[Nodes]:
     if why:
         pytest.skip(why)
     path = str(tmp_path_factory.mktemp("nodes"))
-    r = subprocess.run([TESTNODES, "start", path, str(len(NODES)), "--shm", "1g", "--owner", str(os.getpid())],
+    r = subprocess.run([TESTNODES, "start", path, str(len(NODES)), "--shm", "2g", "--owner", str(os.getpid())],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     with open(os.path.join(path, "state")) as f:
@@ -245,3 +245,54 @@ def test_every_rank_of_a_node_killed_the_others_go_on_and_its_epilog_leaves_noth
                        env=nodes.env(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert wait_for(nodes.empty, timeout=30), {n: (nodes.stores(n), nodes.scratch(n)) for n in NODES}
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("stopped, reuse", [("sender", ""), ("receiver", "reuse")])
+def test_a_transfer_given_up_over_the_network_while_tcp_still_moves_it_corrupts_nothing(nodes, stopped, reuse):
+    """The seams issue's late receive (tests/mpi/jobs/late_receive.py, see test_jobs.py) between nodes apart:
+    one end of a 192 MiB transfer over TCP is SIGSTOPped mid-way for longer than peer_timeout, then
+    SIGCONTed, while the bytes already in the sockets' buffers keep coming. Every byte of every object is
+    checked, the given-up requests end up released, and no node keeps anything of the store."""
+    name = unique_name("lr")
+    with nodes.watching() as seen:
+        out = nodes.mpiexec("n0:1,n1:1", 2, [os.path.join(ROOT, "tests", "mpi", "jobs", "late_receive.py"), name,
+                                              stopped] + ([reuse] if reuse else []),
+                            nodes.env(SHMSTORE_PEER_TIMEOUT="2", MPIEXEC_TIMEOUT="150"), 170)
+        assert "STOPPED" in out and "mid-transfer" in out, out[-4000:]  # the stop landed mid-transfer
+        assert "CORRUPT" not in out, out[-4000:]
+        assert "CLEAN rank 0" in out and "CLEAN rank 1" in out, out[-4000:]
+        assert "RESULT get" in out, out[-4000:]
+        assert wait_for(nodes.empty, timeout=20), {n: (nodes.stores(n), nodes.scratch(n)) for n in NODES}
+    _own_node_only(seen)
+
+
+@pytest.mark.timeout(120)
+def test_nodes_whose_owner_is_killed_are_stopped_and_leave_nothing(tmp_path):
+    """``testnodes start --owner PID``: once PID dies (a test run SIGKILLed), a watchdog stops the nodes: no
+    link, no namespace's process, no file of theirs stays."""
+    why = _why_not()
+    if why:
+        pytest.skip(why)
+    owner = subprocess.Popen(["sleep", "600"])
+    path = str(tmp_path / "orphan")
+    try:
+        r = subprocess.run([TESTNODES, "start", path, "2", "--shm", "64m", "--owner", str(owner.pid)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        with open(os.path.join(path, "state")) as f:
+            tag = re.search(r"TAG=(\w+)", f.read())[1]
+        holders = [open(os.path.join(path, "nodes", n, "pid")).read().strip() for n in ("n0", "n1")]
+        # a process running on a node goes with it
+        busy = subprocess.Popen([TESTNODES, "exec", path, "n1", "sleep", "600"])
+        assert wait_for(lambda: len(subprocess.run([TESTNODES, "pids", path, "n1"], capture_output=True,
+                                                   text=True).stdout.split()) >= 2, timeout=10)
+        owner.kill()
+        owner.wait(10)
+        gone = lambda: (tag not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout  # noqa: E731
+                        and not [h for h in holders if os.path.exists(f"/proc/{h}")] and not os.path.exists(path))
+        assert wait_for(gone, timeout=30), os.listdir(path) if os.path.exists(path) else "links or holders left"
+        assert busy.wait(10) != 0  # killed with its node
+    finally:
+        owner.kill()
+        subprocess.run([TESTNODES, "stop", path], capture_output=True, timeout=60)
