@@ -483,8 +483,10 @@ class Store:
         store (unless ``persist``): its spill process does, or, where that
         one has not finished starting yet, the client itself, stopping it.
         """
-        if self._kernel is not None:
-            self._kernel.close()  # detaching runs _on_detach, now or when the last view dies
+        if self._kernel is not None and not self._kernel.close():  # detaching runs _on_detach, now or when
+            node = self._node  # the last view dies; meanwhile each view keeps the device mapping it reads,
+            if node is not None:  # and the store keeps none, so the last view unmaps
+                node.forget_mappings()
 
     def _on_detach(self, remaining: int) -> None:
         node, self._node = self._node, None

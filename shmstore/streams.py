@@ -16,6 +16,7 @@ from .client.kernel import Kernel
 from .client.puts import Incoming
 from .errors import InvalidArgumentError, ShmStoreError, StoreClosedError
 from .levels import Level
+from .levels.device import is_device_array, to_host
 from .meta import layout as L
 from .meta.keyref import Contents
 from .node.serialize import as_u8
@@ -61,25 +62,38 @@ class Writer:
                                    f"sealed: nothing was stored)")
 
     def write(self, data: Any) -> int:
-        """Append ``data`` (bytes-like); returns its length.
+        """Append ``data`` (bytes-like, or a device array: its bytes in memory order); returns its length.
 
         Raises:
             InvalidArgumentError: it would pass the declared size (nothing written).
+            DeviceError: a device array, and no CuPy or device here, or CUDA refused the copy.
         """
         self._check_open()
-        try:
-            src = as_u8(data)
-        except TypeError:
-            raise InvalidArgumentError(f"write to {self.key!r} takes bytes-like data (bytes, bytearray, memoryview, "
-                                       f"a numpy array), got {type(data).__name__}") from None
-        n = src.nbytes
+        device = is_device_array(data)
+        if device:
+            src = data  # copied by a device level's sink as it is, else to the host first
+            n = int(getattr(data, "nbytes", 0))
+        else:
+            try:
+                src = as_u8(data)
+            except TypeError:
+                raise InvalidArgumentError(f"write to {self.key!r} takes bytes-like data (bytes, bytearray, "
+                                           f"memoryview, a numpy array, a device array), got "
+                                           f"{type(data).__name__}") from None
+            n = src.nbytes
         if self._pos + n > self.size:
             raise InvalidArgumentError(
                 f"write of {format_size(n)} passes the end of {self.key!r}: {format_size(self._pos)} of "
                 f"{format_size(self.size)} written (open the writer with a larger size)")
-        if n and self._dst is not None:
+        if n and self._dst is not None and device:
+            to_host(self._dst[self._pos: self._pos + n], data)
+        elif n and self._dst is not None:
             self._dst[self._pos: self._pos + n] = src
         elif n:
+            # a host level's sink takes host bytes; a device level's (cuda_buffer) takes the device array
+            if device and getattr(self._in.sink, "cuda_buffer", lambda: None)() is None:  # type: ignore[union-attr]
+                src = np.empty(n, np.uint8)
+                to_host(src, data)
             try:
                 self._in.sink.write(src, self._pos)  # type: ignore[union-attr]
             except (OSError, ShmStoreError):  # the level's own error, naming its limit or path

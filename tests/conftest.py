@@ -4,15 +4,38 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import threading
 import warnings
 
 import pytest
 
-import shmstore
-from shmstore.node.nodestore import reap_children
 
-from helpers import Bystander, children, of_this_run, shm_segments, unique_name, wait_for
+def _cupy_stand_in() -> None:
+    """Where CuPy cannot find a device, the GPU level's tests run on the CuPy stand-in (tests/fakecuda:
+    device memory of shared memory; it proves the store's logic, not CUDA's semantics), in this process and
+    in every process it starts (``SHMSTORE_FAKE_CUPY``, inherited). Where a device is, the real CuPy runs
+    them. ``SHMSTORE_NO_GPU=1`` runs without either; ``SHMSTORE_FAKE_CUPY=`` (empty) without the stand-in."""
+    if "SHMSTORE_FAKE_CUPY" in os.environ or os.environ.get("SHMSTORE_NO_GPU", "").lower() in ("1", "true", "yes"):
+        return
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return
+    except Exception:  # not installed, no driver, no device
+        pass
+    for mod in [m for m in sys.modules if m.split(".")[0] in ("cupy", "cupy_backends")]:
+        del sys.modules[mod]
+    os.environ["SHMSTORE_FAKE_CUPY"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fakecuda")
+    sys.path.insert(0, os.environ["SHMSTORE_FAKE_CUPY"])
+
+
+_cupy_stand_in()
+
+import shmstore  # noqa: E402
+from shmstore.node.nodestore import reap_children  # noqa: E402
+
+from helpers import Bystander, children, of_this_run, shm_segments, unique_name, wait_for  # noqa: E402
 
 SMALL = "64MiB"
 

@@ -101,11 +101,18 @@ def spill_running(pid: int) -> bool:
         return False
 
 
+def child_path() -> str:
+    """The PYTHONPATH of a child Python: this checkout, and the CuPy stand-in where the run uses it (so that a
+    child's ``import cupy`` finds the same CuPy as the test)."""
+    stand_in = os.environ.get("SHMSTORE_FAKE_CUPY")
+    return os.pathsep.join([ROOT, stand_in] if stand_in else [ROOT])
+
+
 class Child:
     """A Python interpreter running ``code``; talks over stdin/stdout lines."""
 
     def __init__(self, code: str, env: dict[str, str] | None = None) -> None:
-        full_env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
+        full_env = dict(os.environ, PYTHONPATH=child_path(), **(env or {}))
         self.proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
         self._lines: queue.Queue[str | None] = queue.Queue()

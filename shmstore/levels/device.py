@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +26,7 @@ from ..errors import DeviceError
 
 __all__ = ["cupy_or_reason", "need_cupy", "is_device_array", "to_host", "copy_into", "DeviceSink", "cuda_errors",
            "describe_cuda_error", "compute_mode_problem", "device_problem", "device_source", "settle", "ipc_open",
-           "ipc_close", "device_free", "allocate_shared"]
+           "ipc_close", "device_free", "allocate_shared", "flat_bytes"]
 
 _CUPY: list[tuple[Any, str | None, int]] = []  # (the answer, the pid that asked), asked once per process
 _MODES: dict[int, int] = {}  # ordinal -> compute mode, asked once per process
@@ -87,6 +88,10 @@ def need_cupy(what: str, key: str | None = None) -> Any:
 def _probe() -> tuple[Any, str | None]:
     if no_gpu():
         return None, "SHMSTORE_NO_GPU is set"
+    stand_in = os.environ.get("SHMSTORE_FAKE_CUPY")
+    # the tests' CuPy stand-in (tests/fakecuda), named by their conftest only where CuPy finds no device
+    if stand_in and stand_in not in sys.path:
+        sys.path.insert(0, stand_in)
     try:
         cupy = importlib.import_module("cupy")
     except ImportError:
@@ -166,12 +171,23 @@ def device_source() -> list[tuple[str, bytes]]:
 
 
 def settle(ordinal: int) -> None:
-    """Wait until every kernel and copy this process queued on device ``ordinal`` (any stream) finished:
-    what the GPU level runs before it lets a view's pin go (``gpumaps.view_owner``)."""
+    """Wait until the work queued on the current stream of device ``ordinal`` finished: what the GPU level
+    runs before it lets a view's pin go (``gpumaps.view_owner``).
+
+    The current stream is the one the view's last use was queued on (the thread's, as CuPy and torch queue
+    it; the legacy default stream also waits for the other blocking streams). Never a device-wide
+    synchronise, which waits for all of the process's GPU work and breaks a CUDA graph being captured
+    (``torch.compile`` "reduce-overhead"); while the stream captures, nothing it holds runs, and nothing
+    is waited for.
+    """
     cupy, _ = cupy_or_reason()
     if cupy is not None:
         with cupy.cuda.Device(ordinal):
-            cupy.cuda.runtime.deviceSynchronize()
+            stream = cupy.cuda.get_current_stream()
+            capturing = getattr(stream, "is_capturing", None)
+            if capturing is not None and capturing():
+                return
+            stream.synchronize()
 
 
 def allocate_shared(capacity: int, fraction: float, align: int, ordinal: int, name: str) -> tuple[int, int, bytes]:
@@ -234,14 +250,24 @@ def to_host(dst: np.ndarray, src: Any) -> None:
     if is_device_array(src):
         cupy = need_cupy("copy to the host")
         with cuda_errors("copy to the host"):
-            arr = cupy.asarray(src)
+            arr = flat_bytes(cupy, src)
             # the current stream of the array's device: after the work queued on it there
             with arr.device:
                 stream = cupy.cuda.get_current_stream()
-                arr.view(cupy.uint8).reshape(-1)[:dst.nbytes].get(stream=stream, out=dst)
+                arr[:dst.nbytes].get(stream=stream, out=dst)
                 stream.synchronize()
     else:
         dst[...] = np.frombuffer(src, np.uint8, dst.nbytes)
+
+
+def flat_bytes(cupy: Any, src: Any) -> Any:
+    """The bytes of device array ``src`` in memory order, as a flat uint8 device array: no copy where it is
+    contiguous in either order (an F-ordered array's bytes as they lie, which ``view(uint8)`` refuses for
+    ndim > 1), a C-ordered copy where it is not contiguous."""
+    arr = cupy.asarray(src)
+    if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
+        arr = cupy.ascontiguousarray(arr)
+    return cupy.ndarray((arr.nbytes,), cupy.uint8, arr.data)
 
 
 def copy_into(dst: Any, src: Any, nbytes: int, what: str, key: str | None = None) -> None:
@@ -286,7 +312,7 @@ class DeviceSink:
         if is_device_array(data):
             cupy = need_cupy("store", self._key)
             with cuda_errors("store", self._key, self._dst.device.id):
-                data = cupy.asarray(data).view(cupy.uint8).reshape(-1)  # contiguous (a copy where it was not)
+                data = flat_bytes(cupy, data)
         elif not isinstance(data, np.ndarray):
             data = np.frombuffer(data, np.uint8)
         else:

@@ -264,6 +264,13 @@ class GpuLevel:
             self._let_go()
         return lost
 
+    def forget_mappings(self) -> None:
+        """Let this level's own references to the arenas' mappings go; every view keeps its own, so the
+        last view to go unmaps. What a store's ``close()`` does while views still pin objects (its detach
+        waits for them); the owner (the spill process) keeps its allocations until it releases them."""
+        if not self.owner:
+            self._let_go()
+
     def _let_go(self) -> None:
         with self._lock:
             maps, self._maps = self._maps, {}
@@ -376,7 +383,14 @@ class GpuLevel:
             self.host.alloc.free_owned(e.extent, idx + 1)
 
     def largest_free(self) -> int:
-        return self.largest_free_in(self._slot(claim=False))
+        """The largest object a place here can take now: on this process's device's arena, or, where that
+        arena is not made yet, what it will hold once the first place makes it (as :meth:`total` answers)."""
+        if cupy_or_reason()[0] is None:
+            return 0
+        slot = self._slot(claim=False)
+        if slot >= 0 and allocator(self.host, slot) is not None:
+            return self.largest_free_in(slot)
+        return self.total()
 
     def largest_free_in(self, slot: int) -> int:
         alloc = allocator(self.host, slot) if slot >= 0 else None

@@ -229,12 +229,12 @@ def view_owner(token: Any, mapping: Mapping, settle: Callable[[int], None]) -> V
     """An owner for a view over ``mapping`` whose pin is held by ``token`` (``kernel.views.pin_token``).
 
     The rule, when the view is collected: first ``settle(ordinal)`` (the
-    GPU level passes a device synchronise: every kernel and copy this
-    process queued on the device, on any stream, has finished), then the
-    mapping reference goes, then the pin. A pin dropped at host time while
-    a kernel still reads the view would let a delete hand its space to
-    another process's put while the kernel reads it; after the synchronise
-    nothing this process queued can touch it.
+    GPU level passes a synchronise of the device's current stream, where
+    the view's last use was queued, and none while that stream captures a
+    graph: ``device.settle``), then the mapping reference goes, then the
+    pin. A pin dropped at host time while a kernel still reads the view
+    would let a delete hand its space to another process's put while the
+    kernel reads it; after the synchronise nothing queued there touches it.
     """
     owner = ViewOwner()
     mapping.retain()

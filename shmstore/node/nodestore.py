@@ -428,6 +428,12 @@ class NodeStore:
             if part is not None:
                 part.close()
 
+    def forget_mappings(self) -> None:
+        """The device levels let go of their own mappings (views keep theirs): a client closed with views
+        alive, whose detach waits for them."""
+        for level in self.devices.values():
+            level.forget_mappings()
+
     def unlink(self) -> int:
         """Remove the store's spill files, semaphore and segment names; returns how many files.
 

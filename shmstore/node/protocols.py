@@ -327,6 +327,10 @@ class DeviceLevel(MovableLevel, Protocol):
         """(slot, first offset, end offset, capacity) of every ready arena (metadata only): the relief pass
         weighs each arena's objects against that arena's own capacity."""
 
+    def forget_mappings(self) -> None:
+        """Let go of what this process holds open for the level's own use (not for the views it handed out,
+        which keep their own): the store was closed while views live."""
+
     def make_arena(self, d: int) -> None:
         """Make arena slot ``d`` on the device it names, owned by this process (the spill process, serving a
         client's request).

@@ -71,8 +71,9 @@ class FakeDeviceArray:
     __cuda_array_interface__ = {"shape": (4,), "typestr": "|u1", "data": (0, True), "version": 3}
 
 
-@pytest.mark.skipif(cupy_or_reason()[0] is not None, reason="CuPy is here")
-def test_without_cupy_every_gpu_path_says_so():
+def test_without_cupy_every_gpu_path_says_so(monkeypatch):
+    # wherever this runs: the answer a process without CuPy gets (levels/device._probe)
+    monkeypatch.setattr(device, "_CUPY", [(None, "CuPy is not installed (pip install 'shmstore[gpu]')", os.getpid())])
     with pytest.raises(shmstore.DeviceError, match="CuPy is not installed"):
         device.to_host(np.empty(4, np.uint8), FakeDeviceArray())
     with pytest.raises(shmstore.DeviceError, match="CuPy is not installed"):
@@ -125,3 +126,51 @@ def test_copies_run_on_the_current_stream_and_land_before_return(monkeypatch):
     monkeypatch.setattr(device, "_CUPY", [(fake, None, os.getpid())])
     device.copy_into(FakeDst(log), b"abcd", 4, "store", "k")
     assert log == ["on device 2", ("copy host->device on", fake.stream, 4), "synchronize the current stream", "back"]
+
+
+def test_a_views_release_waits_for_its_stream_never_for_the_whole_device_nor_inside_a_capture():
+    """``settle`` (run before a view's pin goes): a synchronise of the current stream, never
+    cudaDeviceSynchronize (all the process's GPU work, and it breaks a graph capture), none while capturing."""
+    log = []
+
+    class Stream:
+        capturing = False
+
+        def is_capturing(self):
+            return self.capturing
+
+        def synchronize(self):
+            log.append("stream")
+
+    stream = Stream()
+
+    class Cupy:
+        class cuda:
+            class Device:
+                def __init__(self, d):
+                    log.append(("device", d))
+
+                def __enter__(self):
+                    return self
+
+                def __exit__(self, *exc):
+                    pass
+
+            @staticmethod
+            def get_current_stream():
+                return stream
+
+            class runtime:
+                @staticmethod
+                def deviceSynchronize():
+                    log.append("device-wide")
+
+    old = list(device._CUPY)
+    device._CUPY[:] = [(Cupy, None, os.getpid())]
+    try:
+        device.settle(3)
+        stream.capturing = True
+        device.settle(3)
+    finally:
+        device._CUPY[:] = old
+    assert log == [("device", 3), "stream", ("device", 3)]
