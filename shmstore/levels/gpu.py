@@ -55,8 +55,10 @@ without one, and then makes and owns the arenas itself (``make_arena``).
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -69,6 +71,7 @@ from ..meta.table import EntryStolen, owns_entry
 from ..node import serialize
 from ..node.protocols import LevelHost, PutContext, RequestArena
 from ..node.views import pin_token
+from ..primitives.procs import pid_alive
 from ..units import format_size
 from ..values import Level
 from .device import (
@@ -99,6 +102,9 @@ __all__ = ["GpuLevel", "cupy_or_reason", "device_of", "is_device_array", "to_hos
            "DEVICES", "MAPPINGS"]
 
 DEFAULT_FRACTION = 0.5  # of the device's free memory, for an arena whose size was not set
+# how long an exiting owner keeps its arenas' allocations for views other processes still hold (seconds)
+VIEWS_GRACE = 10.0
+log = logging.getLogger(__name__)
 DEVICES = DeviceIds(device_source)  # this process's devices by key: one list per process
 MAPPINGS = MappingRegistry(ipc_open, ipc_close)  # this process's arena mappings: one per arena, every store shares
 # the arena slot of an offset (a slot, not an ordinal: see gpuarena.py)
@@ -261,8 +267,46 @@ class GpuLevel:
         except (ShmStoreError, OSError):  # a lock that timed out at exit: the successor's drop_lost does it
             pass
         finally:
+            self._wait_for_views(VIEWS_GRACE)
             self._let_go()
         return lost
+
+    def _wait_for_views(self, timeout: float) -> None:
+        """Before freeing its allocations, the owner waits (at most ``timeout`` seconds) until no other live
+        client process holds a view of them (CLIENT ``gpu_views``): CUDA leaves a free of memory that
+        another process maps undefined. The arenas are marked lost first, so no new view comes."""
+        with self._lock:
+            mask = sum(1 << d for d in self._maps)
+        deadline = time.monotonic() + timeout
+        while mask:
+            holders = self._viewers(mask)
+            if not holders:
+                return
+            if time.monotonic() > deadline:
+                log.warning("GPU arenas %s freed while processes %s still hold views of them (they waited %.0f s; "
+                            "those views are invalid now)", sorted(d for d in self._maps if mask >> d & 1),
+                            holders, timeout)
+                return
+            time.sleep(0.02)
+
+    def _viewers(self, mask: int) -> list[int]:
+        """The pids of live client processes other than this one holding views of the arenas in ``mask``."""
+        try:
+            t = L.client_table(self.host.buf, self.host.layout)
+            rows = [(int(t["pid"][s]), int(t["start"][s])) for s in
+                    ((t["state"] == 1) & (t["gpu_views"] & mask != 0)).nonzero()[0]]
+        except (ValueError, TypeError):  # the metadata is unmapped
+            return []
+        return sorted({pid for pid, start in rows if pid != os.getpid() and pid_alive(pid, start)})
+
+    def _note_views(self, slot: int, held: bool) -> None:
+        """Record in this process's client slots of the store whether it holds views of arena ``slot``
+        (only this process writes its own slots; the arena's owner reads them before freeing it)."""
+        t = L.client_table(self.host.buf, self.host.layout)
+        bit = 1 << slot
+        for s in ((t["pid"] == os.getpid()) & (t["state"] == 1)).nonzero()[0]:
+            views = int(t["gpu_views"][s])
+            t["gpu_views"][s] = views | bit if held else views & ~bit
 
     def forget_mappings(self) -> None:
         """Let this level's own references to the arenas' mappings go; every view keeps its own, so the
@@ -309,6 +353,8 @@ class GpuLevel:
         with cuda_errors("map the GPU arena holding", key, ordinal, DEVICES.name_of(ordinal)):
             m = MAPPINGS.open((self._store, slot, bytes(g.uuid), g.epoch), bytes(g.handle), ordinal)
         m.retain()  # the caller's; the one open gave is this level's
+        if not self.owner:  # the owner's own allocation has no owner to keep it
+            m.watch(id(self), lambda held: self._note_views(slot, held))
         with self._lock:
             old, self._maps[slot] = self._maps.get(slot), (g.epoch, m)
         if old is not None:

@@ -119,12 +119,19 @@ class Mapping:
     over it holds one reference; the last :meth:`release` closes it
     (``cudaIpcCloseMemHandle``, or ``cudaFree`` for the owner's own
     allocation). Made by a :class:`MappingRegistry`, never directly.
+
+    ``views`` counts the views among the references; ``watchers`` (by
+    key) are told when the first view comes (True) and the last one goes
+    (False): the GPU level records it in the metadata, so that the arena's
+    owner keeps the allocation while any process reads a view of it.
     """
 
-    __slots__ = ("key", "ptr", "ordinal", "refs", "registry")
+    __slots__ = ("key", "ptr", "ordinal", "refs", "registry", "views", "watchers")
 
     def __init__(self, registry: MappingRegistry, key: Hashable, ptr: int, ordinal: int) -> None:
         self.registry, self.key, self.ptr, self.ordinal, self.refs = registry, key, ptr, ordinal, 1
+        self.views = 0
+        self.watchers: dict[Hashable, Callable[[bool], None]] = {}
 
     def retain(self) -> None:
         """Take one more reference."""
@@ -133,6 +140,10 @@ class Mapping:
     def release(self) -> None:
         """Let one reference go; never raises (also run by the garbage collector)."""
         self.registry.release(self)
+
+    def watch(self, key: Hashable, watcher: Callable[[bool], None]) -> None:
+        """Tell ``watcher`` whether views of this mapping live: now if some do, then at every change."""
+        self.registry.watch(self, key, watcher)
 
 
 class MappingRegistry:
@@ -151,7 +162,7 @@ class MappingRegistry:
         self._maps: dict[Hashable, Mapping] = {}
         self._closers: dict[Hashable, Callable[[int], None]] = {}
         self._lock = threading.Lock()
-        self._queued: list[Mapping] = []
+        self._queued: list[tuple[Mapping, bool]] = []  # (mapping, the reference was a view's)
 
     def open(self, key: Hashable, handle: bytes, ordinal: int) -> Mapping:
         """The mapping of ``key`` with one more reference: the one this process has, or ``handle`` opened
@@ -180,23 +191,40 @@ class MappingRegistry:
             self._drain_locked()
             return m
 
-    def retain(self, m: Mapping) -> None:
+    def retain(self, m: Mapping, view: bool = False) -> None:
+        """One more reference to ``m``; ``view``: it is a view's (the watchers hear of the first)."""
         with self._lock:
             m.refs += 1
+            if view:
+                m.views += 1
+                if m.views == 1:
+                    _tell(m, True)
             self._drain_locked()
 
-    def release(self, m: Mapping) -> None:
+    def release(self, m: Mapping, view: bool = False) -> None:
         # atomic: a finalizer run inside a locked section of this thread lands here
-        self._queued.append(m)
+        self._queued.append((m, view))
         if self._lock.acquire(blocking=False):
             try:
                 self._drain_locked()
             finally:
                 self._lock.release()
 
+    def watch(self, m: Mapping, key: Hashable, watcher: Callable[[bool], None]) -> None:
+        with self._lock:
+            if key not in m.watchers:
+                m.watchers[key] = watcher
+                if m.views:
+                    _tell(m, True, watcher)
+            self._drain_locked()
+
     def _drain_locked(self) -> None:
         while self._queued:
-            m = self._queued.pop()
+            m, view = self._queued.pop()
+            if view:
+                m.views -= 1
+                if m.views == 0:
+                    _tell(m, False)
             m.refs -= 1
             if m.refs == 0:
                 self._forget_locked(m)
@@ -237,9 +265,18 @@ def view_owner(token: Any, mapping: Mapping, settle: Callable[[int], None]) -> V
     kernel reads it; after the synchronise nothing queued there touches it.
     """
     owner = ViewOwner()
-    mapping.retain()
+    mapping.registry.retain(mapping, view=True)
     weakref.finalize(owner, _let_go, settle, mapping, [token])
     return owner
+
+
+def _tell(m: Mapping, held: bool, only: Callable[[bool], None] | None = None) -> None:
+    """Tell ``m``'s watchers (or ``only`` that one) whether views of it live; never raises."""
+    for watcher in [only] if only is not None else list(m.watchers.values()):
+        try:
+            watcher(held)
+        except Exception:  # a store closed meanwhile: nothing left to record in
+            pass
 
 
 # run by the garbage collector anywhere: a Ctrl-C deferred inside it waits for the code it interrupted
@@ -249,5 +286,5 @@ def _let_go(settle: Callable[[int], None], mapping: Mapping, token: list[Any]) -
         settle(mapping.ordinal)
     except Exception:  # a dead context runs nothing any more: releasing is safe
         pass
-    mapping.release()
+    mapping.registry.release(mapping, view=True)
     token.clear()  # the pin goes last (its own finalizer unpins)

@@ -606,3 +606,31 @@ def test_item06_a_view_let_go_during_a_graph_capture_leaves_the_capture_valid(gs
     del w
     gc.collect()
     assert not gstore.get_info("v").pinned and float(y.sum()) == 3.0 * (1 << 20)
+
+
+@pytest.mark.gpu
+@needs_device
+def test_item06_an_exiting_spill_process_keeps_its_arena_while_a_client_reads_a_view_of_it(gstore, cp):
+    """SIGTERM to the spill process while a client holds a view: it marks the arena lost (no new view), then
+    keeps the allocation until the view goes (CUDA leaves freeing memory another process maps undefined),
+    and only then exits."""
+    import gc
+    import signal
+
+    from helpers import spill_running
+    node = gstore.node_store
+    gstore.put("a", cp.full((1000,), 7, cp.int64))
+    a = gstore.get("a")
+    slot = next(s for s in range(L.MAX_GPUS) if L.unpack_gpu(node.buf, node.layout, s).state == L.GPU_READY)
+    clients = L.client_table(node.buf, node.layout)
+    me = gstore.kernel.slot
+    assert int(clients["gpu_views"][me]) == 1 << slot  # what the spill process reads
+    spill = node.spill_pid()
+    os.kill(spill, signal.SIGTERM)  # we stay attached: it leaves the store to us after its grace
+    assert wait_for(lambda: L.unpack_gpu(node.buf, node.layout, slot).state == L.GPU_LOST, timeout=30)
+    assert not wait_for(lambda: not spill_running(spill), timeout=1.0), "it freed the arena under our view"
+    assert int(a.sum()) == 7000  # still mapped, still its bytes
+    del a
+    gc.collect()
+    assert int(clients["gpu_views"][me]) == 0
+    assert wait_for(lambda: not spill_running(spill), timeout=30)

@@ -152,3 +152,25 @@ def test_a_release_run_by_the_collector_inside_the_registry_is_queued_not_deadlo
     reg._open = open_while_collecting
     reg.open("b", b"h2", 0)
     assert ("close", first.ptr) in cuda.calls and list(reg.live()) == ["b"]
+
+
+def test_watchers_hear_of_the_first_view_and_of_the_last_and_late_watchers_at_once():
+    """What the GPU level records for the arena's owner (CLIENT gpu_views): views, not the level's own
+    reference, keep the owner's allocation."""
+    heard = []
+    reg = MappingRegistry(lambda h, d: 0x1000, lambda ptr: heard.append("closed"))
+    m = reg.open("arena", b"h", 0)  # the level's own reference: no view yet
+    m.watch("level", lambda held: heard.append(("level", held)))
+    assert heard == []
+    a = view_owner(["pin a"], m, lambda d: None)
+    b = view_owner(["pin b"], m, lambda d: None)
+    m.watch("second", lambda held: heard.append(("second", held)))  # views already live: told now
+    assert heard == [("level", True), ("second", True)]
+    del a
+    gc.collect()
+    assert heard == [("level", True), ("second", True)]
+    del b
+    gc.collect()
+    assert heard[2:] == [("level", False), ("second", False)] and reg.live() == {"arena": 1}
+    m.release()
+    assert heard[-1] == "closed" and reg.live() == {}

@@ -166,6 +166,8 @@ CLIENT = Record("CLIENT", 256, """
     24   chunk         i32  extent record of its current chunk (0 none)
     32   chunk_offset  u64  arena offset of that chunk
     40   chunk_size    u64  its size
+    48   gpu_views     u32  GPU arena slots (bit d) this process holds views of, through CUDA IPC: the
+                            arena's owner keeps the allocation until the bit goes (levels/gpu.py)
 """)
 REQUEST_OFFSET = 64  # within a CLIENT record
 REQUEST = Record("REQUEST", 160, """
