@@ -38,7 +38,7 @@ def single(args: argparse.Namespace, cp) -> None:
     n = args.mib * MiB
     src = cp.random.randint(0, 255, n, dtype=cp.uint8)
     dst = cp.empty_like(src)
-    name = "bgpu" + uuid.uuid4().hex[:8]
+    name = args.name or "bgpu" + uuid.uuid4().hex[:8]
     with shmstore.connect(name, capacity="1GiB", gpu_capacity=f"{2 * args.mib + 64}MiB") as store:
         store.put("warm", src, levels=[Level.GPU])
         store.delete("warm")
@@ -102,7 +102,7 @@ def over_mpi(args: argparse.Namespace, cp) -> None:
                 buf.set(h)
             _sync(cp)
         raw.append(time.perf_counter() - t)
-    with Cluster(name="bgpum", capacity="1GiB", gpu_capacity=f"{2 * args.mib + 64}MiB") as cluster:
+    with Cluster(name=args.name or "bgpum", capacity="1GiB", gpu_capacity=f"{2 * args.mib + 64}MiB") as cluster:
         if comm.rank == 0:
             cluster.put("x", buf, levels=[Level.GPU])
         cluster.barrier()
@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--mpi", action="store_true", help="the two-node fetch (run under mpiexec, 2 ranks)")
+    ap.add_argument("--name", default="", help="the store's name (default: a new one; under --mpi 'bgpum')")
     args = ap.parse_args(argv)
     cp, why = cupy_or_reason()
     if cp is None:
