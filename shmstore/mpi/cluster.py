@@ -302,11 +302,14 @@ class Cluster:
             raise
 
     def _fetch(self, keys: list[str], levels: Iterable[Level] | Level | None, block: int) -> None:
-        landed = self._fetcher.fetch_batch(keys, levels, block) if len(keys) > 1 else set()
-        # what the batch left (being fetched by another rank of this node, stale, large)
+        batch = len(keys) > 1
+        landed = self._fetcher.fetch_batch(keys, levels, block) if batch else set()
+        # What the batch left (being fetched by another rank of this node, stale, large): after a batch, not
+        # as a miss, so that a key another rank of this node is fetching is waited for (its migration slot),
+        # not fetched again inline, a round trip per key (the more, the slower the link).
         for key in keys:
             if key not in landed and key not in self.store:
-                self._fetcher.fetch_one(key, None, levels, block, missed=True)
+                self._fetcher.fetch_one(key, None, levels, block, missed=not batch)
 
     def get_many(self, keys: Iterable[str], *, levels: Iterable[Level] | Level | None = None) -> list[Any]:
         """The values of ``keys``: local hits, and the rest fetched in batches (one round trip per home node
