@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""A remote get where users meet it: after silence, and while the holder's rank sleeps, computes or waits in MPI.
+
+    mpiexec -launcher fork -hosts n0:1,n1:1 -n 2 python -m mpi4py scripts/bench_latency.py
+    ... scripts/bench_latency.py --silence 1,10 --repeats 3 --modes asleep,computing,barrier
+
+Rank 1 (node n1) holds the objects: 64 B ones and 1 MiB ones. Rank 0 (node n0)
+gets them, each get a first fetch into its node. For each way the holder's rank
+spends its time meanwhile (``asleep``: ``time.sleep``, its core idle;
+``computing``: numpy matrix products and a pure-Python loop, in turns;
+``barrier``: waiting in ``comm.Barrier()``), rank 0 waits each ``--silence``
+(seconds; nothing is asked of the holder's node meanwhile) and times the get
+that follows, then ``--gets`` distinct 64 B gets back to back (min, median, p90,
+p99, max), a 1 MiB get, and ``locate`` of keys it does not hold. Baselines in the
+same run, before the Cluster exists, between the same two ranks: the raw 8 B MPI
+round trip and a raw 1 MiB ``Send`` answering an 8 B request (the holder in a
+blocking ``Recv``, medians of 50). Every figure is the median over
+``--repeats``; ratios are against those baselines.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import uuid
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mpi4py import MPI  # noqa: E402
+
+from shmstore.mpi import Cluster  # noqa: E402
+from shmstore.mpi.poll import quiet_barrier  # noqa: E402
+
+MiB = 1 << 20
+STOP = 77  # the tag that tells the holder a mode's measurements are over
+
+
+def raw_round_trips(comm: MPI.Comm, n: int, reply_bytes: int) -> list[float]:
+    """8 B to rank 1 and ``reply_bytes`` back, ``n`` times back to back; seconds, on rank 0."""
+    req, rep, times = np.zeros(8, np.uint8), np.zeros(reply_bytes, np.uint8), []
+    quiet_barrier(comm)
+    for _ in range(n + 2):
+        if comm.rank == 0:
+            t = time.perf_counter()
+            comm.Send(req, dest=1)
+            comm.Recv(rep, source=1)
+            times.append(time.perf_counter() - t)
+        else:
+            comm.Recv(req, source=0)
+            comm.Send(rep, dest=0)
+    quiet_barrier(comm)
+    return times[2:]
+
+
+def hold(comm: MPI.Comm, mode: str) -> None:
+    """What the holder's rank does until rank 0 says it is done (rank 1)."""
+    if mode == "barrier":
+        comm.Barrier()
+        return
+    stop = comm.irecv(source=0, tag=STOP)
+    a = np.random.default_rng(1).random((200, 200))
+    turn = 0
+    while not stop.Test():
+        if mode == "asleep":
+            time.sleep(0.01)
+        elif turn % 2:
+            for _ in range(10):
+                a = a @ a
+                a /= np.abs(a).max()
+        else:
+            sum(i * i for i in range(20000))  # pure Python: holds the GIL
+        turn += 1
+
+
+def release(comm: MPI.Comm, mode: str) -> None:
+    """Rank 0: the measurements of ``mode`` are over."""
+    if mode == "barrier":
+        comm.Barrier()
+    else:
+        comm.send(None, dest=1, tag=STOP)
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--silence", default="1,10", help="seconds of silence before a first get (comma list)")
+    ap.add_argument("--gets", type=int, default=300, help="distinct 64 B gets back to back")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--modes", default="asleep,computing,barrier")
+    args = ap.parse_args()
+    world = MPI.COMM_WORLD
+    if world.size != 2:
+        raise SystemExit("bench_latency runs on exactly 2 ranks (see the usage line)")
+    silences = [float(s) for s in args.silence.split(",") if s]
+    modes = [m for m in args.modes.split(",") if m]
+    rtts, mibs = raw_round_trips(world, 50, 8), raw_round_trips(world, 50, MiB)
+    rtt, raw_mib = (statistics.median(rtts), statistics.median(mibs)) if world.rank == 0 else (0.0, 0.0)
+    name = world.bcast("lat" + uuid.uuid4().hex[:8])
+    per_round = len(silences) + args.gets
+    rows: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
+    with Cluster(name=name, capacity="256MiB", prefault=0) as cluster:
+        if world.rank == 1:
+            for r in range(args.repeats):
+                for m in modes:
+                    for i in range(per_round):
+                        cluster.put(f"{m}{r}s{i}", np.full(8, i, np.int64))  # 64 B
+                    cluster.put(f"{m}{r}big", np.full(MiB // 8, r, np.int64))
+                    for i in range(20):
+                        cluster.put(f"{m}{r}loc{i}", np.zeros(8, np.int64))
+            cluster.put("warm", np.zeros(8, np.int64))
+        quiet_barrier(world)
+        if world.rank == 0:
+            cluster.get("warm")  # the first request of all is not what is measured
+        quiet_barrier(world)
+        for r in range(args.repeats):
+            for m in modes:
+                if world.rank == 1:
+                    hold(world, m)
+                    continue
+                got = rows[m]
+                keys = iter(f"{m}{r}s{i}" for i in range(per_round))
+                for s in silences:
+                    time.sleep(s)
+                    t = time.perf_counter()
+                    cluster.get(next(keys))
+                    got.setdefault(f"first after {s:g} s", []).append(time.perf_counter() - t)
+                tight = []
+                for k in keys:
+                    t = time.perf_counter()
+                    cluster.get(k)
+                    tight.append(time.perf_counter() - t)
+                for label, q in (("min", 0.0), ("median", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0)):
+                    got.setdefault(f"{args.gets} gets {label}", []).append(pct(tight, q))
+                t = time.perf_counter()
+                cluster.get(f"{m}{r}big")
+                got.setdefault("1 MiB get", []).append(time.perf_counter() - t)
+                locs = []
+                for i in range(20):
+                    t = time.perf_counter()
+                    cluster.locate(f"{m}{r}loc{i}")
+                    locs.append(time.perf_counter() - t)
+                got.setdefault("locate", []).append(statistics.median(locs))
+                release(world, m)
+        quiet_barrier(world)
+    if world.rank == 0:
+        print(f"bench_latency: 2 ranks on 2 nodes, {os.cpu_count()} cpus, medians of {args.repeats} repeat(s); raw "
+              f"8 B MPI round trip {rtt * 1e6:.1f} us, raw 1 MiB answer {raw_mib * 1e3:.3f} ms")
+        for m in modes:
+            print(f"  holder {m}:")
+            for label, xs in rows[m].items():
+                v = statistics.median(xs)
+                base, unit = (raw_mib, "raw 1 MiB") if label.startswith("1 MiB") else (rtt, "RTT")
+                print(f"    {label:22} {v * 1e6:10.1f} us  {v / base:7.1f}x {unit}  (runs: "
+                      f"{', '.join(f'{x * 1e6:.0f}' for x in xs)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
