@@ -243,14 +243,14 @@ class MemoryLevel:
                 client.prefault.ensure(off, what.size, ref.key)
             rc, ctime = ops.insert(ref, held, space, what, L.SEALED if data is not None and mode[1] else L.WRITING,
                                    mode[0])
-        # maybe after the C call did it all (asynchronous): see Puts.give_up an extent of its own is named by the entry
-        # and goes with it
+            if rc == 0:  # in the try: an asynchronous exception before the caller holds it must undo the entry
+                done: Reservation = _new(Reservation, (idx, gen, off, stored, ctime, ref.stripe))  # no Python __new__
+                return done
+        # maybe after the C call did it all (asynchronous): see Puts.give_up (a sealed entry stays; a written one
+        # goes, with the extent of its own it names)
         except BaseException:
             give_up(idx, gen)
             raise
-        if rc == 0:
-            done: Reservation = _new(Reservation, (idx, gen, off, stored, ctime, ref.stripe))  # no Python __new__
-            return done
         self.unplace(idx, rec, flags)
         if rc == codes.STOLEN:
             raise EntryStolen
