@@ -251,14 +251,14 @@ class FileSink:
     def close(self) -> None:
         try:
             os.ftruncate(self._fd, L.align(max(self.size, 1)))
-            os.close(self._fd)
-            self._fd = -1
+            fd, self._fd = self._fd, -1  # forgotten first: never closed twice
+            os.close(fd)
             self.files.publish(self.idx, self.gen)
         except OSError as exc:
             raise disk_error(self.key, self.size, self.files.path, exc) from exc
 
     def abort(self) -> None:
         if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+            fd, self._fd = self._fd, -1  # forgotten first: never closed twice
+            os.close(fd)
         self.files.unlink(self.files.name(self.idx, self.gen) + ".tmp")

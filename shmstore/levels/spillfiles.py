@@ -213,8 +213,10 @@ class SpillFiles:
                         piece, pos, done = piece[n:], pos + n, done + n
                     if progress is not None:
                         progress(done)
-            os.close(fd)
-            fd = -1
+            # forgotten before it is closed: an asynchronous exception right after the close must not close
+            # it again (by then the number may be another thread's file); one right before it leaks it
+            closing, fd = fd, -1
+            os.close(closing)
             self.publish(idx, gen)
         except BaseException:
             if fd >= 0:
@@ -331,8 +333,8 @@ class SpillFiles:
         """Release this process's descriptor of the directory; idempotent."""
         with self._lock:
             if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+                fd, self._fd = self._fd, -1  # forgotten first: never closed twice
+                os.close(fd)
 
     def __del__(self) -> None:
         try:

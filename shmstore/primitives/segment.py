@@ -250,8 +250,8 @@ class Segment:
                     pass  # views into it are alive; the mmap object unmaps when they die
                 setattr(self, attr, None)
         if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+            fd, self._fd = self._fd, -1  # forgotten first: never closed twice
+            os.close(fd)
 
     def unlink(self) -> None:
         """Remove the segment's name (creator or janitor only: the name is known to be this segment's)."""
