@@ -14,7 +14,8 @@ that follows, then ``--gets`` distinct 64 B gets back to back (min, median, p90,
 p99, max), a 1 MiB get, and ``locate`` of keys it does not hold. Baselines in the
 same run, before the Cluster exists, between the same two ranks: the raw 8 B MPI
 round trip and a raw 1 MiB ``Send`` answering an 8 B request (the holder in a
-blocking ``Recv``, medians of 50). Every figure is the median over
+blocking ``Recv``, medians of 50), and a raw 8 B round trip after each silence
+with the other rank probing every 50 us (what this machine adds after a pause). Every figure is the median over
 ``--repeats``; ratios are against those baselines.
 """
 from __future__ import annotations
@@ -53,6 +54,27 @@ def raw_round_trips(comm: MPI.Comm, n: int, reply_bytes: int) -> list[float]:
             comm.Send(rep, dest=0)
     quiet_barrier(comm)
     return times[2:]
+
+
+def raw_after_silence(comm: MPI.Comm, silence: float, nap: float) -> float:
+    """One 8 B round trip after ``silence`` seconds, the other rank probing every ``nap`` seconds (as an idle
+    node service does; 0: a blocking Recv, which busy-polls); seconds, on rank 0."""
+    buf = np.zeros(8, np.uint8)
+    quiet_barrier(comm)
+    took = 0.0
+    if comm.rank == 0:
+        time.sleep(silence)
+        t = time.perf_counter()
+        comm.Send(buf, dest=1)
+        comm.Recv(buf, source=1)
+        took = time.perf_counter() - t
+    else:
+        while nap and not comm.Iprobe(source=0):
+            time.sleep(nap)
+        comm.Recv(buf, source=0)
+        comm.Send(buf, dest=0)
+    quiet_barrier(comm)
+    return took
 
 
 def hold(comm: MPI.Comm, mode: str) -> None:
@@ -102,6 +124,7 @@ def main() -> int:
     modes = [m for m in args.modes.split(",") if m]
     rtts, mibs = raw_round_trips(world, 50, 8), raw_round_trips(world, 50, MiB)
     rtt, raw_mib = (statistics.median(rtts), statistics.median(mibs)) if world.rank == 0 else (0.0, 0.0)
+    after = {s: statistics.median(raw_after_silence(world, s, 50e-6) for _ in range(args.repeats)) for s in silences}
     name = world.bcast("lat" + uuid.uuid4().hex[:8])
     per_round = len(silences) + args.gets
     rows: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
@@ -152,6 +175,9 @@ def main() -> int:
     if world.rank == 0:
         print(f"bench_latency: 2 ranks on 2 nodes, {os.cpu_count()} cpus, medians of {args.repeats} repeat(s); raw "
               f"8 B MPI round trip {rtt * 1e6:.1f} us, raw 1 MiB answer {raw_mib * 1e3:.3f} ms")
+        for s, v in after.items():
+            print(f"  raw 8 B round trip after {s:g} s of silence, the other rank probing every 50 us: "
+                  f"{v * 1e6:.1f} us ({v / rtt:.1f}x RTT)")
         for m in modes:
             print(f"  holder {m}:")
             for label, xs in rows[m].items():
