@@ -165,15 +165,31 @@ class _Pickler(pickle.Pickler):
         if type(obj) not in ARRAY_TYPES:
             return _reduce_tensor(obj) if type(obj) in _tensor_types() else NotImplemented
         if obj.ndim > L.MAX_NDIM or _fast_dtype(obj.dtype) is None:
-            return NotImplemented
+            return _unexportable(obj)
         flags = obj.flags
         if flags.c_contiguous:
             order = "C"
         elif flags.f_contiguous:
             order = "F"
         else:
-            return NotImplemented  # numpy's own reduction, in band
-        return np.ndarray, (obj.shape, obj.dtype, pickle.PickleBuffer(obj), 0, None, order)
+            return _unexportable(obj)  # numpy's own reduction, in band
+        # datetime64 and timedelta64 export no buffer ("cannot include dtype 'M' in a buffer"): their bytes are
+        # int64 ones, rebuilt as the same dtype over the stored bytes (no copy either way)
+        data = obj.view(obj.dtype.str[0] + "i8") if obj.dtype.kind in "mM" else obj
+        return np.ndarray, (obj.shape, obj.dtype, pickle.PickleBuffer(data), 0, None, order)
+
+
+def _unexportable(obj: np.ndarray) -> Any:
+    """NotImplemented (numpy's own reduction: out of band where it can) for an array numpy can export a buffer of;
+    numpy's in-band reduction (its bytes copied into the stream) for one it cannot, whose own protocol-5
+    reduction would fail: a structured dtype with a datetime64 field, a non-contiguous datetime64 array."""
+    if obj.dtype.hasobject or obj.dtype.kind not in "mMV":
+        return NotImplemented
+    try:
+        memoryview(obj)
+    except (ValueError, BufferError, TypeError):
+        return obj.__reduce_ex__(4)
+    return NotImplemented
 
 
 _CLOUD: list[type] = []

@@ -58,6 +58,48 @@ def test_arrays_inside_values_become_blobs_read_back_as_views():
     assert len(blobs) == 20 and all(off % L.ALIGN == 0 for off, _ in blobs)  # aligned blobs
 
 
+def test_datetime_and_timedelta_arrays_inside_values_are_blobs_read_back_as_views():
+    """datetime64 and timedelta64 export no buffer to pickle ("cannot include dtype 'M' in a buffer"): inside a
+    container they are stored as their int64 bytes and come back as the same dtype over the store (issue 35)."""
+    t = np.arange(1000).astype("datetime64[ns]")
+    d = np.asfortranarray(np.arange(6).reshape(2, 3).astype("timedelta64[s]"))
+    enc, base = roundtrip({"t": t, "d": d, "step": 3})
+    assert enc.kind == L.KIND_PICKLE and enc.nblobs == 2
+    got = serialize.decode(enc.kind, base, enc.nbytes)
+    assert got["t"].dtype == t.dtype and np.array_equal(got["t"], t) and np.shares_memory(got["t"], base)
+    assert got["d"].dtype == d.dtype and got["d"].flags.f_contiguous and np.array_equal(got["d"], d)
+    assert not got["t"].flags.writeable and got["step"] == 3
+
+
+@pytest.mark.parametrize("a", [np.zeros(3, dtype=[("t", "M8[ms]"), ("v", "f8")]),  # a datetime field
+                               np.arange(10).astype("M8[D]")[::2],  # not contiguous
+                               np.arange(8).astype("m8[h]").reshape((1,) * 7 + (8,))])  # more dims than the fast path
+def test_datetime_arrays_numpy_cannot_export_are_pickled_in_band(a):
+    enc, base = roundtrip([a])
+    got = serialize.decode(enc.kind, base, enc.nbytes)[0]
+    assert got.dtype == a.dtype and got.shape == a.shape and np.array_equal(got, a)
+
+
+def test_pandas_frames_of_every_common_column_kind_round_trip(store):
+    """Time series (naive, tz-aware, a DatetimeIndex, timedeltas), categorical, nullable and string columns,
+    through a real store (issue 35: 8 of 10 such frames failed with SerializationError)."""
+    pd = pytest.importorskip("pandas")
+    frames = {
+        "naive": pd.DataFrame({"t": pd.date_range("2020", periods=500, freq="min"), "x": np.arange(500.0)}),
+        "tz": pd.DataFrame({"t": pd.date_range("2020", periods=50, tz="Europe/Berlin")}),
+        "indexed": pd.Series(np.arange(24.0), index=pd.date_range("2021", periods=24, freq="h")),
+        "deltas": pd.Series(pd.to_timedelta(np.arange(10), unit="s")),
+        "kinds": pd.DataFrame({"c": pd.Categorical(["a", "b", "a"]), "n": pd.array([1, None, 3], dtype="Int64"),
+                               "s": pd.array(["x", None, "z"], dtype="string"), "b": pd.array([True, None, False]),
+                               "o": np.array([1, "a", None], dtype=object)}),
+    }
+    for key, frame in frames.items():
+        store.put(key, frame)
+        got = store.get(key)
+        assert type(got) is type(frame) and got.equals(frame), key
+    assert store.check() == []
+
+
 def test_parts_cover_the_stored_bytes_exactly():
     sd = {"a": np.arange(1000), "b": b"raw", "c": np.ones((3, 3))}
     enc, base = roundtrip(sd)
