@@ -186,7 +186,7 @@ def _unexportable(obj: np.ndarray) -> Any:
     if obj.dtype.hasobject or obj.dtype.kind not in "mMV":
         return NotImplemented
     try:
-        memoryview(obj)
+        memoryview(obj)  # type: ignore[arg-type]  # numpy arrays are buffers; the stubs say otherwise
     except (ValueError, BufferError, TypeError):
         return obj.__reduce_ex__(4)
     return NotImplemented

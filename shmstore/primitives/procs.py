@@ -8,7 +8,8 @@ import subprocess
 
 from ..config import log_file
 
-__all__ = ["proc_start_time", "pid_alive", "reap_children", "spawned", "spill_output", "stop_spawned"]
+__all__ = ["proc_start_time", "pid_alive", "reap_children", "spawned", "spill_output", "stop_spawned", "allowed_cpus",
+           "unpin"]
 
 spawned: list[subprocess.Popen[bytes]] = []  # spill processes started by this process, until reaped
 
@@ -108,3 +109,61 @@ def spill_output(default_log: str) -> tuple[int | None, str | None]:
     except OSError:  # no stderr at all
         inherit = False
     return (None, None) if inherit else (subprocess.DEVNULL, default_log)
+
+
+def allowed_cpus() -> set[int]:
+    """The CPUs this process's cgroup may use (the job's cpuset under Slurm's task/cgroup: cgroup v2
+    ``cpuset.cpus.effective``, or v1 ``cpuset.effective_cpus``), whatever this process's own affinity; every
+    online CPU where no cpuset says (the kernel keeps an affinity within the cpuset anyway)."""
+    for text in _cpuset_lists():
+        cpus = _parse_cpu_list(text)
+        if cpus:
+            return cpus
+    return set(range(os.cpu_count() or 1))
+
+
+def _cpuset_lists() -> list[str]:
+    out: list[str] = []
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: one unified hierarchy
+            files = [f"/sys/fs/cgroup{path.rstrip('/')}/cpuset.cpus.effective"]
+        elif "cpuset" in controllers.split(","):
+            files = [f"/sys/fs/cgroup/cpuset{path.rstrip('/')}/{n}" for n in ("cpuset.effective_cpus", "cpuset.cpus")]
+        else:
+            continue
+        for name in files:
+            try:
+                with open(name) as f:
+                    out.append(f.read().strip())
+            except OSError:
+                continue
+    return out
+
+
+def _parse_cpu_list(text: str) -> set[int]:
+    """``0-3,8,10-11`` -> {0, 1, 2, 3, 8, 10, 11}; empty where it does not parse."""
+    cpus: set[int] = set()
+    try:
+        for part in filter(None, text.split(",")):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        return set()
+    return cpus
+
+
+def unpin() -> set[int]:
+    """Let this process run on every CPU its cgroup allows (:func:`allowed_cpus`), not only on those of the
+    process that started it: a spill process started by a rank that the MPI launcher or ``srun --cpu-bind``
+    pinned to one core would share that core with the rank. Returns the affinity it has afterwards."""
+    try:
+        os.sched_setaffinity(0, allowed_cpus())
+    except OSError:  # a cpuset that changed meanwhile, or no right to: keep the inherited one
+        pass
+    return os.sched_getaffinity(0)

@@ -41,6 +41,7 @@ from ..meta import layout as L
 from ..node import inbound
 from ..node.janitor import janitor_pass, sweep_deleted
 from ..node.nodestore import NodeStore
+from ..primitives.procs import unpin
 from ..units import format_size
 from . import requests
 from .logs import setup_logging
@@ -228,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging(args.log_file)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    cpus = unpin()  # the job's CPUs, not the core its starting rank is pinned to
+    log.debug("running on CPUs %s", sorted(cpus))
     try:
         cfg = Config.from_kwargs(name=args.name, node=args.node, spill_dir=args.spill_dir, prefault=0)
     # a bad argument or SHMSTORE_* variable: say which, exit 2 (as argparse does)

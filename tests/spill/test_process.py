@@ -11,6 +11,7 @@ its exit status, its log, the store's segments and spill files.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -32,7 +33,7 @@ from shmstore.spill import requests
 from shmstore.spill.process import POLL, TERM_GRACE
 from shmstore.spill.supervisor import ensure_spill, spill_alive
 
-from helpers import ROOT, shm_segments, spill_popen, spill_running, wait_for
+from helpers import ROOT, Child, shm_segments, spill_popen, spill_running, wait_for
 
 MiB = 1 << 20
 CAPACITY = 32 * MiB
@@ -267,3 +268,24 @@ def test_wait_spill_ready_returns_once_it_has_started_and_false_when_it_is_dead(
         L.SPILL_STATE.set(store.node_store.buf, L.SPILL_OFFSET, "heartbeat", 0.0)
         t = time.monotonic()
         assert store.wait_spill_ready(5) is False and time.monotonic() - t < 1
+
+
+def test_the_spill_process_runs_on_the_jobs_cpus_not_on_the_core_its_starter_is_pinned_to(name, tmp_path):
+    """A rank pinned to one core (Intel MPI's default, ``srun --cpu-bind``) starts the store: its spill process
+    must not share that one core (issue 35 item 5: it ran 0.16 s in a minute, clients gave up after 60 s)."""
+    from shmstore.primitives.procs import allowed_cpus
+    cpus = allowed_cpus()
+    if len(cpus) < 2:
+        pytest.skip(f"this machine's cgroup allows one CPU ({cpus}): nothing to widen to")
+    child = Child("""
+import json, os, shmstore
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+s = shmstore.connect(os.environ['N'], spill_dir=os.environ['D'])
+assert s.wait_spill_ready(60)
+print(json.dumps([sorted(os.sched_getaffinity(0)), sorted(os.sched_getaffinity(s.node_store.spill_pid()))]),
+      flush=True)
+s.close()
+""", env={"N": name, "D": str(tmp_path)})
+    mine, spill = json.loads(child.readline())
+    assert len(mine) == 1 and set(spill) == cpus, (mine, spill)
+    child.wait()
