@@ -10,6 +10,7 @@ import atexit
 import builtins
 import functools
 import os
+import threading
 import time
 import warnings
 import weakref
@@ -153,7 +154,30 @@ class Store:
         k = self._kernel
         if k is None:
             raise StoreClosedError("store is closed (connect() again)")
+        if k.forked:
+            k = self._reconnect_in_child()
         k.check_open()
+        return k
+
+    def _reconnect_in_child(self) -> Kernel:
+        """This store was opened before ``fork()`` and this is the child: it becomes a client of its own, on
+        first use (fork, forkserver and spawn alike: a fork pool's or a DataLoader's workers just use it).
+        The parent's connection is left as it was: its slot, pins and writers are the parent's and only the
+        parent releases them (see ``Kernel._inherited``); views the child inherited stay valid, pinned by
+        the parent, their memory mapped by the inherited segments, which the child keeps to its end.
+
+        Raises:
+            whatever ``connect()`` raises.
+        """
+        with _RECONNECTING:
+            k = self._kernel
+            if k is not None and k.forked:
+                _INHERITED.append((k, self._node))  # never closed here: the parent's
+                self._kernel = self._node = None
+                Store.__init__(self, self.config, observe=self._observe)
+        k = self._kernel
+        if k is None:
+            raise StoreClosedError("store is closed (connect() again)")
         return k
 
     def _node_checked(self) -> NodeStore:
@@ -225,6 +249,8 @@ class Store:
         k = self._kernel
         if k is None:
             raise StoreClosedError("store is closed (connect() again)")
+        if k.forked:
+            k = self._reconnect_in_child()
         if misuse:
             check_get_args(key, default, misuse)
         if levels is not None:
@@ -635,6 +661,9 @@ def destroy(name: str | None = None, force: bool = False, node: str | None = Non
 
 
 _open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
+# a forked child's inherited connections (kernel, node store): kept, never closed, to the child's end
+_INHERITED: list[tuple[Any, Any]] = []
+_RECONNECTING = threading.Lock()  # two threads of a child using the store first at once reconnect once
 
 
 @atexit.register

@@ -153,7 +153,8 @@ class Writer:
         self._dst = None
         self.closed = True
         self._kernel.writers.discard(self)
-        if self._in is not None:
+        # a forked child's copy of its parent's writer: the entry and its spill file are the parent's
+        if self._in is not None and not self._kernel.forked:
             self._in.drop(blocking)
 
     def __enter__(self) -> Writer:

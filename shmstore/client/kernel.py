@@ -64,7 +64,17 @@ if TYPE_CHECKING:
 _U8 = np.dtype(np.uint8)
 _DTYPES: dict[bytes, np.dtype] = {}
 _FORKS = [0]
-os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+_KERNELS: weakref.WeakSet[Kernel] = weakref.WeakSet()  # every open kernel of this process
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child, every kernel it inherited is its parent's: see :meth:`Kernel._inherited`."""
+    _FORKS[0] += 1
+    for k in list(_KERNELS):
+        k._inherited()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 _MEMORY = int(Level.MEMORY)
 _RAW = L.KIND_RAW
 NO_DEFAULT: Any = object()  # get's default: raise ObjectNotFoundError on a miss
@@ -139,6 +149,21 @@ class Kernel:
         self.writers: weakref.WeakSet[Any] = weakref.WeakSet()  # open Writers, aborted by close()
         self._fork = _FORKS[0]
         self._closed = self._detached = False
+        _KERNELS.add(self)
+
+    @property
+    def forked(self) -> bool:
+        """True in a child forked after this kernel was made: it is the parent's (the Store reconnects)."""
+        return self._fork != _FORKS[0]
+
+    def _inherited(self) -> None:
+        """Run in a forked child (at the fork): the slot, its pins and its writers' entries are the parent's,
+        released by the parent only. The child's copies of views, readers and writers let go of nothing
+        (a child dropping its copy of a view cleared the parent's pin byte: the parent's view was left
+        unpinned, free to be deleted or moved under it)."""
+        self.pins.closed = True
+        self.pins.deferred.clear()
+        self.puts.inherited = True
 
     # ---- the put side: Puts does the work (writers and transfers use ``kernel.puts``) -------------
     def put(self, key: str, obj: Any, level: Level = Level.MEMORY, overwrite: bool = False) -> ObjectInfo:

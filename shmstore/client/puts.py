@@ -50,6 +50,7 @@ class Puts:
         self._meta_addr, self._stripe_addrs = state.meta_addr, state.stripe_addrs
         self._state, self._put_ctx = state, state.put_context
         self._levels: dict[int, tuple[StorageLevel, Shortcut | None]] = {}  # level: (it, its try_put)
+        self.inherited = False  # in a forked child: the entries are the parent's, never given up here
 
     def put(self, ref: KeyRef, obj: Any, level: int, overwrite: bool = False) -> ObjectInfo:
         """Store ``obj`` under the key of ``ref`` on ``level``.
@@ -310,6 +311,8 @@ class Puts:
         Returns:
             False where it changed nothing for want of a lock (``blocking=False`` only), else True.
         """
+        if self.inherited:
+            return True
         lock = self.node.stripe_of(idx)
         if blocking:
             with lock:
