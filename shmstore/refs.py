@@ -44,7 +44,7 @@ from .errors import ObjectNotFoundError, StoreNotFoundError, TransferError
 if TYPE_CHECKING:
     from .store import Store
 
-__all__ = ["Ref", "PREFIX", "new_key", "register_cluster_finder", "release"]
+__all__ = ["Ref", "PREFIX", "new_key", "register_cluster_finder", "release", "values_of"]
 
 PREFIX = "@ref/"
 
@@ -156,6 +156,13 @@ class Ref:
         """``get()``."""
         return self.get()
 
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
+        """``np.asarray(ref)``: the shared value as an array (an array value as ``get()`` gives it: a read-only
+        view, no copy), not a 0-d array of objects holding the ref."""
+        import numpy as np
+        value = self.get()
+        return np.array(value, dtype, copy=True) if copy else np.asarray(value, dtype)
+
     def _resolve(self) -> Any:
         owner = self._live_owner()
         if owner is not None and not self.cluster and not owner.closed:
@@ -244,3 +251,11 @@ class Ref:
 
     def __exit__(self, *exc: object) -> None:
         self.delete()
+
+
+def values_of(keys: list[Any], get_many: Callable[[list[str]], list[Any]]) -> list[Any]:
+    """The values of ``keys``, a mix of keys and :class:`Ref` objects, in their order: the keys' through
+    ``get_many`` (a store's or a cluster's: batched), each ref's as ``ref.get()`` resolves it."""
+    plain = [k for k in keys if type(k) is not Ref]
+    values = iter(get_many(plain)) if plain else iter(())
+    return [k.get() if type(k) is Ref else next(values) for k in keys]

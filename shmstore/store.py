@@ -43,7 +43,7 @@ from .primitives.interrupts import guard as guard_signals
 from .primitives.interrupts import interruptible
 from .primitives.procs import stop_spawned
 from .primitives.segment import unlink_segment, unlink_semaphore
-from .refs import Ref
+from .refs import Ref, values_of
 from .refs import new_key as new_ref_key
 from .spill.requests import request_arena
 from .spill.supervisor import ensure_spill, log_path, spill_alive, spill_booted
@@ -305,8 +305,10 @@ class Store:
         p = self._placement_checked()
         return p.put_many(pairs, parse_levels(levels, DEFAULT_PUT_LEVELS), overwrite)
 
-    def get_many(self, keys: Iterable[str], *, levels: Iterable[Level] | Level | None = None) -> builtins.list[Any]:
-        """The values of ``keys`` (as ``get`` returns them), in their order.
+    def get_many(self, keys: Iterable[str | Ref], *,
+                 levels: Iterable[Level] | Level | None = None) -> builtins.list[Any]:
+        """The values of ``keys`` (as ``get`` returns them), in their order; a :class:`~shmstore.refs.Ref` among
+        them is resolved as ``ref.get()`` does.
 
         With ``levels``, an object on none of them is first moved to the
         first one, as ``get`` does.
@@ -316,6 +318,8 @@ class Store:
                 stays pinned.
         """
         keys = builtins.list(keys)
+        if any(type(k) is Ref for k in keys):
+            return values_of(keys, lambda ks: self.get_many(ks, levels=levels))
         if levels is not None:
             order = parse_levels(levels, DEFAULT_PUT_LEVELS)
             for key in keys:

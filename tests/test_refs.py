@@ -202,3 +202,24 @@ def test_resolves_on_dask_distributed_workers(store, tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split("\n")[-2] == str([zlib.crc32(memoryview(data[i:]).cast("B")) for i in range(4)])
+
+
+def test_get_many_takes_refs_among_keys_and_asarray_resolves_a_ref(store):
+    """What Ray users reach for (issue 35 item 3): refs in get_many, in their order among keys; np.asarray(ref)
+    gives the shared array (a read-only view), not an object array holding the ref."""
+    data = _data()
+    ref = store.share(data)
+    other = store.share({"step": 3})
+    store.put("k", np.arange(5))
+    got = store.get_many([ref, "k", other, ref])
+    assert got[0] is not data and np.array_equal(got[0], data) and np.shares_memory(got[0], got[3])
+    assert np.array_equal(got[1], np.arange(5)) and got[2] == {"step": 3}
+    arr = np.asarray(ref)
+    assert arr.dtype == data.dtype and np.array_equal(arr, data) and not arr.flags.writeable
+    assert np.asarray(ref, dtype=np.float32).dtype == np.float32
+    copy = np.array(ref)  # numpy's default for np.array: a copy, writable
+    assert copy.flags.writeable and np.array_equal(copy, data)
+    ref.delete()
+    with pytest.raises(shmstore.ObjectNotFoundError, match="was deleted"):
+        store.get_many(["k", ref])
+    other.delete()

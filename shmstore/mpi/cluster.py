@@ -47,7 +47,7 @@ from ..client.kernel import NO_DEFAULT, check_get_args
 from ..levels import Level
 from ..meta import layout as L
 from ..meta.keys import encode_key
-from ..refs import Ref, register_cluster_finder
+from ..refs import Ref, register_cluster_finder, values_of
 from ..refs import new_key as new_ref_key
 from ..store import Store
 from ..streams import Reader
@@ -311,9 +311,10 @@ class Cluster:
             if key not in landed and key not in self.store:
                 self._fetcher.fetch_one(key, None, levels, block, missed=not batch)
 
-    def get_many(self, keys: Iterable[str], *, levels: Iterable[Level] | Level | None = None) -> list[Any]:
+    def get_many(self, keys: Iterable[str | Ref], *, levels: Iterable[Level] | Level | None = None) -> list[Any]:
         """The values of ``keys``: local hits, and the rest fetched in batches (one round trip per home node
-        and one per source node for each 64 keys, not one per key).
+        and one per source node for each 64 keys, not one per key); a :class:`~shmstore.refs.Ref` among them
+        is resolved as ``ref.get()`` does.
 
         Raises:
             ObjectNotFoundError: a key no node has (naming it). TransferError: a transfer failed, or a node
@@ -321,6 +322,8 @@ class Cluster:
         """
         self._check()
         keys = list(keys)
+        if any(type(k) is Ref for k in keys):
+            return values_of(keys, lambda ks: self.get_many(ks, levels=levels))
         try:
             self._fetch(list(dict.fromkeys(keys)), levels, self.block_size)
         except errors.TransferError as exc:

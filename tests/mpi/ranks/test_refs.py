@@ -84,3 +84,21 @@ def test_a_cluster_ref_in_a_with_block_is_deleted_everywhere_at_its_end(cluster,
     comm.Barrier()
     assert ref.key not in cluster.store and cluster.locate(ref.key) == []
     comm.Barrier()
+
+
+def test_cluster_get_many_takes_refs_among_keys(cluster, comm, key):
+    """A ref shared on the first node, resolved in a get_many with keys by every rank (issue 35 item 3)."""
+    leader = cluster.leaders[0]
+    blob = pickle.dumps(cluster.share(np.arange(1000))) if comm.rank == leader else None
+    if comm.rank == leader:
+        cluster.put(key, np.ones(10))
+    ref = pickle.loads(comm.bcast(blob, root=leader))
+    comm.Barrier()
+    a, b = cluster.get_many([ref, key])
+    assert int(a[999]) == 999 and float(b.sum()) == 10.0 and np.array_equal(np.asarray(ref), np.arange(1000))
+    del a, b
+    comm.Barrier()
+    if comm.rank == leader:
+        ref.delete()
+        cluster.delete(key)
+    comm.Barrier()
