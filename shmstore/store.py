@@ -317,14 +317,15 @@ class Store:
             ObjectNotFoundError: a key has no object (the first missing one, saying how many are); nothing
                 stays pinned.
         """
-        keys = builtins.list(keys)
-        if any(type(k) is Ref for k in keys):
-            return values_of(keys, lambda ks: self.get_many(ks, levels=levels))
+        items = builtins.list(keys)
+        if any(type(k) is Ref for k in items):
+            return values_of(items, lambda ks: self.get_many(ks, levels=levels))
+        names: builtins.list[str] = items  # type: ignore[assignment]  # no Ref among them
         if levels is not None:
             order = parse_levels(levels, DEFAULT_PUT_LEVELS)
-            for key in keys:
+            for key in names:
                 self._placement_checked().bring(key, order)
-        return self._checked().get_many(keys)
+        return self._checked().get_many(names)
 
     def delete_many(self, keys: Iterable[str], missing_ok: bool = False) -> int:
         """Delete every key of ``keys`` (each hidden at once, its space freed when its last view goes); returns

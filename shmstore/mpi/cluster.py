@@ -321,15 +321,16 @@ class Cluster:
                 did not answer within ``peer_timeout``.
         """
         self._check()
-        keys = list(keys)
-        if any(type(k) is Ref for k in keys):
-            return values_of(keys, lambda ks: self.get_many(ks, levels=levels))
+        items = list(keys)
+        if any(type(k) is Ref for k in items):
+            return values_of(items, lambda ks: self.get_many(ks, levels=levels))
+        names: list[str] = items  # type: ignore[assignment]  # no Ref among them
         try:
-            self._fetch(list(dict.fromkeys(keys)), levels, self.block_size)
+            self._fetch(list(dict.fromkeys(names)), levels, self.block_size)
         except errors.TransferError as exc:
-            gave_up(exc, "get_many", keys)
+            gave_up(exc, "get_many", names)
             raise
-        return [self.store.get(k) for k in keys]
+        return [self.store.get(k) for k in names]
 
     def _block(self, block_size: int | None) -> int:
         if block_size is None:
