@@ -48,6 +48,7 @@ from .refs import new_key as new_ref_key
 from .spill.requests import request_arena
 from .spill.supervisor import ensure_spill, log_path, spill_alive, spill_booted
 from .streams import Reader, Writer
+from .values import Conditions
 
 __all__ = ["Store", "connect", "destroy", "observe"]
 
@@ -227,7 +228,7 @@ class Store:
             return p.put(key, obj, DEFAULT_PUT_LEVELS, overwrite)  # the common case: MEMORY first
         return p.put(key, obj, parse_levels(levels, DEFAULT_PUT_LEVELS), overwrite)
 
-    def get(self, key: str, default: Any = NO_DEFAULT, *misuse: Any, conditions: Any = None,
+    def get(self, key: str, default: Any = NO_DEFAULT, *misuse: Any, conditions: Conditions | None = None,
             levels: Iterable[Level] | Level | None = None) -> Any:
         """The value of ``key``: views into shared memory (or into the spill file) for arrays and bytes.
 

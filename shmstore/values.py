@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 from .errors import InvalidArgumentError
 
-__all__ = ["Level", "ObjectInfo", "Capacity", "parse_levels"]
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["Level", "ObjectInfo", "Capacity", "parse_levels", "Conditions"]
+
+# What ``get(key, conditions=...)`` takes: a numpy index of the stored array (an int, a slice, an index or mask
+# array, or a tuple of those, Ellipsis and None included), applied without materialising the rest.
+Conditions = Union[int, slice, "np.ndarray[Any, Any]", "tuple[Any, ...]"]
 
 
 class Level(enum.IntEnum):

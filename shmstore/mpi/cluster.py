@@ -51,6 +51,7 @@ from ..refs import Ref, register_cluster_finder, values_of
 from ..refs import new_key as new_ref_key
 from ..store import Store
 from ..streams import Reader
+from ..values import Conditions
 from . import abandon, abort
 from . import tags as T
 from . import wire as W
@@ -236,7 +237,8 @@ class Cluster:
                 gave_up(exc, "publish", key)
                 raise
 
-    def get(self, key: str, default: Any = NO_DEFAULT, *misuse: Any, fetch: bool = True, conditions: Any = None,
+    def get(self, key: str, default: Any = NO_DEFAULT, *misuse: Any, fetch: bool = True,
+            conditions: Conditions | None = None,
             levels: Iterable[Level] | Level | None = None) -> Any:
         """The value of ``key``: a local hit, or (``fetch``) one deduplicated transfer into this node.
 
