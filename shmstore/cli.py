@@ -20,7 +20,7 @@ from .errors import ShmStoreError
 from .levels import Level, ObjectInfo
 from .placement import spill_progress_line
 from .store import Store, connect, destroy, observe
-from .stores import collect_stale, list_stores
+from .stores import collect_mpi_orphans, collect_stale, list_stores
 from .units import format_size
 
 __all__ = ["main"]
@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="check the store's invariants (table, allocator, counters, spill files); exit 1 on a problem")
     g = sub.add_parser("gc", parents=common,
                        help="remove stores that no live process uses (job epilogs): yours, or as root every user's; "
-                            "only those named NAME with --name")
+                            "only those named NAME with --name; and, without --name, the MPI library's shared "
+                            "memory segments (mpich_*, sm_segment.*, vader_segment.*) no live process maps")
     g.add_argument("--all-users", action="store_true", help="every user's stale stores (root: a Slurm epilog)")
     g.add_argument("--uid", type=int, help="that user's stale stores (root)")
     d = sub.add_parser("destroy", parents=common, help="remove a store's segments and spill files")
@@ -139,8 +140,14 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.cmd == "gc":
         removed = collect_stale(uid=args.uid, all_users=args.all_users, name=args.name)
-        print(json.dumps({"removed": removed}) if args.json else
-              ("removed " + ", ".join(removed) if removed else "no stale stores"))
+        # the MPI library's own leftovers of an aborted job: only where no store was named
+        mpi = [] if args.name else collect_mpi_orphans(uid=args.uid, all_users=args.all_users)
+        if args.json:
+            print(json.dumps({"removed": removed, "mpi_segments": mpi}))
+        else:
+            print("removed " + ", ".join(removed) if removed else "no stale stores")
+            if mpi:
+                print(f"removed {len(mpi)} MPI shared memory segment(s) no process maps: " + ", ".join(mpi))
         return 0
     if args.cmd == "destroy":
         gone = destroy(args.store or args.name, force=args.force, node=args.node)

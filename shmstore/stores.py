@@ -30,8 +30,10 @@ import logging
 import mmap
 import os
 import stat
+import time
 from typing import Any
 
+from .config import SHM_DIR
 from .errors import PermissionDeniedError, ShmStoreError
 from .levels.spillfiles import incarnation, remove_dir
 from .meta import layout as L
@@ -40,7 +42,11 @@ from .node.nodestore import pid_alive, store_prefix
 from .primitives.files import SAFE_OPEN, open_regular
 from .primitives.segment import Segment, list_segments, segment_path, unlink_segment, unlink_semaphore
 
-__all__ = ["list_stores", "collect_stale"]
+__all__ = ["list_stores", "collect_stale", "collect_mpi_orphans", "MPI_SEGMENT_PREFIXES"]
+
+# The shared memory MPI libraries leave in /dev/shm when a job is aborted or killed: MPICH's (mpich_shm_*,
+# mpich_vci_*) and Open MPI's (sm_segment.*, vader_segment.*)
+MPI_SEGMENT_PREFIXES = ("mpich_", "sm_segment.", "vader_segment.")
 
 log = logging.getLogger("shmstore")
 # a live holder of the ADMIN lock means a live process: not stale anyway
@@ -264,3 +270,77 @@ def _unlink_own(dir_fd: int, entry: str, uid: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def collect_mpi_orphans(uid: int | None = None, all_users: bool = False, min_age: float = 5.0,
+                        only: set[str] | None = None) -> list[str]:
+    """Remove the MPI libraries' shared memory segments in /dev/shm (``MPI_SEGMENT_PREFIXES``) that no live
+    process maps or holds open: what an aborted or killed job leaves (MPICH 2 MiB and more per node and run,
+    Open MPI 16 MiB per singleton). This user's, another ``uid``'s or (``all_users``, root) everyone's; only
+    regular files at least ``min_age`` seconds old (a job starting now maps its own at once); ``only``: just
+    these names (tests). Returns the names removed.
+
+    Raises:
+        PermissionDeniedError: another user's asked for without being root.
+    """
+    me = os.getuid()
+    if (all_users or (uid is not None and uid != me)) and me != 0:
+        raise PermissionDeniedError("only root can remove other users' MPI segments (shmstore gc --all-users / "
+                                    "--uid in a Slurm epilog, which runs as root)")
+    want = me if uid is None else uid
+    now, candidates = time.time(), {}
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    for entry in names:
+        if not entry.startswith(MPI_SEGMENT_PREFIXES) or (only is not None and entry not in only):
+            continue
+        try:
+            st = os.lstat(os.path.join(SHM_DIR, entry))
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and (all_users or st.st_uid == want) and now - st.st_mtime >= min_age:
+            candidates[entry] = (st.st_dev, st.st_ino)
+    for entry in _in_use(candidates):
+        del candidates[entry]
+    removed = []
+    for entry, ident in sorted(candidates.items()):
+        path = os.path.join(SHM_DIR, entry)
+        try:
+            st = os.lstat(path)
+            if (st.st_dev, st.st_ino) == ident:  # the same file still (not one made again meanwhile)
+                os.unlink(path)
+                removed.append(entry)
+        except OSError:
+            continue
+    return removed
+
+
+def _in_use(candidates: dict[str, tuple[int, int]]) -> set[str]:
+    """The candidates some live process maps (/proc/<pid>/maps) or holds open (/proc/<pid>/fd)."""
+    used: set[str] = set()
+    if not candidates:
+        return used
+    idents = {v: k for k, v in candidates.items()}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    if "/dev/shm/" in line:
+                        name = line.split("/dev/shm/", 1)[1].split()[0]
+                        if name in candidates:
+                            used.add(name)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    st = os.stat(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                held = idents.get((st.st_dev, st.st_ino))
+                if held is not None:
+                    used.add(held)
+        except OSError:  # gone, or not ours to read (another user's process maps none of this user's)
+            continue
+    return used

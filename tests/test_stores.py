@@ -327,3 +327,59 @@ def test_gc_as_root_for_another_user_removes_only_that_store_s_own_files(name, t
         for s in os.listdir(SHM):
             if f"-{dead}-" in s:
                 os.unlink(os.path.join(SHM, s))
+
+
+def test_gc_removes_the_mpi_librarys_orphaned_segments_and_only_those(name):
+    """What an aborted MPI job leaves in /dev/shm (issue 35 item 8): MPICH's and Open MPI's segments that no live
+    process maps or holds open go; one a live process maps, one it holds open, a fresh one, another user's,
+    a directory and a link under the same names stay. Only segments this test made are looked at (``only``)."""
+    from shmstore.stores import collect_mpi_orphans
+    made = {p + name + s: None for p, s in (("mpich_shm_", ""), ("mpich_vci_", "_0"), ("sm_segment.", ".0"),
+                                            ("vader_segment.", ".1"))}
+    for seg in made:
+        with open(f"/dev/shm/{seg}", "wb") as f:
+            f.write(b"\0" * 4096)
+        os.utime(f"/dev/shm/{seg}", (time.time() - 60, time.time() - 60))
+    mapped, opened, fresh = (f"mpich_shm_{name}_{w}" for w in ("mapped", "open", "fresh"))
+    for seg in (mapped, opened, fresh):
+        with open(f"/dev/shm/{seg}", "wb") as f:
+            f.write(b"\0" * 4096)
+    for seg in (mapped, opened):
+        os.utime(f"/dev/shm/{seg}", (time.time() - 60, time.time() - 60))
+    os.mkdir(f"/dev/shm/mpich_dir_{name}")
+    os.symlink(f"/dev/shm/{mapped}", f"/dev/shm/mpich_link_{name}")
+    others = []
+    if os.getuid() == 0:
+        others.append(f"mpich_shm_{name}_other")
+        with open(f"/dev/shm/{others[0]}", "wb") as f:
+            f.write(b"\0" * 4096)
+        os.chown(f"/dev/shm/{others[0]}", 65534, 65534)
+        os.utime(f"/dev/shm/{others[0]}", (time.time() - 60, time.time() - 60))
+    holder = Child(f"""
+import mmap, os
+f = open('/dev/shm/{mapped}', 'r+b'); m = mmap.mmap(f.fileno(), 4096); f.close()
+fd = os.open('/dev/shm/{opened}', os.O_RDONLY)
+print('holding', flush=True)
+input()
+""")
+    everything = set(made) | {mapped, opened, fresh, f"mpich_dir_{name}", f"mpich_link_{name}", *others}
+    try:
+        assert holder.readline() == "holding"
+        removed = collect_mpi_orphans(only=everything)
+        assert sorted(removed) == sorted(made)
+        assert {mapped, opened, fresh, *others} <= set(os.listdir("/dev/shm"))
+        assert os.path.isdir(f"/dev/shm/mpich_dir_{name}") and os.path.islink(f"/dev/shm/mpich_link_{name}")
+        holder.send("")
+        holder.wait()
+        assert collect_mpi_orphans(only=everything) == sorted([mapped, opened])  # their holder is gone
+        assert collect_mpi_orphans(only=everything, min_age=0) == [fresh]
+        if others:
+            assert collect_mpi_orphans(only=everything, uid=65534) == others
+    finally:
+        holder.kill()
+        for seg in everything:
+            try:
+                os.rmdir(f"/dev/shm/{seg}") if os.path.isdir(f"/dev/shm/{seg}") and not os.path.islink(
+                    f"/dev/shm/{seg}") else os.unlink(f"/dev/shm/{seg}")
+            except OSError:
+                pass
