@@ -19,7 +19,7 @@ from .units import parse_size
 
 __all__ = ["Config", "SHM_DIR", "env", "explicit_settings",
            "pure_python", "stream_count", "node_label", "default_node", "service_spin",
-           "cuda_aware_override", "mpich_vcis", "no_gpu"]
+           "cuda_aware_override", "mpich_vcis", "no_gpu", "doorbell"]
 
 SHM_DIR = "/dev/shm"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -219,6 +219,12 @@ def env(name: str, parser: Callable[[str], Any], default: Any = None) -> Any:
 def pure_python() -> bool:
     """``SHMSTORE_PURE_PYTHON``: run without the optional C helpers (the kernel's fast path, the copier)."""
     return bool(env("PURE_PYTHON", _parse_bool, False))
+
+
+def doorbell() -> bool:
+    """``SHMSTORE_DOORBELL``: an idle MPI node service sleeps in the kernel and a request after silence rings it
+    awake (``shmstore.mpi.doorbell``; default on); ``0``: it probes MPI at its idle pace instead."""
+    return bool(env("DOORBELL", _parse_bool, True))
 
 
 def no_gpu() -> bool:

@@ -44,6 +44,7 @@ import shmstore
 
 from .. import errors
 from ..client.kernel import NO_DEFAULT, check_get_args
+from ..config import doorbell
 from ..levels import Level
 from ..meta import layout as L
 from ..meta.keys import encode_key
@@ -58,6 +59,7 @@ from . import wire as W
 from .copies import Copies
 from .dirclient import DirectoryClient
 from .directory import Directory
+from .doorbell import Bells, Doorbell, my_card
 from .fetch import Fetcher
 from .links import Links
 from .nodes import identify
@@ -105,7 +107,12 @@ class Cluster:
         self.node: str = ids.name
         self.store: Store = shmstore.connect(**dict(connect_kwargs, node=self.node))
         spin = spin_window(ids.host_ranks)
-        self._msg = Messenger(self._comm, self.nodes, self.leaders, spin, self.store.config.peer_timeout)
+        leading = self.rank == ids.leaders[ids.index]
+        bell = Doorbell() if leading and doorbell() else None  # the node service's, to sleep on when idle
+        cards = self._comm.allgather(bell.card() if bell is not None else None)
+        self._bells = Bells([cards[ld] for ld in ids.leaders], my_card())
+        self._msg = Messenger(self._comm, self.nodes, self.leaders, spin, self.store.config.peer_timeout,
+                              self._bells)
         self._links = Links(self._comm, bulk, self._msg, self.rank, ids.index, tuple(ids.names), tuple(ids.leaders))
         self.block_size = T.DEFAULT_BLOCK
         local = Directory(self.store.config.peer_timeout) if self._links.leader else None
@@ -114,7 +121,7 @@ class Cluster:
         self._copies = Copies(self._links, self._dirs, self._fetcher, self.store.kernel)
         if self._links.leader:
             self._service = Service(self._links, self._dirs, self.store, self._fetcher, spin,
-                                    idle_nap(ids.host_ranks))
+                                    idle_nap(ids.host_ranks), bell, self._bells)
             self._service.start()
         # its start-up (imports, recovery) lands here, not in the first compute
         self.store.wait_spill_ready()
@@ -458,6 +465,7 @@ class Cluster:
             self._service.close()
         self._comm.Barrier()
         self._msg.stop_watching()
+        self._bells.close()
         if not abandon.wait_released(self.store.config.peer_timeout):  # MPI may still write into the store
             print(f"shmstore.mpi: rank {self.rank}: {abandon.held()} transfer(s) given up on still hold store "
                   f"space after {self.store.config.peer_timeout:g} s (their peer died or hangs): it is freed "

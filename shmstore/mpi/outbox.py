@@ -17,7 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from mpi4py import MPI
 
@@ -41,6 +41,7 @@ class Outbox:
         self._since = 0.0  # when one of them was last taken (or the first went out)
         self._handoff: queue.SimpleQueue[MPI.Request] = queue.SimpleQueue()  # the sends of other threads
         self._owner: int | None = None
+        self.ring: Callable[[int], object] | None = None  # rings rank ``dest``'s service after a post
 
     def own(self) -> None:
         """The calling thread (the service's loop) tends the sends from now on."""
@@ -57,11 +58,13 @@ class Outbox:
             pass
 
     def post(self, msg: Any, dest: int) -> None:
-        """Send the small ``msg`` to the service on rank ``dest`` for no answer."""
+        """Send the small ``msg`` to the service on rank ``dest`` for no answer (and ring it: doorbell.py)."""
         try:
             W.post(self.comm, msg, dest)
         except MPI.Exception:
-            pass
+            return
+        if self.ring is not None:
+            self.ring(dest)
 
     def _keep(self, req: MPI.Request) -> None:
         if threading.get_ident() == self._owner:

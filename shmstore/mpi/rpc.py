@@ -33,12 +33,18 @@ from ..primitives.interrupts import interruptible
 from . import tags as T
 from . import wire as W
 from .abandon import give_up
+from .doorbell import Bells
 from .poll import prober, settle
 
 __all__ = ["Messenger", "gave_up"]
 
 _NAP = 20e-6      # the first nap after the spin window
 _NAP_MAX = 1e-3   # naps double up to this
+# A reply is awaited with naps of at most this for its first _REPLY_SOON seconds: a reply that comes in a few
+# ms (a service that was idle: it probes every 1 ms where ranks fill the cores) is seen within 100 us, not
+# after a nap grown to 1 ms (which doubled the latency of a request after silence).
+_REPLY_NAP_MAX = 100e-6
+_REPLY_SOON = 0.02
 # and up to this while frames flow (MPI moves a large message only while it is tested)
 _FRAME_NAP_MAX = 100e-6
 _SETTING = "raise peer_timeout= / SHMSTORE_PEER_TIMEOUT"
@@ -50,8 +56,9 @@ class Messenger:
     ``timeout`` seconds (see the module's docstring). Thread-safe."""
 
     def __init__(self, comm: MPI.Comm, names: list[str], leaders: list[int], spin: float,
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, bells: Bells | None = None) -> None:
         self.comm, self.names, self.leaders, self.spin, self.timeout = comm, names, leaders, spin, timeout
+        self.bells = bells  # rings a node's service awake after this rank's silence towards it (doorbell.py)
         self._tags = itertools.count()
         self._tag_lock = threading.Lock()
         self._burnt: set[int] = set()  # tags of calls that gave up: a late reply may still come on them
@@ -101,7 +108,10 @@ class Messenger:
         spin = self.spin if spin is None else spin
         source = MPI.ANY_SOURCE if any_source else dest  # a reply tag is this rank's alone while the call lasts
         try:
-            if not self._probe(source, tag, spin, _NAP, self.timeout * patience, _NAP_MAX):
+            limit = self.timeout * patience
+            if not self._probe(source, tag, spin, _NAP, min(limit, _REPLY_SOON), _REPLY_NAP_MAX) and (
+                    limit <= _REPLY_SOON or not self._probe(source, tag, 0.0, _REPLY_NAP_MAX,
+                                                            limit - _REPLY_SOON, _NAP_MAX)):
                 self.burn(tag)
                 raise self.late(node, f"did not answer a {_operation(msg)} request", self.timeout * patience,
                                 key if key is not None else getattr(msg, "key", None))
@@ -244,10 +254,14 @@ class Messenger:
         try:
             if type(msg) not in _BULKY and not (type(msg) is W.DirAdd and len(msg.keys) > 8):  # a put's: small
                 W.request(self.comm, msg, self.leaders[node], tag, linger)  # buffered at once
+                if self.bells is not None:
+                    self.bells.sent(node)
                 return
             req = W.request_nowait(self.comm, msg, self.leaders[node], tag, linger)
         except MPI.Exception as exc:
             raise self.failed(node, msg, key, exc) from exc
+        if self.bells is not None:
+            self.bells.sent(node)
         try:
             done = settle([req], self.timeout, self.spin > 0, _NAP, _NAP_MAX)
         # MPI failed it, or a Ctrl-C: the request holds the pickled bytes MPI may still read

@@ -8,11 +8,12 @@ linger: a batch's next request comes soon), then after naps from 50 us
 doubling to 200 us while requests come at their recent pace (``poll.Pace``:
 eight times the recent gap between requests, 5 ms to 0.5 s: a loop of remote
 gets keeps it, one fetch and then silence lets it go within 5 ms), and after
-that every 1 ms where every core of the host has a rank (a rank that
-computes beside a service answering now and then loses nothing to 1,000
-wake-ups a second; on a 2-core VM, 200 us naps held for half a second after
-each request cost the ranks' Python 15-40% of their speed), every 50 us where
-a core is spare (``poll.idle_nap``).
+that, idle, it sleeps in the kernel on its doorbell (``doorbell.py``: a
+request after silence rings it awake, and every 10 ms it looks at MPI
+anyway); with ``SHMSTORE_DOORBELL=0`` it probes every 1 ms where every core
+of the host has a rank (on a 2-core VM, 200 us naps held for half a second
+after each request cost the ranks' Python 15-40% of their speed), every 50
+us where a core is spare (``poll.idle_nap``).
 A service starts idle: nothing probes busily before the first request. An idle node so costs
 next to no CPU and never takes the GIL from the application, instead of
 spinning in a blocking receive (MPICH busy-polls, and a spinning thread
@@ -53,6 +54,7 @@ from .abandon import give_up
 from .cuda import cuda_aware
 from .dirclient import DirectoryClient
 from .directory import WAIT, Directory
+from .doorbell import SAFETY, Bells, Doorbell
 from .fetch import Fetcher
 from .links import Links
 from .outbox import Outbox
@@ -75,6 +77,7 @@ _ACTIVE_PAUSE = 200e-6
 _IDLE_PAUSE = 1e-3
                       # the host has a core to spare): the first request after a pause waits <= 1 ms
 _LINGER_MAX = 0.005   # the longest spin a request may ask for (its linger)
+_RUNG = 0.005  # after a ring, how long the request it announced may take to land before the loop sleeps again
 
 
 class Service:
@@ -85,7 +88,8 @@ class Service:
     """
 
     def __init__(self, links: Links, dirs: DirectoryClient, store: Store, fetcher: Fetcher,
-                 spin: float = 0.0, idle: float = _IDLE_PAUSE) -> None:
+                 spin: float = 0.0, idle: float = _IDLE_PAUSE, bell: Doorbell | None = None,
+                 bells: Bells | None = None) -> None:
         if dirs.local is None:
             raise errors.InvalidArgumentError("a node service needs the node's share of the directory")
         self.comm = links.comm
@@ -103,6 +107,11 @@ class Service:
         self._stop = threading.Event()
         self._workers: list[threading.Thread] = []  # pulls and bulk sends under way
         self._outbox = Outbox(self.comm, self.timeout)  # replies and posts not yet taken by their receivers
+        # idle, the loop sleeps on its doorbell (doorbell.py); its own posts ring the nodes they go to
+        self.bell = bell
+        if bells is not None:
+            leaders = list(links.leaders)
+            self._outbox.ring = lambda rank: bells.sent(leaders.index(rank)) if rank in leaders else None
         # bytes sent inside replies, counted once the reply is out (off the reply's path)
         self._sent_later = 0
         self.directory: Directory = dirs.local  # this node's share of the location directory (see directory.py)
@@ -132,10 +141,14 @@ class Service:
         if not self._stop.is_set() and self._thread.is_alive():
             self._stop.set()
             stop = W.request_nowait(self.comm, W.Stop(), self.comm.rank, 0)  # the loop ends on it; a send to
+            if self.bell is not None:
+                self.bell.ring_self()
             self._thread.join(wait)  # this very rank completes only once received: never blocking on it
             if not stop.Test():
                 give_up([stop])
         self._stop.set()
+        if self.bell is not None and not self._thread.is_alive():
+            self.bell.close()
         for t in self._workers:
             t.join(wait)
         self._leases.clear()
@@ -164,6 +177,12 @@ class Service:
                 elif idle < pace.window:
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, pace.window - idle,
                                   max(min(_ACTIVE_PAUSE, idle_nap), _BUSY_PAUSE))
+                elif self.bell is not None:
+                    # asleep in the kernel until a request rings (or the safety net's time): no CPU, no GIL
+                    rung = self.bell.wait(SAFETY)
+                    # rung: the request was sent before the ring; let it land (a TCP hop), probing closely
+                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, _RUNG if rung else 1e-6,
+                                  _ACTIVE_PAUSE)
                 else:
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, 0.0, idle_nap, 1.0)
             except (errors.TransferError, OverflowError, OSError):  # the C prober failed: probe from Python
