@@ -5,7 +5,7 @@ An idle node service used to probe MPI every 1 ms (every core busy) or 50 us
 a VM the woken thread's first microseconds cost more again; the first remote
 get after a pause took 3-4 ms where a raw MPI round trip after the same
 pause took 0.3-0.4 ms. With a doorbell, the idle service blocks in
-``select`` on a UDP socket of its own (no CPU, the GIL released) and probes
+``poll`` on a UDP socket of its own (no CPU, the GIL released) and probes
 MPI only when woken or, as a safety net for a message nobody rang for,
 every ``SAFETY`` seconds. A rank that sends a request to a node it has not
 sent to for ``RING_AFTER`` seconds rings that node's bell right after the
@@ -77,6 +77,9 @@ class Doorbell:
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
         self._buf = array.array("B", bytes(64))
+        # poll, not select: an MPI process may hold descriptors past select's 1,024
+        self._poll = select.poll()
+        self._poll.register(self.sock.fileno(), select.POLLIN)
 
     def card(self) -> tuple[str, str, int, list[tuple[str, str]]]:
         """What peers need to ring it: (host name, network namespace, port, [(address, netmask)])."""
@@ -84,9 +87,12 @@ class Doorbell:
 
     def wait(self, timeout: float) -> bool:
         """Sleep in the kernel until rung or ``timeout`` seconds passed; True if rung (every ring taken)."""
+        if self.sock.fileno() < 0:  # closed (the cluster closing): sleep the time, never spin
+            time.sleep(timeout)
+            return False
         try:
-            ready, _, _ = select.select([self.sock], [], [], timeout)
-        except (OSError, ValueError):  # closed under us (the cluster closing), or interrupted
+            ready = self._poll.poll(timeout * 1000)
+        except OSError:  # interrupted
             return False
         rung = False
         while ready:
