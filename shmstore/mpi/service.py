@@ -48,6 +48,7 @@ from .. import errors
 from ..levels.device import to_host
 from ..meta import layout as L
 from ..primitives import native
+from . import abandon
 from . import tags as T
 from . import wire as W
 from .abandon import give_up
@@ -177,7 +178,10 @@ class Service:
                 elif idle < pace.window:
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, pace.window - idle,
                                   max(min(_ACTIVE_PAUSE, idle_nap), _BUSY_PAUSE))
-                elif self.bell is not None:
+                # asleep only while MPI has nothing of this process in flight: a transfer given up on still
+                # moves its bytes only inside MPI calls (over TCP, the replies queue behind them), so with
+                # held requests the loop probes at its idle pace as before
+                elif self.bell is not None and not abandon.held():
                     # asleep in the kernel until a request rings (or the safety net's time): no CPU, no GIL
                     rung = self.bell.wait(SAFETY)
                     # rung: the request was sent before the ring; let it land (a TCP hop), probing closely
