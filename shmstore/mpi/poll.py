@@ -24,7 +24,6 @@ from typing import Callable
 
 from mpi4py import MPI
 
-from .. import errors
 from ..config import pure_python, service_idle, service_spin
 from ..primitives.interrupts import interruptible
 
@@ -85,8 +84,8 @@ def prober(comm: MPI.Comm) -> Probe:
                             int(nap_max * 1e9))
             if rc == 1:
                 return True
-            if rc < 0:
-                raise errors.TransferError(f"MPI_Iprobe failed with error code {-rc}")
+            if rc < 0:  # MPI's own error, as mpi4py raises it: the caller names the node and rank it was about
+                raise MPI.Exception(-rc)
             # the slice passed (a signal's nap cut short counts for nothing: at most one slice more)
             if rc == 0:
                 limit -= part

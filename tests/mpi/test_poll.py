@@ -72,3 +72,22 @@ def test_a_service_keeps_short_naps_while_requests_stream_and_drops_them_soon_af
     assert _fed([0.006] * 20 + [5.0]).window == 0.005
     # however fast the stream, the window is at least the floor; however slow, at most the ceiling
     assert _fed([1e-5] * 50).window == 0.005 and _fed([0.019] * 200).window <= 0.5
+
+
+def test_an_mpi_error_in_the_c_prober_is_mpis_own_and_the_call_names_node_rank_and_error(monkeypatch):
+    """Issue 35 item 7: under Open MPI's fault tolerance a survivor's get failed with 'MPI_Iprobe failed with
+    error code 75', naming no node, rank or MPI error; the fast prober now raises MPI's own error, which a
+    call's handler (``except MPI.Exception``: ``Messenger.failed``) turns into a TransferError naming them, as
+    the pure-Python prober's error always was."""
+    from shmstore.mpi import wire as W
+    from shmstore.mpi.rpc import Messenger
+    code = getattr(MPI, "ERR_PROC_FAILED", MPI.ERR_OTHER)
+    monkeypatch.setattr(poll, "_probe_wait", lambda: (lambda *args: -code))
+    monkeypatch.setattr(poll, "_iprobe_address", lambda: 1)
+    with pytest.raises(MPI.Exception) as err:
+        poll.prober(MPI.COMM_SELF)(MPI.ANY_SOURCE, 1, 0.0, 1e-5, 0.01)
+    assert err.value.Get_error_code() == code
+    msg = Messenger(MPI.COMM_SELF, ["n7"], [3], 0.0, timeout=5.0)
+    failed = msg.failed(0, W.DirGet([]), None, err.value)
+    assert "node 'n7' (rank 3): MPI failed in a dir get request" in str(failed) and failed.peer == 3
+    assert MPI.Get_error_string(code).splitlines()[0].strip() in str(failed)
