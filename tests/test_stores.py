@@ -339,13 +339,13 @@ def test_gc_removes_the_mpi_librarys_orphaned_segments_and_only_those(name):
     for seg in made:
         with open(f"/dev/shm/{seg}", "wb") as f:
             f.write(b"\0" * 4096)
-        os.utime(f"/dev/shm/{seg}", (time.time() - 60, time.time() - 60))
+        os.utime(f"/dev/shm/{seg}", (time.time() - 7200, time.time() - 7200))
     mapped, opened, fresh = (f"mpich_shm_{name}_{w}" for w in ("mapped", "open", "fresh"))
     for seg in (mapped, opened, fresh):
         with open(f"/dev/shm/{seg}", "wb") as f:
             f.write(b"\0" * 4096)
     for seg in (mapped, opened):
-        os.utime(f"/dev/shm/{seg}", (time.time() - 60, time.time() - 60))
+        os.utime(f"/dev/shm/{seg}", (time.time() - 7200, time.time() - 7200))
     os.mkdir(f"/dev/shm/mpich_dir_{name}")
     os.symlink(f"/dev/shm/{mapped}", f"/dev/shm/mpich_link_{name}")
     others = []
@@ -354,7 +354,7 @@ def test_gc_removes_the_mpi_librarys_orphaned_segments_and_only_those(name):
         with open(f"/dev/shm/{others[0]}", "wb") as f:
             f.write(b"\0" * 4096)
         os.chown(f"/dev/shm/{others[0]}", 65534, 65534)
-        os.utime(f"/dev/shm/{others[0]}", (time.time() - 60, time.time() - 60))
+        os.utime(f"/dev/shm/{others[0]}", (time.time() - 7200, time.time() - 7200))
     holder = Child(f"""
 import mmap, os
 f = open('/dev/shm/{mapped}', 'r+b'); m = mmap.mmap(f.fileno(), 4096); f.close()
@@ -365,16 +365,16 @@ input()
     everything = set(made) | {mapped, opened, fresh, f"mpich_dir_{name}", f"mpich_link_{name}", *others}
     try:
         assert holder.readline() == "holding"
-        removed = collect_mpi_orphans(only=everything)
+        removed = collect_mpi_orphans(only=everything, min_age=3600)  # an hour: `fresh` is younger, however slow
         assert sorted(removed) == sorted(made)
         assert {mapped, opened, fresh, *others} <= set(os.listdir("/dev/shm"))
         assert os.path.isdir(f"/dev/shm/mpich_dir_{name}") and os.path.islink(f"/dev/shm/mpich_link_{name}")
         holder.send("")
         holder.wait()
-        assert collect_mpi_orphans(only=everything) == sorted([mapped, opened])  # their holder is gone
+        assert collect_mpi_orphans(only=everything, min_age=3600) == sorted([mapped, opened])  # holder gone
         assert collect_mpi_orphans(only=everything, min_age=0) == [fresh]
         if others:
-            assert collect_mpi_orphans(only=everything, uid=65534) == others
+            assert collect_mpi_orphans(only=everything, uid=65534, min_age=3600) == others
     finally:
         holder.kill()
         for seg in everything:
