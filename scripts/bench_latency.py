@@ -30,6 +30,7 @@ import uuid
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_neighbour import round_trips  # noqa: E402  (scripts/, this script's folder)
 from mpi4py import MPI  # noqa: E402
 
 from shmstore.mpi import Cluster  # noqa: E402
@@ -40,18 +41,9 @@ STOP = 77  # the tag that tells the holder a mode's measurements are over
 
 
 def raw_round_trips(comm: MPI.Comm, n: int, reply_bytes: int) -> list[float]:
-    """8 B to rank 1 and ``reply_bytes`` back, ``n`` times back to back; seconds, on rank 0."""
-    req, rep, times = np.zeros(8, np.uint8), np.zeros(reply_bytes, np.uint8), []
+    """8 B to rank 1 and ``reply_bytes`` back, ``n`` times back to back after two unmeasured; seconds, on rank 0."""
     quiet_barrier(comm)
-    for _ in range(n + 2):
-        if comm.rank == 0:
-            t = time.perf_counter()
-            comm.Send(req, dest=1)
-            comm.Recv(rep, source=1)
-            times.append(time.perf_counter() - t)
-        else:
-            comm.Recv(req, source=0)
-            comm.Send(rep, dest=0)
+    times = round_trips(comm, n + 2, reply_bytes)
     quiet_barrier(comm)
     return times[2:]
 

@@ -50,19 +50,26 @@ SINCE_REQUEST = (0.0, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 
 COMPUTE_FROM = 0.02  # no compute sample before this delay: it would push the next round trip sample late
 
 
-def ping_pong(comm: MPI.Comm, n: int) -> float:
-    """Median of ``n`` 8 B round trips between ranks 0 and 1 (seconds, on rank 0; 0.0 on rank 1)."""
-    buf = np.zeros(8, np.uint8)
+def round_trips(comm: MPI.Comm, n: int, reply_bytes: int = 8) -> list[float]:
+    """``n`` round trips between ranks 0 and 1, back to back: 8 B there, ``reply_bytes`` back (seconds, on rank
+    0; empty on rank 1). Also what scripts/bench_latency.py measures its baselines with."""
+    req, rep = np.zeros(8, np.uint8), np.zeros(reply_bytes, np.uint8)
     times = []
     for _ in range(n):
         if comm.rank == 0:
             t = time.perf_counter()
-            comm.Send(buf, dest=1)
-            comm.Recv(buf, source=1)
+            comm.Send(req, dest=1)
+            comm.Recv(rep, source=1)
             times.append(time.perf_counter() - t)
         else:
-            comm.Recv(buf, source=0)
-            comm.Send(buf, dest=0)
+            comm.Recv(req, source=0)
+            comm.Send(rep, dest=0)
+    return times
+
+
+def ping_pong(comm: MPI.Comm, n: int) -> float:
+    """Median of ``n`` 8 B round trips between ranks 0 and 1 (seconds, on rank 0; 0.0 on rank 1)."""
+    times = round_trips(comm, n)
     return statistics.median(times) if times else 0.0
 
 
