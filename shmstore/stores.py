@@ -174,15 +174,25 @@ def collect_stale(uid: int | None = None, all_users: bool = False, name: str | N
     Raises:
         PermissionDeniedError: another user's stores asked for without being root.
     """
-    me = os.getuid()
-    if (all_users or (uid is not None and uid != me)) and me != 0:
-        raise PermissionDeniedError("only root can remove other users' stores (shmstore gc --all-users / --uid "
-                                    "in a Slurm epilog, which runs as root)")
+    me = _may_collect(uid, all_users, "stores")
     removed = []
     for st in list_stores(uid, all_users):
         if st["stale"] and name in (None, st["name"]) and _remove_if_stale(st):
             removed.append(f"{st['name']}@{st['node']}" + (f" (uid {st['uid']})" if st["uid"] != me else ""))
     return removed
+
+
+def _may_collect(uid: int | None, all_users: bool, what: str) -> int:
+    """This process's uid, where it may remove the ``what`` asked for (another user's only as root).
+
+    Raises:
+        PermissionDeniedError: another user's asked for without being root.
+    """
+    me = os.getuid()
+    if (all_users or (uid is not None and uid != me)) and me != 0:
+        raise PermissionDeniedError(f"only root can remove other users' {what} (shmstore gc --all-users / --uid "
+                                    f"in a Slurm epilog, which runs as root)")
+    return me
 
 
 def _remove_if_stale(st: dict[str, Any]) -> bool:
@@ -283,10 +293,7 @@ def collect_mpi_orphans(uid: int | None = None, all_users: bool = False, min_age
     Raises:
         PermissionDeniedError: another user's asked for without being root.
     """
-    me = os.getuid()
-    if (all_users or (uid is not None and uid != me)) and me != 0:
-        raise PermissionDeniedError("only root can remove other users' MPI segments (shmstore gc --all-users / "
-                                    "--uid in a Slurm epilog, which runs as root)")
+    me = _may_collect(uid, all_users, "MPI segments")
     want = me if uid is None else uid
     now, candidates = time.time(), {}
     try:

@@ -111,8 +111,8 @@ class Service:
         # idle, the loop sleeps on its doorbell (doorbell.py); its own posts ring the nodes they go to
         self.bell = bell
         if bells is not None:
-            leaders = list(links.leaders)
-            self._outbox.ring = lambda rank: bells.sent(leaders.index(rank)) if rank in leaders else None
+            node_of = {rank: node for node, rank in enumerate(links.leaders)}
+            self._outbox.ring = lambda rank: bells.sent(node_of[rank]) if rank in node_of else None
         # bytes sent inside replies, counted once the reply is out (off the reply's path)
         self._sent_later = 0
         self.directory: Directory = dirs.local  # this node's share of the location directory (see directory.py)

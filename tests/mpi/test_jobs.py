@@ -12,6 +12,7 @@ import pytest
 import shmstore
 from shmstore import Level
 from shmstore.meta import layout as L
+from shmstore.stores import collect_mpi_orphans
 
 from helpers import ROOT, shm_segments, wait_for
 
@@ -323,19 +324,11 @@ def _mpich_segments() -> set[str]:
 
 def _remove_orphaned_mpich_segments(before: set[str]) -> None:
     """Unlink the shared memory a killed MPICH job leaves in /dev/shm (2 MiB per node and run): the segments
-    that appeared since ``before`` and that no live process maps (so never those of another job running)."""
+    that appeared since ``before`` and that no live process maps or holds open (so never those of another job
+    running), as ``shmstore gc`` does."""
     new = _mpich_segments() - before
-    for entry in os.listdir("/proc") if new else ():
-        try:
-            with open(f"/proc/{entry}/maps") as f:
-                new -= {line.split("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/mpich_" in line}
-        except (OSError, IndexError):
-            continue
-    for seg in new:
-        try:
-            os.unlink(os.path.join("/dev/shm", seg))
-        except OSError:
-            pass
+    if new:
+        collect_mpi_orphans(only=new, min_age=0)
 
 
 @pytest.fixture(scope="module", autouse=True)
