@@ -6,6 +6,7 @@ memory in check and cleans up after crashes; ``shmstore.mpi`` moves objects
 between nodes over MPI.
 """
 from .errors import (
+    CheckpointError,
     ConfigError,
     ConfigWarning,
     DeviceError,
@@ -42,7 +43,7 @@ __all__ = [
     "Writer", "StoreMapping", "Ref",
     "ShmStoreError", "ObjectNotFoundError", "ObjectExistsError", "ObjectLockedError", "StorageFullError",
     "LockTimeoutError", "LayoutError", "StoreClosedError", "StoreNotFoundError",
-    "StoreInUseError", "SpillError", "TransferError", "DeviceError",
+    "StoreInUseError", "SpillError", "TransferError", "CheckpointError", "DeviceError",
     "InvalidArgumentError", "InvalidKeyError", "SerializationError", "ConfigError", "PermissionDeniedError",
     "ShmStoreWarning", "ConfigWarning",
     "__version__",

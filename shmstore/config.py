@@ -48,6 +48,21 @@ def _default_spill_dir() -> str:
     return tempfile.gettempdir()
 
 
+def _default_persist_dir() -> str:
+    """Where checkpoints outlive the job: ``$SCRATCH/shmstore-checkpoints`` (the parallel file system's scratch on
+    most clusters), else ``shmstore-checkpoints`` in the working directory (where the job was started: usually
+    on a shared file system too)."""
+    scratch = os.environ.get("SCRATCH")
+    return os.path.join(scratch if scratch else os.getcwd(), "shmstore-checkpoints")
+
+
+def _parse_dir(text: Any) -> str:
+    value = str(text).strip()
+    if not value:
+        raise ValueError("expected a folder")
+    return os.path.abspath(os.path.expanduser(value))
+
+
 def default_node() -> str:
     """The node's name as the launcher knows it: ``PMI_HOSTNAME`` (MPICH's hydra), else ``SLURMD_NODENAME``
     (Slurm's name for the node, also in prologs and epilogs), else the host name; the same order
@@ -123,6 +138,9 @@ _FIELDS: dict[str, tuple[Callable[[Any], Any], Callable[[], Any]]] = {
     "prefault": (parse_size, lambda: 1 << 30),
     "disk_capacity": (_parse_optional_size, lambda: None),
     "gpu_capacity": (_parse_optional_size, lambda: None),
+    # checkpoints (shmstore.checkpoint): the folder that outlives jobs, and how many complete ones it keeps
+    "persist_dir": (_parse_dir, _default_persist_dir),
+    "checkpoint_keep": (_parse_count, lambda: 2),
 }
 
 
@@ -153,6 +171,8 @@ class Config:
     prefault: int
     disk_capacity: int | None
     gpu_capacity: int | None
+    persist_dir: str
+    checkpoint_keep: int
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> Config:

@@ -21,6 +21,7 @@ __all__ = [
     "StoreInUseError",
     "SpillError",
     "TransferError",
+    "CheckpointError",
     "DeviceError",
     "InvalidArgumentError",
     "InvalidKeyError",
@@ -116,6 +117,15 @@ class TransferError(ShmStoreError):
         super().__init__(message)
         self.object_id = object_id
         self.peer = peer
+
+
+class CheckpointError(ShmStoreError):
+    """A checkpoint could not be written or restored: names the checkpoint, the key, and every place tried."""
+
+    def __init__(self, message: str, name: str | None = None, object_id: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.object_id = object_id
 
 
 class DeviceError(ShmStoreError, RuntimeError):

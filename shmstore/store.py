@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .checkpoint import Checkpoint, Restored, checkpoint, restore
 from .client.kernel import NO_DEFAULT, Kernel, check_get_args
 from .config import Config, explicit_settings
 from .errors import (
@@ -453,6 +454,33 @@ class Store:
     def open_reader(self, key: str) -> Reader:
         """A reader streaming the stored bytes of ``key`` (pinned while open)."""
         return Reader(self._checked(), key)
+
+    # ---- checkpoints (shmstore/checkpoint.py) ------------------------------------------------
+    def checkpoint(self, name: str, objects: Any) -> Checkpoint:
+        """Checkpoint ``objects`` (a mapping of keys to values, or keys of objects in this store) as ``name``.
+
+        The objects are copied into this node's store (the only wait); the spill process then writes them
+        to ``persist_dir`` in the background and the manifest last: ``ck.wait()`` / ``ck.done()``. The
+        newest ``checkpoint_keep`` complete checkpoints are kept, older ones removed from the folder and
+        the store once a newer one completes. A checkpoint is kept apart from the store's own keys: its
+        copies are not in ``keys()``, and later puts, overwrites and deletes do not change it.
+
+        Raises:
+            InvalidArgumentError: a bad name or key. ObjectNotFoundError: a key of ``objects`` not in the
+                store. StorageFullError: the store has no room for the copies.
+        """
+        return checkpoint(self, name, objects)
+
+    def restore(self, name: str | None = None) -> Restored:
+        """The newest complete checkpoint (named ``name``, if given) in ``persist_dir``: a mapping of its keys
+        to their values, each read on first use from this node's store where it still holds it (views), else
+        from the folder (the file mapped, checked against its checksum).
+
+        Raises:
+            CheckpointError: no complete checkpoint; on reading a key: no whole copy of it anywhere (naming
+                every place tried).
+        """
+        return restore(self, name)
 
     def share(self, obj: Any, levels: Iterable[Level] | Level | None = None) -> Ref:
         """Put ``obj`` under a generated key (``@ref/`` and a uuid) and return a :class:`~shmstore.refs.Ref`, a

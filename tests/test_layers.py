@@ -25,7 +25,8 @@ FLOORS = {
     "client": 6,  # one process's verbs, above the levels
     "kernel": 6,  # (the old name: re-exports of the client's and the node store's names)
     "spill": 7,
-    "streams": 8, "placement": 8, "store": 9, "stores": 9, "refs": 9,
+    "persist": 7,  # the checkpoint folder's format, flush plans, the spill process's flusher
+    "streams": 8, "placement": 8, "store": 9, "stores": 9, "refs": 9, "checkpoint": 9,
     "mapping": 9,  # store.mapping(): the MutableMapping view
     "cli": 10, "contrib": 10, "__init__": 10, "__main__": 10, "testing": 10,
     "mpi": 11,

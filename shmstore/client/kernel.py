@@ -630,8 +630,10 @@ class Kernel:
         return ObjectInfo(key, e.nbytes, Level(e.level), pins > 0, e.state == L.SEALED, e.nblobs,
                           serialize.KIND_NAMES[e.kind], e.size, pins, self.session_name(e.session), e.ctime)
 
-    def list(self, level: Level | None = None, all_sessions: bool = False) -> list[ObjectInfo]:
-        """Sealed objects of this session (or all), optionally on one level."""
+    def list(self, level: Level | None = None, all_sessions: bool = False, hidden: bool = False) -> list[ObjectInfo]:
+        """Sealed objects of this session (or all), optionally on one level. Keys that begin with ``"\\x00"``
+        (a checkpoint's copies: ``shmstore.persist.plans.hidden``) are left out unless ``hidden``; with it,
+        only they are listed."""
         self.check_open()
         t = L.entry_table(self._buf, self._lay)
         mask = t["state"] == L.SEALED
@@ -645,8 +647,10 @@ class Kernel:
             eoff = self._lay.entry(int(idx))
             e = L.entry(self._buf, eoff)
             if e.state == L.SEALED:
-                key = L.entry_key(self._buf, eoff, e.keylen).decode(errors="replace")
-                out.append(self._info(key, e, int(pins[idx])))
+                raw = L.entry_key(self._buf, eoff, e.keylen)
+                if raw.startswith(b"\x00") != hidden:
+                    continue
+                out.append(self._info(raw.decode(errors="replace"), e, int(pins[idx])))
         return out
 
     # ---- pins ------------------------------------------------------------------

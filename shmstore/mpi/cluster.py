@@ -43,6 +43,7 @@ from mpi4py import MPI
 import shmstore
 
 from .. import errors
+from ..checkpoint import Checkpoint, Restored
 from ..client.kernel import NO_DEFAULT, check_get_args
 from ..config import doorbell
 from ..levels import Level
@@ -53,7 +54,7 @@ from ..refs import new_key as new_ref_key
 from ..store import Store
 from ..streams import Reader
 from ..values import Conditions
-from . import abandon, abort
+from . import abandon, abort, checkpoints
 from . import tags as T
 from . import wire as W
 from .copies import Copies
@@ -225,23 +226,28 @@ class Cluster:
         return info
 
     def publish(self, keys: Iterable[str] | str) -> None:
-        """Make objects put on this node through a plain ``shmstore.connect()`` locatable from every node.
+        """Make objects put on this node through a plain ``shmstore.connect()`` locatable from every node (one
+        round trip per home node of the keys, not one per key).
 
         Raises:
-            ObjectNotFoundError: this node has no such object.
+            ObjectNotFoundError: this node has no such object (nothing is published).
             TransferError: a key's home did not answer within ``peer_timeout``.
         """
         self._check()
-        for key in [keys] if isinstance(keys, str) else list(keys):
+        names = [keys] if isinstance(keys, str) else list(dict.fromkeys(keys))
+        infos = {}
+        for key in names:
             try:
-                info = self.store.get_info(key)
+                infos[key] = self.store.get_info(key)
             except errors.ObjectNotFoundError:
                 raise errors.ObjectNotFoundError(f"no object {key!r} on node {self.node!r} to publish", key) \
                     from None
+        for home, group in self._dirs.by_home(names).items():
             try:
-                self._dirs.ask(W.DirAdd([key], self.node_index, [info.size], [info.created]))
+                self._dirs.ask_at(home, W.DirAdd(group, self.node_index, [infos[k].size for k in group],
+                                                 [infos[k].created for k in group]))
             except errors.TransferError as exc:
-                gave_up(exc, "publish", key)
+                gave_up(exc, "publish", group[0])
                 raise
 
     def get(self, key: str, default: Any = NO_DEFAULT, *misuse: Any, fetch: bool = True,
@@ -413,6 +419,33 @@ class Cluster:
         if n == self.node_index:
             return PublishedWriter(self._dirs, self.store, self.store.open_writer(key, size), key, size)
         return RemoteWriter(self._links, self._dirs, n, key, size)
+
+    def checkpoint(self, name: str, objects: Any) -> Checkpoint:
+        """Checkpoint ``objects`` (a mapping of keys to values, or keys of objects in this node's store) of every
+        rank as ``name``; collective. A key names one object of the whole checkpoint (two ranks giving one key
+        fail it).
+
+        The ranks wait only for the put of their objects into their node's store. Then, in the background,
+        each node's part is copied into the next node's store (with 2+ nodes) and flushed by its spill process
+        to ``persist_dir``; the manifest is written last. ``ck.wait()`` / ``ck.done()``: complete (every part
+        flushed, this rank's share of the partner copy made). See :mod:`shmstore.mpi.checkpoints`.
+
+        Raises:
+            CheckpointError: a rank's put failed, or two ranks gave one key (on every rank; nothing is kept).
+        """
+        self._check()
+        return checkpoints.checkpoint(self, name, objects)
+
+    def restore(self, name: str | None = None) -> Restored:
+        """The newest complete checkpoint (named ``name``) in ``persist_dir``, as a mapping of every key of it (of
+        any rank: resharding is by key) to its value, read on first use from the nearest whole copy: this
+        node's store, another node's (the partner's), else the folder; collective.
+
+        Raises:
+            CheckpointError: no complete checkpoint (on every rank); on reading a key, no whole copy anywhere.
+        """
+        self._check()
+        return checkpoints.restore(self, name)
 
     def share(self, obj: Any, levels: Iterable[Level] | Level | None = None) -> Ref:
         """Put ``obj`` under a generated key (``@ref/`` and a uuid) on this node, locatable from every node, and

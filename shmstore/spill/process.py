@@ -41,6 +41,7 @@ from ..meta import layout as L
 from ..node import inbound
 from ..node.janitor import janitor_pass, sweep_deleted
 from ..node.nodestore import NodeStore
+from ..persist.flusher import Flusher
 from ..primitives.procs import unpin
 from ..units import format_size
 from . import requests
@@ -66,6 +67,7 @@ class _Spiller:
         self.mover = Mover(node)
         self.stopping = False
         self.label = f"{node.cfg.name}@{node.cfg.node}"
+        self.flusher = Flusher(node, self.label)
 
     def owns_store(self) -> bool:
         buf = self.node.buf
@@ -111,7 +113,7 @@ class _Spiller:
             beats += 1
             if beats % ORPHAN_EVERY == 0 and self._orphaned():
                 return 0
-            for step in (self.serve, self._janitor, self._relieve):
+            for step in (self.serve, self._janitor, self._relieve, self.flusher.step):
                 self._step(step)
             if self._destroy_if_unused():
                 return 0
@@ -126,7 +128,11 @@ class _Spiller:
             log.exception("%s: %s failed", self.label, step.__name__)
 
     def _drain(self) -> int:
-        """After SIGTERM: reclaim clients as they die; remove the store once none is left."""
+        """After SIGTERM: finish the checkpoint flush under way (a batch system's SIGKILL ends it if it must);
+        reclaim clients as they die; remove the store once none is left."""
+        while self.flusher.busy and self.owns_store():
+            self._step(self._janitor)
+            self.flusher.wait(0.1)
         deadline = time.monotonic() + TERM_GRACE
         while self.owns_store():
             self._step(self._janitor)
@@ -215,6 +221,7 @@ class _Spiller:
         files = self.node.remove_if_unused()
         if files is None:
             return False
+        self.flusher.forget()
         log.info("%s: last client gone; removed the store%s", self.label,
                  f" and {files} spill file(s)" if files else "")
         return True

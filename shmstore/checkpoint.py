@@ -1,0 +1,265 @@
+"""Checkpoint and restart through the store: ``Store.checkpoint`` / ``Store.restore`` (and the pieces
+``shmstore.mpi.Cluster`` builds its collective ones from).
+
+A checkpoint puts its objects into the node's store under hidden keys
+(``persist/plans.py``): that put is the only time the caller waits. The
+node's spill process then writes them to ``persist_dir`` in the background
+(``persist/flusher.py``) and writes the manifest last: only then is the
+checkpoint complete (``Checkpoint.done()``) and what ``restore()`` finds.
+The node keeps its copy too, until ``checkpoint_keep`` newer ones are
+complete, so a restore on the same node (a later step of a Slurm allocation,
+with ``persist=True``) reads views of it without touching the file system.
+
+Why a flush target beside the levels, not a level: a level holds one copy
+of live objects of one node's store, with a quota, moved by the spill
+policy and removed with the store; the folder holds immutable, named sets
+of objects shared by every node and by later jobs, complete only as a set
+(the manifest), removed by age (``checkpoint_keep``), never by pressure. Its
+files are written once and read by any node; nothing moves into or out of
+it as the store fills.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+
+from .errors import CheckpointError, InvalidArgumentError, ShmStoreError
+from .levels import Level
+from .persist import folder, plans
+from .units import format_size
+
+if TYPE_CHECKING:
+    from .store import Store
+
+__all__ = ["Checkpoint", "Restored", "checkpoint", "restore", "items_of", "check_name", "Source"]
+
+log = logging.getLogger("shmstore.checkpoint")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_MISS = object()
+CHECKPOINT_LEVELS = [Level.MEMORY, Level.DISK]
+
+# a place a restore reads a key from: (words for messages, the reader: key -> value, or _MISS)
+Source = tuple[str, Callable[[str], Any]]
+
+
+def check_name(name: str) -> str:
+    """``name`` if it names a checkpoint (1-64 characters of A-Z a-z 0-9 _ . -).
+
+    Raises:
+        InvalidArgumentError: it does not.
+    """
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidArgumentError(f"a checkpoint's name is 1-64 characters of A-Z a-z 0-9 _ . -, got {name!r}")
+    return name
+
+
+def items_of(store: Store, objects: Any, cid: str) -> list[tuple[str, Any]]:
+    """(hidden key, value) of ``objects``: a mapping of keys to values, or keys of objects in ``store``.
+
+    Raises:
+        InvalidArgumentError: a key that is not a str, or too long with the checkpoint's prefix.
+        ObjectNotFoundError: an existing key that is not in the store.
+    """
+    if isinstance(objects, Mapping):
+        pairs = list(objects.items())
+    elif isinstance(objects, (str, bytes)) or not isinstance(objects, Iterable):
+        raise InvalidArgumentError(f"checkpoint objects are a mapping of keys to values, or keys in the store; "
+                                   f"got {type(objects).__name__}")
+    else:
+        keys = list(objects)
+        pairs = list(zip(keys, store.get_many(keys)))
+    out = []
+    for key, value in pairs:
+        if not isinstance(key, str) or not key:
+            raise InvalidArgumentError(f"checkpoint keys are non-empty str, got {key!r}")
+        h = plans.hidden(cid, key)
+        if len(h.encode()) > 255:
+            raise InvalidArgumentError(f"checkpoint key {key!r} is too long: with the checkpoint's prefix it takes "
+                                       f"{len(h.encode())} bytes, keys take at most 255 (shorten it by "
+                                       f"{len(h.encode()) - 255})", key)
+        out.append((h, value))
+    return out
+
+
+class Checkpoint:
+    """A checkpoint on its way to the folder: ``done()``, ``wait()``, ``progress()``.
+
+    Complete when its manifest is in ``persist_dir`` (every part flushed) and, in a cluster, the partner
+    copies are made. Thread-safe.
+    """
+
+    def __init__(self, store: Store, name: str, cid: str, persist_dir: str,
+                 partner: Callable[[float | None], bool] | None = None) -> None:
+        self.name = name
+        self.id = cid
+        self.persist_dir = persist_dir
+        self.path = folder.checkpoint_dir(persist_dir, name, cid)
+        self._store = store
+        self._partner = partner  # waits for this rank's partner copies (timeout) -> done
+        self._manifest: folder.Manifest | None = None
+
+    def done(self) -> bool:
+        """Whether the checkpoint is complete (never raises: a failed one is not done; ``wait`` says why)."""
+        if self._partner is not None and not self._partner(0):
+            return False
+        return self._complete() is not None
+
+    def _complete(self) -> folder.Manifest | None:
+        if self._manifest is None:
+            self._manifest = folder.manifest_at(self.path)
+        return self._manifest
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until complete; False if it is not after ``timeout`` seconds.
+
+        Raises:
+            CheckpointError: a part could not be flushed (the message says why: the folder full, an object
+                lost) or the partner copy failed; the previous complete checkpoint is still what
+                ``restore()`` finds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        nap = 0.001
+        while True:
+            if self._complete() is not None:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                return self._partner is None or self._partner(left)
+            failed = folder.errors(self.path)
+            if failed:
+                raise CheckpointError(f"checkpoint {self.name!r} ({self.path}) failed: {'; '.join(failed)}",
+                                      self.name)
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            if nap >= 0.05:
+                self._store.spill_pid  # noqa: B018  (restarted here if it died: it resumes the flush)
+            time.sleep(nap if deadline is None else min(nap, max(0.0, deadline - time.monotonic())))
+            nap = min(nap * 2, 0.1)
+
+    def progress(self) -> tuple[int, int]:
+        """(bytes flushed, bytes to flush) of this checkpoint's parts on this node (once complete, the bytes of
+        the whole checkpoint, twice)."""
+        m = self._complete()
+        if m is not None:
+            return m.nbytes, m.nbytes
+        done = total = 0
+        for rec in plans.read_progress(plans.plan_dir(self._store.node_store.spill_path)):
+            if rec.get("id") == self.id:
+                done += rec["done"]
+                total += rec["total"]
+        return done, total
+
+    def __repr__(self) -> str:
+        state = "complete" if self.done() else "flushing"
+        return f"<Checkpoint {self.name!r} id {self.id} {state} -> {self.path}>"
+
+
+def checkpoint(store: Store, name: str, objects: Any) -> Checkpoint:
+    """``Store.checkpoint``: put ``objects`` into the node's store (the only wait), then flush them to
+    ``persist_dir`` in the background (one part, no partner)."""
+    check_name(name)
+    cfg = store.config
+    cid = plans.new_id()
+    pairs = items_of(store, objects, cid)
+    store.put_many(pairs, levels=CHECKPOINT_LEVELS)
+    keys = [h[len(plans.PREFIX) + len(cid) + 1:] for h, _ in pairs]
+    skeleton = manifest_skeleton(name, cid, 1, {k: 0 for k in keys}, [store.node], 1, {})
+    post_plan(store, plans.Plan(name, cid, cfg.persist_dir, cfg.session, 0, keys, skeleton, cfg.checkpoint_keep))
+    return Checkpoint(store, name, cid, cfg.persist_dir)
+
+
+def manifest_skeleton(name: str, cid: str, parts: int, keys: dict[str, int], nodes: list[str], ranks: int,
+                      partners: dict[int, int]) -> dict[str, Any]:
+    return {"name": name, "id": cid, "created": plans.id_time(cid), "parts": parts, "keys": keys,
+            "nodes": nodes, "ranks": ranks, "partners": {str(k): v for k, v in partners.items()},
+            "job": os.environ.get("SLURM_JOB_ID", "")}
+
+
+def post_plan(store: Store, plan: plans.Plan) -> None:
+    """Hand ``plan`` to the node's spill process (restarted if it died) and wake it."""
+    node = store.node_store
+    plans.write(plans.plan_dir(node.spill_path), plan)
+    store.spill_pid  # noqa: B018  (started if it is not running)
+    node.wake.post()
+
+
+class Restored(Mapping[str, Any]):
+    """The objects of a complete checkpoint, each read on first use from the nearest place that has it whole.
+
+    ``sources`` are tried in order (this node's store, another node's, the folder); a place that fails (a
+    checksum that does not match, a node that does not answer) is logged and the next one tried.
+    """
+
+    def __init__(self, manifest: folder.Manifest, sources: list[Source]) -> None:
+        self.manifest = manifest
+        self.name = manifest.name
+        self.id = manifest.id
+        self._sources = sources
+        self._values: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        got = self._values.get(key, _MISS)
+        if got is not _MISS:
+            return got
+        if key not in self.manifest.keys:
+            raise KeyError(key)
+        tried = []
+        for where, read in self._sources:
+            try:
+                value = read(key)
+            except ShmStoreError as exc:
+                log.warning("checkpoint %r: %r from %s failed (%s); trying the next place", self.name, key,
+                            where, exc)
+                tried.append(f"{where} ({exc})")
+                continue
+            if value is _MISS:
+                tried.append(f"{where} (no copy)")
+                continue
+            self._values[key] = value
+            return value
+        raise CheckpointError(f"no whole copy of {key!r} of checkpoint {self.name!r} (id {self.id}); tried: "
+                              f"{'; '.join(tried)}", self.name, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.manifest.keys)
+
+    def __len__(self) -> int:
+        return len(self.manifest.keys)
+
+    def __repr__(self) -> str:
+        return f"<Restored {self.name!r} id {self.id}: {len(self)} key(s), {format_size(self.manifest.nbytes)}>"
+
+
+def find(persist_dir: str, name: str | None) -> folder.Manifest:
+    """The newest complete checkpoint (named ``name``, if given) in ``persist_dir``.
+
+    Raises:
+        CheckpointError: there is none.
+    """
+    m = folder.latest(persist_dir, name)
+    if m is None:
+        what = f"named {name!r} " if name is not None else ""
+        raise CheckpointError(f"no complete checkpoint {what}in {persist_dir} (persist_dir= / "
+                              f"SHMSTORE_PERSIST_DIR; a checkpoint is complete once ck.wait() returns)", name)
+    return m
+
+
+def local_source(store: Store, cid: str) -> Source:
+    def read(key: str) -> Any:
+        return store.get(plans.hidden(cid, key), _MISS)
+    return f"node {store.node!r}'s store", read
+
+
+def folder_source(m: folder.Manifest) -> Source:
+    return f"the folder {m.path}", lambda key: folder.read_object(m, key)
+
+
+def restore(store: Store, name: str | None = None) -> Restored:
+    """``Store.restore``: the newest complete checkpoint (named ``name``), read from this node's store where it
+    still holds it, else from the folder."""
+    if name is not None:
+        check_name(name)
+    m = find(store.config.persist_dir, name)
+    return Restored(m, [local_source(store, m.id), folder_source(m)])

@@ -1,0 +1,183 @@
+"""``Cluster.checkpoint`` and ``Cluster.restore``: checkpoints of a whole job, node memory first, a partner node
+for redundancy, the persistent folder in the background (see ``shmstore/checkpoint.py`` for one process).
+
+A checkpoint, collectively:
+
+1. each rank puts its objects into its node's store under the checkpoint's
+   hidden keys (the only wait of the ranks) and says which keys, how large;
+   one ``allgather`` tells every rank the whole checkpoint (a key given by two
+   ranks, or a rank whose put failed, fails it on every rank, each rank's
+   copies deleted);
+2. the copies are published in the location directory, and each node's
+   leader hands its node's part to its spill process (``Plan``), which
+   flushes it to ``persist_dir``; the last part written writes the manifest;
+3. with 2+ nodes, node ``i``'s part is copied into node ``(i + 1) % n``'s
+   store, fetched by that node's ranks in a background thread each (their
+   share of the keys), over the cluster's own transfers.
+
+A restore finds the newest complete manifest (rank 0 reads the folder; every
+rank gets the same), republishes the copies this node still holds (a later
+job's directory is empty), and gives each rank a lazy mapping: any key from
+its node's store, else from the nearest node that has it (the partner), else
+from the folder.
+"""
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .. import errors
+from ..checkpoint import (
+    CHECKPOINT_LEVELS,
+    Checkpoint,
+    Restored,
+    Source,
+    check_name,
+    find,
+    folder_source,
+    items_of,
+    local_source,
+    manifest_skeleton,
+    post_plan,
+)
+from ..persist import folder, plans
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+
+__all__ = ["checkpoint", "restore", "partner_of"]
+
+_MISS = object()
+
+
+def partner_of(node: int, nnodes: int) -> int | None:
+    """The node holding a copy of node ``node``'s part: the next one; None alone."""
+    return (node + 1) % nnodes if nnodes > 1 else None
+
+
+class _PartnerCopy:
+    """This rank's share of the partner copy, fetched in a thread; ``wait(timeout)`` -> done."""
+
+    def __init__(self, cluster: Cluster, keys: list[str]) -> None:
+        self._cluster = cluster
+        self._keys = keys
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="shmstore-partner-copy", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            if self._keys:
+                self._cluster.fetch(self._keys, levels=CHECKPOINT_LEVELS)
+        except BaseException as exc:  # reported by wait()
+            self.error = exc
+
+    def wait(self, timeout: float | None) -> bool:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return False
+        if self.error is not None:
+            raise errors.CheckpointError(f"the partner copy of {len(self._keys)} object(s) into node "
+                                         f"{self._cluster.node!r} failed: {self.error}") from self.error
+        return True
+
+
+def checkpoint(cluster: Cluster, name: str, objects: Any) -> Checkpoint:
+    """``Cluster.checkpoint`` (see the module's docstring). Collective.
+
+    Raises:
+        CheckpointError: on every rank, where a rank's put failed or two ranks gave one key (naming them);
+            nothing of the checkpoint is left in any store then.
+        InvalidArgumentError: a bad name (on every rank: the name is the same everywhere).
+    """
+    check_name(name)
+    comm, store = cluster.comm, cluster.store
+    cid = comm.bcast(plans.new_id() if comm.rank == 0 else None, root=0)
+    mine: list[str] = []
+    failure = None
+    try:
+        pairs = items_of(store, objects, cid)
+        store.put_many(pairs, levels=CHECKPOINT_LEVELS)
+        mine = [h for h, _ in pairs]
+    except errors.ShmStoreError as exc:
+        failure = f"rank {comm.rank} on node {cluster.node!r}: {type(exc).__name__}: {exc}"
+    start = len(plans.PREFIX) + len(cid) + 1
+    table = comm.allgather((cluster.node_index, [h[start:] for h in mine], failure))
+    problem = _problem(table)
+    if problem is not None:
+        store.delete_many(mine, missing_ok=True)
+        raise errors.CheckpointError(f"checkpoint {name!r} failed, nothing of it kept: {problem}", name)
+    nnodes = len(cluster.nodes)
+    keys = {key: node for node, ks, _ in table for key in ks}
+    partners = {i: p for i in range(nnodes) if (p := partner_of(i, nnodes)) is not None}
+    cluster.publish(mine)
+    cfg = store.config
+    leader = cluster.leaders[cluster.node_index] == comm.rank
+    if leader:
+        part = [k for node, ks, _ in table if node == cluster.node_index for k in ks]
+        skeleton = manifest_skeleton(name, cid, nnodes, keys, list(cluster.nodes), comm.size, partners)
+        post_plan(store, plans.Plan(name, cid, cfg.persist_dir, cfg.session, cluster.node_index, part, skeleton,
+                                    cfg.checkpoint_keep))
+    comm.Barrier()  # every copy published before a partner asks for it
+    copy = _partner_share(cluster, table, cid)
+    return Checkpoint(store, name, cid, cfg.persist_dir, copy.wait if copy is not None else None)
+
+
+def _problem(table: list[tuple[int, list[str], str | None]]) -> str | None:
+    failed = [f for _, _, f in table if f is not None]
+    if failed:
+        return "; ".join(failed)
+    owner: dict[str, int] = {}
+    for rank, (_, ks, _) in enumerate(table):
+        for k in ks:
+            if k in owner:
+                return f"key {k!r} given by ranks {owner[k]} and {rank} (a checkpoint's keys name one object each)"
+            owner[k] = rank
+    return None
+
+
+def _partner_share(cluster: Cluster, table: list[tuple[int, list[str], str | None]], cid: str) -> _PartnerCopy | None:
+    """Start this rank's share of the partner copy: node ``i`` copies node ``i - 1``'s part, split among its
+    ranks."""
+    nnodes = len(cluster.nodes)
+    if nnodes < 2:
+        return None
+    source = (cluster.node_index - 1) % nnodes
+    here = [r for r, (node, _, _) in enumerate(table) if node == cluster.node_index]
+    wanted = [plans.hidden(cid, k) for node, ks, _ in table if node == source for k in ks]
+    return _PartnerCopy(cluster, wanted[here.index(cluster.comm.rank)::len(here)])
+
+
+def restore(cluster: Cluster, name: str | None = None) -> Restored:
+    """``Cluster.restore`` (see the module's docstring). Collective.
+
+    Raises:
+        CheckpointError: on every rank, where the folder has no complete checkpoint (named ``name``).
+    """
+    if name is not None:
+        check_name(name)
+    comm, store = cluster.comm, cluster.store
+    found: Any = None
+    if comm.rank == 0:
+        try:
+            found = find(store.config.persist_dir, name).path
+        except errors.CheckpointError as exc:
+            found = exc
+    found = comm.bcast(found, root=0)
+    if isinstance(found, Exception):
+        raise found
+    m = folder.manifest_at(found)
+    if m is None:
+        raise errors.CheckpointError(f"checkpoint folder {found} vanished while it was being restored", name)
+    if cluster.leaders[cluster.node_index] == comm.rank:
+        held = [i.key for i in store.kernel.list(hidden=True) if i.key.startswith(plans.hidden(m.id, ""))]
+        cluster.publish(held)
+    comm.Barrier()  # every node's copies are locatable
+    return Restored(m, [local_source(store, m.id), _remote_source(cluster, m.id), folder_source(m)])
+
+
+def _remote_source(cluster: Cluster, cid: str) -> Source:
+    def read(key: str) -> Any:
+        return cluster.get(plans.hidden(cid, key), _MISS)
+    return "the other nodes' stores", read
+
