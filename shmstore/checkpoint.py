@@ -101,12 +101,13 @@ class Checkpoint:
         self._store = store
         self._partner = partner  # waits for this rank's partner copies (timeout) -> done
         self._manifest: folder.Manifest | None = None
+        self._gone = False  # complete, then pruned: newer ones replaced it
 
     def done(self) -> bool:
         """Whether the checkpoint is complete (never raises: a failed one is not done; ``wait`` says why)."""
         if self._partner is not None and not self._partner(0):
             return False
-        return self._complete() is not None
+        return self._complete() is not None or self._gone or folder.pruned(self.persist_dir, self.id) == "complete"
 
     def _complete(self) -> folder.Manifest | None:
         if self._manifest is None:
@@ -128,6 +129,14 @@ class Checkpoint:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 return self._partner is None or self._partner(left)
             failed = folder.errors(self.path)
+            if not failed and not os.path.isdir(self.path):
+                how = folder.pruned(self.persist_dir, self.id)
+                if how == "complete":  # it completed; newer checkpoints (checkpoint_keep) replaced it since
+                    self._gone = True
+                    return self._partner is None or self._partner(None if deadline is None else
+                                                                   max(0.0, deadline - time.monotonic()))
+                if how is not None:
+                    failed = [f"it never completed, and {self.persist_dir} kept newer ones (checkpoint_keep)"]
             if failed:
                 raise CheckpointError(f"checkpoint {self.name!r} ({self.path}) failed: {'; '.join(failed)}",
                                       self.name)

@@ -86,6 +86,9 @@ def _print_status(st: dict[str, Any]) -> None:
     mv = st.get("moving")
     print(f"  moving entry {mv['entry']} to {mv['to']}: {format_size(mv['done'])} of {format_size(mv['total'])}"
           if mv else "  no move running")
+    for ck in st.get("checkpoints", []):
+        print(f"  checkpoint {ck['name']!r} (id {ck['id']}) part {ck['part']}: {format_size(ck['done'])} of "
+              f"{format_size(ck['total'])} flushed")
     print("  " + _clients_line(st["clients"]))
     print(f"  spill process {st['spill']['pid']} ({'running' if st['spill']['alive'] else 'not running'})")
     if st["spill"].get("log"):

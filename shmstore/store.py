@@ -40,6 +40,7 @@ from .node.check import check as check_node
 from .node.nodestore import NodeStore, pid_alive, reap_children, store_prefix
 from .node.settings import ignored_settings
 from .placement import DEFAULT_PUT_LEVELS, DEVICE_PUT_LEVELS, Placement
+from .persist.flusher import progress_of
 from .primitives.interrupts import guard as guard_signals
 from .primitives.interrupts import interruptible
 from .primitives.procs import stop_spawned
@@ -519,6 +520,8 @@ class Store:
             "levels": {lv.name.lower(): c._asdict() for lv, c in self._placement.capacity().items()},
             "spill_dir": node.spill_path,
             "moving": _moving(node),
+            # checkpoint parts this node's spill process is flushing (or flushed, awaiting the other nodes')
+            "checkpoints": progress_of(node.spill_path),
             "clients": [{"pid": pid, "alive": pid_alive(pid, start), "slot": slot}
                         for slot, pid, start in node.clients()],
             "spill": {"pid": spill, "alive": pid_alive(spill),
@@ -682,7 +685,8 @@ def destroy(name: str | None = None, force: bool = False, node: str | None = Non
         return any(leftovers)
     try:
         with ns.admin:
-            live = [pid for _, pid, start in ns.clients() if pid_alive(pid, start)]
+            # the store's own spill process holds a slot while it flushes a checkpoint: not a user of it
+            live = [pid for _, pid, start in ns.clients() if pid_alive(pid, start) and pid != ns.spill_pid()]
             if live and not force:
                 raise StoreInUseError(f"store {cfg.name!r} has {len(live)} attached client(s) (pids "
                                       f"{', '.join(map(str, live[:8]))}); close them or pass force=True")

@@ -40,12 +40,13 @@ from ..node import serialize
 from ..units import format_size
 
 __all__ = ["Manifest", "checkpoint_dir", "write_part", "try_complete", "complete", "latest", "prune",
-           "read_object", "part_name", "write_error", "errors", "manifest_at", "FORMAT"]
+           "read_object", "part_name", "write_error", "errors", "manifest_at", "pruned", "FORMAT"]
 
 FORMAT = 1
 ALIGN = 4096
 CHUNK = 16 << 20  # bytes per write (and per crc step of the pipeline beside it)
 MANIFEST = "MANIFEST.json"
+PRUNED = "PRUNED"
 
 
 def part_name(part: int) -> str:
@@ -148,10 +149,22 @@ def _write_all(fd: int, data: Any) -> None:
         mv = mv[n:]
 
 
+def _pieces(enc: serialize.Encoded) -> list[tuple[int, Any]]:
+    """``serialize.parts`` of ``enc``; an ndarray's bytes as uint8 (a buffer of datetime64 values, say, cannot be
+    exported as a memoryview)."""
+    if enc.kind != L.KIND_NDARRAY or enc.device or not enc.size:
+        return serialize.parts(enc)
+    order = enc.array[2]  # type: ignore[index]
+    src = np.asarray(enc.src)
+    if not (src.flags.c_contiguous if order == "C" else src.flags.f_contiguous):
+        src = np.array(src, order=order)
+    return [(0, src.ravel(order="K").view(np.uint8))]
+
+
 def _record_pieces(enc: serialize.Encoded) -> Iterator[Any]:
     """The stored bytes of ``enc``, in order, gaps as zeros, in chunks of at most ``CHUNK``."""
     pos = 0
-    for off, piece in serialize.parts(enc):
+    for off, piece in _pieces(enc):
         if off > pos:
             yield memoryview(bytes(off - pos))
         mv = memoryview(piece).cast("B")
@@ -180,6 +193,9 @@ def write_part(path: str, part: int, items: Iterable[tuple[str, Any]],
             untouched). CheckpointError: another write error.
     """
     os.makedirs(path, mode=0o700, exist_ok=True)
+    for stale in os.listdir(path):  # what a writer of this part killed before us left (one node writes a part)
+        if stale.startswith(part_name(part) + ".") and ".tmp-" in stale:
+            _remove(os.path.join(path, stale))
     final = os.path.join(path, part_name(part) + ".bin")
     tmp = f"{final}.tmp-{os.getpid()}"
     objects: dict[str, Any] = {}
@@ -317,17 +333,19 @@ def latest(persist_dir: str, name: str | None = None) -> Manifest | None:
 def prune(persist_dir: str, keep: int) -> list[str]:
     """Remove all but the newest ``keep`` complete checkpoints (the manifest first, so a removal cut short
     leaves an incomplete folder, never a complete one with files missing), and folders of checkpoints that
-    never completed and started before the oldest one kept; returns the ids removed."""
+    never completed and started before the oldest one kept; returns the ids removed. Each removal is noted
+    in ``<persist_dir>/PRUNED`` (``id complete`` or ``id abandoned``), which :func:`pruned` reads: a
+    checkpoint waited for after a newer one replaced it says how it ended."""
     found = complete(persist_dir)
     if len(found) <= keep:
         return []
     kept = found[-keep:]
     since = min(m.created for m in kept)
-    removed = []
+    removed: list[tuple[str, str]] = []
     for m in found[:-keep]:
         _remove(os.path.join(m.path, MANIFEST))
+        removed.append((m.id, "complete"))
         shutil.rmtree(m.path, ignore_errors=True)
-        removed.append(m.id)
     kept_paths = {m.path for m in kept}
     for entry in os.listdir(persist_dir):
         path = os.path.join(persist_dir, entry)
@@ -337,9 +355,26 @@ def prune(persist_dir: str, keep: int) -> list[str]:
             except OSError:
                 continue
             if old:
+                removed.append((entry.rsplit("@", 1)[1], "abandoned"))
                 shutil.rmtree(path, ignore_errors=True)
-                removed.append(entry.rsplit("@", 1)[1])
-    return removed
+    if removed:
+        with open(os.path.join(persist_dir, PRUNED), "a") as f:
+            f.write("".join(f"{cid} {how}\n" for cid, how in removed))
+    return [cid for cid, _ in removed]
+
+
+def pruned(persist_dir: str, cid: str) -> str | None:
+    """How checkpoint ``cid`` left the folder (``complete``: it completed and newer ones replaced it;
+    ``abandoned``: it never completed), or None if it was not pruned."""
+    try:
+        with open(os.path.join(persist_dir, PRUNED)) as f:
+            for line in f:
+                got, _, how = line.strip().partition(" ")
+                if got == cid:
+                    return how
+    except OSError:
+        pass
+    return None
 
 
 class _Files:

@@ -1,0 +1,346 @@
+"""Checkpoints through the store (issue 34): Store.checkpoint / Store.restore, the folder, the flush, and what
+must survive: a killed spill process, a killed writer, a damaged or full folder, two jobs under one name."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+import shmstore
+from helpers import ROOT, Child, unique_name, wait_for
+from shmstore.errors import CheckpointError, InvalidArgumentError, ObjectNotFoundError
+from shmstore.persist import folder, plans
+
+
+@pytest.fixture
+def pdir(tmp_path):
+    return str(tmp_path / "persist")
+
+
+@pytest.fixture
+def cstore(name, pdir):
+    with shmstore.connect(name, capacity="128MiB", prefault="16MiB", persist_dir=pdir) as s:
+        yield s
+
+
+def _state(seed: int, n: int = 8, size: int = 10_000) -> dict:
+    rng = np.random.default_rng(seed)
+    sd = {f"layer{i}.weight": rng.standard_normal(size + i).astype(np.float32) for i in range(n)}
+    sd["optim"] = {"step": seed, "moments": [rng.standard_normal(100), rng.standard_normal(7)], "lr": 1e-3}
+    sd["blob"] = rng.bytes(3000)
+    sd["empty"] = np.empty((0, 3))
+    sd["when"] = np.array(["2026-12-03T09:00"], dtype="datetime64[ns]")
+    return sd
+
+
+def _same(a, b) -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, list):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    elif isinstance(a, (bytes, bytearray, memoryview)):
+        assert bytes(a) == bytes(b)
+    else:
+        assert a == b
+
+
+def test_a_checkpoint_restores_every_value_from_the_store_as_views_and_from_the_folder_after_the_store(name, pdir):
+    sd = _state(1)
+    with shmstore.connect(name, capacity="128MiB", prefault="16MiB", persist_dir=pdir) as s:
+        ck = s.checkpoint("step1", sd)
+        assert ck.wait(60) and ck.done()
+        assert len(s) == 0 and s.keys() == [] and s.clear() == 0  # kept apart from the store's own keys
+        got = s.restore()
+        assert sorted(got) == sorted(sd) and got.name == "step1"
+        _same(sd, {k: got[k] for k in got})
+        w = got["layer0.weight"]
+        assert not w.flags.writeable and not w.flags.owndata  # a view of the store's copy
+        done, total = ck.progress()
+        assert done == total > 0
+        del got, w
+    shmstore.destroy(name)  # the store is gone: the folder is what is left
+    with shmstore.connect(name, capacity="64MiB", prefault="16MiB", persist_dir=pdir) as s:
+        got = s.restore("step1")
+        _same(sd, {k: got[k] for k in got})
+        assert not got["layer3.weight"].flags.writeable
+        del got
+
+
+def test_existing_keys_are_copied_so_later_overwrites_and_deletes_do_not_change_the_checkpoint(cstore):
+    cstore.put("a", np.arange(10))
+    cstore.put("b", {"x": 1})
+    ck = cstore.checkpoint("keys", ["a", "b"])
+    cstore["a"] = np.zeros(3)
+    cstore.delete("b")
+    assert ck.wait(60)
+    got = cstore.restore()
+    assert np.array_equal(got["a"], np.arange(10)) and got["b"] == {"x": 1}
+    with pytest.raises(ObjectNotFoundError):
+        cstore.checkpoint("missing", ["nope"])
+    del got
+
+
+def test_bad_names_keys_and_objects_are_clear_errors_and_keep_nothing(cstore, pdir):
+    for bad in ("", "a/b", "x" * 65, "../up"):
+        with pytest.raises(InvalidArgumentError, match="name"):
+            cstore.checkpoint(bad, {"a": 1})
+    with pytest.raises(InvalidArgumentError, match="too long"):
+        cstore.checkpoint("long", {"k" * 250: 1})
+    with pytest.raises(InvalidArgumentError, match="mapping"):
+        cstore.checkpoint("str", "abc")
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        cstore.restore()
+    assert cstore.kernel.list(hidden=True) == [] and not os.path.exists(pdir)
+
+
+def test_only_the_newest_checkpoint_keep_stay_in_the_folder_and_in_the_store(name, pdir):
+    with shmstore.connect(name, capacity="128MiB", prefault="16MiB", persist_dir=pdir, checkpoint_keep=2) as s:
+        cks = []
+        for step in range(5):
+            cks.append(s.checkpoint(f"step{step}", {"w": np.full(1000, step), "step": step}))
+            assert cks[-1].wait(60)
+        ids = [ck.id for ck in cks]
+        assert [m.id for m in folder.complete(pdir)] == ids[-2:]
+        assert sorted(d for d in os.listdir(pdir) if "@" in d) == sorted(f"step{i}@{ids[i]}" for i in (3, 4))
+        ck = s.checkpoint("step5", {"w": 5})
+        assert ck.wait(60) and cks[3].wait(1) and cks[3].done()  # replaced since: complete all the same
+        assert wait_for(lambda: folder.pruned(pdir, ids[3]) == "complete", timeout=30)
+
+        def pruned() -> bool:
+            held = {i.key.split("/")[1] for i in s.kernel.list(hidden=True)}
+            return held == {ids[4], ck.id}
+        assert wait_for(pruned, timeout=30), s.kernel.list(hidden=True)
+        assert s.restore()["w"] == 5 and s.restore("step4")["step"] == 4
+        with pytest.raises(CheckpointError, match="step3"):
+            s.restore("step3")
+
+
+def _damage(m: folder.Manifest, key: str, how: str) -> None:
+    path = os.path.join(m.path, folder.part_name(m.keys[key]) + ".bin")
+    meta = m.index(m.keys[key])[key]
+    if how == "flip":
+        with open(path, "r+b") as f:
+            f.seek(meta["offset"] + meta["size"] // 2)
+            b = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([b[0] ^ 0x10]))
+    else:
+        os.truncate(path, meta["offset"] + meta["size"] // 2)
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_a_damaged_folder_falls_back_to_the_store_and_without_it_names_the_key_and_every_place(name, pdir, how,
+                                                                                               caplog):
+    sd = {"a": np.arange(100_000, dtype=np.int64), "b": np.ones(10)}
+    bad, good = ("a", "b") if how == "flip" else ("b", "a")  # a truncated file loses what comes after
+    with shmstore.connect(name, capacity="64MiB", prefault="16MiB", persist_dir=pdir) as s:
+        assert s.checkpoint("c", sd).wait(60)
+        m = folder.latest(pdir)
+        _damage(m, bad, how)
+        got = s.restore()
+        assert np.array_equal(got[bad], sd[bad])  # the node's copy: the folder is not read
+        del got
+    shmstore.destroy(name)
+    with shmstore.connect(name, capacity="64MiB", prefault="16MiB", persist_dir=pdir) as s:
+        got = s.restore()
+        assert np.array_equal(got[good], sd[good])  # an undamaged key of the same part reads
+        with pytest.raises(CheckpointError) as err:
+            got[bad]
+        msg = str(err.value)
+        assert repr(bad) in msg and "store (no copy)" in msg and m.path in msg
+        assert ("checksum" if how == "flip" else "truncated") in msg
+        assert any("trying the next place" in r.getMessage() for r in caplog.records)
+        del got
+
+
+def _small_tmpfs(path: str, size: str) -> None:
+    os.makedirs(path)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", path],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"cannot mount a small tmpfs (the test runs as root, as CI does): {r.stderr}")
+
+
+def test_a_full_folder_fails_the_checkpoint_clearly_and_keeps_the_earlier_one(name, tmp_path):
+    pdir = str(tmp_path / "small")
+    _small_tmpfs(pdir, "6m")
+    try:
+        with shmstore.connect(name, capacity="64MiB", prefault="16MiB", persist_dir=pdir) as s:
+            assert s.checkpoint("fits", {"w": np.full(1 << 18, 7.0)}).wait(60)  # 2 MiB
+            ck = s.checkpoint("too-big", {"w": np.zeros(1 << 20)})  # 8 MiB
+            with pytest.raises(CheckpointError, match="full"):
+                ck.wait(60)
+            assert not ck.done()
+            left = os.listdir(ck.path)
+            assert left == ["part-00000.error"], left  # the half-written part was removed
+            got = s.restore()
+            assert got.name == "fits" and got["w"][0] == 7.0
+            del got
+    finally:
+        subprocess.run(["umount", "-l", pdir])
+
+
+def test_two_jobs_checkpointing_under_one_name_are_kept_apart(pdir):
+    a, b = unique_name("ja"), unique_name("jb")
+    with shmstore.connect(a, capacity="64MiB", prefault="16MiB", persist_dir=pdir) as sa, \
+            shmstore.connect(b, capacity="64MiB", prefault="16MiB", persist_dir=pdir) as sb:
+        cks = []
+        for i in range(3):
+            cks.append(sa.checkpoint("same", {"who": "a", "i": i, "w": np.full(5000, i)}))
+            cks.append(sb.checkpoint("same", {"who": "b", "i": i, "w": np.full(5000, 10 + i)}))
+        for ck in cks:
+            ck.wait(60)
+        for m in folder.complete(pdir):
+            got = shmstore.checkpoint.Restored(m, [shmstore.checkpoint.folder_source(m)])
+            who, i = got["who"], got["i"]
+            assert int(got["w"][0]) == (i if who == "a" else 10 + i)
+            del got
+        got = sb.restore("same")
+        assert got.id == folder.latest(pdir, "same").id
+        del got
+
+
+SLOW_FLUSH = """
+import os, sys, numpy as np, shmstore
+s = shmstore.connect(os.environ['N'], capacity='1GiB', prefault='16MiB', persist_dir=os.environ['P'])
+sd = {f'w{i}': np.full(8 << 20, i, np.uint8) for i in range(48)}
+ck = s.checkpoint('big', sd)
+print(s.spill_pid, ck.id, flush=True)
+sys.stdin.readline()
+ok = ck.wait(120)
+got = s.restore()
+bad = [k for k in sd if not (got[k].shape == sd[k].shape and got[k][0] == sd[k][0] and got[k][-1] == sd[k][-1])]
+print('ok' if ok and not bad else f'bad {bad}', flush=True)
+del got
+s.close()
+"""
+
+
+def test_a_spill_process_killed_mid_flush_leaves_nothing_visible_and_its_successor_flushes_it_whole(name, pdir):
+    child = Child(SLOW_FLUSH, env={"N": name, "P": pdir})
+    try:
+        spill, cid = child.readline(60).split()
+        spill = int(spill)
+        where = None
+
+        def flushing() -> bool:
+            nonlocal where
+            for d in os.listdir(pdir) if os.path.isdir(pdir) else []:
+                where = os.path.join(pdir, d)
+                if any(".tmp-" in f for f in os.listdir(where)):
+                    return True
+            return False
+        assert wait_for(flushing, timeout=60, interval=0.001)
+        os.kill(spill, signal.SIGKILL)
+        assert not os.path.exists(os.path.join(where, folder.MANIFEST))
+        assert folder.latest(pdir) is None
+        child.send("go")
+        assert child.readline(180) == "ok"
+        child.wait(60)
+    finally:
+        child.kill()
+    m = folder.latest(pdir)
+    assert m.id == cid and not [f for f in os.listdir(m.path) if ".tmp-" in f]
+    with open(os.path.join(m.path, "part-00000.json")) as f:
+        index = json.load(f)["objects"]
+    with open(os.path.join(m.path, "part-00000.bin"), "rb") as f:
+        for key, meta in index.items():
+            f.seek(meta["offset"])
+            assert zlib.crc32(f.read(meta["size"])) == meta["crc"], key
+
+
+KILLED_WRITER = """
+import os, sys, numpy as np, shmstore
+s = shmstore.connect(os.environ['N'], capacity='256MiB', prefault='16MiB', persist_dir=os.environ['P'])
+s.checkpoint('good', {'w': np.full(1000, 1.0), 'step': 1}).wait(60)
+print('good', flush=True)
+big = {f'w{i}': np.full(1 << 20, 2.0) for i in range(24)}
+print('putting', flush=True)
+s.checkpoint('doomed', big)
+print('put', flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_process_killed_in_its_checkpoint_put_or_right_after_leaves_the_previous_one_restorable(name, pdir):
+    for kill_at in ("putting", "put"):
+        child = Child(KILLED_WRITER, env={"N": name, "P": pdir})
+        try:
+            assert child.readline(60) == "good"
+            assert child.readline(60) == "putting"
+            if kill_at == "put":
+                assert child.readline(60) == "put"
+            child.kill()
+        finally:
+            child.kill()
+        with shmstore.connect(name, capacity="256MiB", prefault="16MiB", persist_dir=pdir) as s:
+            got = s.restore()
+            # the put was cut short: 'good'; it completed: the spill process flushes 'doomed' all the same
+            if got.name == "doomed":
+                assert kill_at == "put" and float(got["w23"][-1]) == 2.0
+            else:
+                assert got.name == "good" and got["step"] == 1 and float(got["w"][0]) == 1.0
+            del got
+        wait_for(lambda: not os.path.exists(f"/dev/shm/{name}"), timeout=1)
+
+
+def test_a_job_that_ends_right_after_its_checkpoint_is_flushed_then_its_store_removed(name, pdir):
+    code = ("import os, numpy as np, shmstore\n"
+            "s = shmstore.connect(os.environ['N'], capacity='256MiB', prefault='16MiB', persist_dir=os.environ['P'])\n"
+            "s.checkpoint('last', {f'w{i}': np.full(1 << 20, i, np.float64) for i in range(16)})\n"
+            "print(s.spill_pid, flush=True)\n")
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, N=name, P=pdir, PYTHONPATH=ROOT),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    spill = int(r.stdout.split()[0])
+    assert wait_for(lambda: folder.latest(pdir) is not None, timeout=120)
+    assert wait_for(lambda: not os.path.exists(f"/proc/{spill}") or
+                    open(f"/proc/{spill}/stat").read().split()[2] == "Z", timeout=30)
+    with shmstore.connect(name, capacity="64MiB", prefault="16MiB", persist_dir=pdir) as s:
+        got = s.restore()
+        assert s.kernel.list(hidden=True) == []  # a new store: the values come from the folder
+        assert [float(got[f"w{i}"][-1]) for i in range(16)] == [float(i) for i in range(16)]
+        del got
+
+
+def test_sigterm_to_the_spill_process_mid_flush_finishes_the_flush(name, pdir):
+    child = Child(SLOW_FLUSH, env={"N": name, "P": pdir})
+    try:
+        spill, _ = child.readline(60).split()
+        assert wait_for(lambda: any(".tmp-" in f for d in (os.listdir(pdir) if os.path.isdir(pdir) else [])
+                                    for f in os.listdir(os.path.join(pdir, d))), timeout=60, interval=0.001)
+        os.kill(int(spill), signal.SIGTERM)
+        assert wait_for(lambda: folder.latest(pdir) is not None, timeout=120)
+        child.send("go")
+        assert child.readline(180) == "ok"
+        child.wait(60)
+    finally:
+        child.kill()
+
+
+def test_progress_is_in_the_store_status_while_a_flush_runs(cstore):
+    sd = {f"w{i}": np.full(4 << 20, i, np.uint8) for i in range(16)}
+    ck = cstore.checkpoint("prog", sd)
+    seen = []
+    while not ck.done():
+        seen.append(ck.progress())
+        st = cstore.status().get("checkpoints", [])
+        assert all(rec["name"] == "prog" for rec in st)
+        if len(seen) > 100_000:
+            break
+    assert ck.wait(60)
+    assert ck.progress()[0] == ck.progress()[1] >= 64 << 20
+    assert all(d <= t for d, t in seen)
+    assert plans.listed(plans.plan_dir(cstore.node_store.spill_path)) == []
