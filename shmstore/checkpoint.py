@@ -24,8 +24,8 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import CheckpointError, InvalidArgumentError, ShmStoreError
 from .levels import Level

@@ -39,8 +39,8 @@ from .meta import layout as L
 from .node.check import check as check_node
 from .node.nodestore import NodeStore, pid_alive, reap_children, store_prefix
 from .node.settings import ignored_settings
-from .placement import DEFAULT_PUT_LEVELS, DEVICE_PUT_LEVELS, Placement
 from .persist.flusher import progress_of
+from .placement import DEFAULT_PUT_LEVELS, DEVICE_PUT_LEVELS, Placement
 from .primitives.interrupts import guard as guard_signals
 from .primitives.interrupts import interruptible
 from .primitives.procs import stop_spawned

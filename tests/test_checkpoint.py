@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 import shmstore
-from helpers import ROOT, Child, unique_name, wait_for
 from shmstore.errors import CheckpointError, InvalidArgumentError, ObjectNotFoundError
 from shmstore.persist import folder, plans
+
+from helpers import ROOT, Child, unique_name, wait_for
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ spill process writes the part again from the start.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -104,6 +105,7 @@ class Flusher:
         except Exception:
             log.exception("%s: checkpoint flush failed", self.label)
         finally:
+            gc.collect()  # views of what was flushed held in cycles (a pickler's) pin objects: the slot waits
             for k in kernels.values():
                 k.close()
             if not kernels:

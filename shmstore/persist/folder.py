@@ -30,7 +30,8 @@ import shutil
 import threading
 import time
 import zlib
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
@@ -412,7 +413,7 @@ def read_object(m: Manifest, key: str) -> Any:
         raise CheckpointError(f"{where} is truncated: {key!r} needs bytes {off}..{off + size}, the file has "
                               f"{len(mm)}", m.name, key)
     base = np.frombuffer(mm, np.uint8, size, off)
-    if zlib.crc32(base) != meta["crc"]:
+    if zlib.crc32(base.data) != meta["crc"]:
         raise CheckpointError(f"{where}: {key!r} ({format_size(size)}) does not match its checksum (the file "
                               f"was damaged after it was written)", m.name, key)
     kind = meta["kind"]
