@@ -93,16 +93,19 @@ def checkpoint(cluster: Cluster, name: str, objects: Any) -> Checkpoint:
     check_name(name)
     comm, store = cluster.comm, cluster.store
     cid = comm.bcast(plans.new_id() if comm.rank == 0 else None, root=0)
-    mine: list[str] = []
+    mine: list[str] = []  # hidden keys this rank put (deleted again if the checkpoint fails)
+    asked: list[str] = []
     failure = None
     try:
         pairs = items_of(store, objects, cid)
+        asked = [h for h, _ in pairs]
         store.put_many(pairs, levels=CHECKPOINT_LEVELS)
-        mine = [h for h, _ in pairs]
+        mine = asked
     except errors.ShmStoreError as exc:
+        mine = list(getattr(exc, "done", None) or [])
         failure = f"rank {comm.rank} on node {cluster.node!r}: {type(exc).__name__}: {exc}"
     start = len(plans.PREFIX) + len(cid) + 1
-    table = comm.allgather((cluster.node_index, [h[start:] for h in mine], failure))
+    table = comm.allgather((cluster.node_index, [h[start:] for h in asked], failure))
     problem = _problem(table)
     if problem is not None:
         store.delete_many(mine, missing_ok=True)
@@ -124,16 +127,16 @@ def checkpoint(cluster: Cluster, name: str, objects: Any) -> Checkpoint:
 
 
 def _problem(table: list[tuple[int, list[str], str | None]]) -> str | None:
-    failed = [f for _, _, f in table if f is not None]
-    if failed:
-        return "; ".join(failed)
+    """What fails the checkpoint: a key given by two ranks (first: a rank of the same node then fails its put on
+    the other's copy), else a rank's failed put; None if nothing."""
     owner: dict[str, int] = {}
     for rank, (_, ks, _) in enumerate(table):
         for k in ks:
             if k in owner:
                 return f"key {k!r} given by ranks {owner[k]} and {rank} (a checkpoint's keys name one object each)"
             owner[k] = rank
-    return None
+    failed = [f for _, _, f in table if f is not None]
+    return "; ".join(failed) if failed else None
 
 
 def _partner_share(cluster: Cluster, table: list[tuple[int, list[str], str | None]], cid: str) -> _PartnerCopy | None:
