@@ -123,7 +123,7 @@ class Checkpoint:
                 ``restore()`` finds.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        nap = 0.001
+        nap, checked = 0.001, time.monotonic()
         while True:
             if self._complete() is not None:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -142,10 +142,11 @@ class Checkpoint:
                                       self.name)
             if deadline is not None and time.monotonic() >= deadline:
                 return False
-            if nap >= 0.05:
+            if time.monotonic() - checked > 0.2:
+                checked = time.monotonic()
                 self._store.spill_pid  # noqa: B018  (restarted here if it died: it resumes the flush)
             time.sleep(nap if deadline is None else min(nap, max(0.0, deadline - time.monotonic())))
-            nap = min(nap * 2, 0.1)
+            nap = min(nap * 2, 0.02)  # a look at the folder (gentle on a parallel file system)
 
     def progress(self) -> tuple[int, int]:
         """(bytes flushed, bytes to flush) of this checkpoint's parts on this node (once complete, the bytes of
