@@ -35,15 +35,16 @@ from .units import format_size
 if TYPE_CHECKING:
     from .store import Store
 
-__all__ = ["Checkpoint", "Restored", "checkpoint", "restore", "items_of", "check_name", "Source"]
+__all__ = ["Checkpoint", "Restored", "checkpoint", "restore", "items_of", "check_name", "Source", "MISS"]
 
 log = logging.getLogger("shmstore.checkpoint")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_MISS = object()
+MISS = object()  # what a Source answers where it has no copy
 CHECKPOINT_LEVELS = [Level.MEMORY, Level.DISK]
 
-# a place a restore reads a key from: (words for messages, the reader: key -> value, or _MISS)
-Source = tuple[str, Callable[[str], Any]]
+# a place a restore reads a key from: (its tag in Restored.origins: "store", "nodes" or "folder"; words for
+# messages; the reader: key -> value, or MISS)
+Source = tuple[str, str, Callable[[str], Any]]
 
 
 def check_name(name: str) -> str:
@@ -208,15 +209,16 @@ class Restored(Mapping[str, Any]):
         self.id = manifest.id
         self._sources = sources
         self._values: dict[str, Any] = {}
+        self.origins: dict[str, str] = {}  # key -> where it was read: "store", "nodes" (another's) or "folder"
 
     def __getitem__(self, key: str) -> Any:
-        got = self._values.get(key, _MISS)
-        if got is not _MISS:
+        got = self._values.get(key, MISS)
+        if got is not MISS:
             return got
         if key not in self.manifest.keys:
             raise KeyError(key)
         tried = []
-        for where, read in self._sources:
+        for tag, where, read in self._sources:
             try:
                 value = read(key)
             except ShmStoreError as exc:
@@ -224,10 +226,11 @@ class Restored(Mapping[str, Any]):
                             where, exc)
                 tried.append(f"{where} ({exc})")
                 continue
-            if value is _MISS:
+            if value is MISS:
                 tried.append(f"{where} (no copy)")
                 continue
             self._values[key] = value
+            self.origins[key] = tag
             return value
         raise CheckpointError(f"no whole copy of {key!r} of checkpoint {self.name!r} (id {self.id}); tried: "
                               f"{'; '.join(tried)}", self.name, key)
@@ -258,12 +261,12 @@ def find(persist_dir: str, name: str | None) -> folder.Manifest:
 
 def local_source(store: Store, cid: str) -> Source:
     def read(key: str) -> Any:
-        return store.get(plans.hidden(cid, key), _MISS)
-    return f"node {store.node!r}'s store", read
+        return store.get(plans.hidden(cid, key), MISS)
+    return "store", f"node {store.node!r}'s store", read
 
 
 def folder_source(m: folder.Manifest) -> Source:
-    return f"the folder {m.path}", lambda key: folder.read_object(m, key)
+    return "folder", f"the folder {m.path}", lambda key: folder.read_object(m, key)
 
 
 def restore(store: Store, name: str | None = None) -> Restored:

@@ -66,6 +66,7 @@ def test_a_checkpoint_restores_every_value_from_the_store_as_views_and_from_the_
         got = s.restore()
         assert sorted(got) == sorted(sd) and got.name == "step1"
         _same(sd, {k: got[k] for k in got})
+        assert set(got.origins.values()) == {"store"}
         w = got["layer0.weight"]
         assert not w.flags.writeable and not w.flags.owndata  # a view of the store's copy
         done, total = ck.progress()
@@ -75,6 +76,7 @@ def test_a_checkpoint_restores_every_value_from_the_store_as_views_and_from_the_
     with shmstore.connect(name, capacity="64MiB", prefault="16MiB", persist_dir=pdir) as s:
         got = s.restore("step1")
         _same(sd, {k: got[k] for k in got})
+        assert set(got.origins.values()) == {"folder"}
         assert not got["layer3.weight"].flags.writeable
         del got
 
@@ -207,6 +209,7 @@ def test_two_jobs_checkpointing_under_one_name_are_kept_apart(pdir):
             got = shmstore.checkpoint.Restored(m, [shmstore.checkpoint.folder_source(m)])
             who, i = got["who"], got["i"]
             assert int(got["w"][0]) == (i if who == "a" else 10 + i)
+            assert set(got.origins.values()) == {"folder"}
             del got
         got = sb.restore("same")
         assert got.id == folder.latest(pdir, "same").id

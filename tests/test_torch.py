@@ -136,3 +136,45 @@ print('wrote', flush=True)
     child.kill()
     assert wait_for(lambda: not store.get_info("sd").pinned, timeout=30)  # the janitor released its pin
     assert torch.equal(store.get("sd")["w"], torch.arange(1000, dtype=torch.float32))
+
+
+def test_a_model_and_optimizer_checkpoint_restores_zero_copy_from_the_store_and_whole_from_the_folder(name,
+                                                                                                   tmp_path):
+    """Issue 34 item 4: ``store.checkpoint`` of a model's and an optimizer's state dicts; ``restore`` gives
+    tensors over the store's memory (no copy), and after the store is gone, tensors over the folder's files;
+    ``load_state_dict`` of either brings a fresh model and optimizer to the same state."""
+    import shmstore
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(16, 32)).pow(2).sum().backward()
+        opt.step()
+    want = {"model": model.state_dict(), "optim": opt.state_dict()}
+    pdir = str(tmp_path / "persist")
+
+    def check(got) -> None:
+        m2 = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+        o2 = torch.optim.Adam(m2.parameters(), lr=1e-3)
+        m2.load_state_dict(got["model"])
+        o2.load_state_dict(got["optim"])
+        for k, v in model.state_dict().items():
+            assert torch.equal(m2.state_dict()[k], v), k
+        s1, s2 = opt.state_dict()["state"], o2.state_dict()["state"]
+        assert all(torch.equal(s1[i]["exp_avg"], s2[i]["exp_avg"]) for i in s1)
+
+    with shmstore.connect(name, capacity="64MiB", prefault="16MiB", persist_dir=pdir) as s:
+        assert s.checkpoint("epoch1", want).wait(60)
+        got = s.restore()
+        base, size = _arena(s)
+        assert all(base <= t.data_ptr() < base + size for t in got["model"].values())  # zero-copy
+        check(got)
+        del got
+    shmstore.destroy(name)
+    with shmstore.connect(name, capacity="64MiB", prefault="16MiB", persist_dir=pdir) as s:
+        got = s.restore("epoch1")
+        assert set(got.origins.values()) == set() and set(got) == {"model", "optim"}
+        check(got)
+        assert set(got.origins.values()) == {"folder"}
+        del got

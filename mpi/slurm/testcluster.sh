@@ -15,7 +15,29 @@ cmd=${1:?usage: testcluster.sh start|stop DIR}
 dir=$(realpath -m "${2:?usage: testcluster.sh start|stop DIR}")
 cpus=${TESTCLUSTER_CPUS:-4}   # what each node advertises (a 2-core machine runs 4 ranks per node)
 
+# slurmstepd processes of this cluster (they run in its log folder), and their tasks: a job still running when
+# the cluster stops (a test that failed mid-job) must not outlive it, spinning ranks and holding /dev/shm
+steps() {
+    for p in /proc/[0-9]*; do
+        [ "$(readlink "$p/cwd" 2>/dev/null)" = "$dir/log" ] && [ "$(cat "$p/comm" 2>/dev/null)" = slurmstepd ] \
+            && echo "${p#/proc/}"
+    done
+}
+tree() {
+    local kid
+    for kid in $(cat /proc/"$1"/task/*/children 2>/dev/null); do tree "$kid"; done
+    echo "$1"
+}
+
 stop() {
+    if [ -e "$dir/run/slurmctld.pid" ]; then
+        jobs=$(SLURM_CONF="$dir/slurm.conf" timeout 20 squeue -h -o %A 2>/dev/null || true)
+        [ -z "$jobs" ] || SLURM_CONF="$dir/slurm.conf" timeout 20 scancel $jobs 2>/dev/null || true
+        for _ in $(seq 100); do [ -z "$(steps)" ] && break; sleep 0.1; done
+    fi
+    for step in $(steps); do
+        kill -9 $(tree "$step") 2>/dev/null || true
+    done
     for pid in "$dir"/run/*.pid; do
         [ -e "$pid" ] || continue
         kill "$(cat "$pid" 2>/dev/null)" 2>/dev/null || true

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from .. import errors
 from ..checkpoint import (
     CHECKPOINT_LEVELS,
+    MISS,
     Checkpoint,
     Restored,
     Source,
@@ -46,8 +47,6 @@ if TYPE_CHECKING:
     from .cluster import Cluster
 
 __all__ = ["checkpoint", "restore", "partner_of"]
-
-_MISS = object()
 
 
 def partner_of(node: int, nnodes: int) -> int | None:
@@ -172,15 +171,25 @@ def restore(cluster: Cluster, name: str | None = None) -> Restored:
     m = folder.manifest_at(found)
     if m is None:
         raise errors.CheckpointError(f"checkpoint folder {found} vanished while it was being restored", name)
+    held: list[str] = []
     if cluster.leaders[cluster.node_index] == comm.rank:
-        held = [i.key for i in store.kernel.list(hidden=True) if i.key.startswith(plans.hidden(m.id, ""))]
+        prefix = plans.hidden(m.id, "")
+        held = [i.key for i in store.kernel.list(hidden=True) if i.key.startswith(prefix)]
         cluster.publish(held)
-    comm.Barrier()  # every node's copies are locatable
-    return Restored(m, [local_source(store, m.id), _remote_source(cluster, m.id), folder_source(m)])
+    # which node holds which key: a key no other node holds is read from the folder without asking the
+    # directory (a later job's stores hold nothing of it: one round trip per key saved)
+    holders: dict[str, set[int]] = {}
+    for node, keys in comm.allgather((cluster.node_index, held)):  # also: every node's copies are published
+        for k in keys:
+            holders.setdefault(k, set()).add(node)
+    return Restored(m, [local_source(store, m.id), _remote_source(cluster, m.id, holders), folder_source(m)])
 
 
-def _remote_source(cluster: Cluster, cid: str) -> Source:
+def _remote_source(cluster: Cluster, cid: str, holders: dict[str, set[int]]) -> Source:
     def read(key: str) -> Any:
-        return cluster.get(plans.hidden(cid, key), _MISS)
-    return "the other nodes' stores", read
+        h = plans.hidden(cid, key)
+        if not holders.get(h, set()) - {cluster.node_index}:
+            return MISS
+        return cluster.get(h, MISS)
+    return "nodes", "the other nodes' stores", read
 

@@ -212,6 +212,8 @@ class _Spiller:
         whose files share the directory)."""
         if self.node.meta.named() is not False or self.node.clients():
             return False
+        if L.HEAD.get(self.node.buf, "state") != L.STATE_READY:  # destroy() marked it first: not behind its back
+            return True
         files = self.node.remove_level_files()
         log.warning("%s: the store's shared memory was removed without shmstore (not by destroy or gc) and "
                     "no client is left; exiting%s", self.label, f", removed {files} spill file(s)" if files else "")

@@ -244,3 +244,56 @@ def test_a_job_whose_rank_raises_ends_long_before_its_time_limit_with_the_traceb
     assert "Traceback (most recent call last)" in out and "RuntimeError: boom from rank 0" in out, out[-3000:]
     assert "DUE TO TIME LIMIT" not in out, out[-3000:]
     assert wait_for(lambda: not leftovers(slurm, job, spill_dirs), timeout=30), leftovers(slurm, job, spill_dirs)
+
+
+def _scancel_usr1(env: dict[str, str], job: str) -> None:
+    """What ``#SBATCH --signal=B:USR1@60`` does sixty seconds before the time limit: SIGUSR1 to the batch shell."""
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=env, check=True, timeout=30)
+
+
+@pytest.mark.timeout(300)
+def test_a_job_warned_of_its_time_limit_checkpoints_and_a_dependent_job_goes_on_from_it(slurm, tmp_path):
+    """Issue 34, Slurm (a): checkpoint.sbatch checkpoints every 25 steps; Slurm's warning signal (USR1 to the
+    batch shell) makes the ranks checkpoint at once, wait for it and exit 0; a job submitted with
+    --dependency=afterany restores that checkpoint from the folder (the first job's stores are gone), checks
+    every value and goes on."""
+    spill, spill_dirs = slurm.spill(tmp_path)
+    env = dict(slurm, SHMSTORE_SPILL_DIR=spill, SHMSTORE_PERSIST_DIR=str(tmp_path / "persist"))
+    first, second = tmp_path / "first.out", tmp_path / "second.out"
+    script = os.path.join(ROOT, "mpi", "slurm", "checkpoint.sbatch")
+    job = sbatch(env, "-N", "2", "--ntasks-per-node=2", "-o", str(first), script, "--steps", "100000",
+                 "--every", "25", "--step-seconds", "0.01")
+    assert wait_for(lambda: first.exists() and "step 50: checkpoint" in first.read_text(), timeout=120), \
+        first.read_text()[-3000:] if first.exists() else "no output"
+    _scancel_usr1(env, job)
+    after = sbatch(env, f"--dependency=afterany:{job}", "-N", "2", "--ntasks-per-node=2", "-o", str(second),
+                   script, "--steps", "10", "--every", "5", "--expect", "folder")
+    assert wait_for(lambda: not running(env, job) and not running(env, after), timeout=200), \
+        first.read_text()[-2000:] + (second.read_text()[-2000:] if second.exists() else "")
+    out1, out2 = first.read_text(), second.read_text()
+    assert "SIGUSR1: the time limit is near" in out1 and "checkpointed, exiting" in out1, out1[-3000:]
+    stopped = [ln for ln in out1.splitlines() if "checkpointed, exiting" in ln][0]
+    at = int(stopped.split()[1].rstrip(":"))
+    assert f"restored 'step{at}' at step {at}" in out2 and "'folder'" in out2, out2[-3000:]
+    assert f"done at step {at + 10}" in out2, out2[-3000:]
+    for job_id in (job, after):
+        assert wait_for(lambda j=job_id: not leftovers(slurm, j, spill_dirs), timeout=30), \
+            leftovers(slurm, job_id, spill_dirs)
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_step_is_restored_from_the_nodes_memory_by_the_next_step(slurm, tmp_path):
+    """Issue 34, Slurm (b): in one allocation, a step fails after its checkpoint of step 20 completed; the
+    next srun step restores it from the nodes' persistent stores (its own node's copy, or the partner's),
+    reading nothing from the folder, checks every value and goes on; the job's last steps remove the stores."""
+    spill, spill_dirs = slurm.spill(tmp_path)
+    env = dict(slurm, SHMSTORE_SPILL_DIR=spill, SHMSTORE_PERSIST_DIR=str(tmp_path / "persist"))
+    log = tmp_path / "job.out"
+    job = sbatch(env, "-N", "2", "--ntasks-per-node=2", "-o", str(log),
+                 os.path.join(ROOT, "mpi", "slurm", "checkpoint-retry.sbatch"), "--step-seconds", "0.01")
+    assert wait_for(lambda: not running(env, job), timeout=200), log.read_text()[-3000:] if log.exists() else ""
+    out = log.read_text()
+    assert "failing on purpose after the checkpoint of step 20" in out, out[-3000:]
+    assert "restored 'step20' at step 20" in out and "'folder'" not in out, out[-3000:]
+    assert "done at step 30" in out, out[-3000:]
+    assert wait_for(lambda: not leftovers(slurm, job, spill_dirs), timeout=30), leftovers(slurm, job, spill_dirs)
