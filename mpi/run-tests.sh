@@ -19,6 +19,7 @@ export MPIEXEC_TIMEOUT=${MPIEXEC_TIMEOUT:-400}  # hydra kills the job after this
 HOSTS=${HOSTS:-n0:2,n1:2}
 # several VCIs: transfers run over two streams, as in the README's commands
 export MPIR_CVAR_CH4_NUM_VCIS=${MPIR_CVAR_CH4_NUM_VCIS:-4}
+export MPI4PY_RC_FAST_REDUCE=${MPI4PY_RC_FAST_REDUCE:-0}  # see mpi/slurm/launch.sh
 if [ -n "${TESTNODES:-}" ]; then
     exec mpi/testnodes exec "$TESTNODES" n0 mpiexec -launcher ssh -launcher-exec "$TESTNODES/bin/launch" \
         -hosts "$HOSTS" -n "$NP" python -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi/ranks "$@"

@@ -58,8 +58,6 @@ def _restore(c: Cluster, mib: int, expect: str) -> tuple[int, dict[str, np.ndarr
             raise RuntimeError(f"rank {rank}: restored r{rank}.a{i} holds {v[0]}..{v[-1]}, not {rank * 1000 + step}")
         state[f"r{rank}.a{i}"] = np.array(v)  # our own copy to train on
     origins = collections.Counter(got.origins[k] for k in got.origins)
-    # allreduce, not reduce: mpi4py's pickle-based comm.reduce holds the GIL while it waits (a thread beside it
-    # ran 1 loop in 1 s here, 905 beside allreduce), and a node leader's service thread must answer meanwhile
     counts = c.comm.allreduce(origins, op=MPI.SUM)
     if rank == 0:
         print(f"restored {got.name!r} at step {step}: {len(got)} keys; read from {dict(counts)}", flush=True)

@@ -10,6 +10,10 @@ export SHMSTORE_SPILL_DIR=${SHMSTORE_SPILL_DIR:-${SLURM_TMPDIR:-/tmp}}
 # Two bulk streams per transfer (MPICH): worth it for large objects; leave unset for latency-bound jobs
 # (see mpi/README.md, "Beside the application").
 export MPIR_CVAR_CH4_NUM_VCIS=${MPIR_CVAR_CH4_NUM_VCIS:-4}
+# mpi4py's tree-based reductions of Python objects hold the GIL while they wait: a node's leader rank inside
+# comm.reduce/allreduce of objects would stop serving its node (python -m mpi4py imports MPI before shmstore
+# can switch them off). Off: the same results, gathered instead.
+export MPI4PY_RC_FAST_REDUCE=${MPI4PY_RC_FAST_REDUCE:-0}
 # How every step starts its ranks: --mpi=pmi2 (the pip 'mpich' wheel has no PMIx), -K so that a failed rank
 # ends the step.
 SHMSTORE_SRUN=(srun --mpi=pmi2 -K)

@@ -48,6 +48,23 @@ _REPLY_SOON = 0.02
 # and up to this while frames flow (MPI moves a large message only while it is tested)
 _FRAME_NAP_MAX = 100e-6
 _SETTING = "raise peer_timeout= / SHMSTORE_PEER_TIMEOUT"
+
+
+def gil_hint() -> str:
+    """What to say of a node that did not answer where mpi4py's tree-based reductions of Python objects are on
+    (``mpi4py.rc.fast_reduce``, the default): ``comm.reduce``/``allreduce`` of objects hold the GIL while they
+    wait for the other ranks, so a node leader inside one serves nobody (its service is a thread of it).
+    Measured: a thread beside a waiting ``comm.reduce`` ran 1 loop in 1 s, 893-905 beside ``Barrier``,
+    ``allreduce`` with ``fast_reduce`` off, or ``reduce`` with it off."""
+    import os
+
+    import mpi4py
+    off = os.environ.get("MPI4PY_RC_FAST_REDUCE", "").strip().lower() in ("0", "false", "no", "off")
+    if off or not getattr(mpi4py.rc, "fast_reduce", False):
+        return ""
+    return ("; or it waits in comm.reduce/allreduce of Python objects, which with mpi4py's tree-based reductions "
+            "hold the GIL and stop its node's service: set MPI4PY_RC_FAST_REDUCE=0 (shmstore.mpi sets "
+            "mpi4py.rc.fast_reduce = False itself where it imports MPI first)")
 _LEFT_NOTE = 512  # bytes of a rank's notice that it left the cluster by an exception
 
 
@@ -234,7 +251,7 @@ class Messenger:
         rank and the setting (:class:`Cluster`'s verbs add which operation of which key gave up)."""
         rank = self.leaders[node]
         return errors.TransferError(f"node {self.names[node]!r} (rank {rank}) {what} within {waited:g} s: that "
-                                    f"rank died, hangs or cannot be reached ({_SETTING})",
+                                    f"rank died, hangs or cannot be reached ({_SETTING}){gil_hint()}",
                                     key if isinstance(key, str) else None, rank)
 
     def failed(self, node: int, msg: Any, key: Any, exc: BaseException) -> errors.TransferError:

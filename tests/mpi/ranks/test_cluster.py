@@ -7,9 +7,11 @@ degenerate to local operations and are checked as such.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import shmstore
 from shmstore import Level
@@ -685,3 +687,27 @@ def test_proxystore_serializer_stages_into_the_cluster_and_put_publishes_it(clus
     comm.Barrier()
     c.close()
     comm.Barrier()
+
+
+def test_a_node_leader_waiting_in_an_object_reduce_still_serves_its_node(cluster, comm):
+    """mpi4py's tree-based reductions of Python objects (``comm.reduce`` of objects, its default) hold the GIL
+    while the root waits, so a node leader inside one served nobody: another node's get of a key homed there
+    gave up after peer_timeout. shmstore.mpi switches them off (mpi/run-tests.sh: MPI4PY_RC_FAST_REDUCE=0, as
+    ``python -m mpi4py`` imports MPI first); the error of a node that does not answer names the setting."""
+    import collections
+
+    from shmstore.mpi.directory import home_of
+    if len(cluster.nodes) < 2:
+        pytest.skip("needs two nodes")
+    key = next(k for k in (f"nobody-{i}" for i in range(1000)) if home_of(k, len(cluster.nodes)) == 0)
+    late = cluster.rank == cluster.leaders[1]  # node 1's leader asks node 0 while node 0's leader waits in reduce
+    if late:
+        time.sleep(0.5)
+        t = time.monotonic()
+        assert cluster.get(key, "missing") == "missing"
+        took = time.monotonic() - t
+    got = comm.reduce(collections.Counter(a=1), op=MPI.SUM, root=0)
+    if comm.rank == 0:
+        assert got["a"] == comm.size
+    if late:
+        assert took < 10, took
