@@ -99,8 +99,8 @@ def test_bad_names_keys_and_objects_are_clear_errors_and_keep_nothing(cstore, pd
     for bad in ("", "a/b", "x" * 65, "../up"):
         with pytest.raises(InvalidArgumentError, match="name"):
             cstore.checkpoint(bad, {"a": 1})
-    with pytest.raises(InvalidArgumentError, match="too long"):
-        cstore.checkpoint("long", {"k" * 250: 1})
+    with pytest.raises(InvalidArgumentError, match="non-empty str"):
+        cstore.checkpoint("keys", {1: 1})
     with pytest.raises(InvalidArgumentError, match="mapping"):
         cstore.checkpoint("str", "abc")
     with pytest.raises(CheckpointError, match="no complete checkpoint"):

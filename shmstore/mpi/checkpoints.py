@@ -3,8 +3,8 @@ for redundancy, the persistent folder in the background (see ``shmstore/checkpoi
 
 A checkpoint, collectively:
 
-1. each rank puts its objects into its node's store under the checkpoint's
-   hidden keys (the only wait of the ranks) and says which keys, how large;
+1. each rank puts its objects into its node's store as one object (a dict,
+   under a hidden key: the only wait of the ranks) and says which keys;
    one ``allgather`` tells every rank the whole checkpoint (a key given by two
    ranks, or a rank whose put failed, fails it on every rank, each rank's
    copies deleted);
@@ -13,7 +13,7 @@ A checkpoint, collectively:
    flushes it to ``persist_dir``; the last part written writes the manifest;
 3. with 2+ nodes, node ``i``'s part is copied into node ``(i + 1) % n``'s
    store, fetched by that node's ranks in a background thread each (their
-   share of the keys), over the cluster's own transfers.
+   share of the ranks' objects), over the cluster's own transfers.
 
 A restore finds the newest complete manifest (rank 0 reads the folder; every
 rank gets the same), republishes the copies this node still holds (a later
@@ -33,6 +33,8 @@ from ..checkpoint import (
     Checkpoint,
     Restored,
     Source,
+    bundle_key,
+    bundled,
     check_name,
     find,
     folder_source,
@@ -92,36 +94,38 @@ def checkpoint(cluster: Cluster, name: str, objects: Any) -> Checkpoint:
     check_name(name)
     comm, store = cluster.comm, cluster.store
     cid = comm.bcast(plans.new_id() if comm.rank == 0 else None, root=0)
-    mine: list[str] = []  # hidden keys this rank put (deleted again if the checkpoint fails)
+    bundle = f"r{comm.rank}"
     asked: list[str] = []
     failure = None
+    put = False
     try:
-        pairs = items_of(store, objects, cid)
-        asked = [h for h, _ in pairs]
-        store.put_many(pairs, levels=CHECKPOINT_LEVELS)
-        mine = asked
+        items = items_of(store, objects)
+        asked = list(items)
+        store.put(bundle_key(cid, bundle), items, levels=CHECKPOINT_LEVELS)
+        put = True
     except errors.ShmStoreError as exc:
-        mine = list(getattr(exc, "done", None) or [])
         failure = f"rank {comm.rank} on node {cluster.node!r}: {type(exc).__name__}: {exc}"
-    start = len(plans.PREFIX) + len(cid) + 1
-    table = comm.allgather((cluster.node_index, [h[start:] for h in asked], failure))
+    table = comm.allgather((cluster.node_index, asked, failure))
     problem = _problem(table)
     if problem is not None:
-        store.delete_many(mine, missing_ok=True)
+        if put:
+            store.delete(bundle_key(cid, bundle), missing_ok=True)
         raise errors.CheckpointError(f"checkpoint {name!r} failed, nothing of it kept: {problem}", name)
     nnodes = len(cluster.nodes)
     keys = {key: node for node, ks, _ in table for key in ks}
+    bundles = {f"r{rank}": node for rank, (node, _, _) in enumerate(table)}
+    bundle_of = {key: f"r{rank}" for rank, (_, ks, _) in enumerate(table) for key in ks}
     partners = {i: p for i in range(nnodes) if (p := partner_of(i, nnodes)) is not None}
-    cluster.publish(mine)
+    cluster.publish(bundle_key(cid, bundle))
     cfg = store.config
-    leader = cluster.leaders[cluster.node_index] == comm.rank
-    if leader:
-        part = [k for node, ks, _ in table if node == cluster.node_index for k in ks]
-        skeleton = manifest_skeleton(name, cid, nnodes, keys, list(cluster.nodes), comm.size, partners)
+    if cluster.leaders[cluster.node_index] == comm.rank:
+        part = [b for b, node in bundles.items() if node == cluster.node_index]
+        skeleton = manifest_skeleton(name, cid, nnodes, keys, bundles, bundle_of, list(cluster.nodes), comm.size,
+                                     partners)
         post_plan(store, plans.Plan(name, cid, cfg.persist_dir, cfg.session, cluster.node_index, part, skeleton,
                                     cfg.checkpoint_keep))
     comm.Barrier()  # every copy published before a partner asks for it
-    copy = _partner_share(cluster, table, cid)
+    copy = _partner_share(cluster, bundles, cid)
     return Checkpoint(store, name, cid, cfg.persist_dir, copy.wait if copy is not None else None)
 
 
@@ -138,15 +142,15 @@ def _problem(table: list[tuple[int, list[str], str | None]]) -> str | None:
     return "; ".join(failed) if failed else None
 
 
-def _partner_share(cluster: Cluster, table: list[tuple[int, list[str], str | None]], cid: str) -> _PartnerCopy | None:
-    """Start this rank's share of the partner copy: node ``i`` copies node ``i - 1``'s part, split among its
-    ranks."""
+def _partner_share(cluster: Cluster, bundles: dict[str, int], cid: str) -> _PartnerCopy | None:
+    """Start this rank's share of the partner copy: node ``i`` copies node ``i - 1``'s part (one object per
+    rank there), split among its ranks."""
     nnodes = len(cluster.nodes)
     if nnodes < 2:
         return None
     source = (cluster.node_index - 1) % nnodes
-    here = [r for r, (node, _, _) in enumerate(table) if node == cluster.node_index]
-    wanted = [plans.hidden(cid, k) for node, ks, _ in table if node == source for k in ks]
+    here = [int(b[1:]) for b, node in bundles.items() if node == cluster.node_index]
+    wanted = [bundle_key(cid, b) for b, node in bundles.items() if node == source]
     return _PartnerCopy(cluster, wanted[here.index(cluster.comm.rank)::len(here)])
 
 
@@ -182,14 +186,12 @@ def restore(cluster: Cluster, name: str | None = None) -> Restored:
     for node, keys in comm.allgather((cluster.node_index, held)):  # also: every node's copies are published
         for k in keys:
             holders.setdefault(k, set()).add(node)
-    return Restored(m, [local_source(store, m.id), _remote_source(cluster, m.id, holders), folder_source(m)])
+    return Restored(m, [local_source(store, m), _remote_source(cluster, m, holders), folder_source(m)])
 
 
-def _remote_source(cluster: Cluster, cid: str, holders: dict[str, set[int]]) -> Source:
-    def read(key: str) -> Any:
-        h = plans.hidden(cid, key)
+def _remote_source(cluster: Cluster, m: folder.Manifest, holders: dict[str, set[int]]) -> Source:
+    def get(h: str) -> Any:
         if not holders.get(h, set()) - {cluster.node_index}:
             return MISS
         return cluster.get(h, MISS)
-    return "nodes", "the other nodes' stores", read
-
+    return "nodes", "the other nodes' stores", bundled(m, get)

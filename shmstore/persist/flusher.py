@@ -61,7 +61,10 @@ class Flusher:
                   if os.path.exists(os.path.join(plan.folder, folder.MANIFEST)) or self._abandoned(plan)]
         if not todo and not settle:
             return
-        slot = self.node.register()
+        try:
+            slot = self.node.register()
+        except FileNotFoundError:  # the store is being destroyed: its plans go with it
+            return
         self._thread = threading.Thread(target=self._run, args=(slot, todo, settle), name="shmstore-flush",
                                         daemon=True)
         self._thread.start()
@@ -120,7 +123,7 @@ class Flusher:
         return k
 
     def _flush(self, kernel: Kernel, path: str, plan: plans.Plan) -> None:
-        hidden = [plans.hidden(plan.id, key) for key in plan.keys]
+        hidden = [plans.hidden(plan.id, "@" + bundle) for bundle in plan.keys]  # one dict per process
         try:
             total = sum(kernel.info(h).size for h in hidden)
         except ShmStoreError as exc:
@@ -137,8 +140,7 @@ class Flusher:
 
         plans.write_progress(self.where, plan, 0, total)
         try:
-            index = folder.write_part(plan.folder, plan.part, ((key, kernel.get(h)) for key, h in
-                                                               zip(plan.keys, hidden)), progress)
+            index = folder.write_part(plan.folder, plan.part, _items(kernel, hidden), progress)
         except Exception as exc:  # the folder full, an I/O error, an object gone: the checkpoint never completes
             return self._fail(path, plan, f"{type(exc).__name__}: {exc}")
         plans.write_progress(self.where, plan, total, total)
@@ -182,6 +184,12 @@ class Flusher:
         if gone:
             kernel.delete_many(gone, missing_ok=True)
             log.info("%s: dropped %d object(s) of older checkpoints from the store", self.label, len(gone))
+
+
+def _items(kernel: Kernel, bundles: list[str]) -> Any:
+    """(key, value) of every object in ``bundles`` (store keys of dicts), one bundle read at a time."""
+    for h in bundles:
+        yield from kernel.get(h).items()
 
 
 class _Later(Exception):

@@ -50,8 +50,9 @@ def id_time(cid: str) -> float:
 
 @dataclasses.dataclass
 class Plan:
-    """One node's part of a checkpoint: flush objects ``keys`` (hidden under ``id`` in ``session``) as part
-    ``part`` of ``<persist_dir>/<name>@<id>``; ``skeleton`` is the manifest less what the flush adds."""
+    """One node's part of a checkpoint: flush the objects of bundles ``keys`` (one dict per process, under
+    ``hidden(id, "@" + bundle)`` in ``session``) as part ``part`` of ``<persist_dir>/<name>@<id>``;
+    ``skeleton`` is the manifest less what the flush adds."""
 
     name: str
     id: str
