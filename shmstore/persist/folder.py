@@ -38,6 +38,7 @@ import numpy as np
 from ..errors import CheckpointError, StorageFullError
 from ..meta import layout as L
 from ..node import serialize
+from ..primitives import native
 from ..units import format_size
 
 __all__ = ["Manifest", "checkpoint_dir", "write_part", "try_complete", "complete", "latest", "prune",
@@ -45,6 +46,7 @@ __all__ = ["Manifest", "checkpoint_dir", "write_part", "try_complete", "complete
 
 FORMAT = 1
 ALIGN = 4096
+_POPULATE_MIN = 1 << 16
 CHUNK = 16 << 20  # bytes per write (and per crc step of the pipeline beside it)
 MANIFEST = "MANIFEST.json"
 PRUNED = "PRUNED"
@@ -169,6 +171,12 @@ def _record_pieces(enc: serialize.Encoded) -> Iterator[Any]:
         if off > pos:
             yield memoryview(bytes(off - pos))
         mv = memoryview(piece).cast("B")
+        if len(mv) >= _POPULATE_MIN:
+            # map its pages in one call (shared memory this process has not read yet: a fault per 64 KiB
+            # otherwise, in both the writing and the checksumming thread; 256 MiB of a store read by a fresh
+            # process: 392 ms to write, 237 ms once mapped)
+            addr = np.frombuffer(mv, np.uint8).ctypes.data
+            native.populate_read(addr & ~4095, (addr & 4095) + len(mv))
         for i in range(0, len(mv), CHUNK):
             yield mv[i: i + CHUNK]
         pos = off + len(mv)
