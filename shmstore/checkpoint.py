@@ -171,18 +171,22 @@ class Checkpoint:
         return f"<Checkpoint {self.name!r} id {self.id} {state} -> {self.path}>"
 
 
-def checkpoint(store: Store, name: str, objects: Any) -> Checkpoint:
+def checkpoint(store: Store, name: str, objects: Any, persist_dir: str | None = None,
+               keep: int | None = None) -> Checkpoint:
     """``Store.checkpoint``: put ``objects`` into the node's store (the only wait), then flush them to
-    ``persist_dir`` in the background (one part, no partner)."""
+    ``persist_dir`` (default: the store's setting) in the background (one part, no partner), keeping the newest
+    ``keep`` (default: ``checkpoint_keep``) complete ones there."""
     check_name(name)
     cfg = store.config
+    pdir = cfg.persist_dir if persist_dir is None else os.path.abspath(persist_dir)
     cid = plans.new_id()
     items = items_of(store, objects)
     store.put(bundle_key(cid, "p0"), items, levels=CHECKPOINT_LEVELS)
     skeleton = manifest_skeleton(name, cid, 1, {k: 0 for k in items}, {"p0": 0}, {k: "p0" for k in items},
                                  [store.node], 1, {})
-    post_plan(store, plans.Plan(name, cid, cfg.persist_dir, cfg.session, 0, ["p0"], skeleton, cfg.checkpoint_keep))
-    return Checkpoint(store, name, cid, cfg.persist_dir)
+    post_plan(store, plans.Plan(name, cid, pdir, cfg.session, 0, ["p0"], skeleton,
+                                cfg.checkpoint_keep if keep is None else keep))
+    return Checkpoint(store, name, cid, pdir)
 
 
 def manifest_skeleton(name: str, cid: str, parts: int, keys: dict[str, int], bundles: dict[str, int],
@@ -293,10 +297,10 @@ def folder_source(m: folder.Manifest) -> Source:
     return "folder", f"the folder {m.path}", lambda key: folder.read_object(m, key)
 
 
-def restore(store: Store, name: str | None = None) -> Restored:
-    """``Store.restore``: the newest complete checkpoint (named ``name``), read from this node's store where it
-    still holds it, else from the folder."""
+def restore(store: Store, name: str | None = None, persist_dir: str | None = None) -> Restored:
+    """``Store.restore``: the newest complete checkpoint (named ``name``) in ``persist_dir`` (default: the store's
+    setting), read from this node's store where it still holds it, else from the folder."""
     if name is not None:
         check_name(name)
-    m = find(store.config.persist_dir, name)
+    m = find(store.config.persist_dir if persist_dir is None else os.path.abspath(persist_dir), name)
     return Restored(m, [local_source(store, m), folder_source(m)])

@@ -178,3 +178,38 @@ def test_a_model_and_optimizer_checkpoint_restores_zero_copy_from_the_store_and_
         check(got)
         assert set(got.origins.values()) == {"folder"}
         del got
+
+
+@pytest.mark.parametrize("how", ["save", "async_save"])
+def test_dcp_save_and_load_through_the_store(name, tmp_path, how):
+    """Issue 34 item 4: ``torch.distributed.checkpoint`` users pass ShmStoreWriter/ShmStoreReader and get the
+    store's checkpoints: a model's and an optimizer's state saved (also with ``async_save``), then loaded into
+    fresh ones from the node's store and, after the store is gone, from the folder."""
+    import torch.distributed.checkpoint as dcp
+
+    import shmstore
+    from shmstore.contrib.dcp import ShmStoreReader, ShmStoreWriter
+    torch.manual_seed(1)
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(3, 16)).sum().backward()
+    opt.step()
+    path = str(tmp_path / "step1")
+    with shmstore.connect(name, capacity="64MiB", prefault="16MiB") as s:
+        sd = {"model": model.state_dict(), "optim": opt.state_dict(), "step": 1}
+        if how == "save":
+            dcp.save(sd, storage_writer=ShmStoreWriter(path, store=s), no_dist=True)
+        else:
+            dcp.async_save(sd, storage_writer=ShmStoreWriter(path, store=s), no_dist=True).result(120)
+        assert shmstore.checkpoint.folder.latest(path, "meta") is not None  # complete on return
+    shmstore.destroy(name)
+    with shmstore.connect(name, capacity="64MiB", prefault="16MiB") as s:
+        m2 = torch.nn.Linear(16, 4)
+        o2 = torch.optim.SGD(m2.parameters(), lr=0.1, momentum=0.9)
+        m2(torch.randn(3, 16)).sum().backward()
+        o2.step()
+        sd2 = {"model": m2.state_dict(), "optim": o2.state_dict(), "step": 0}
+        dcp.load(sd2, storage_reader=ShmStoreReader(path, store=s), no_dist=True)
+        m2.load_state_dict(sd2["model"])
+        assert torch.equal(m2.weight, model.weight) and sd2["step"] == 1
+        assert torch.equal(sd2["optim"]["state"][0]["momentum_buffer"], opt.state_dict()["state"][0]["momentum_buffer"])

@@ -623,3 +623,43 @@ def test_a_ref_handed_to_mpi_pool_executor_tasks_moves_once_into_each_other_node
     assert r["stats"]["n0"]["transfers"] == 0, r["stats"]
     assert r["gone"].startswith("ObjectNotFoundError") and r["key"] in r["gone"] and "was deleted" in r["gone"]
     assert wait_for(lambda: not [s for s in shm_segments() if f"-{name}-" in s], timeout=15)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("who", ["holder", "copier"])
+def test_a_rank_killed_during_a_checkpoints_copy_and_flush_leaves_a_whole_checkpoint_to_restore(who, tmp_path):
+    """Issue 34: a rank SIGKILLed while its node's part of a checkpoint is copied to the partner and flushed (or
+    while it copies the other node's part): the job is taken down; the next job restores a complete checkpoint,
+    every value checked: the previous one, or the new one if its manifest was written whole (never a mix)."""
+    from shmstore.persist import folder
+    name = "kc" + uuid.uuid4().hex[:8]
+    persist = str(tmp_path / "persist")
+    mpich = _mpich_segments()
+    job = os.path.join(ROOT, "tests", "mpi", "jobs", "kill_in_checkpoint.py")
+    try:
+        r = subprocess.run([MPIEXEC, "-launcher", "fork", "-hosts", "n0:2,n1:2", "-n", "4", sys.executable, "-m",
+                            "mpi4py", job, name, persist, who], cwd=ROOT, env=_env(), capture_output=True,
+                           text=True, timeout=300)
+        out = r.stdout + r.stderr
+        assert out.count("checkpoint 'good' complete") == 4, out[-4000:]
+        assert "killing myself" in out and r.returncode != 0, out[-4000:]
+        # the flush runs on in the spill processes of the dead job's stores (their last client gone): wait for
+        # them to end, then restore in a fresh store
+        assert wait_for(lambda: not [s for s in shm_segments() if name in s], timeout=120), \
+            [s for s in shm_segments() if name in s]
+        m = folder.latest(persist)
+        assert m.name in ("good", "doomed"), m
+        step = 1 if m.name == "good" else 2
+        with shmstore.connect(name + "r", persist_dir=persist, capacity="64MiB") as s:
+            got = s.restore()
+            assert got.name == m.name and got["step"] == step
+            for rank in range(4):
+                for i in range(8):
+                    v = got[f"r{rank}.a{i}"]
+                    assert v.shape == (4 << 20,) and v[0] == v[-1] == rank * 1000.0 + step and (v == v[0]).all()
+            assert set(got.origins.values()) == {"folder"}
+            del got, v
+    finally:
+        for node in ("n0", "n1"):
+            shmstore.destroy(name, force=True, node=node)
+        _remove_orphaned_mpich_segments(mpich)
