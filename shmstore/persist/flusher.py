@@ -35,6 +35,7 @@ __all__ = ["Flusher"]
 
 log = logging.getLogger("shmstore.spill")
 PROGRESS_EVERY = 0.25  # seconds between progress records
+SETTLE_EVERY = 2.0  # seconds between looks at the folder for the manifests of flushed parts
 
 
 class Flusher:
@@ -46,6 +47,7 @@ class Flusher:
         self.label = label
         self.where = plans.plan_dir(node.spill_path)
         self._thread: threading.Thread | None = None
+        self._next_settle = 0.0
 
     @property
     def busy(self) -> bool:
@@ -57,8 +59,15 @@ class Flusher:
             return
         self._thread = None
         todo = plans.listed(self.where)
-        settle = [(p, plan) for p, plan in plans.listed(self.where, "flushed")
-                  if os.path.exists(os.path.join(plan.folder, folder.MANIFEST)) or self._abandoned(plan)]
+        settle = []
+        now = time.monotonic()
+        if todo or now >= self._next_settle:
+            # a flushed part waits for the other nodes' parts: looking at the folder (a parallel file system's
+            # metadata server; every manifest read for _abandoned) once a round would be a scan every 0.25 s
+            # for as long as a dead node's part never comes
+            self._next_settle = now + SETTLE_EVERY
+            settle = [(p, plan) for p, plan in plans.listed(self.where, "flushed")
+                      if os.path.exists(os.path.join(plan.folder, folder.MANIFEST)) or self._abandoned(plan)]
         if not todo and not settle:
             return
         try:
