@@ -40,6 +40,8 @@ from .node.check import check as check_node
 from .node.nodestore import NodeStore, pid_alive, reap_children, store_prefix
 from .node.settings import ignored_settings
 from .persist.flusher import progress_of
+from .persist.plans import plan_dir
+from .persist.plans import remove_all as remove_plans
 from .placement import DEFAULT_PUT_LEVELS, DEVICE_PUT_LEVELS, Placement
 from .primitives.interrupts import guard as guard_signals
 from .primitives.interrupts import interruptible
@@ -692,6 +694,7 @@ def destroy(name: str | None = None, force: bool = False, node: str | None = Non
                                       f"{', '.join(map(str, live[:8]))}); close them or pass force=True")
             L.HEAD.set(ns.buf, "state", L.STATE_DESTROYING)
         of_store(ns).remove_all()  # its spill files (no level is opened here: see NodeStore.unlink)
+        remove_plans(plan_dir(ns.spill_path))  # its checkpoints' flush plans: their parts can never be flushed now
         ns.unlink()
     finally:
         ns.close()

@@ -350,3 +350,31 @@ def test_progress_is_in_the_store_status_while_a_flush_runs(cstore):
     assert ck.progress()[0] == ck.progress()[1] >= 64 << 20
     assert all(d <= t for d, t in seen)
     assert plans.listed(plans.plan_dir(cstore.node_store.spill_path)) == []
+
+
+def test_destroying_a_persistent_store_mid_flush_removes_its_plans_and_its_spill_process_leaves(name, pdir):
+    """``shmstore destroy --force`` while the spill process flushes (a batch script's last step after a job
+    step that checkpointed): the flush plans and progress records go with the store (they named the CI
+    run's leftovers), the spill process exits, the half-written checkpoint never becomes visible."""
+    code = ("import os, numpy as np, shmstore\n"
+            "s = shmstore.connect(os.environ['N'], capacity='1GiB', prefault='16MiB', persist=True, "
+            "persist_dir=os.environ['P'])\n"
+            "s.checkpoint('big', {f'w{i}': np.full(8 << 20, i, np.uint8) for i in range(48)})\n"
+            "print(s.spill_pid, s.node_store.spill_path, flush=True)\n")
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, N=name, P=pdir, PYTHONPATH=ROOT),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    spill, spill_path = r.stdout.split()
+    where = plans.plan_dir(spill_path)
+    try:
+        assert os.path.isdir(where)  # the flush is under way (384 MiB), or the part is written and its plan...
+        flushing = wait_for(lambda: any(".tmp-" in f for d in (os.listdir(pdir) if os.path.isdir(pdir) else [])
+                                        for f in os.listdir(os.path.join(pdir, d))), timeout=60, interval=0.001)
+        assert shmstore.destroy(name, force=True)
+        assert wait_for(lambda: not os.path.exists(f"/proc/{spill}") or
+                        open(f"/proc/{spill}/stat").read().split()[2] == "Z", timeout=60)
+        assert not os.path.exists(where), os.listdir(where)
+        if flushing:
+            assert folder.latest(pdir) is None  # cut short: never complete
+    finally:
+        shmstore.destroy(name, force=True)

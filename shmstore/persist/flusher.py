@@ -87,13 +87,7 @@ class Flusher:
 
     def forget(self) -> None:
         """The store is gone: its plans go with it."""
-        for state in ("plan", "flushed", "failed"):
-            for path, _ in plans.listed(self.where, state):
-                plans.remove(path)
-        try:
-            os.rmdir(self.where)
-        except OSError:
-            pass
+        plans.remove_all(self.where)
 
     def _abandoned(self, plan: plans.Plan) -> bool:
         """A flushed part whose checkpoint will never complete: a newer one completed first."""

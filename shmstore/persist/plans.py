@@ -156,3 +156,22 @@ def remove(path: str) -> None:
             os.unlink(p)
         except OSError:
             pass
+
+
+def remove_all(where: str) -> None:
+    """Remove every plan and progress record in ``where``, and the folder: its store is gone (destroyed, by
+    its last client, ``destroy`` or ``gc``), and its checkpoints' unflushed parts with it."""
+    try:
+        names = os.listdir(where)
+    except OSError:
+        return
+    for n in names:
+        if n.rsplit(".", 1)[-1] in ("plan", "flushed", "failed", "progress") or ".tmp-" in n:
+            try:
+                os.unlink(os.path.join(where, n))
+            except OSError:
+                pass
+    try:
+        os.rmdir(where)
+    except OSError:
+        pass

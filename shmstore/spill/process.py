@@ -112,6 +112,7 @@ class _Spiller:
             self._heartbeat()
             beats += 1
             if beats % ORPHAN_EVERY == 0 and self._orphaned():
+                self._gone()
                 return 0
             for step in (self.serve, self._janitor, self._relieve, self.flusher.step):
                 self._step(step)
@@ -119,7 +120,17 @@ class _Spiller:
                 return 0
             if self.stopping:
                 return self._drain()
+        self._gone()
         return 0
+
+    def _gone(self) -> None:
+        """The loop ended because the store left. Destroyed under it (``destroy --force``, which removed its
+        plans; a flush under way may have written a progress record since): the plans go. Handed to a newer
+        spill process, or its names removed behind its back (the name, and with it the plans' folder, may be
+        a newer store's by now): left alone."""
+        buf = self.node.buf
+        if L.HEAD.get(buf, "spill_pid") == os.getpid() and L.HEAD.get(buf, "state") != L.STATE_READY:
+            self.flusher.forget()
 
     def _step(self, step: Callable[[], object]) -> None:
         try:

@@ -238,8 +238,10 @@ def test_localcluster_sum_and_matmul_with_copies_made_and_dropped(name, tmp_path
     the other copy went too), then a sum, a mean along an axis and a blocked matmul, checked against numpy."""
     facts = _run_job("compute", name, tmp_path)
     assert facts["holders_replicated"] == [2]
-    for w in facts["after_drop"].values():
-        assert w["unreadable"] == [] and w["held"] > 0  # every key the scheduler counts on is there
+    # every key the scheduler counts on is there (the manager may drop every copy from one worker: one may
+    # hold none of the 12 chunks, which made this flaky when it asked each worker to hold some)
+    assert all(w["unreadable"] == [] for w in facts["after_drop"].values()), facts["after_drop"]
+    assert sum(w["held"] for w in facts["after_drop"].values()) >= 12, facts["after_drop"]
     assert facts["sum_ok"] and facts["mean_ok"] and facts["matmul_ok"] and facts["whole_shape"] == [4096, 6144]
     assert facts["store_problems"] == []
     stats = [w["stats"] for w in facts["workers"].values()]
