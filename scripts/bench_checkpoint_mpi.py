@@ -73,7 +73,7 @@ def main() -> int:
     name = world.bcast("bm" + uuid.uuid4().hex[:8] if world.rank == 0 else None)
     n = args.mib * MiB // args.arrays // 4
     rows: dict[str, list[float]] = {}
-    with Cluster(name=name, capacity=f"{args.mib * 8}MiB", prefault=f"{args.mib * 6}MiB",
+    with Cluster(name=name, capacity=f"{args.mib * 12}MiB", prefault=f"{args.mib * 6}MiB",
                  persist_dir=os.path.join(base, "persist"), checkpoint_keep=1) as c:
         comm, rank = c.comm, c.comm.rank
         sd = {f"r{rank}.l{i}": np.random.default_rng(rank * 1000 + i).standard_normal(n).astype(np.float32)

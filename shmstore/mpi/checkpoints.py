@@ -8,12 +8,14 @@ A checkpoint, collectively:
    one ``allgather`` tells every rank the whole checkpoint (a key given by two
    ranks, or a rank whose put failed, fails it on every rank, each rank's
    copies deleted);
-2. the copies are published in the location directory, and each node's
-   leader hands its node's part to its spill process (``Plan``), which
-   flushes it to ``persist_dir``; the last part written writes the manifest;
-3. with 2+ nodes, node ``i``'s part is copied into node ``(i + 1) % n``'s
-   store, fetched by that node's ranks in a background thread each (their
-   share of the ranks' objects), over the cluster's own transfers.
+2. each node's leader hands its node's part to its spill process (``Plan``),
+   which flushes it to ``persist_dir``; the last part written writes the
+   manifest; the ranks return;
+3. in a background thread per rank: its copy is published in the location
+   directory and, with 2+ nodes, its share of node ``i - 1``'s part (the
+   ranks' objects, split among the ranks of node ``i``) is copied from that
+   node, known to hold it (no directory round trip first), over the
+   cluster's own transfers, and published.
 
 A restore finds the newest complete manifest (rank 0 reads the folder; every
 rank gets the same), republishes the copies this node still holds (a later
@@ -56,11 +58,16 @@ def partner_of(node: int, nnodes: int) -> int | None:
     return (node + 1) % nnodes if nnodes > 1 else None
 
 
-class _PartnerCopy:
-    """This rank's share of the partner copy, fetched in a thread; ``wait(timeout)`` -> done."""
+class _Background:
+    """What a rank does for a checkpoint after its ranks stop waiting, in a thread: publish its own copy in the
+    location directory, then (2+ nodes) copy its share of the previous node's part from that node, directly
+    (the holder is known: no directory round trip before the bytes move) and publish the copies.
+    ``wait(timeout)`` -> done."""
 
-    def __init__(self, cluster: Cluster, keys: list[str]) -> None:
+    def __init__(self, cluster: Cluster, own: str, source: int | None, keys: list[str]) -> None:
         self._cluster = cluster
+        self._own = own
+        self._source = source
         self._keys = keys
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="shmstore-partner-copy", daemon=True)
@@ -68,18 +75,23 @@ class _PartnerCopy:
 
     def _run(self) -> None:
         try:
-            if self._keys:
-                self._cluster.fetch(self._keys, levels=CHECKPOINT_LEVELS)
+            self._cluster.publish(self._own)
+            if self._source is not None and self._keys:
+                self._cluster.copy_from(self._source, self._keys, levels=CHECKPOINT_LEVELS)
         except BaseException as exc:  # reported by wait()
             self.error = exc
+
+    def running(self) -> bool:
+        return self._thread.is_alive()
 
     def wait(self, timeout: float | None) -> bool:
         self._thread.join(timeout)
         if self._thread.is_alive():
             return False
         if self.error is not None:
-            raise errors.CheckpointError(f"the partner copy of {len(self._keys)} object(s) into node "
-                                         f"{self._cluster.node!r} failed: {self.error}") from self.error
+            what = (f"the partner copy of {len(self._keys)} object(s) into node {self._cluster.node!r}"
+                    if self._keys else f"publishing {self._own!r}")
+            raise errors.CheckpointError(f"{what} failed: {self.error}") from self.error
         return True
 
 
@@ -116,7 +128,6 @@ def checkpoint(cluster: Cluster, name: str, objects: Any) -> Checkpoint:
     bundles = {f"r{rank}": node for rank, (node, _, _) in enumerate(table)}
     bundle_of = {key: f"r{rank}" for rank, (_, ks, _) in enumerate(table) for key in ks}
     partners = {i: p for i in range(nnodes) if (p := partner_of(i, nnodes)) is not None}
-    cluster.publish(bundle_key(cid, bundle))
     cfg = store.config
     if cluster.leaders[cluster.node_index] == comm.rank:
         part = [b for b, node in bundles.items() if node == cluster.node_index]
@@ -124,9 +135,10 @@ def checkpoint(cluster: Cluster, name: str, objects: Any) -> Checkpoint:
                                      partners)
         post_plan(store, plans.Plan(name, cid, cfg.persist_dir, cfg.session, cluster.node_index, part, skeleton,
                                     cfg.checkpoint_keep))
-    comm.Barrier()  # every copy published before a partner asks for it
-    copy = _partner_share(cluster, bundles, cid)
-    return Checkpoint(store, name, cid, cfg.persist_dir, copy.wait if copy is not None else None)
+    # every rank's put came before the allgather: the partner copy can start; the rest is in the background
+    after = _Background(cluster, bundle_key(cid, bundle), *_partner_share(cluster, bundles, cid))
+    cluster.hold_close(after)
+    return Checkpoint(store, name, cid, cfg.persist_dir, after.wait)
 
 
 def _problem(table: list[tuple[int, list[str], str | None]]) -> str | None:
@@ -142,16 +154,16 @@ def _problem(table: list[tuple[int, list[str], str | None]]) -> str | None:
     return "; ".join(failed) if failed else None
 
 
-def _partner_share(cluster: Cluster, bundles: dict[str, int], cid: str) -> _PartnerCopy | None:
-    """Start this rank's share of the partner copy: node ``i`` copies node ``i - 1``'s part (one object per
-    rank there), split among its ranks."""
+def _partner_share(cluster: Cluster, bundles: dict[str, int], cid: str) -> tuple[int | None, list[str]]:
+    """This rank's share of the partner copy: node ``i`` copies node ``i - 1``'s part (one object per rank
+    there), split among its ranks; (the source node's index, keys); (None, []) alone."""
     nnodes = len(cluster.nodes)
     if nnodes < 2:
-        return None
+        return None, []
     source = (cluster.node_index - 1) % nnodes
     here = [int(b[1:]) for b, node in bundles.items() if node == cluster.node_index]
     wanted = [bundle_key(cid, b) for b, node in bundles.items() if node == source]
-    return _PartnerCopy(cluster, wanted[here.index(cluster.comm.rank)::len(here)])
+    return source, wanted[here.index(cluster.comm.rank)::len(here)]
 
 
 def restore(cluster: Cluster, name: str | None = None) -> Restored:

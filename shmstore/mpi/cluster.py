@@ -128,6 +128,7 @@ class Cluster:
         self.store.wait_spill_ready()
         self._comm.Barrier()
         self._closed = False
+        self._background: list[Any] = []  # background work close waits for (see hold_close)
         _OPEN.add(self)
         abort.opened()
 
@@ -316,6 +317,22 @@ class Cluster:
             gave_up(exc, "fetch", keys[0] if len(keys) == 1 else keys)
             raise
 
+    def copy_from(self, node: int, keys: Iterable[str], levels: Iterable[Level] | Level | None = None) -> None:
+        """Copy ``keys`` from the node of index ``node`` (in :attr:`nodes`), which the caller knows holds them,
+        without asking the directory first (one round trip per key fewer than :meth:`fetch`), then publish the
+        copies. No deduplication with other ranks of this node fetching the same keys: give each key to one.
+
+        Raises:
+            ObjectNotFoundError: that node has no such key. TransferError: it did not answer.
+        """
+        self._check()
+        keys = list(keys)
+        for key in keys:
+            if key not in self.store:
+                self._fetcher.copy_from(node, key, levels, self.block_size)
+        if keys:
+            self.publish(keys)
+
     def _fetch(self, keys: list[str], levels: Iterable[Level] | Level | None, block: int) -> None:
         batch = len(keys) > 1
         landed = self._fetcher.fetch_batch(keys, levels, block) if batch else set()
@@ -486,6 +503,7 @@ class Cluster:
         then closes without a collective call (see :meth:`__exit__`)."""
         if self._closed:
             return
+        self._finish_background()  # a partner copy under way needs the other nodes' services: before theirs go
         self._closed = True
         _OPEN.discard(self)
         abort.closed()
@@ -507,6 +525,21 @@ class Cluster:
             c.Free()
         self._comm.Free()
         self.store.close()
+
+    def hold_close(self, job: Any) -> None:
+        """Make :meth:`close` wait for ``job`` (an object with ``running()`` and ``wait(timeout)``: a
+        checkpoint's publish and partner copy) before it stops this node's service."""
+        self._background[:] = [b for b in self._background if b.running()] + [job]
+
+    def _finish_background(self) -> None:
+        """Wait for this rank's checkpoints' background work (each bounded by ``peer_timeout`` per transfer);
+        a failure was the checkpoint's to report (``wait``): here it is only logged."""
+        for job in self._background:
+            try:
+                job.wait(None)
+            except errors.ShmStoreError as exc:
+                print(f"shmstore.mpi: rank {self.rank}: {exc}", file=sys.stderr, flush=True)
+        self._background.clear()
 
     def __enter__(self) -> Cluster:
         return self

@@ -186,6 +186,18 @@ class Fetcher:
                 self.kernel.delete(key, True, version)
             raise errors.ObjectNotFoundError(f"{key!r} was deleted or replaced while it moved", key)
 
+    def copy_from(self, src: int, key: str, levels: Levels, block: int) -> None:
+        """Copy ``key`` from node ``src``, which the caller knows holds it, without asking the directory (a
+        checkpoint's partner copy: the holder's put came before the collective that started it); the new copy
+        is not listed (the caller publishes it).
+
+        Raises:
+            ObjectNotFoundError: ``src`` has no copy (deleted meanwhile).
+        """
+        nbytes, _ = self._from(src, key, levels, block)
+        if nbytes < 0:
+            raise errors.ObjectNotFoundError(f"node {self.links.nodes[src]!r} has no copy of {key!r}", key)
+
     def _from(self, src: int, key: str, levels: Levels, block: int, found: Any = _ASK) -> tuple[int, W.Version]:
         """Transfer ``key`` from node ``src`` (what its lookup ``found``, else asked now): its size (-1 where
         ``src`` has no copy) and the copy id of the object made here (None: it was put here meanwhile)."""

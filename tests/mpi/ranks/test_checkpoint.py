@@ -102,3 +102,44 @@ def test_a_node_that_lost_its_copies_and_a_damaged_folder_restore_from_the_partn
     assert {got.origins[k] for k in lost} <= ({"nodes", "store"} if ckc.node_index == 0 else {"store"})
     del got
     comm.Barrier()
+
+
+def test_a_cluster_closed_right_after_its_checkpoint_finishes_the_partner_copy_first():
+    """The ranks go on after the put; the publish and the partner copy run in a thread. A job that closes its
+    cluster at once (no ``wait``) still leaves node i's part in node i+1's store: close waits for it (the
+    copy needs the other node's service, which close stops). The stores are persistent here, to look."""
+    import shmstore
+    from shmstore.store import observe
+    world = MPI.COMM_WORLD
+    where = world.bcast(tempfile.mkdtemp(prefix="shmstore-ck-") if world.rank == 0 else None)
+    name = world.bcast("c" + uuid.uuid4().hex[:10] if world.rank == 0 else None)
+    with Cluster(name=name, capacity="512MiB", prefault="16MiB", persist=True, persist_dir=where) as c:
+        big = {f"r{c.comm.rank}.big{i}": np.full(8 << 20, i, np.uint8) for i in range(8)}  # 64 MiB a rank
+        ck = c.checkpoint("quick", _mine(c.comm.rank, 3) | big)
+        cid, nodes, me, leader = ck.id, list(c.nodes), c.node_index, c.leaders[c.node_index] == c.comm.rank
+        node_of = c.comm.allgather(me)
+    try:
+        if leader:
+            prev = (me - 1) % len(nodes)
+            want = {bundle_key(cid, f"r{r}") for r, n in enumerate(node_of) if n == me or (len(nodes) > 1 and
+                                                                                          n == prev)}
+            with observe(name, node=nodes[me]) as s:
+                held = {i.key for i in s.kernel.list(hidden=True)}
+            assert want <= held, (sorted(want - held), sorted(held))
+            assert wait_for_manifest(where, 120)
+    finally:
+        world.Barrier()
+        if leader:
+            shmstore.destroy(name, force=True, node=nodes[me])
+        world.Barrier()
+        if world.rank == 0:
+            shutil.rmtree(where, ignore_errors=True)
+
+
+def wait_for_manifest(where: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while folder.latest(where) is None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
