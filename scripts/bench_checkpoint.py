@@ -5,7 +5,8 @@
   warm memory (the floor of any in-memory snapshot) and against ``pickle.dump`` of the state dict into the
   same folder with ``fsync`` (what ``torch.save`` does; ``torch.save`` itself where torch is installed);
 - flush: the spill process's background write (bytes / time to complete) against a plain sequential write
-  + ``fsync`` of the same bytes into the same folder;
+  + ``fsync`` of the same bytes into the same folder (one before and one after each checkpoint: this
+  disk's speed drifts); and a step of single-threaded numpy compute while a flush runs, against alone;
 - restore: per object from the node's store (views), and from the folder after the store is gone (each
   object's bytes touched, checksums checked) against a plain read of the same bytes, and ``pickle.load``.
 
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import time
 import uuid
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +52,24 @@ def _plain_write(path: str, sd: dict) -> float:
         f.flush()
         os.fsync(f.fileno())
     return time.perf_counter() - t
+
+
+_X = np.random.default_rng(0).standard_normal(1 << 18)  # 2 MiB
+_Y = np.empty_like(_X)
+
+
+def _compute_steps(n: int, until: Any = None) -> list[float]:
+    """Seconds of each of ``n`` steps of single-threaded numpy compute (a ufunc over 2 MiB, ~2 ms), stopping
+    early once ``until()`` is true."""
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        for _ in range(4):
+            np.sin(_X, out=_Y)
+        out.append(time.perf_counter() - t)
+        if until is not None and until():
+            break
+    return out
 
 
 def _plain_read(path: str) -> float:
@@ -111,6 +131,7 @@ def main() -> int:
             ts = _torch_save(os.path.join(base, "sd.pt"), sd)
             if ts is not None:
                 rows.setdefault("torch_save_s", []).append(ts)
+            os.sync()
             rows.setdefault("plain_write_s", []).append(_plain_write(os.path.join(base, "plain.bin"), sd))
             with shmstore.connect(name, capacity=f"{args.mib * 3}MiB", prefault=f"{args.mib * 2}MiB",
                                   persist_dir=pdir) as s:
@@ -127,6 +148,18 @@ def main() -> int:
                     got[k]
                 rows.setdefault("restore_store_per_object_s", []).append((time.perf_counter() - t) / len(got))
                 del got
+                os.sync()
+                rows.setdefault("plain_write_s", []).append(_plain_write(os.path.join(base, "plain2.bin"), sd))
+                # the application's compute beside a flush: one step alone, then steps while the flush runs
+                alone = _compute_steps(60)
+                os.sync()
+                ck = s.checkpoint("beside", sd)
+                t = time.perf_counter()
+                beside = _compute_steps(10_000, until=ck.done)
+                assert ck.wait(600)
+                rows.setdefault("compute_step_alone_s", []).append(statistics.median(alone))
+                rows.setdefault("compute_step_beside_flush_s", []).append(statistics.median(beside))
+                rows.setdefault("complete_beside_compute_s", []).append(time.perf_counter() - t)
             shmstore.destroy(name, force=True)
             _drop_caches()
             rows.setdefault("plain_read_s", []).append(_plain_read(os.path.join(base, "plain.bin")))
@@ -158,6 +191,8 @@ def main() -> int:
            "flush_GBps": gb / (med["complete_s"] - med["blocked_s"]),
            "plain_write_GBps": gb / med["plain_write_s"],
            "flush_vs_plain_write": med["plain_write_s"] / (med["complete_s"] - med["blocked_s"]),
+           "compute_slowdown_beside_flush": med["compute_step_beside_flush_s"] / med["compute_step_alone_s"],
+           "flush_beside_compute_GBps": gb / med["complete_beside_compute_s"],
            "restore_store_us_per_object": med["restore_store_per_object_s"] * 1e6,
            "restore_folder_vs_plain_read": med["plain_read_s"] / med["restore_folder_s"],
            "restore_folder_vs_pickle_load": med["pickle_load_s"] / med["restore_folder_s"]}

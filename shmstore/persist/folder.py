@@ -48,8 +48,7 @@ FORMAT = 1
 ALIGN = 4096
 _POPULATE_MIN = 1 << 16
 CHUNK = 16 << 20  # bytes per piece of a large object
-BATCH = 8 << 20  # bytes per writev (and per hand-over to the checksum thread): small objects go many at once
-_IOV_MAX = 1024
+BATCH = 8 << 20  # bytes per hand-over to the checksum thread: small objects go many at once
 MANIFEST = "MANIFEST.json"
 PRUNED = "PRUNED"
 
@@ -146,15 +145,13 @@ _ZEROS = bytes(ALIGN)
 
 
 def _write_all(fd: int, bufs: list[Any]) -> None:
-    """Write every buffer of ``bufs`` in order (``writev``, as many at once as the system takes)."""
-    views = [memoryview(b).cast("B") for b in bufs]
-    while views:
-        n = os.writev(fd, views[:_IOV_MAX])
-        while views and n >= len(views[0]):
-            n -= len(views[0])
-            views.pop(0)
-        if n:
-            views[0] = views[0][n:]
+    """Write every buffer of ``bufs`` in order, one ``write`` each (``writev`` of the same buffers ran at a
+    third to a sixth of the speed into ext4's page cache here: 256 MiB in 300-800 ms against 135-150)."""
+    for b in bufs:
+        mv = memoryview(b).cast("B")
+        while mv:
+            n = os.write(fd, mv)
+            mv = mv[n:]
 
 
 def _pieces(enc: serialize.Encoded) -> list[tuple[int, Any]]:
@@ -216,7 +213,7 @@ def write_part(path: str, part: int, items: Iterable[tuple[str, Any]],
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     crc = _Crc()
     pos = written = 0
-    out: list[Any] = []  # what the next writev writes; the same chunks, less the padding, to the checksum thread
+    out: list[Any] = []  # what the next batch writes; the same chunks, less the padding, to the checksum thread
     sums: list[Any] = []
 
     def write_out() -> None:
