@@ -145,6 +145,8 @@ class Checkpoint:
             if failed:
                 raise CheckpointError(f"checkpoint {self.name!r} ({self.path}) failed: {'; '.join(failed)}",
                                       self.name)
+            if self._partner is not None:
+                self._partner(0)  # raises where the background work (the plan, the partner copy) failed
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             if time.monotonic() - checked > 0.2:

@@ -4,14 +4,15 @@ for redundancy, the persistent folder in the background (see ``shmstore/checkpoi
 A checkpoint, collectively:
 
 1. each rank puts its objects into its node's store as one object (a dict,
-   under a hidden key: the only wait of the ranks) and says which keys;
-   one ``allgather`` tells every rank the whole checkpoint (a key given by two
-   ranks, or a rank whose put failed, fails it on every rank, each rank's
-   copies deleted);
-2. each node's leader hands its node's part to its spill process (``Plan``),
+   under a hidden key) and says which keys; one ``allgather`` tells every
+   rank the whole checkpoint (a key given by two ranks, or a rank whose put
+   failed, fails it on every rank, each rank's copies deleted); the ranks
+   return: their only wait was the put and that exchange;
+2. in a background thread per rank (``Cluster.close`` waits for it): each
+   node's leader hands its node's part to its spill process (``Plan``),
    which flushes it to ``persist_dir``; the last part written writes the
-   manifest; the ranks return;
-3. in a background thread per rank: its copy is published in the location
+   manifest;
+3. in the same thread: its copy is published in the location
    directory and, with 2+ nodes, its share of node ``i - 1``'s part (the
    ranks' objects, split among the ranks of node ``i``) is copied from that
    node, known to hold it (no directory round trip first), over the
@@ -26,7 +27,7 @@ from the folder.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import errors
 from ..checkpoint import (
@@ -59,13 +60,15 @@ def partner_of(node: int, nnodes: int) -> int | None:
 
 
 class _Background:
-    """What a rank does for a checkpoint after its ranks stop waiting, in a thread: publish its own copy in the
-    location directory, then (2+ nodes) copy its share of the previous node's part from that node, directly
-    (the holder is known: no directory round trip before the bytes move) and publish the copies.
-    ``wait(timeout)`` -> done."""
+    """What a rank does for a checkpoint after its ranks stop waiting, in a thread: hand its node's part to the
+    spill process (the node's leader: ``plan``), publish its own copy in the location directory, then (2+
+    nodes) copy its share of the previous node's part from that node, directly (the holder is known: no
+    directory round trip before the bytes move) and publish the copies. ``wait(timeout)`` -> done."""
 
-    def __init__(self, cluster: Cluster, own: str, source: int | None, keys: list[str]) -> None:
+    def __init__(self, cluster: Cluster, plan: Callable[[], None] | None, own: str, source: int | None,
+                 keys: list[str]) -> None:
         self._cluster = cluster
+        self._plan = plan
         self._own = own
         self._source = source
         self._keys = keys
@@ -75,6 +78,8 @@ class _Background:
 
     def _run(self) -> None:
         try:
+            if self._plan is not None:
+                self._plan()
             self._cluster.publish(self._own)
             if self._source is not None and self._keys:
                 self._cluster.copy_from(self._source, self._keys, levels=CHECKPOINT_LEVELS)
@@ -123,20 +128,24 @@ def checkpoint(cluster: Cluster, name: str, objects: Any) -> Checkpoint:
         if put:
             store.delete(bundle_key(cid, bundle), missing_ok=True)
         raise errors.CheckpointError(f"checkpoint {name!r} failed, nothing of it kept: {problem}", name)
-    nnodes = len(cluster.nodes)
-    keys = {key: node for node, ks, _ in table for key in ks}
     bundles = {f"r{rank}": node for rank, (node, _, _) in enumerate(table)}
-    bundle_of = {key: f"r{rank}" for rank, (_, ks, _) in enumerate(table) for key in ks}
-    partners = {i: p for i in range(nnodes) if (p := partner_of(i, nnodes)) is not None}
     cfg = store.config
-    if cluster.leaders[cluster.node_index] == comm.rank:
+
+    def plan() -> None:  # the manifest's skeleton: one entry per key of the job (thousands per rank)
+        nnodes = len(cluster.nodes)
+        keys = {key: node for node, ks, _ in table for key in ks}
+        bundle_of = {key: f"r{rank}" for rank, (_, ks, _) in enumerate(table) for key in ks}
+        partners = {i: p for i in range(nnodes) if (p := partner_of(i, nnodes)) is not None}
         part = [b for b, node in bundles.items() if node == cluster.node_index]
         skeleton = manifest_skeleton(name, cid, nnodes, keys, bundles, bundle_of, list(cluster.nodes), comm.size,
                                      partners)
         post_plan(store, plans.Plan(name, cid, cfg.persist_dir, cfg.session, cluster.node_index, part, skeleton,
                                     cfg.checkpoint_keep))
+
     # every rank's put came before the allgather: the partner copy can start; the rest is in the background
-    after = _Background(cluster, bundle_key(cid, bundle), *_partner_share(cluster, bundles, cid))
+    leader = cluster.leaders[cluster.node_index] == comm.rank
+    after = _Background(cluster, plan if leader else None, bundle_key(cid, bundle),
+                        *_partner_share(cluster, bundles, cid))
     cluster.hold_close(after)
     return Checkpoint(store, name, cid, cfg.persist_dir, after.wait)
 
