@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import zlib
 
 import numpy as np
@@ -378,3 +379,66 @@ def test_destroying_a_persistent_store_mid_flush_removes_its_plans_and_its_spill
             assert folder.latest(pdir) is None  # cut short: never complete
     finally:
         shmstore.destroy(name, force=True)
+
+
+def _spill_pids(name: str) -> list[int]:
+    r = subprocess.run(["pgrep", "-f", f"shmstore.spill --name {name} "], capture_output=True, text=True)
+    return [int(p) for p in r.stdout.split()]
+
+
+def test_a_spill_process_stopped_mid_flush_and_resumed_completes_it_whole_once(name, pdir):
+    """SIGSTOP of the spill process while it writes the part (a debugger, a suspended job), SIGCONT seconds
+    later while the writer waits on the checkpoint: the checkpoint completes whole (every crc checked), no
+    temporary file is left, and one spill process serves the store afterwards."""
+    child = Child(SLOW_FLUSH, env={"N": name, "P": pdir})
+    spill = 0
+    try:
+        spill, cid = child.readline(60).split()
+        spill = int(spill)
+        assert wait_for(lambda: any(".tmp-" in f for d in (os.listdir(pdir) if os.path.isdir(pdir) else [])
+                                    for f in os.listdir(os.path.join(pdir, d))), timeout=60, interval=0.001)
+        os.kill(spill, signal.SIGSTOP)
+        child.send("go")  # the writer waits on the checkpoint (and looks at its spill process) meanwhile
+        for _ in range(30):  # 3 s stopped
+            assert folder.latest(pdir) is None
+            time.sleep(0.1)
+        os.kill(spill, signal.SIGCONT)
+        assert child.readline(180) == "ok"
+        child.wait(60)
+    finally:
+        if spill and os.path.exists(f"/proc/{spill}"):
+            os.kill(spill, signal.SIGCONT)
+        child.kill()
+    m = folder.latest(pdir)
+    assert m.id == cid and not [f for f in os.listdir(m.path) if ".tmp-" in f]
+    with open(os.path.join(m.path, "part-00000.json")) as f:
+        index = json.load(f)["objects"]
+    with open(os.path.join(m.path, "part-00000.bin"), "rb") as f:
+        for key, meta in index.items():
+            f.seek(meta["offset"])
+            assert zlib.crc32(f.read(meta["size"])) == meta["crc"], key
+    assert wait_for(lambda: len(_spill_pids(name)) <= 1, timeout=30), _spill_pids(name)
+
+
+def test_a_writer_stopped_in_its_checkpoint_put_and_resumed_completes_it(name, pdir):
+    """SIGSTOP of a process in the middle of its checkpoint's put, SIGCONT after seconds: the put finishes,
+    the checkpoint completes, every value restores; meanwhile nothing of it is visible."""
+    child = Child(KILLED_WRITER, env={"N": name, "P": pdir})
+    try:
+        assert child.readline(60) == "good"
+        assert child.readline(60) == "putting"
+        child.proc.send_signal(signal.SIGSTOP)
+        for _ in range(20):  # 2 s stopped
+            assert folder.latest(pdir).name == "good"
+            time.sleep(0.1)
+        child.proc.send_signal(signal.SIGCONT)
+        assert child.readline(60) == "put"
+        with shmstore.connect(name, capacity="256MiB", prefault="16MiB", persist_dir=pdir) as s:
+            assert wait_for(lambda: folder.latest(pdir).name == "doomed", timeout=120)
+            got = s.restore()
+            assert [float(got[f"w{i}"][-1]) for i in range(24)] == [2.0] * 24
+            del got
+        child.send("")
+        child.wait(60)
+    finally:
+        child.kill()
