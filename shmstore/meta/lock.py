@@ -34,7 +34,10 @@ Ctrl-C.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
+import os
+import threading
 from collections.abc import Sequence
 from typing import Any, Callable, Literal, TypeVar
 
@@ -73,6 +76,27 @@ def holding(locks: Sequence[ShmLock], fn: Callable[[], _T]) -> _T:
         return fn()
     with locks[0]:
         return holding(locks[1:], fn)
+
+
+def holder(addr: int) -> str:
+    """Who holds the mutex at ``addr``, for an error message: glibc's ``pthread_mutex_t`` keeps the owner's
+    thread id at byte 8 (x86-64 and aarch64); its process and name from ``/proc``; "another process" where
+    that cannot be read (or the holder left meanwhile)."""
+    try:
+        tid = ctypes.c_int.from_address(addr + 8).value
+        if tid <= 0:
+            return "another process"
+        with open(f"/proc/{tid}/status") as f:
+            status = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
+        pid, name, state = status["Tgid"].strip(), status["Name"].strip(), status["State"].strip()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:160]
+        if int(pid) == os.getpid():  # this process: the Python thread's name says more
+            name = next((t.name for t in threading.enumerate() if t.native_id == tid), name)
+            return f"thread {tid} ({name}, {state}) of this process"
+        return f"thread {tid} ({name}, {state}) of pid {pid} ({cmd})"
+    except (OSError, KeyError, ValueError):
+        return "another process"
 
 
 def init_lock(addr: int) -> None:
@@ -203,7 +227,7 @@ class ShmLock(_LockBase):  # type: ignore[misc]
             raise
         if not taken:
             raise LockTimeoutError(
-                f"lock {self.name} not acquired within {self.timeout:g} s: another process holds it "
+                f"lock {self.name} not acquired within {self.timeout:g} s: {holder(self._addr)} holds it "
                 f"(raise lock_timeout= / SHMSTORE_LOCK_TIMEOUT, or check for a stopped process)"
             )
         return self

@@ -1,6 +1,8 @@
 """ShmLock: threading.Lock semantics, timeouts, recovery from a killed holder."""
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 import uuid
@@ -102,3 +104,32 @@ print('done', flush=True)
         k.wait()
     import struct
     assert struct.unpack_from("<q", seg.mm, 64)[0] == 9000
+
+
+def test_a_timeout_names_the_holder_a_thread_here_or_another_process(seg):
+    """What a LockTimeoutError says: which thread of which process holds the lock (a stopped one says so),
+    the lead to a hang that 'another process holds it' left to guesswork."""
+    lock = ShmLock(seg.address, "t", timeout=0.2)
+    held, go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            go.wait(10)
+    t = threading.Thread(target=hold, name="the-holder")
+    t.start()
+    assert held.wait(10)
+    with pytest.raises(LockTimeoutError, match=r"thread \d+ \(the-holder, S \(sleeping\)\) of this process"):
+        with lock:
+            pass
+    go.set()
+    t.join(10)
+    child = Child(child_code(seg.name, "lock.acquire()\nprint('held', flush=True)\ntime.sleep(60)"))
+    try:
+        assert child.readline() == "held"
+        os.kill(child.pid, signal.SIGSTOP)
+        with pytest.raises(LockTimeoutError, match=rf"T \(stopped\)\) of pid {child.pid} \(.*python"):
+            with lock:
+                pass
+    finally:
+        child.kill()
