@@ -211,8 +211,16 @@ def restore(cluster: Cluster, name: str | None = None) -> Restored:
 
 
 def _remote_source(cluster: Cluster, m: folder.Manifest, holders: dict[str, set[int]]) -> Source:
+    me, n = cluster.node_index, len(cluster.nodes)
+
     def get(h: str) -> Any:
-        if not holders.get(h, set()) - {cluster.node_index}:
+        others = holders.get(h, set()) - {me}
+        if not others:
             return MISS
-        return cluster.get(h, MISS)
+        try:  # straight from the nearest node the ranks said holds it (no directory round trips first)
+            cluster.copy_from(min(others, key=lambda i: (i - me) % n), [h], levels=CHECKPOINT_LEVELS,
+                              publish=False)
+        except errors.ObjectNotFoundError:  # it lost it since: the directory knows where else
+            return cluster.get(h, MISS)
+        return cluster.store.get(h, MISS)
     return "nodes", "the other nodes' stores", bundled(m, get)

@@ -317,10 +317,11 @@ class Cluster:
             gave_up(exc, "fetch", keys[0] if len(keys) == 1 else keys)
             raise
 
-    def copy_from(self, node: int, keys: Iterable[str], levels: Iterable[Level] | Level | None = None) -> None:
+    def copy_from(self, node: int, keys: Iterable[str], levels: Iterable[Level] | Level | None = None,
+                  publish: bool = True) -> None:
         """Copy ``keys`` from the node of index ``node`` (in :attr:`nodes`), which the caller knows holds them,
-        without asking the directory first (one round trip per key fewer than :meth:`fetch`), then publish the
-        copies. No deduplication with other ranks of this node fetching the same keys: give each key to one.
+        without asking the directory first (two round trips per key fewer than :meth:`fetch`; ranks of this
+        node copying one key at once make one transfer), then (``publish``) list the copies in the directory.
 
         Raises:
             ObjectNotFoundError: that node has no such key. TransferError: it did not answer.
@@ -330,7 +331,7 @@ class Cluster:
         for key in keys:
             if key not in self.store:
                 self._fetcher.copy_from(node, key, levels, self.block_size)
-        if keys:
+        if keys and publish:
             self.publish(keys)
 
     def _fetch(self, keys: list[str], levels: Iterable[Level] | Level | None, block: int) -> None:

@@ -80,10 +80,10 @@ class Fetcher:
 
     # ---- one key ----------------------------------------------------------------
     def fetch_one(self, key: str, source: int | None, levels: Levels, block: int, missed: bool = False,
-                  source_version: W.Version = None) -> None:
+                  source_version: W.Version = None, direct: bool = False) -> None:
         """One deduplicated transfer of ``key`` into this node (from ``source``, whose copy the directory
         listed as ``source_version``, else from a holder the directory names); ``missed``: the caller just found
-        it missing here."""
+        it missing here; ``direct``: from ``source`` without the directory (see :meth:`copy_from`)."""
         kb = encode_key(key)
         node, sid = self.kernel.node, self.kernel.sid
         if source is None and missed and self._from_directory(key, levels, block, small_only=True):
@@ -101,7 +101,9 @@ class Fetcher:
                 raise _shared_error(key, self.links.name, err)  # the error of the transfer we waited for
             try:
                 if key not in self.store:
-                    if source is None:
+                    if direct and source is not None:
+                        self._direct(key, source, levels, block)
+                    elif source is None:
                         self._from_directory(key, levels, block)
                     else:
                         self._pull(key, source, source_version, levels, block)
@@ -193,12 +195,16 @@ class Fetcher:
 
     def copy_from(self, src: int, key: str, levels: Levels, block: int) -> None:
         """Copy ``key`` from node ``src``, which the caller knows holds it, without asking the directory (a
-        checkpoint's partner copy: the holder's put came before the collective that started it); the new copy
-        is not listed (the caller publishes it).
+        checkpoint's partner copy: the holder's put came before the collective that started it; a restore:
+        the ranks said which node holds what), deduplicated with this node's other ranks; the new copy is not
+        listed (the caller publishes it).
 
         Raises:
             ObjectNotFoundError: ``src`` has no copy (deleted meanwhile).
         """
+        self.fetch_one(key, src, levels, block, direct=True)
+
+    def _direct(self, key: str, src: int, levels: Levels, block: int) -> None:
         nbytes, _ = self._from(src, key, levels, block)
         if nbytes < 0:
             raise errors.ObjectNotFoundError(f"node {self.links.nodes[src]!r} has no copy of {key!r}", key)
