@@ -8,7 +8,8 @@
   + ``fsync`` of the same bytes into the same folder (one before and one after each checkpoint: this
   disk's speed drifts); and a step of single-threaded numpy compute while a flush runs, against alone;
 - restore: per object from the node's store (views), and from the folder after the store is gone (each
-  object's bytes touched, checksums checked) against a plain read of the same bytes, and ``pickle.load``.
+  object's bytes touched, checksums checked) against a plain read of the same bytes, ``pickle.load`` and
+  ``torch.load`` (where torch is installed).
 
 Medians over ``--repeats``. Usage: python scripts/bench_checkpoint.py [--mib 256] [--arrays 1000]
 [--dir PATH] [--repeats 3] [--json out.json]
@@ -178,6 +179,12 @@ def main() -> int:
             with open(os.path.join(base, "sd.pkl"), "rb") as f:
                 pickle.load(f)
             rows.setdefault("pickle_load_s", []).append(time.perf_counter() - t)
+            if os.path.exists(os.path.join(base, "sd.pt")):
+                import torch
+                _drop_caches()
+                t = time.perf_counter()
+                torch.load(os.path.join(base, "sd.pt"))
+                rows.setdefault("torch_load_s", []).append(time.perf_counter() - t)
             shutil.rmtree(pdir, ignore_errors=True)
     finally:
         shmstore.destroy(name, force=True)
@@ -195,7 +202,9 @@ def main() -> int:
            "flush_beside_compute_GBps": gb / med["complete_beside_compute_s"],
            "restore_store_us_per_object": med["restore_store_per_object_s"] * 1e6,
            "restore_folder_vs_plain_read": med["plain_read_s"] / med["restore_folder_s"],
-           "restore_folder_vs_pickle_load": med["pickle_load_s"] / med["restore_folder_s"]}
+           "restore_folder_vs_pickle_load": med["pickle_load_s"] / med["restore_folder_s"],
+           "restore_folder_vs_torch_load": med["torch_load_s"] / med["restore_folder_s"]
+           if "torch_load_s" in med else None}
     print(json.dumps(out, indent=2))
     if args.json:
         with open(args.json, "w") as f:
