@@ -213,3 +213,56 @@ def test_dcp_save_and_load_through_the_store(name, tmp_path, how):
         m2.load_state_dict(sd2["model"])
         assert torch.equal(m2.weight, model.weight) and sd2["step"] == 1
         assert torch.equal(sd2["optim"]["state"][0]["momentum_buffer"], opt.state_dict()["state"][0]["momentum_buffer"])
+
+
+DCP_RANK = """
+import os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+import shmstore
+from shmstore.contrib.dcp import ShmStoreReader, ShmStoreWriter
+rank, path = int(os.environ['RANK']), os.environ['CK']
+dist.init_process_group('gloo', init_method='file://' + os.environ['INIT'], rank=rank, world_size=2)
+def state(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {'model': {f'l{i}.weight': torch.randn(256, 64 + i, generator=g) for i in range(8)},
+            'step': torch.tensor(seed)}
+with shmstore.connect(os.environ['N'], capacity='64MiB', prefault='8MiB', persist=os.environ['WHAT'] == 'save') as s:
+    if os.environ['WHAT'] == 'save':
+        dcp.save(state(7), storage_writer=ShmStoreWriter(path, store=s))
+    else:
+        sd = state(0)
+        dcp.load(sd, storage_reader=ShmStoreReader(path, store=s))
+        want = state(7)
+        bad = [k for k in want['model'] if not torch.equal(sd['model'][k], want['model'][k])]
+        assert not bad and int(sd['step']) == 7, (bad, sd['step'])
+    dist.barrier()
+dist.destroy_process_group()
+print('ok', rank, flush=True)
+"""
+
+
+def test_dcp_save_and_load_with_two_ranks_of_a_gloo_group(name, tmp_path):
+    """dcp with a real process group (two ranks, gloo): dcp spreads the replicated items over the ranks, each
+    rank's writer checkpoints its share, the coordinator's finish waits for both parts; both ranks then load
+    every item (half of them written by the other rank) into fresh tensors, from the node's (persistent)
+    store and, in a later pair of processes after the store is gone, from the folder."""
+    import os
+    import subprocess
+    import sys
+
+    import shmstore
+
+    from helpers import ROOT
+    path = str(tmp_path / "ck")
+    for what in ("save", "load", "load-folder"):
+        init = str(tmp_path / f"init-{what}")
+        procs = [subprocess.Popen([sys.executable, "-c", DCP_RANK], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=dict(os.environ, RANK=str(r), CK=path, INIT=init, N=name,
+                                                      WHAT=what.split("-")[0], PYTHONPATH=ROOT))
+                 for r in range(2)]
+        outs = [p.communicate(timeout=180) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], [o[1][-3000:] for o in outs]
+        assert sorted(o[0].split()[1] for o in outs) == ["0", "1"]
+        if what == "load":
+            assert shmstore.destroy(name, force=True)  # it outlived the savers: the first load read it
+    parts = sorted(d.split("@")[0] for d in os.listdir(path))
+    assert parts == ["meta", "r0", "r1"], parts
