@@ -31,7 +31,7 @@ import mmap
 import os
 import stat
 import time
-from typing import Any
+from typing import Any, Callable
 
 from .config import SHM_DIR
 from .errors import PermissionDeniedError, ShmStoreError
@@ -241,6 +241,8 @@ def _remove_names(prefix: str, uid: int, spill_root: str, tag: str) -> None:
     unlink_segment(prefix + "-arena", owner=uid)
     unlink_semaphore(prefix + "-wake", owner=uid)
     _remove_spill_files(spill_root, prefix.lstrip("/"), tag, uid)
+    # its checkpoints' flush plans (persist/plans.py: the parts were in its memory, never to be flushed now)
+    _remove_own_files(spill_root, prefix.lstrip("/") + ".checkpoints", uid, _is_plan_file)
     unlink_segment(prefix + "-meta", owner=uid)
 
 
@@ -255,6 +257,16 @@ def _remove_spill_files(root: str, folder: str, tag: str, uid: int) -> int:
     behind its back, its clients still at work, whose files share the directory. Removing every file of the
     user there took that store's objects on DISK with the stale one's.
     """
+    return _remove_own_files(root, folder, uid, lambda entry: entry.startswith(tag + "."))
+
+
+def _is_plan_file(entry: str) -> bool:
+    return entry.rsplit(".", 1)[-1] in ("plan", "flushed", "failed", "progress") or ".tmp-" in entry
+
+
+def _remove_own_files(root: str, folder: str, uid: int, wanted: Callable[[str], bool]) -> int:
+    """Remove the regular files of ``uid`` in ``<root>/<folder>`` whose names are ``wanted``, never following
+    a link, then the directory if nothing else is in it and no process has it open; returns how many went."""
     path = os.path.join(root, folder)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | SAFE_OPEN)
@@ -263,7 +275,7 @@ def _remove_spill_files(root: str, folder: str, tag: str, uid: int) -> int:
     try:
         if os.fstat(fd).st_uid != uid:
             return 0
-        removed = sum(_unlink_own(fd, entry, uid) for entry in os.listdir(fd) if entry.startswith(tag + "."))
+        removed = sum(_unlink_own(fd, entry, uid) for entry in os.listdir(fd) if wanted(entry))
         remove_dir(fd, path, 0.0)
         return removed
     finally:

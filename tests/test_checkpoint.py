@@ -16,6 +16,7 @@ import pytest
 import shmstore
 from shmstore.errors import CheckpointError, InvalidArgumentError, ObjectNotFoundError
 from shmstore.persist import folder, plans
+from shmstore.store import observe
 
 from helpers import ROOT, Child, unique_name, wait_for
 
@@ -442,3 +443,30 @@ def test_a_writer_stopped_in_its_checkpoint_put_and_resumed_completes_it(name, p
         child.wait(60)
     finally:
         child.kill()
+
+
+def test_a_job_killed_whole_mid_flush_leaves_nothing_after_its_epilog_gc(name, pdir):
+    """Every process of the job SIGKILLed, its spill process too, while a checkpoint is being flushed (a batch
+    system's cleanup): the half-written checkpoint is never visible, and ``shmstore gc --name`` (the epilog)
+    removes the store and its flush plans, not only its segments and spill files."""
+    child = Child(SLOW_FLUSH, env={"N": name, "P": pdir})
+    try:
+        spill, _ = child.readline(60).split()
+        spill = int(spill)
+        assert wait_for(lambda: any(".tmp-" in f for d in (os.listdir(pdir) if os.path.isdir(pdir) else [])
+                                    for f in os.listdir(os.path.join(pdir, d))), timeout=60, interval=0.001)
+        with observe(name) as s:
+            where = plans.plan_dir(s.node_store.spill_path)
+        os.kill(spill, signal.SIGKILL)
+        child.kill()
+    finally:
+        child.kill()
+    assert wait_for(lambda: not os.path.exists(f"/proc/{spill}") or
+                    open(f"/proc/{spill}/stat").read().split()[2] == "Z", timeout=30)
+    assert os.listdir(where)  # the plan waits for a spill process that never comes
+    r = subprocess.run([sys.executable, "-m", "shmstore", "gc", "--name", name], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0 and name in r.stdout, r.stdout + r.stderr
+    assert not os.path.exists(where), os.listdir(where)
+    assert not [s for s in os.listdir("/dev/shm") if name in s]
+    assert folder.latest(pdir) is None

@@ -220,7 +220,7 @@ def test_a_cut_link_or_a_full_node_fails_cleanly_and_loses_nothing(nodes, what, 
             subprocess.run([TESTNODES, "exec", nodes.path, n, "rm", "-f", "/dev/shm/link_cut-ballast"])
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_every_rank_of_a_node_killed_the_others_go_on_and_its_epilog_leaves_nothing(nodes):
     """Node n1's only rank is SIGKILLed while the two ranks of node n0 get objects only n1 holds
     (tests/mpi/jobs/survive_dead_rank.py, automatic cleanup off): each survivor raises TransferError within
@@ -229,15 +229,15 @@ def test_every_rank_of_a_node_killed_the_others_go_on_and_its_epilog_leaves_noth
     libfabric's sockets provider (here over the veth network): its UCX netmod (TCP) crashes a survivor with
     SIGSEGV once a peer is gone, and libfabric's tcp provider hung one (killed at 90 s). MPICH may still end
     a survivor itself when it sees the connection reset (its error, not shmstore's wait): such a job, and
-    only such, runs again, twice at most."""
+    only such, runs again, four times at most (the whole suite on 2 cores: three in a row once)."""
     job = os.path.join(ROOT, "tests", "mpi", "jobs", "survive_dead_rank.py")
-    for attempt in range(3):
+    for attempt in range(5):
         name = unique_name("d")
         out = nodes.mpiexec("n0:2,n1:1", 3, [job, name, "get", "KILL"],
                             nodes.env(SHMSTORE_PEER_TIMEOUT=str(DEADLINE), MPIEXEC_TIMEOUT="90",
                                       MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="sockets"), 120,
                             extra=("-disable-auto-cleanup",))
-        if "Fatal error in" in out and attempt < 2:
+        if "Fatal error in" in out and attempt < 4:
             continue
         _check_survivors(out, "get", "KILL")
         break
