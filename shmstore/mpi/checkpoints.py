@@ -94,9 +94,12 @@ class _Background:
         if self._thread.is_alive():
             return False
         if self.error is not None:
-            what = (f"the partner copy of {len(self._keys)} object(s) into node {self._cluster.node!r}"
-                    if self._keys else f"publishing {self._own!r}")
-            raise errors.CheckpointError(f"{what} failed: {self.error}") from self.error
+            steps = (["handing the node's part to its spill process"] if self._plan is not None else []) + \
+                [f"publishing {self._own!r}"] + \
+                ([f"the partner copy of {len(self._keys)} object(s) into node {self._cluster.node!r}"]
+                 if self._keys else [])
+            raise errors.CheckpointError(f"the checkpoint's background work on rank {self._cluster.rank} "
+                                         f"({', '.join(steps)}) failed: {self.error}") from self.error
         return True
 
 
