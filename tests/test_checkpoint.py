@@ -220,6 +220,24 @@ def test_two_jobs_checkpointing_under_one_name_are_kept_apart(pdir):
         del got
 
 
+def _flushing(pdir: str) -> bool:
+    """A part of some checkpoint in ``pdir`` is being written (its temporary file is there)."""
+    return any(".tmp-" in f for d in (os.listdir(pdir) if os.path.isdir(pdir) else [])
+               for f in os.listdir(os.path.join(pdir, d)))
+
+
+def _assert_whole(pdir: str, cid: str) -> None:
+    """The newest complete checkpoint in ``pdir`` is ``cid``, no temporary file left, every record's crc right."""
+    m = folder.latest(pdir)
+    assert m.id == cid and not [f for f in os.listdir(m.path) if ".tmp-" in f]
+    with open(os.path.join(m.path, "part-00000.json")) as f:
+        index = json.load(f)["objects"]
+    with open(os.path.join(m.path, "part-00000.bin"), "rb") as f:
+        for key, meta in index.items():
+            f.seek(meta["offset"])
+            assert zlib.crc32(f.read(meta["size"])) == meta["crc"], key
+
+
 SLOW_FLUSH = """
 import os, sys, numpy as np, shmstore
 s = shmstore.connect(os.environ['N'], capacity='1GiB', prefault='16MiB', persist_dir=os.environ['P'])
@@ -259,14 +277,7 @@ def test_a_spill_process_killed_mid_flush_leaves_nothing_visible_and_its_success
         child.wait(60)
     finally:
         child.kill()
-    m = folder.latest(pdir)
-    assert m.id == cid and not [f for f in os.listdir(m.path) if ".tmp-" in f]
-    with open(os.path.join(m.path, "part-00000.json")) as f:
-        index = json.load(f)["objects"]
-    with open(os.path.join(m.path, "part-00000.bin"), "rb") as f:
-        for key, meta in index.items():
-            f.seek(meta["offset"])
-            assert zlib.crc32(f.read(meta["size"])) == meta["crc"], key
+    _assert_whole(pdir, cid)
 
 
 KILLED_WRITER = """
@@ -327,8 +338,7 @@ def test_sigterm_to_the_spill_process_mid_flush_finishes_the_flush(name, pdir):
     child = Child(SLOW_FLUSH, env={"N": name, "P": pdir})
     try:
         spill, _ = child.readline(60).split()
-        assert wait_for(lambda: any(".tmp-" in f for d in (os.listdir(pdir) if os.path.isdir(pdir) else [])
-                                    for f in os.listdir(os.path.join(pdir, d))), timeout=60, interval=0.001)
+        assert wait_for(lambda: _flushing(pdir), timeout=60, interval=0.001)
         os.kill(int(spill), signal.SIGTERM)
         assert wait_for(lambda: folder.latest(pdir) is not None, timeout=120)
         child.send("go")
@@ -370,8 +380,7 @@ def test_destroying_a_persistent_store_mid_flush_removes_its_plans_and_its_spill
     where = plans.plan_dir(spill_path)
     try:
         assert os.path.isdir(where)  # the flush is under way (384 MiB), or the part is written and its plan...
-        flushing = wait_for(lambda: any(".tmp-" in f for d in (os.listdir(pdir) if os.path.isdir(pdir) else [])
-                                        for f in os.listdir(os.path.join(pdir, d))), timeout=60, interval=0.001)
+        flushing = wait_for(lambda: _flushing(pdir), timeout=60, interval=0.001)
         assert shmstore.destroy(name, force=True)
         assert wait_for(lambda: not os.path.exists(f"/proc/{spill}") or
                         open(f"/proc/{spill}/stat").read().split()[2] == "Z", timeout=60)
@@ -396,8 +405,7 @@ def test_a_spill_process_stopped_mid_flush_and_resumed_completes_it_whole_once(n
     try:
         spill, cid = child.readline(60).split()
         spill = int(spill)
-        assert wait_for(lambda: any(".tmp-" in f for d in (os.listdir(pdir) if os.path.isdir(pdir) else [])
-                                    for f in os.listdir(os.path.join(pdir, d))), timeout=60, interval=0.001)
+        assert wait_for(lambda: _flushing(pdir), timeout=60, interval=0.001)
         os.kill(spill, signal.SIGSTOP)
         child.send("go")  # the writer waits on the checkpoint (and looks at its spill process) meanwhile
         for _ in range(30):  # 3 s stopped
@@ -410,14 +418,7 @@ def test_a_spill_process_stopped_mid_flush_and_resumed_completes_it_whole_once(n
         if spill and os.path.exists(f"/proc/{spill}"):
             os.kill(spill, signal.SIGCONT)
         child.kill()
-    m = folder.latest(pdir)
-    assert m.id == cid and not [f for f in os.listdir(m.path) if ".tmp-" in f]
-    with open(os.path.join(m.path, "part-00000.json")) as f:
-        index = json.load(f)["objects"]
-    with open(os.path.join(m.path, "part-00000.bin"), "rb") as f:
-        for key, meta in index.items():
-            f.seek(meta["offset"])
-            assert zlib.crc32(f.read(meta["size"])) == meta["crc"], key
+    _assert_whole(pdir, cid)
     assert wait_for(lambda: len(_spill_pids(name)) <= 1, timeout=30), _spill_pids(name)
 
 
@@ -453,8 +454,7 @@ def test_a_job_killed_whole_mid_flush_leaves_nothing_after_its_epilog_gc(name, p
     try:
         spill, _ = child.readline(60).split()
         spill = int(spill)
-        assert wait_for(lambda: any(".tmp-" in f for d in (os.listdir(pdir) if os.path.isdir(pdir) else [])
-                                    for f in os.listdir(os.path.join(pdir, d))), timeout=60, interval=0.001)
+        assert wait_for(lambda: _flushing(pdir), timeout=60, interval=0.001)
         with observe(name) as s:
             where = plans.plan_dir(s.node_store.spill_path)
         os.kill(spill, signal.SIGKILL)
