@@ -39,6 +39,7 @@ from .levels.spillfiles import incarnation, remove_dir
 from .meta import layout as L
 from .meta.lock import ShmLock
 from .node.nodestore import pid_alive, store_prefix
+from .persist.plans import is_plan_file, plan_dir
 from .primitives.files import SAFE_OPEN, open_regular
 from .primitives.segment import Segment, list_segments, segment_path, unlink_segment, unlink_semaphore
 
@@ -242,7 +243,7 @@ def _remove_names(prefix: str, uid: int, spill_root: str, tag: str) -> None:
     unlink_semaphore(prefix + "-wake", owner=uid)
     _remove_spill_files(spill_root, prefix.lstrip("/"), tag, uid)
     # its checkpoints' flush plans (persist/plans.py: the parts were in its memory, never to be flushed now)
-    _remove_own_files(spill_root, prefix.lstrip("/") + ".checkpoints", uid, _is_plan_file)
+    _remove_own_files(spill_root, plan_dir(prefix.lstrip("/")), uid, is_plan_file)
     unlink_segment(prefix + "-meta", owner=uid)
 
 
@@ -258,10 +259,6 @@ def _remove_spill_files(root: str, folder: str, tag: str, uid: int) -> int:
     user there took that store's objects on DISK with the stale one's.
     """
     return _remove_own_files(root, folder, uid, lambda entry: entry.startswith(tag + "."))
-
-
-def _is_plan_file(entry: str) -> bool:
-    return entry.rsplit(".", 1)[-1] in ("plan", "flushed", "failed", "progress") or ".tmp-" in entry
 
 
 def _remove_own_files(root: str, folder: str, uid: int, wanted: Callable[[str], bool]) -> int:

@@ -159,6 +159,12 @@ def remove(path: str) -> None:
             pass
 
 
+def is_plan_file(name: str) -> bool:
+    """Whether ``name`` is one of the files this module writes in a plans folder (a plan in any state, a
+    progress record, either's temporary file)."""
+    return name.rsplit(".", 1)[-1] in ("plan", "flushed", "failed", "progress") or ".tmp-" in name
+
+
 def remove_all(where: str) -> None:
     """Remove every plan and progress record in ``where``, and the folder: its store is gone (destroyed, by
     its last client, ``destroy`` or ``gc``), and its checkpoints' unflushed parts with it."""
@@ -167,7 +173,7 @@ def remove_all(where: str) -> None:
     except OSError:
         return
     for n in names:
-        if n.rsplit(".", 1)[-1] in ("plan", "flushed", "failed", "progress") or ".tmp-" in n:
+        if is_plan_file(n):
             try:
                 os.unlink(os.path.join(where, n))
             except OSError:
