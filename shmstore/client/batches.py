@@ -102,7 +102,7 @@ class Batches:
                 if not copied:
                     lv.write(r.idx, r.gen, r.offset, flags(self._buf, self._lay.entry(r.idx), "flags"),
                              encs[i], refs[i].key)
-            self._seal_all(refs, held, overwrite)
+            created = self._seal_all(refs, held, overwrite)
         except BaseException:
             for _, r, _ in held:  # a no-op for a sealed entry
                 self._puts.give_up(r.idx, r.gen)
@@ -111,7 +111,7 @@ class Batches:
         for i, r, _ in held:
             e = encs[i]
             infos[i] = ObjectInfo(refs[i].key, e.nbytes, Level(level), False, True, e.nblobs,
-                                  serialize.KIND_NAMES[e.kind], r.stored, 0, self.session, r.ctime)
+                                  serialize.KIND_NAMES[e.kind], r.stored, 0, self.session, created.get(i, r.ctime))
         return infos
 
     def _reserve_group(self, refs: Sequence[KeyRef], encs: list[serialize.Encoded], group: list[int],
@@ -181,8 +181,9 @@ class Batches:
         return out
 
     def _seal_all(self, refs: Sequence[KeyRef], held: list[tuple[int, Reservation, bool]],
-                  overwrite: bool) -> None:
-        """Make every reserved entry visible, one hold of each stripe lock for its group.
+                  overwrite: bool) -> dict[int, float]:
+        """Make every reserved entry visible, one hold of each stripe lock for its group; with ``overwrite``
+        the creation time each got when swapped in (by position: see :meth:`Puts.replace_held`).
 
         Raises:
             ObjectLockedError: (overwrite) a plain put of a key is being written meanwhile; the entries
@@ -193,17 +194,19 @@ class Batches:
             groups.setdefault(r.stripe, []).append((i, r))
         buf, lay, puts, state_at = self._buf, self._lay, self._puts, L.entry_state_offset
         done: list[str] = []
+        created: dict[int, float] = {}
         for stripe, group in groups.items():
             with self._stripes[stripe]:
                 for i, r in group:
                     if overwrite:
                         try:
-                            puts.replace_held(refs[i], r.idx)
+                            created[i] = puts.replace_held(refs[i], r.idx)
                         except ShmStoreError as exc:
                             raise batch_error(exc, "put_many", len(refs), done) from None
                     else:  # the state byte alone (the lock orders the data before it)
                         buf[state_at(lay.entry(r.idx))] = L.SEALED
                     done.append(refs[i].key)
+        return created
 
     # ---- get -----------------------------------------------------------------------
     def lookup_many(self, refs: Sequence[KeyRef]) -> list[tuple[int, int, L.Entry]]:

@@ -26,6 +26,9 @@ __all__ = ["Puts", "Incoming"]
 
 _monotonic = time.monotonic
 _new = tuple.__new__
+# an overwrite's creation time is at least this much later than the replaced object's (float seconds since
+# 1970 resolve about 0.24 us)
+_TICK = 1e-6
 
 Shortcut = Callable[[PutContext, KeyRef, "serialize.Encoded | Contents", Callable[[int, int], object]],
                     "Reservation | None"]
@@ -77,14 +80,15 @@ class Puts:
         try:
             lv.write(r.idx, r.gen, r.offset, L.ENTRY_HEAD.get(self._buf, self._lay.entry(r.idx), "flags"), enc,
                      ref.key)
+            ctime = r.ctime
             if overwrite:
-                self.replace(ref, r.idx, r.stripe)
+                ctime = self.replace(ref, r.idx, r.stripe)
             else:
                 self.seal(r.idx, r.stripe)
         except BaseException:
             self.give_up(r.idx, r.gen)  # a no-op once sealed (an exception after the last step)
             raise
-        return self._new_info(ref.key, enc, lv.level, r.stored, r.ctime)
+        return self._new_info(ref.key, enc, lv.level, r.stored, ctime)
 
     def ingest(self, ref: KeyRef, what: Contents, level: int,
                give_up: Callable[[int, int, bool], object] | None = None) -> Incoming:
@@ -255,8 +259,9 @@ class Puts:
         with self._stripes[stripe]:
             L.ENTRY_HEAD.set(self._buf, self._lay.entry(idx), "state", L.SEALED)  # ``writer`` matters only writing
 
-    def replace(self, ref: KeyRef, idx: int, stripe: int) -> None:
-        """Seal overwrite entry ``idx`` in place of whatever the key of ``ref`` holds, in one chain store.
+    def replace(self, ref: KeyRef, idx: int, stripe: int) -> float:
+        """Seal overwrite entry ``idx`` in place of whatever the key of ``ref`` holds, in one chain store: its
+        creation time (``ObjectInfo.created``), which :meth:`replace_held` sets.
 
         The old object is hidden and freed like a delete: views of it stay
         valid until dropped. A get never finds the key missing meanwhile; a
@@ -267,10 +272,15 @@ class Puts:
             ObjectLockedError: a plain put of the key is being written (ours is dropped).
         """
         with self._stripes[stripe]:
-            self.replace_held(ref, idx)
+            return self.replace_held(ref, idx)
 
-    def replace_held(self, ref: KeyRef, idx: int) -> None:
+    def replace_held(self, ref: KeyRef, idx: int) -> float:
         """:meth:`replace` with the stripe lock of ``ref`` held by the caller (a batch holds it for a group).
+
+        The creation time is set here, under the lock, later than the replaced object's: an overwrite
+        reserved before another one that is swapped in first replaces it second, and the object a key holds
+        on a node is always the one created last (the cluster's directory tells a node's objects apart by
+        it: see ``mpi/directory.py``).
 
         Raises:
             ObjectLockedError: a plain put of the key is being written (ours is dropped).
@@ -282,16 +292,19 @@ class Puts:
         if e is not None and e.state == L.WRITING:
             self.node.release(idx, supply=self._supply)
             raise being_written_error(ref.key)
+        ctime = time.time() if e is None else max(time.time(), e.ctime + _TICK)
+        L.ENTRY_HEAD.set(buf, eoff, "ctime", ctime)
         L.ENTRY_HEAD.set(buf, eoff, "flags", L.ENTRY_HEAD.get(buf, eoff, "flags") & ~L.FLAG_SHADOW)
         L.ENTRY_HEAD.set(buf, eoff, "state", L.SEALED)
         if e is None:
             table.link(idx, b)
-            return
+            return ctime
         table.replace(old, idx, b)
         if e.state == L.SEALED:  # (a deleted one still linked: a delete was killed half way)
             table.mark_deleted(old)
         if not table.pin_count(old) and not e.flags & L.FLAG_MOVING:  # else: last pin / mover
             self.node.release(old, supply=self._supply)
+        return ctime
 
     def give_up(self, idx: int, gen: int, blocking: bool = True) -> bool:
         """Drop entry ``idx`` (generation ``gen``) of a put of this client cut short by an exception, whatever

@@ -229,7 +229,7 @@ static double clock_seconds(clockid_t clock) {
 }
 
 /* insert(meta, buckets, entries, b, h, sid, key, lock, idx, gen, writer, offset, size, nbytes, ctime, extent,
- *        nblobs, kind, flags, state, array, stats, level[, data, dst, held]) ->
+ *        nblobs, kind, flags, state, array, stats, level[, data, dst, held]) -> (code, creation time written):
  *   0 when entry idx is written field by field (at the offsets configure() was given; every other field of
  *   the head 0), its ENTRY_ARRAY bytes copied from ``array`` (or None), keyed, counted in its stripe (stats:
  *   that stripe's record; ``size`` bytes on ``level``) and linked at the head of bucket b, then given
@@ -238,7 +238,8 @@ static double clock_seconds(clockid_t clock) {
  *   ``gen`` (another client took it from this one's batch: see cache.py). With ``data`` (a contiguous
  *   buffer), its bytes are first copied to address ``dst`` (space this writer owns, not yet visible), so
  *   a ``state`` of SEALED publishes a whole object in one call. With ``held`` true the caller holds the
- *   stripe lock (a batch: one hold for a group of keys): it is neither taken nor released here. */
+ *   stripe lock (a batch: one hold for a group of keys): it is neither taken nor released here, and the
+ *   creation time is ``ctime`` (read under that hold); else the clock is read once the lock is taken. */
 static PyObject *insert(PyObject *self, PyObject *args) {
     unsigned long long meta, lock, stats, offset, size, nbytes, dst = 0;
     int held = 0; /* the caller holds the stripe lock (a batch holding it for a group of keys) */
@@ -275,6 +276,9 @@ static PyObject *insert(PyObject *self, PyObject *args) {
     double atime = clock_seconds(CLOCK_MONOTONIC); /* time.monotonic()'s clock */
     pthread_mutex_t *m = (pthread_mutex_t *)(uintptr_t)lock;
     int rc = held ? 0 : try_take(m);
+    if (rc == 0 && !held)
+        ctime = clock_seconds(CLOCK_REALTIME); /* under the lock: a key's objects on a node are created in the
+                                                * order they become visible (the cluster's versions compare) */
     if (rc == 0) {
         char *base = (char *)(uintptr_t)meta;
         Py_ssize_t found_off = 0;
@@ -294,7 +298,7 @@ static PyObject *insert(PyObject *self, PyObject *args) {
     }
     if (ab.buf)
         PyBuffer_Release(&ab);
-    return PyLong_FromLong(rc);
+    return Py_BuildValue("(id)", rc, ctime);
 }
 
 /* set_byte(lock, addr, value) -> 0 once *addr = value under the lock, else RC_BUSY/RC_OWNER_DEAD as try_take. */
@@ -828,7 +832,7 @@ static PyObject *put_small(PyObject *self, PyObject *args) {
     }
     if (db.len)
         memcpy(c->arena + pos, db.buf, (size_t)db.len); /* space this client owns, not yet named by an entry */
-    double ctime = clock_seconds(CLOCK_REALTIME), atime = clock_seconds(CLOCK_MONOTONIC);
+    double atime = clock_seconds(CLOCK_MONOTONIC);
     Py_ssize_t b = (Py_ssize_t)(h & c->bmask), stripe = (b >> STRIPE_SHIFT) & (Py_ssize_t)c->smask, found_off = 0;
     pthread_mutex_t *m = c->stripes[stripe];
     int rc = try_take(m);
@@ -836,6 +840,7 @@ static PyObject *put_small(PyObject *self, PyObject *args) {
         result = PyLong_FromLong(rc);
         goto done;
     }
+    double ctime = clock_seconds(CLOCK_REALTIME); /* under the lock, as insert's */
     if (find(c->meta, c->buckets, c->entries, b, h, c->sid, key, klen, &found_off) >= 0) {
         rc = (unsigned char)c->meta[found_off + STATE_OFF] == WRITING ? RC_BEING_WRITTEN : RC_EXISTS;
         pthread_mutex_unlock(m);
@@ -990,6 +995,12 @@ PyMODINIT_FUNC PyInit__fast(void) {
     Py_INCREF(&LockBaseType);
     if (PyModule_AddObject(m, "LockBase", (PyObject *)&LockBaseType) < 0) {
         Py_DECREF(&LockBaseType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    /* what fastpath.ABI checks: raised with every change of a call's arguments or answer (a build older
+     * than its source is not loaded) */
+    if (PyModule_AddIntConstant(m, "ABI", 2) < 0) {
         Py_DECREF(m);
         return NULL;
     }

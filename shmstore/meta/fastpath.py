@@ -6,6 +6,7 @@ extension was built (the test suite runs both).
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -14,7 +15,9 @@ from ..config import pure_python
 from . import layout as L
 from .keyref import KeyRef
 
-__all__ = ["load", "codes", "Found", "Small", "ClientOps"]
+__all__ = ["load", "codes", "Found", "Small", "ClientOps", "ABI"]
+
+ABI = 2  # the _fast.c this code calls (its module constant ABI)
 
 
 class codes:
@@ -81,11 +84,11 @@ class ClientOps:
         in the key's chain in ``state`` (writing or sealed), under the key's stripe lock (``locked``: the
         caller holds it). Returns the C call's code (0: done) and the creation time it wrote."""
         (idx, gen), (off, rec, flags, stored), lay, ctime = held, space, self.lay, time.time()
-        rc = self.fast.insert(self.meta_addr, lay.buckets, lay.entries, ref.bucket, ref.h, self.sid, ref.kb,
-                              self.stripe_addrs[ref.stripe], idx, gen, self.slot, off, stored, what.nbytes, ctime,
-                              rec, what.nblobs, what.kind, flags, state, what.meta,
-                              self.meta_addr + lay.stripe_stats(ref.stripe), L.LEVEL_MEMORY, what.src,
-                              self.arena_addr + off, locked)
+        rc, ctime = self.fast.insert(self.meta_addr, lay.buckets, lay.entries, ref.bucket, ref.h, self.sid, ref.kb,
+                                     self.stripe_addrs[ref.stripe], idx, gen, self.slot, off, stored, what.nbytes,
+                                     ctime, rec, what.nblobs, what.kind, flags, state, what.meta,
+                                     self.meta_addr + lay.stripe_stats(ref.stripe), L.LEVEL_MEMORY, what.src,
+                                     self.arena_addr + off, locked)
         return int(rc), ctime
 
     def put_small(self, ref: KeyRef, what: Any, entries: list[tuple[int, int]], cut: Any) -> Any:
@@ -101,6 +104,10 @@ def load() -> ModuleType | None:
     try:
         from . import _fast  # type: ignore[attr-defined]  # built by setup.py where a compiler is
     except ImportError:
+        return None
+    if getattr(_fast, "ABI", None) != ABI:  # built from an older _fast.c: its calls answer otherwise
+        warnings.warn(f"shmstore: the C fast path ({_fast.__file__}) was built from an older source and is not "
+                      f"used (rebuild it: pip install -e . or python setup.py build_ext --inplace)", stacklevel=2)
         return None
     _fast.configure(L.fast_path_layout())
     module: ModuleType = _fast

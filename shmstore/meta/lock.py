@@ -78,6 +78,11 @@ def holding(locks: Sequence[ShmLock], fn: Callable[[], _T]) -> _T:
         return holding(locks[1:], fn)
 
 
+def _held_here(addr: int) -> bool:
+    """Whether the calling thread holds the mutex at ``addr`` (glibc's owner field: see :func:`holder`)."""
+    return ctypes.c_int.from_address(addr + 8).value == threading.get_native_id()
+
+
 def holder(addr: int) -> str:
     """Who holds the mutex at ``addr``, for an error message: glibc's ``pthread_mutex_t`` keeps the owner's
     thread id at byte 8 (x86-64 and aarch64); its process and name from ``/proc``; "another process" where
@@ -184,6 +189,8 @@ class ShmLock(_LockBase):  # type: ignore[misc]
                 if rc != errno.EBUSY:
                     break
         if rc == errno.EBUSY and blocking:
+            if _held_here(self._addr):  # by this very thread: the wait would never end (see __enter__)
+                return False
             wait = self.timeout if timeout is None or timeout < 0 else timeout
             rc = native.mutex_timedlock(self._addr, wait)
         if rc == 0:
@@ -226,6 +233,11 @@ class ShmLock(_LockBase):  # type: ignore[misc]
             _unlock(self._addr)  # EPERM, harmless, where this thread does not hold it
             raise
         if not taken:
+            if _held_here(self._addr):
+                raise LockTimeoutError(
+                    f"lock {self.name} is held by this very thread ({threading.current_thread().name}): taken and "
+                    f"never released, or taken again inside its own section; waiting would never end (a bug in "
+                    f"shmstore: please report it with this traceback)")
             raise LockTimeoutError(
                 f"lock {self.name} not acquired within {self.timeout:g} s: {holder(self._addr)} holds it "
                 f"(raise lock_timeout= / SHMSTORE_LOCK_TIMEOUT, or check for a stopped process)"

@@ -30,7 +30,10 @@ names the copy it means (``Delete(key, copy)``): a delete removes exactly
 the listed copies, an overwrite exactly the old ones (``DirReplace``
 returns them), a migration drops only the copies it moved from
 (``DirDrop(key, node, copy)``). A later object put under the key meanwhile
-is never dropped.
+is never dropped. Registrations of one node's objects sent by different
+ranks may cross on the way (two ranks of a node overwriting a key at once):
+an older object of a node never replaces the later one the entry lists for
+it, which the node's store holds (one clock per node: versions compare).
 
 Hot objects spread as a tree. A holder of a large object (``SPREAD_MIN``
 bytes or more) sends to one fetcher at a time: the home answers each
@@ -211,7 +214,10 @@ class Directory:
         was_pending = seen is not None
         if e is not None and was_pending and e.sending.get(msg.source, 0) > 0:
             e.sending[msg.source] -= 1
-        if msg.outcome is W.Outcome.COPIED and was_pending:
+        if msg.outcome is W.Outcome.COPIED and was_pending and msg.version is not None:
+            # (no version: the fetch found the key there already and made nothing; what it found is listed by
+            # the path that made it, or is an old copy an overwrite is deleting: listed on this word, it once
+            # let a migration drop the only copy of the new object, taking the old one for its destination's)
             self._add(msg.key, msg.node, msg.nbytes, msg.version)
         elif msg.outcome is W.Outcome.STALE and was_pending and e is not None and msg.source in e.holders \
                 and e.copies.get(msg.source) == seen.get(msg.source, _NONE):  # type: ignore[union-attr]
@@ -244,6 +250,10 @@ class Directory:
         return W.Holders(_listed(e))  # fetches in flight: refused when they end
 
     def _replace(self, msg: W.DirReplace, answer: Any, later: list[Any]) -> W.Holders:
+        if _older(msg.version, self._entries.get(msg.key), msg.node):
+            # two ranks of one node overwrote at once and the later object's registration came first: the
+            # entry names that node's object now (this one is gone there) and the copies fetched of it since
+            return W.Holders([])
         old = self._entries.pop(msg.key, None)
         e = self._entries[msg.key] = _Entry()
         e.holders, e.nbytes, e.copies = [msg.node], int(msg.nbytes), {msg.node: msg.version}
@@ -265,6 +275,9 @@ class Directory:
             e = self._entries[key] = _Entry()
         if node not in e.holders:
             e.holders.append(node)
+        if _older(version, e, node):  # a later object on that node registered first (see _replace): it stands
+            e.nbytes = max(e.nbytes, int(nbytes))
+            return
         if version is not None or node not in e.copies:  # the latest registration that knows names the copy: a
             # fetch that found the key put there meanwhile knows none, and the put's own
             e.copies[node] = version
@@ -326,6 +339,14 @@ _LATER = frozenset({W.DirSource, W.DirSourceSmall})  # may wait for a free holde
 
 def _no_answer(value: Any) -> None:
     raise AssertionError("only a DirSource is answered later")
+
+
+def _older(version: W.Version, e: _Entry | None, node: int) -> bool:
+    """Whether ``version`` (an object's creation time on ``node``) is older than the object ``e`` lists on
+    ``node``: registrations of one node's objects sent by different ranks can arrive out of order, and the
+    node's store holds only the later object (versions of one node compare: one clock)."""
+    listed = None if e is None else e.copies.get(node)
+    return version is not None and listed is not None and version < listed
 
 
 def _listed(e: _Entry, but: int = -1) -> list[tuple[int, W.Version]]:

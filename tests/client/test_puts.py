@@ -53,3 +53,19 @@ def test_reserve_seal_and_abort_through_kernel_puts(store):
     r = k.puts.reserve(k.begin("gone"), Contents(L.KIND_RAW, 5, 5), Level.DISK)
     k.puts.abort(r.idx)
     assert "gone" not in store and store.check() == []
+
+
+def test_an_overwrite_swapped_in_last_is_the_latest_created_whenever_it_was_reserved(store):
+    """Two overwrites of one key at once (two ranks of a node): the one reserved first but swapped in second
+    is what the key holds, so its creation time is later than the object it replaced; a cluster's directory
+    tells a node's objects apart by it (a stale name there once let Cluster.delete leave a copy)."""
+    k = store.kernel
+    store.put("k", b"first")
+    early = k.puts.reserve(k.begin("k"), Contents(L.KIND_RAW, 5, 5), Level.MEMORY, shadow=True)
+    late = store.put("k", b"later", overwrite=True)  # reserved after `early`, swapped in before it
+    assert late.created > early.ctime
+    created = k.puts.replace(k.begin("k"), early.idx, early.stripe)
+    assert created > late.created and store.get_info("k").created == created
+    small = store.put("s", b"x")  # the C shortcut stamps it under the stripe lock too
+    assert store.get_info("s").created == small.created
+    assert store.check() == []

@@ -72,6 +72,29 @@ def test_timeout_between_threads(seg):
     lock.release()
 
 
+def test_a_lock_this_thread_holds_is_named_at_once_instead_of_waited_for(seg):
+    """A thread asking again for a lock it holds (one never released: a bug) would wait for itself the whole
+    lock timeout and then blame 'this process'; it is told at once what happened, and the lock stays its own
+    (never unlocked behind the section that holds it). Another thread still waits its timeout."""
+    lock = ShmLock(seg.address, "t", timeout=30)
+    lock.acquire()
+    try:
+        start = time.monotonic()
+        with pytest.raises(LockTimeoutError, match=r"lock t is held by this very thread \(MainThread\)"):
+            with lock:
+                pass
+        assert not lock.acquire(timeout=30)
+        assert time.monotonic() - start < 20  # not the 30 s timeouts
+        assert lock.locked()
+        got = []
+        t = threading.Thread(target=lambda: got.append(lock.acquire(timeout=0.2)))
+        t.start()
+        t.join(10)
+        assert got == [False]
+    finally:
+        lock.release()
+    assert not lock.locked()
+
 def test_holder_killed_with_sigkill_is_recovered(seg):
     recovered = []
     lock = ShmLock(seg.address, "t", timeout=5, on_recover=lambda: recovered.append(True))

@@ -7,6 +7,11 @@ MPI job leaves nothing behind.
 """
 from __future__ import annotations
 
+import faulthandler
+import os
+import re
+import signal
+import time
 import uuid
 
 import pytest
@@ -15,6 +20,9 @@ mpi4py = pytest.importorskip("mpi4py")
 from mpi4py import MPI  # noqa: E402
 
 from shmstore.mpi import Cluster  # noqa: E402
+
+# every thread's Python stack on SIGUSR1: a rank whose lock wait timed out asks the holder for its stack
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 @pytest.fixture(autouse=True)
@@ -31,6 +39,15 @@ def pytest_runtest_makereport(item, call):
         import sys
         print(f"\nrank {MPI.COMM_WORLD.rank}: {item.nodeid} failed:\n{report.longreprtext}", file=sys.stderr,
               flush=True)
+        held = re.search(r"LockTimeoutError: .* of pid (\d+) \(python -m mpi4py", report.longreprtext)
+        if held and int(held.group(1)) != os.getpid():  # another rank of this node: where is it?
+            print(f"rank {MPI.COMM_WORLD.rank}: the holder's stacks (pid {held.group(1)}) follow", file=sys.stderr,
+                  flush=True)
+            try:
+                os.kill(int(held.group(1)), signal.SIGUSR1)
+                time.sleep(2)
+            except OSError:
+                pass
         MPI.COMM_WORLD.Abort(1)
 
 
