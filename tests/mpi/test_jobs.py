@@ -580,17 +580,18 @@ def test_survivors_of_a_killed_rank_under_the_default_transport_with_a_rank_on_i
     within the deadline, during and after; rank 3 raises within it for as long as it lives (it was seen
     to, 3 s after the kill, in one run); the job ends. Where UCX itself takes a survivor down (a CMA read
     of the dead rank's memory mid-transfer: 'process_vm_readv ... No such process', then the launcher
-    ends the job; 1 job in ~10 here, as mpi/README says), the job runs again, twice at most."""
+    ends the job; 1 job in ~10 here, as mpi/README says, and three in a row once in a whole-suite run), the
+    job runs again, four times at most."""
     from helpers import unique_name
     job = os.path.join(ROOT, "tests", "mpi", "jobs", "survive_dead_rank.py")
     env = dict(_env(), SHMSTORE_PEER_TIMEOUT=str(DEADLINE), MPIEXEC_TIMEOUT="90")
-    for attempt in range(3):
+    for attempt in range(5):
         name = unique_name("d")
         mpich = _mpich_segments()
         try:
             out, took = _run_job([MPIEXEC, "-disable-auto-cleanup", "-launcher", "fork", "-hosts", "n0:2,n1:2",
                                   "-n", "4", sys.executable, "-m", "mpi4py", job, name, op, "KILL"], env, name, 110)
-            if ("Fatal error in" in out or "process_vm_readv" in out) and attempt < 2:
+            if ("Fatal error in" in out or "process_vm_readv" in out) and attempt < 4:
                 continue  # MPI took a survivor down itself (UCX read the dead rank's memory): once more
             _check_survivors(out, op, "KILL")
             assert took < 60, f"the job took {took:.0f} s:\n{out[-4000:]}"
