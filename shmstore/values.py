@@ -36,6 +36,10 @@ class ObjectInfo(NamedTuple):
 
     ``size`` is the object's logical size (bytes of a bytes-like value, the
     stored serialized size otherwise); ``stored`` what it occupies on its level.
+    ``created`` (seconds since the epoch) is when the object was made on its
+    node, read under its key's lock: for an overwrite, when it replaced the
+    old object, so the object a key holds is always the one created last
+    (what tells a node's objects under one key apart).
     """
 
     key: str
