@@ -78,9 +78,14 @@ def holding(locks: Sequence[ShmLock], fn: Callable[[], _T]) -> _T:
         return holding(locks[1:], fn)
 
 
+def _owner(addr: int) -> int:
+    """The thread id glibc's ``pthread_mutex_t`` keeps at byte 8 (x86-64 and aarch64): its holder, else 0."""
+    return ctypes.c_int.from_address(addr + 8).value
+
+
 def _held_here(addr: int) -> bool:
-    """Whether the calling thread holds the mutex at ``addr`` (glibc's owner field: see :func:`holder`)."""
-    return ctypes.c_int.from_address(addr + 8).value == threading.get_native_id()
+    """Whether the calling thread holds the mutex at ``addr``."""
+    return _owner(addr) == threading.get_native_id()
 
 
 def holder(addr: int) -> str:
@@ -88,7 +93,7 @@ def holder(addr: int) -> str:
     thread id at byte 8 (x86-64 and aarch64); its process and name from ``/proc``; "another process" where
     that cannot be read (or the holder left meanwhile)."""
     try:
-        tid = ctypes.c_int.from_address(addr + 8).value
+        tid = _owner(addr)
         if tid <= 0:
             return "another process"
         with open(f"/proc/{tid}/status") as f:
