@@ -275,13 +275,11 @@ class Directory:
             e = self._entries[key] = _Entry()
         if node not in e.holders:
             e.holders.append(node)
-        if _older(version, e, node):  # a later object on that node registered first (see _replace): it stands
-            e.nbytes = max(e.nbytes, int(nbytes))
-            return
-        if version is not None or node not in e.copies:  # the latest registration that knows names the copy: a
-            # fetch that found the key put there meanwhile knows none, and the put's own
+        # the latest registration that knows names the copy: a fetch that found the key put there meanwhile knows
+        # none, and the put's own registration names it (clobbered with "unknown", a move's source drop deleted a
+        # later write); a later object on that node registered first stands (see _replace)
+        if (version is not None or node not in e.copies) and not _older(version, e, node):
             e.copies[node] = version
-            # registration names it (clobbered with "unknown", a move's source drop deleted a later write)
         e.nbytes = max(e.nbytes, int(nbytes))
 
     def _drop(self, key: str, node: int) -> None:
