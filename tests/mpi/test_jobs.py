@@ -2,46 +2,58 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import uuid
 
+import launchers
 import pytest
 
 import shmstore
 from shmstore import Level
 from shmstore.meta import layout as L
-from shmstore.stores import collect_mpi_orphans
+from shmstore.stores import MPI_SEGMENT_PREFIXES, collect_mpi_orphans
 
-from helpers import ROOT, shm_segments, wait_for
+from helpers import ROOT, of_this_run, shm_segments, wait_for
 
 pytest.importorskip("mpi4py")
 from mpi4py import MPI  # noqa: E402,F401  (MPI opens its descriptors at import: before the leak checks count them)
 
-BIN = os.path.dirname(sys.executable)
-MPIEXEC = shutil.which("mpiexec", path=BIN + os.pathsep + os.environ.get("PATH", ""))
-pytestmark = [pytest.mark.mpi,
-              pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install 'shmstore[mpich]')")]
+pytestmark = [pytest.mark.mpi]
+
+# the tests marked so run under every MPI of launchers.mpis() (MPICH's hydra with fake hosts, Open MPI 5 with one
+# application context per node); the others under MPICH only, for what only hydra or MPICH does (fake hosts that
+# give ranks shared-memory groups of their own, -disable-auto-cleanup's survivors, UCX_TLS / libfabric settings)
+every_mpi = pytest.mark.parametrize("mpi", launchers.mpis(), indirect=True)
 
 
-def _env() -> dict[str, str]:
-    return dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""), PYTHONPATH=ROOT)
+@pytest.fixture
+def mpi(request) -> launchers.Launcher:
+    """The MPI a job of this test runs under (MPICH unless the test is marked ``every_mpi``)."""
+    found = launchers.launcher(getattr(request, "param", "mpich"))
+    if isinstance(found, str):
+        pytest.skip(found)
+    return found
+
+
+def _env(mpi: launchers.Launcher) -> dict[str, str]:
+    return mpi.environ(dict(os.environ, PYTHONPATH=ROOT))
 
 
 @pytest.mark.timeout(600)
-def test_mpi_suite_on_two_emulated_nodes():
+@every_mpi
+def test_mpi_suite_on_two_emulated_nodes(mpi):
     before = set(shm_segments())
-    r = subprocess.run(["bash", os.path.join(ROOT, "mpi", "run-tests.sh")], cwd=ROOT, env=_env(),
+    r = subprocess.run(["bash", os.path.join(ROOT, "mpi", "run-tests.sh")], cwd=ROOT, env=_env(mpi),
                        capture_output=True, text=True, timeout=540)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
     assert out.count(" passed") >= 4 and " failed" not in out, out[-6000:]
-    assert wait_for(lambda: set(shm_segments()) <= before, timeout=15), set(shm_segments()) - before
+    assert wait_for(lambda: not _new_of_this_run(before), timeout=15), _new_of_this_run(before)
 
 
 @pytest.mark.timeout(400)
-def test_racing_writers_movers_and_deletes_keep_every_copy_exact_with_two_jobs_at_once():
+def test_racing_writers_movers_and_deletes_keep_every_copy_exact_with_two_jobs_at_once(mpi):
     """The rank suite's two racing tests (the last write of a key survives overwrites, deletes, gets and
     migrations from every rank; Cluster.delete finds every copy), round after round in two 4-rank jobs at once
     on this machine's cores. Under that contention, and only there, a migration once dropped the only copy of
@@ -53,11 +65,10 @@ def test_racing_writers_movers_and_deletes_keep_every_copy_exact_with_two_jobs_a
 
     from helpers import unique_name
     job = os.path.join(ROOT, "tests", "mpi", "jobs", "race_rounds.py")
-    env = dict(_env(), MPIR_CVAR_CH4_NUM_VCIS="4", MPI4PY_RC_FAST_REDUCE="0", MPIEXEC_TIMEOUT="300")
+    env = dict(_env(mpi), MPIR_CVAR_CH4_NUM_VCIS="4", MPI4PY_RC_FAST_REDUCE="0", MPIEXEC_TIMEOUT="300")
     names = [unique_name("r"), unique_name("r")]
-    jobs = [subprocess.Popen([MPIEXEC, "-launcher", "fork", "-hosts", "n0:2,n1:2", "-n", "4", sys.executable, "-m",
-                              "mpi4py", job, name, "40"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True) for name in names]
+    jobs = [subprocess.Popen(mpi.command("n0:2,n1:2", ["-m", "mpi4py", job, name, "40"]), cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for name in names]
     start, outs = time.monotonic(), []
     try:
         for p in jobs:
@@ -71,26 +82,28 @@ def test_racing_writers_movers_and_deletes_keep_every_copy_exact_with_two_jobs_a
         assert p.returncode == 0 and out.count("ROUNDS OK") == 4, out[-6000:]
 
 @pytest.mark.timeout(200)
-def test_the_mpi_tests_that_need_three_nodes_on_three_emulated_nodes():
+@every_mpi
+def test_the_mpi_tests_that_need_three_nodes_on_three_emulated_nodes(mpi):
     """A key's home on a third node (neither the fetcher's nor the holder's): the home forwards a small
     fetch's question and the holder answers (tests/mpi/ranks, skipped on two nodes)."""
     before = set(shm_segments())
     r = subprocess.run(["bash", os.path.join(ROOT, "mpi", "run-tests.sh"), "-k", "third"], cwd=ROOT,
-                       env=dict(_env(), NP="3", HOSTS="n0:1,n1:1,n2:1"), capture_output=True, text=True,
+                       env=dict(_env(mpi), NP="3", HOSTS="n0:1,n1:1,n2:1"), capture_output=True, text=True,
                        timeout=180)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
     assert out.count("1 passed") >= 3 and "skipped" not in out and " failed" not in out, out[-6000:]
-    assert wait_for(lambda: set(shm_segments()) <= before, timeout=15), set(shm_segments()) - before
+    assert wait_for(lambda: not _new_of_this_run(before), timeout=15), _new_of_this_run(before)
 
 
 @pytest.mark.timeout(300)
-def test_rank_killed_mid_transfer_leaves_no_pins_reservations_or_migrations():
+@every_mpi
+def test_rank_killed_mid_transfer_leaves_no_pins_reservations_or_migrations(mpi):
     name = "k" + uuid.uuid4().hex[:10]
     job = os.path.join(ROOT, "tests", "mpi", "jobs", "kill_mid_transfer.py")
-    mpich = _mpich_segments()  # the killed job leaves MPICH's own shared memory behind: removed below
-    r = subprocess.run([MPIEXEC, "-launcher", "fork", "-hosts", "n0:2,n1:2", "-n", "4", sys.executable, "-m",
-                        "mpi4py", job, name], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240)
+    segments = _mpi_segments()  # the killed job leaves the MPI library's shared memory behind: removed below
+    r = subprocess.run(mpi.command("n0:2,n1:2", ["-m", "mpi4py", job, name]), cwd=ROOT, env=_env(mpi),
+                       capture_output=True, text=True, timeout=240)
     out = r.stdout + r.stderr
     assert "killing myself mid-transfer" in out, out[-4000:]
     assert r.returncode != 0  # the launcher took the job down
@@ -113,13 +126,13 @@ def test_rank_killed_mid_transfer_leaves_no_pins_reservations_or_migrations():
     finally:
         shmstore.destroy(name, force=True, node="n0")
         shmstore.destroy(name, force=True, node="n1")
-        _remove_orphaned_mpich_segments(mpich)
+        _remove_orphaned_mpi_segments(segments)
 
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("stopped, reuse, transport", [("sender", "", "tcp"), ("receiver", "reuse", "tcp"),
                                                       ("receiver", "", "default")])
-def test_a_transfer_given_up_while_mpi_still_moves_it_corrupts_nothing(stopped, reuse, transport):
+def test_a_transfer_given_up_while_mpi_still_moves_it_corrupts_nothing(stopped, reuse, transport, mpi):
     """Issue 30, item 1: one end of a 192 MiB transfer is SIGSTOPped mid-way for longer than peer_timeout, then
     SIGCONTed (tests/mpi/jobs/late_receive.py). The fetcher's get raises TransferError (or returns the right
     bytes), then it puts an object as large, which before the fix landed in the space its abandoned receive
@@ -131,7 +144,7 @@ def test_a_transfer_given_up_while_mpi_still_moves_it_corrupts_nothing(stopped, 
     byte of every object is checked, and the given-up requests end up released."""
     from helpers import unique_name
     name = unique_name("lr")
-    env = dict(_env(), SHMSTORE_PEER_TIMEOUT="2", MPIEXEC_TIMEOUT="150")
+    env = dict(_env(mpi), SHMSTORE_PEER_TIMEOUT="2", MPIEXEC_TIMEOUT="150")
     if transport == "tcp":
         env.update(UCX_TLS="tcp,self")  # (MPICH's UCX over TCP starts with one VCI only)
         env.pop("MPIR_CVAR_CH4_NUM_VCIS", None)
@@ -139,10 +152,10 @@ def test_a_transfer_given_up_while_mpi_still_moves_it_corrupts_nothing(stopped, 
         env.update(MPIR_CVAR_CH4_NUM_VCIS="4")  # two streams
     job = os.path.join(ROOT, "tests", "mpi", "jobs", "late_receive.py")
     before = set(shm_segments())
-    mpich = _mpich_segments()
+    segments = _mpi_segments()
     try:
-        out, _ = _run_job([MPIEXEC, "-launcher", "fork", "-hosts", "n0:1,n1:1", "-n", "2", sys.executable, "-m",
-                           "mpi4py", job, name, stopped] + ([reuse] if reuse else []), env, name, 170)
+        out, _ = _run_job(mpi.command("n0:1,n1:1", ["-m", "mpi4py", job, name, stopped, *([reuse] if reuse else [])]),
+                          env, name, 170)
         assert "STOPPED" in out and "mid-transfer" in out, out[-4000:]  # the stop landed mid-transfer
         assert "CORRUPT" not in out, out[-4000:]
         assert "CLEAN rank 0" in out and "CLEAN rank 1" in out, out[-4000:]
@@ -151,12 +164,13 @@ def test_a_transfer_given_up_while_mpi_still_moves_it_corrupts_nothing(stopped, 
     finally:
         for node in ("n0", "n1"):
             shmstore.destroy(name, force=True, node=node)
-        _remove_orphaned_mpich_segments(mpich)
+        _remove_orphaned_mpi_segments(segments)
 
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("where", ["close", "barrier"])
-def test_a_rank_that_leaves_by_a_caught_exception_makes_the_others_raise_not_hang(where):
+@every_mpi
+def test_a_rank_that_leaves_by_a_caught_exception_makes_the_others_raise_not_hang(where, mpi):
     """Issue 30, item 6: one rank raises inside ``with Cluster()``, catches it outside and calls a collective of
     its own (tests/mpi/jobs/left_and_caught.py); the others close the cluster (or wait in its barrier). Before,
     they waited in ``close()`` for ever, nothing printed (killed at 120 s). Now the leaving rank warns that the
@@ -164,10 +178,10 @@ def test_a_rank_that_leaves_by_a_caught_exception_makes_the_others_raise_not_han
     from helpers import unique_name
     name = unique_name("lc")
     job = os.path.join(ROOT, "tests", "mpi", "jobs", "left_and_caught.py")
-    mpich = _mpich_segments()
+    segments = _mpi_segments()
     try:
-        out, took = _run_job([MPIEXEC, "-launcher", "fork", "-hosts", "n0:2,n1:2", "-n", "4", sys.executable, "-m",
-                              "mpi4py", job, name, where], dict(_env(), MPIEXEC_TIMEOUT="100"), name, 120)
+        out, took = _run_job(mpi.command("n0:2,n1:2", ["-m", "mpi4py", job, name, where]),
+                             dict(_env(mpi), MPIEXEC_TIMEOUT="100"), name, 120)
         assert "raising on rank 1" in out and "rank 1 caught boom from rank 1" in out, out[-4000:]
         assert "rank 1 of 4 (node 'n0') left its Cluster by an exception (RuntimeError)" in out, out[-4000:]
         assert f"{where} of the cluster failed: rank 1 left it by an exception (RuntimeError: boom from rank 1)" \
@@ -177,11 +191,12 @@ def test_a_rank_that_leaves_by_a_caught_exception_makes_the_others_raise_not_han
     finally:
         for node in ("n0", "n1"):
             shmstore.destroy(name, force=True, node=node)
-        _remove_orphaned_mpich_segments(mpich)
+        _remove_orphaned_mpi_segments(segments)
 
 
 @pytest.mark.timeout(150)
-def test_ctrl_c_ends_every_wait_on_a_hung_rank_at_once():
+@every_mpi
+def test_ctrl_c_ends_every_wait_on_a_hung_rank_at_once(mpi):
     """Issue 30, item 7: with the holder's rank stopped, a SIGINT (Ctrl-C) ends a get's wait for a reply, a
     ``locate``, a large get that took the node's transfer slot, and a rank's wait for that transfer (the
     node's dedup wait) at once (tests/mpi/jobs/interrupt_waits.py), not after peer_timeout (60 s here; it
@@ -189,11 +204,10 @@ def test_ctrl_c_ends_every_wait_on_a_hung_rank_at_once():
     from helpers import unique_name
     name = unique_name("iw")
     job = os.path.join(ROOT, "tests", "mpi", "jobs", "interrupt_waits.py")
-    mpich = _mpich_segments()
+    segments = _mpi_segments()
     try:
-        out, _ = _run_job([MPIEXEC, "-launcher", "fork", "-hosts", "n0:2,n1:1", "-n", "3", sys.executable, "-m",
-                           "mpi4py", job, name], dict(_env(), SHMSTORE_PEER_TIMEOUT="60", MPIEXEC_TIMEOUT="120"),
-                          name, 140)
+        out, _ = _run_job(mpi.command("n0:2,n1:1", ["-m", "mpi4py", job, name]),
+                          dict(_env(mpi), SHMSTORE_PEER_TIMEOUT="60", MPIEXEC_TIMEOUT="120"), name, 140)
         for op in ("0 get-small", "0 locate", "0 get-big", "1 join-transfer"):
             line = next((x for x in out.splitlines() if x.startswith(f"RESULT {op} ")), None)
             assert line is not None and " interrupted " in line, (op, out[-4000:])
@@ -202,12 +216,12 @@ def test_ctrl_c_ends_every_wait_on_a_hung_rank_at_once():
     finally:
         for node in ("n0", "n1"):
             shmstore.destroy(name, force=True, node=node)
-        _remove_orphaned_mpich_segments(mpich)
+        _remove_orphaned_mpi_segments(segments)
 
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("transport", ["default", "tcp"])
-def test_chaos_of_stopped_and_killed_ranks_loses_or_corrupts_nothing(transport, tmp_path):
+def test_chaos_of_stopped_and_killed_ranks_loses_or_corrupts_nothing(transport, tmp_path, mpi):
     """Issue 30: the MPI path's chaos test. Four ranks on two nodes get, get_many, fetch, migrate, overwrite and
     delete 48 shared keys of self-checking values (64 B to 6 MiB: inline, one frame, several frames) while
     this test SIGSTOPs ranks at random for 0.05 s to 1.5x peer_timeout (then SIGCONTs them) and, in one job
@@ -226,7 +240,7 @@ def test_chaos_of_stopped_and_killed_ranks_loses_or_corrupts_nothing(transport, 
     rng = random.Random(seed)
     name, piddir = unique_name("ch"), tmp_path / "pids"
     piddir.mkdir()
-    env = dict(_env(), SHMSTORE_PEER_TIMEOUT="2", MPIEXEC_TIMEOUT="240")
+    env = dict(_env(mpi), SHMSTORE_PEER_TIMEOUT="2", MPIEXEC_TIMEOUT="240")
     if transport == "tcp":
         env.update(UCX_TLS="tcp,self")
         env.pop("MPIR_CVAR_CH4_NUM_VCIS", None)
@@ -234,15 +248,15 @@ def test_chaos_of_stopped_and_killed_ranks_loses_or_corrupts_nothing(transport, 
         env.update(MPIR_CVAR_CH4_NUM_VCIS="4")
     job = os.path.join(ROOT, "tests", "mpi", "jobs", "chaos_ranks.py")
     kill = rng.random() < 0.5
-    mpich = _mpich_segments()
+    segments = _mpi_segments()
     sys.path.insert(0, os.path.dirname(job))
     try:
         import chaos_ranks
     finally:
         sys.path.pop(0)
     try:
-        with subprocess.Popen([MPIEXEC, "-disable-auto-cleanup", "-launcher", "fork", "-hosts", "n0:2,n1:2", "-n",
-                               "4", sys.executable, "-m", "mpi4py", job, name, str(seed), "3000", str(piddir)],
+        with subprocess.Popen(mpi.command("n0:2,n1:2", ["-m", "mpi4py", job, name, str(seed), "3000", str(piddir)],
+                                          survive=True),
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
             assert wait_for(lambda: len(os.listdir(piddir)) == 4 or p.poll() is not None, timeout=120)
             pids = {int(r): int((piddir / r).read_text() or 0) for r in os.listdir(piddir)}
@@ -292,11 +306,11 @@ def test_chaos_of_stopped_and_killed_ranks_loses_or_corrupts_nothing(transport, 
     finally:
         for node in ("n0", "n1"):
             shmstore.destroy(name, force=True, node=node)
-        _remove_orphaned_mpich_segments(mpich)
+        _remove_orphaned_mpi_segments(segments)
 
 
 @pytest.mark.timeout(200)
-def test_ranks_alone_in_their_shared_memory_groups_but_sharing_a_host_and_label_are_warned():
+def test_ranks_alone_in_their_shared_memory_groups_but_sharing_a_host_and_label_are_warned(mpi):
     """Two fake hosts (so MPI gives each rank a shared-memory group of its own) but one SHMSTORE_NODE label
     on one real host: the situation that silently made one store per rank under some Slurm layouts."""
     code = ("import warnings, uuid\n"
@@ -309,12 +323,12 @@ def test_ranks_alone_in_their_shared_memory_groups_but_sharing_a_host_and_label_
             "        warned = any('own shared-memory group' in str(w.message) for w in caught)\n"
             "        print(f'nodes {len(c.nodes)} warned {warned}', flush=True)\n")  # one write: ranks interleave
     for label, warned in (("same", True), (None, False)):
-        env = _env()
+        env = _env(mpi)
         env.pop("SHMSTORE_NODE", None)
         if label:
             env["SHMSTORE_NODE"] = label
-        r = subprocess.run([MPIEXEC, "-launcher", "fork", "-hosts", "n0:1,n1:1", "-n", "2", sys.executable, "-m",
-                            "mpi4py", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
+        r = subprocess.run(mpi.command("n0:1,n1:1", ["-m", "mpi4py", "-c", code]), cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=150)
         assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
         assert r.stdout.count(f"nodes 2 warned {warned}") == 2, (label, r.stdout + r.stderr[-2000:])
 
@@ -329,6 +343,12 @@ def test_node_label_order(monkeypatch):
     assert _label({}) == "n1"
     monkeypatch.setenv("SHMSTORE_NODE", "emu0")
     assert _label({}) == "emu0" and _label({"node": "given"}) == "given"
+
+
+def _new_of_this_run(before: set[str]) -> set[str]:
+    """The segments of this test run's stores that appeared since ``before`` (another test run's are not ours to
+    count: the suite runs twice at once)."""
+    return {s for s in set(shm_segments()) - before if of_this_run(s)}
 
 
 def _kill_job(name: str) -> None:
@@ -348,27 +368,28 @@ def _kill_job(name: str) -> None:
                 pass
 
 
-def _mpich_segments() -> set[str]:
-    return {e for e in os.listdir("/dev/shm") if e.startswith("mpich_")}
+def _mpi_segments() -> set[str]:
+    return {e for e in os.listdir("/dev/shm") if e.startswith(MPI_SEGMENT_PREFIXES)}
 
 
-def _remove_orphaned_mpich_segments(before: set[str]) -> None:
-    """Unlink the shared memory a killed MPICH job leaves in /dev/shm (2 MiB per node and run): the segments
+def _remove_orphaned_mpi_segments(before: set[str]) -> None:
+    """Unlink the shared memory a killed MPI job leaves in /dev/shm (MPICH: 2 MiB per node and run): the segments
     that appeared since ``before`` and that no live process maps or holds open (so never those of another job
     running), as ``shmstore gc`` does."""
-    new = _mpich_segments() - before
+    new = _mpi_segments() - before
     if new:
         collect_mpi_orphans(only=new, min_age=0)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _no_mpich_leftovers():
-    """A job of this module that dies or is killed leaves MPICH's own shared memory in /dev/shm (2 MiB per node,
-    32 MiB more with VCIs): the tests that kill ranks remove theirs, and at the module's end whatever else
-    appeared meanwhile and no live process maps goes too (a whole suite left three jobs' worth)."""
-    before = _mpich_segments()
+def _no_mpi_leftovers():
+    """A job of this module that dies or is killed leaves its MPI library's shared memory in /dev/shm (MPICH:
+    2 MiB per node, 32 MiB more with VCIs; Open MPI: a segment per node): the tests that kill ranks remove theirs,
+    and at the module's end whatever else appeared meanwhile and no live process maps goes too (a whole suite
+    left three jobs' worth)."""
+    before = _mpi_segments()
     yield
-    _remove_orphaned_mpich_segments(before)
+    _remove_orphaned_mpi_segments(before)
 
 
 def _leftovers(s: shmstore.Store) -> dict[str, object]:
@@ -390,7 +411,7 @@ def _leftovers(s: shmstore.Store) -> dict[str, object]:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("seed", [1, 2, 5])
 @pytest.mark.parametrize("victim, role", [(1, "non-leader"), (2, "leader")], ids=["non-leader", "leader"])
-def test_kill_mid_update_leaves_every_node_store_consistent(victim, role, seed):
+def test_kill_mid_update_leaves_every_node_store_consistent(victim, role, seed, mpi):
     """Four ranks on two nodes overwrite, read, fetch, migrate and delete 12 shared keys (values of 1 KiB to
     8 MiB, each checked wherever it is read) when one rank SIGKILLs itself: a non-leader, or the leader whose
     service answers its node's requests. The launcher takes the job down (it never hangs); afterwards each
@@ -404,13 +425,12 @@ def test_kill_mid_update_leaves_every_node_store_consistent(victim, role, seed):
     job = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(job)
     name = "u" + uuid.uuid4().hex[:10]
-    env = dict(_env(), MPIEXEC_TIMEOUT="45")  # hydra kills the job after this long, whatever happens
-    mpich = _mpich_segments()
+    env = dict(_env(mpi), MPIEXEC_TIMEOUT="45")  # hydra kills the job after this long, whatever happens
+    segments = _mpi_segments()
     try:
         start = time.monotonic()
-        with subprocess.Popen([MPIEXEC, "-launcher", "fork", "-hosts", "n0:2,n1:2", "-n", "4", sys.executable,
-                               "-m", "mpi4py", path, name, str(seed), str(victim)], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+        with subprocess.Popen(mpi.command("n0:2,n1:2", ["-m", "mpi4py", path, name, str(seed), str(victim)]),
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
             try:
                 out, _ = p.communicate(timeout=60)
             except subprocess.TimeoutExpired:
@@ -441,11 +461,12 @@ def test_kill_mid_update_leaves_every_node_store_consistent(victim, role, seed):
     finally:
         shmstore.destroy(name, force=True, node="n0")
         shmstore.destroy(name, force=True, node="n1")
-        _remove_orphaned_mpich_segments(mpich)
+        _remove_orphaned_mpi_segments(segments)
 
 
 @pytest.mark.timeout(200)
-def test_a_hot_object_spreads_as_a_tree_over_four_nodes():
+@every_mpi
+def test_a_hot_object_spreads_as_a_tree_over_four_nodes(mpi):
     """Every node asks for one large object at once: node 0 (its only holder) sends two copies, not three;
     the third comes from a node that got its copy first (four emulated nodes, one rank each)."""
     code = ("import uuid, numpy as np\n"
@@ -463,8 +484,8 @@ def test_a_hot_object_spreads_as_a_tree_over_four_nodes():
             "    sent = c.comm.gather(c.stats()['bytes_sent'] // size)\n"
             "    if c.rank == 0:\n"
             "        print('copies sent per node', sent, sorted(c.locate('model')), flush=True)\n")
-    r = subprocess.run([MPIEXEC, "-launcher", "fork", "-hosts", "n0:1,n1:1,n2:1,n3:1", "-n", "4", sys.executable,
-                        "-m", "mpi4py", "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=150)
+    r = subprocess.run(mpi.command("n0:1,n1:1,n2:1,n3:1", ["-m", "mpi4py", "-c", code]), cwd=ROOT, env=_env(mpi),
+                       capture_output=True, text=True, timeout=150)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     line = next(x for x in r.stdout.splitlines() if x.startswith("copies sent per node"))
     import ast
@@ -501,7 +522,9 @@ def _store_leftovers(name: str, spill_dir: str) -> list[str]:
 @pytest.mark.parametrize("who, where, launch", [("leader", "get", "-m mpi4py"), ("non-leader", "barrier", "-m mpi4py"),
                                                 ("non-leader", "get", "plain"), ("leader", "barrier", "plain"),
                                                 ("non-leader", "sigint", "-m mpi4py")])
-def test_a_rank_raising_inside_cluster_ends_the_job_in_seconds_with_its_traceback(tmp_path, who, where, launch):
+@every_mpi
+def test_a_rank_raising_inside_cluster_ends_the_job_in_seconds_with_its_traceback(tmp_path, who, where, launch,
+                                                                                  mpi):
     """One rank raises inside ``with Cluster()`` while the others fetch from its node (its service stops),
     ask the directory, or wait in a barrier (issue 19, item 3: the job sat until its time limit, the
     traceback never printed). The job ends within seconds, started with ``python -m mpi4py`` or as a plain
@@ -513,11 +536,11 @@ def test_a_rank_raising_inside_cluster_ends_the_job_in_seconds_with_its_tracebac
     spill.mkdir()
     job = os.path.join(ROOT, "tests", "mpi", "jobs", "raise_in_cluster.py")
     python = [sys.executable, "-m", "mpi4py"] if launch == "-m mpi4py" else [sys.executable]
-    env = dict(_env(), SHMSTORE_SPILL_DIR=str(spill), MPIEXEC_TIMEOUT="100")
-    mpich = _mpich_segments()
+    env = dict(_env(mpi), SHMSTORE_SPILL_DIR=str(spill), MPIEXEC_TIMEOUT="100")
+    segments = _mpi_segments()
     try:
-        out, took = _run_job([MPIEXEC, "-launcher", "fork", "-hosts", "n0:2,n1:2", "-n", "4", *python, job, name, who,
-                              where], env, name, 120)
+        out, took = _run_job(mpi.command("n0:2,n1:2", [*python, job, name, who, where], python=False), env, name,
+                             120)
         rank = 0 if who == "leader" else 1
         assert f"raising on rank {rank}" in out, out[-4000:]
         assert took < 30, f"the job took {took:.0f} s to end:\n{out[-4000:]}"  # about 2 s here; hung: 100 s
@@ -528,16 +551,20 @@ def test_a_rank_raising_inside_cluster_ends_the_job_in_seconds_with_its_tracebac
     finally:
         for node in ("n0", "n1"):
             shmstore.destroy(name, force=True, node=node)
-        _remove_orphaned_mpich_segments(mpich)
+        _remove_orphaned_mpi_segments(segments)
 
 
 DEADLINE = 2.0  # SHMSTORE_PEER_TIMEOUT for the dead-rank tests: seconds
+OPS = ("get", "get_many", "fetch", "migrate", "delete", "overwrite")
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("op", ["get", "get_many", "fetch", "migrate", "delete", "overwrite"])
-@pytest.mark.parametrize("how", ["KILL", "STOP"])
-def test_survivors_of_a_dead_or_hung_rank_raise_within_the_deadline(op, how):
+@pytest.mark.parametrize("mpi, how, op", [c for c in [("mpich", how, op) for how in ("KILL", "STOP") for op in OPS]
+                                          # Open MPI's survivors, under ULFM: a few of the ops (CI's time)
+                                          + [("openmpi", "KILL", op) for op in ("get_many", "migrate", "delete")]
+                                          + [("openmpi", "STOP", "get")] if c[0] in launchers.mpis()],
+                         indirect=["mpi"])
+def test_survivors_of_a_dead_or_hung_rank_raise_within_the_deadline(op, how, mpi):
     """Automatic cleanup disabled (as fault-tolerant codes run), node n1's only rank SIGKILLed (or SIGSTOPped:
     hung) while the ranks of node n0 run ``op`` over and over on objects only n1 holds (keys whose home is n0,
     or n1): each survivor raises a TransferError naming the operation, the key and rank 2 within the deadline
@@ -550,18 +577,19 @@ def test_survivors_of_a_dead_or_hung_rank_raise_within_the_deadline(op, how):
     process, attaching its shared memory), which no library above MPI can prevent; libfabric reports it as an
     error, though MPICH itself still declares some of those errors fatal and aborts the survivor (about one
     job in ten here): such a job, and only such, is run again, twice at most. A stopped rank keeps its
-    connections: those jobs run on the default transport."""
+    connections: those jobs run on the default transport. Under Open MPI the job runs with ULFM (``--with-ft
+    ulfm``: without it Open MPI ends the job when a rank dies) on its default transport."""
     from helpers import unique_name
     job = os.path.join(ROOT, "tests", "mpi", "jobs", "survive_dead_rank.py")
-    env = dict(_env(), SHMSTORE_PEER_TIMEOUT=str(DEADLINE), MPIEXEC_TIMEOUT="90")
+    env = dict(_env(mpi), SHMSTORE_PEER_TIMEOUT=str(DEADLINE), MPIEXEC_TIMEOUT="90")
     if how == "KILL":
         env.update(MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="sockets")
     for attempt in range(3):
         name = unique_name("d")
-        mpich = _mpich_segments()
+        segments = _mpi_segments()
         try:
-            out, _ = _run_job([MPIEXEC, "-disable-auto-cleanup", "-launcher", "fork", "-hosts", "n0:2,n1:1", "-n", "3",
-                               sys.executable, "-m", "mpi4py", job, name, op, how], env, name, 110)
+            out, _ = _run_job(mpi.command("n0:2,n1:1", ["-m", "mpi4py", job, name, op, how], survive=True), env,
+                              name, 110)
             if how == "KILL" and "Fatal error in" in out and attempt < 2:
                 continue  # MPICH aborted a survivor itself (its error, not shmstore's wait): once more
             _check_survivors(out, op, how)
@@ -570,7 +598,7 @@ def test_survivors_of_a_dead_or_hung_rank_raise_within_the_deadline(op, how):
         finally:
             for node in ("n0", "n1"):
                 shmstore.destroy(name, force=True, node=node)
-            _remove_orphaned_mpich_segments(mpich)
+            _remove_orphaned_mpi_segments(segments)
 
 
 def _check_survivors(out: str, op: str, how: str, ranks: tuple[str, ...] = ("0", "1")) -> None:
@@ -599,7 +627,7 @@ def _check_survivors(out: str, op: str, how: str, ranks: tuple[str, ...] = ("0",
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("op", ["get_many", "delete", "overwrite"])
-def test_survivors_of_a_killed_rank_under_the_default_transport_with_a_rank_on_its_node(op):
+def test_survivors_of_a_killed_rank_under_the_default_transport_with_a_rank_on_its_node(op, mpi):
     """Issue 30, item 8: four ranks on two nodes, automatic cleanup disabled, the wheel's default transport
     (UCX), node n1's leader (rank 2) SIGKILLed during ``op``; rank 3 shares its node. Before, "a survivor on
     the dead rank's node never finished". Traced (strace -f of the whole job, three runs): that rank does
@@ -614,13 +642,13 @@ def test_survivors_of_a_killed_rank_under_the_default_transport_with_a_rank_on_i
     job runs again, four times at most."""
     from helpers import unique_name
     job = os.path.join(ROOT, "tests", "mpi", "jobs", "survive_dead_rank.py")
-    env = dict(_env(), SHMSTORE_PEER_TIMEOUT=str(DEADLINE), MPIEXEC_TIMEOUT="90")
+    env = dict(_env(mpi), SHMSTORE_PEER_TIMEOUT=str(DEADLINE), MPIEXEC_TIMEOUT="90")
     for attempt in range(5):
         name = unique_name("d")
-        mpich = _mpich_segments()
+        segments = _mpi_segments()
         try:
-            out, took = _run_job([MPIEXEC, "-disable-auto-cleanup", "-launcher", "fork", "-hosts", "n0:2,n1:2",
-                                  "-n", "4", sys.executable, "-m", "mpi4py", job, name, op, "KILL"], env, name, 110)
+            out, took = _run_job(mpi.command("n0:2,n1:2", ["-m", "mpi4py", job, name, op, "KILL"], survive=True),
+                                 env, name, 110)
             if ("Fatal error in" in out or "process_vm_readv" in out) and attempt < 4:
                 continue  # MPI took a survivor down itself (UCX read the dead rank's memory): once more
             _check_survivors(out, op, "KILL")
@@ -630,11 +658,12 @@ def test_survivors_of_a_killed_rank_under_the_default_transport_with_a_rank_on_i
         finally:
             for node in ("n0", "n1"):
                 shmstore.destroy(name, force=True, node=node)
-            _remove_orphaned_mpich_segments(mpich)
+            _remove_orphaned_mpi_segments(segments)
 
 
 @pytest.mark.timeout(200)
-def test_a_ref_handed_to_mpi_pool_executor_tasks_moves_once_into_each_other_node():
+@every_mpi
+def test_a_ref_handed_to_mpi_pool_executor_tasks_moves_once_into_each_other_node(mpi):
     """mpiexec -n 4 python -m mpi4py.futures (main and one worker on n0, two workers on n1): 12 tasks resolve one
     cluster.share'd 16 MiB array through the pool's Cluster (shmstore/mpi/pool.py), checksummed and zero-copy;
     n1 receives it exactly once (its second worker waits for that transfer), n0 never; after ref.delete() a
@@ -642,8 +671,7 @@ def test_a_ref_handed_to_mpi_pool_executor_tasks_moves_once_into_each_other_node
     import json
     name = "r" + uuid.uuid4().hex[:10]
     job = os.path.join(ROOT, "tests", "mpi", "jobs", "refs_pool.py")
-    out, _ = _run_job([MPIEXEC, "-launcher", "fork", "-hosts", "n0:2,n1:2", "-n", "4", sys.executable, "-m",
-                       "mpi4py.futures", job, name], _env(), name, 150)
+    out, _ = _run_job(mpi.command("n0:2,n1:2", ["-m", "mpi4py.futures", job, name]), _env(mpi), name, 150)
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert len(lines) == 1, out[-4000:]
     r = json.loads(lines[0][len("RESULT "):])
@@ -658,19 +686,20 @@ def test_a_ref_handed_to_mpi_pool_executor_tasks_moves_once_into_each_other_node
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("who", ["holder", "copier"])
-def test_a_rank_killed_during_a_checkpoints_copy_and_flush_leaves_a_whole_checkpoint_to_restore(who, tmp_path):
+@every_mpi
+def test_a_rank_killed_during_a_checkpoints_copy_and_flush_leaves_a_whole_checkpoint_to_restore(who, tmp_path,
+                                                                                                 mpi):
     """Issue 34: a rank SIGKILLed while its node's part of a checkpoint is copied to the partner and flushed (or
     while it copies the other node's part): the job is taken down; the next job restores a complete checkpoint,
     every value checked: the previous one, or the new one if its manifest was written whole (never a mix)."""
     from shmstore.persist import folder
     name = "kc" + uuid.uuid4().hex[:8]
     persist = str(tmp_path / "persist")
-    mpich = _mpich_segments()
+    segments = _mpi_segments()
     job = os.path.join(ROOT, "tests", "mpi", "jobs", "kill_in_checkpoint.py")
     try:
-        r = subprocess.run([MPIEXEC, "-launcher", "fork", "-hosts", "n0:2,n1:2", "-n", "4", sys.executable, "-m",
-                            "mpi4py", job, name, persist, who], cwd=ROOT, env=_env(), capture_output=True,
-                           text=True, timeout=300)
+        r = subprocess.run(mpi.command("n0:2,n1:2", ["-m", "mpi4py", job, name, persist, who]), cwd=ROOT,
+                           env=_env(mpi), capture_output=True, text=True, timeout=300)
         out = r.stdout + r.stderr
         assert out.count("checkpoint 'good' complete") == 4, out[-4000:]
         assert "killing myself" in out and r.returncode != 0, out[-4000:]
@@ -693,4 +722,4 @@ def test_a_rank_killed_during_a_checkpoints_copy_and_flush_leaves_a_whole_checkp
     finally:
         for node in ("n0", "n1"):
             shmstore.destroy(name, force=True, node=node)
-        _remove_orphaned_mpich_segments(mpich)
+        _remove_orphaned_mpi_segments(segments)

@@ -21,6 +21,8 @@ from mpi4py import MPI  # noqa: E402
 
 from shmstore.mpi import Cluster  # noqa: E402
 
+from helpers import job_name  # noqa: E402
+
 # every thread's Python stack on SIGUSR1: a rank whose lock wait timed out asks the holder for its stack
 faulthandler.register(signal.SIGUSR1, all_threads=True)
 
@@ -53,7 +55,7 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(scope="module")
 def cluster():
-    name = MPI.COMM_WORLD.bcast("m" + uuid.uuid4().hex[:10] if MPI.COMM_WORLD.rank == 0 else None)
+    name = job_name("m")
     with Cluster(name=name, capacity="256MiB", prefault="64MiB") as c:
         yield c
 

@@ -6,7 +6,6 @@ import os
 import shutil
 import tempfile
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -17,12 +16,14 @@ from shmstore.errors import CheckpointError
 from shmstore.mpi import Cluster
 from shmstore.persist import folder
 
+from helpers import job_name
+
 
 @pytest.fixture(scope="module")
 def ckc():
     world = MPI.COMM_WORLD
     where = world.bcast(tempfile.mkdtemp(prefix="shmstore-ck-") if world.rank == 0 else None)
-    name = world.bcast("c" + uuid.uuid4().hex[:10] if world.rank == 0 else None)
+    name = job_name("c")
     with Cluster(name=name, capacity="256MiB", prefault="32MiB", persist_dir=where, checkpoint_keep=2) as c:
         yield c
     world.Barrier()
@@ -112,7 +113,7 @@ def test_a_cluster_closed_right_after_its_checkpoint_finishes_the_partner_copy_f
     from shmstore.store import observe
     world = MPI.COMM_WORLD
     where = world.bcast(tempfile.mkdtemp(prefix="shmstore-ck-") if world.rank == 0 else None)
-    name = world.bcast("c" + uuid.uuid4().hex[:10] if world.rank == 0 else None)
+    name = job_name("c")
     with Cluster(name=name, capacity="512MiB", prefault="16MiB", persist=True, persist_dir=where) as c:
         big = {f"r{c.comm.rank}.big{i}": np.full(8 << 20, i, np.uint8) for i in range(8)}  # 64 MiB a rank
         ck = c.checkpoint("quick", _mine(c.comm.rank, 3) | big)

@@ -21,11 +21,12 @@ import uuid
 
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 from shmstore import Level
 from shmstore.levels.gpu import cupy_or_reason
 from shmstore.mpi import Cluster
+
+from helpers import job_name
 
 MiB = 1 << 20
 _, NO_GPU = cupy_or_reason()
@@ -37,7 +38,7 @@ CAPACITY = {Level.MEMORY: 256 * MiB, Level.GPU: 64 * MiB}
 def full_cluster():
     """A cluster whose levels fill quickly (a GPU level of 64 MiB where a device is); a deadlock among its
     nodes ends in TransferError after 30 s instead of hanging the job."""
-    name = MPI.COMM_WORLD.bcast("f" + uuid.uuid4().hex[:10] if MPI.COMM_WORLD.rank == 0 else None)
+    name = job_name("f")
     sizes = {"gpu_capacity": "64MiB"} if NO_GPU is None else {}
     with Cluster(name=name, capacity="256MiB", prefault="64MiB", peer_timeout=30, spill_timeout=30, **sizes) as c:
         yield c

