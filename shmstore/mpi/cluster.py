@@ -204,9 +204,11 @@ class Cluster:
         :meth:`shmstore.Store.put`) and the copies other nodes hold are
         deleted before it returns, so that from then on every node's
         ``get`` fetches the new object; views of an old copy stay valid
-        until dropped. A fetch of ``key`` already in flight on another node
-        may still land the old object there: order overwrites and other
-        nodes' reads of the same key (e.g. with ``barrier()``).
+        until dropped. Fetches of the old object in flight meanwhile are
+        waited for (within ``peer_timeout``) and what they landed is deleted
+        too: a get ordered after the overwrite (by a ``barrier()``, a
+        message) never returns the old object. A get running at the same
+        time may return either.
 
         Raises:
             TransferError: a node did not answer within ``peer_timeout`` (this node's copy is in place; the
@@ -217,8 +219,11 @@ class Cluster:
         try:
             # this copy replaces the entry; the old copies go after (each exactly: never a later one)
             if overwrite:
-                for i, version in self._dirs.ask(W.DirReplace(key, self.node_index, info.size, info.created)).copies:
+                token = self._fetcher.token()
+                old = self._dirs.ask(W.DirReplace(key, self.node_index, info.size, info.created, token))
+                for i, version in old.copies:
                     self._copies.delete_on(i, key, version)
+                self._copies.settle(key, token, old.pending)  # old copies fetches in flight land: they go too
             else:
                 self._dirs.ask(W.DirAdd([key], self.node_index, [info.size], [info.created]))
         except errors.TransferError as exc:

@@ -14,6 +14,7 @@ first, and then raises the first error.
 """
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from .. import errors
@@ -61,21 +62,44 @@ class Copies:
         Raises:
             TransferError: a node did not answer (the first such error, after every other copy went).
         """
+        token = self.fetcher.token()
         try:
-            listed = self.dirs.ask(W.DirTake(key)).copies
+            taken = self.dirs.ask(W.DirTake(key, token))
         except errors.TransferError:
             self.delete_here(key)
             raise
         gone = 0
         failed: errors.TransferError | None = None
-        for node, version in sorted(listed, key=lambda nc: nc[0] != self.links.node):  # this node's copy first
+        for node, version in sorted(taken.copies, key=lambda nc: nc[0] != self.links.node):  # this node's first
             try:
                 gone += self.delete_on(node, key, version)
             except errors.TransferError as exc:  # a node that died: the others' copies still go
                 failed = failed or exc
         gone += self.delete_here(key)
+        try:
+            gone += self.settle(key, token, taken.pending)
+        except errors.TransferError as exc:
+            failed = failed or exc
         if failed is not None:
             raise failed
+        return gone
+
+    def settle(self, key: str, token: int, pending: int) -> int:
+        """Wait for the ``pending`` fetches of ``key`` in flight when this rank's delete or overwrite (named
+        ``token``) took its entry, deleting each copy they landed (see ``wire.DirSettle``): how many went. A
+        fetch that does not report within ``peer_timeout`` (its rank died or hangs) is left to its refusal.
+
+        Raises:
+            TransferError: the key's home, or a node holding such a copy, did not answer.
+        """
+        gone, nap = 0, 20e-6
+        deadline = time.monotonic() + self.links.messenger.timeout
+        while pending and time.monotonic() < deadline:
+            time.sleep(nap)
+            nap = min(nap * 2, 2e-3)
+            landed, pending = self.dirs.ask(W.DirSettle(key, token))
+            for node, version in landed:
+                gone += self.delete_on(node, key, version)
         return gone
 
     def delete_here(self, key: str) -> int:

@@ -21,8 +21,18 @@ the new copy. A small fetch whose source is a third node is forwarded
 there (``Forward``) and answered by the holder. A ``delete`` or an overwrite meanwhile
 takes or replaces the entry, and a ``DirDone`` that finds its node no
 longer pending is refused: the copy of the deleted or replaced object is
-removed (the home posts a ``Delete`` to that node). So a fetch in flight
-never lets an old copy outlive a delete or an overwrite.
+removed (the home posts a ``Delete`` to that node). The taker does not
+leave it at that: the get that made such a copy may have returned already
+(its ``DirDone`` still on the way), and a get on that node after the delete
+or overwrite, ordered after it by a barrier, found the old copy there (one
+round in 7 to 30 of delete-barrier-get here, MPICH and Open MPI alike). So
+``DirTake`` and ``DirReplace`` answer how many fetches of the old object
+are still out (``Holders.pending``) and keep a record of them under the
+taker's token; the taker asks again (``DirSettle``) until they have all
+reported, deleting each copy they landed, before it returns (within
+``peer_timeout``: a fetcher that died never reports, and its copy, if any,
+goes when the refusal comes). So a fetch in flight never lets an old copy
+outlive a delete or an overwrite, nor be read after one.
 
 Every holder's copy is named by the object's creation time on that node
 (``DirAdd``/``DirDone`` carry it), and every deletion the cluster makes
@@ -107,6 +117,16 @@ class _Entry:
         self.waiters: deque[tuple[int, Callable[[Any], None], int]] = deque()
 
 
+class _Closing:
+    """The fetches of an object a delete or an overwrite took from the directory, still in flight (see
+    :class:`wire.DirSettle`): how many, and the copies those that ended landed (the taker deletes them)."""
+    __slots__ = ("key", "pending", "landed", "since")
+
+    def __init__(self, key: str, pending: int) -> None:
+        self.key, self.pending, self.since = key, pending, time.monotonic()
+        self.landed: list[tuple[int, W.Version]] = []
+
+
 class Directory:
     """One node's share of the directory: key -> nodes holding a copy, and who is sending. Thread-safe.
 
@@ -118,6 +138,10 @@ class Directory:
 
     def __init__(self, stale_after: float = 60.0) -> None:
         self._entries: dict[str, _Entry] = {}
+        # deletes and overwrites settling the fetches in flight of what they took, by the taker's token; and the
+        # taker of each such fetch, by (fetch token, key)
+        self._closing: dict[int, _Closing] = {}
+        self._closed_by: dict[tuple[int, str], int] = {}
         self._lock = threading.Lock()
         self.stale_after = stale_after  # a holder sending longer than this is free again (its fetcher died)
 
@@ -209,6 +233,8 @@ class Directory:
         return W.Holders(_listed(e) if e else [])
 
     def _done(self, msg: W.DirDone, answer: Any, later: list[Any]) -> bool:
+        if msg.token and self._closed_by:
+            self._settled(msg)
         e = self._entries.get(msg.key)
         seen = _unpend(e, msg.token, msg.node, msg.source) if e is not None else None
         was_pending = seen is not None
@@ -247,7 +273,8 @@ class Directory:
         if e is None:
             return W.Holders([])
         later.extend((reply, None) for _, reply, _ in e.waiters)  # the key is gone: nothing to fetch
-        return W.Holders(_listed(e))  # fetches in flight: refused when they end
+        # fetches in flight: refused when they end, and settled by the taker
+        return W.Holders(_listed(e), self._close(msg.key, e, msg.token))
 
     def _replace(self, msg: W.DirReplace, answer: Any, later: list[Any]) -> W.Holders:
         if _older(msg.version, self._entries.get(msg.key), msg.node):
@@ -261,13 +288,48 @@ class Directory:
             return W.Holders([])
         e.waiters = old.waiters  # fetchers waiting for a holder get the new object
         self._serve(msg.key, later)
-        return W.Holders(_listed(old, but=msg.node))  # fetches in flight: refused when they end
+        # fetches of the old object in flight: refused when they end, and settled by the overwriter
+        return W.Holders(_listed(old, but=msg.node), self._close(msg.key, old, msg.token))
+
+    def _settle(self, msg: W.DirSettle, answer: Any, later: list[Any]) -> W.Holders:
+        c = self._closing.get(msg.token)
+        if c is None or c.key != msg.key:
+            return W.Holders([])
+        landed, c.landed = c.landed, []
+        if not c.pending:
+            del self._closing[msg.token]
+        return W.Holders(landed, c.pending)
+
+    def _close(self, key: str, e: _Entry, token: int) -> int:
+        """Keep a record, under the taker's ``token``, of the fetches of ``e`` (just taken) in flight: how many."""
+        fetches = [t for t in e.pending if isinstance(t, int)]  # (token 0: unit tests driving it by hand)
+        if not token or not fetches:
+            return 0
+        now = time.monotonic()
+        for t in [t for t, c in self._closing.items() if now - c.since > 2 * self.stale_after]:
+            del self._closing[t]  # its taker gave up on it long ago (or died)
+            for k in [k for k, v in self._closed_by.items() if v == t]:
+                del self._closed_by[k]
+        self._closing[token] = _Closing(key, len(fetches))
+        for t in fetches:
+            self._closed_by[(t, key)] = token
+        return len(fetches)
+
+    def _settled(self, msg: W.DirDone) -> None:
+        """A fetch a delete or an overwrite is settling ended: what it landed is the taker's to delete."""
+        taker = self._closed_by.pop((msg.token, msg.key), None)
+        c = self._closing.get(taker) if taker is not None else None
+        if c is None:
+            return
+        c.pending -= 1
+        if msg.outcome is W.Outcome.COPIED and msg.version is not None:
+            c.landed.append((msg.node, msg.version))
 
     _on: dict[type, Callable[..., Any]] = {
         W.DirGet: _get, W.DirSource: _source, W.DirSourceSmall: _source_small, W.DirSourceFor: _source_for,
         W.DirAdd: _add_many, W.DirDone: _done, W.DirDrop: _drop_one,
         W.DirTake: _take, W.DirReplace: _replace, W.DirSourceMany: _source_many, W.DirDoneMany: _done_many,
-        W.DirCopies: _copies}
+        W.DirCopies: _copies, W.DirSettle: _settle}
 
     def _add(self, key: str, node: int, nbytes: int, version: W.Version = None) -> None:
         e = self._entries.get(key)

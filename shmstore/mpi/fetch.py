@@ -73,7 +73,7 @@ class Fetcher:
         self._tokens = itertools.count(1)
         self._token_lock = threading.Lock()
 
-    def _token(self) -> int:
+    def token(self) -> int:
         """A name for one fetch while it is pending at a home, unique in the job (this rank's, counted)."""
         with self._token_lock:
             return (int(self.links.rank) << 40) | next(self._tokens)
@@ -138,7 +138,7 @@ class Fetcher:
             if attempt >= len(nodes) + 2:
                 time.sleep(min(0.001 * attempt, 0.02))
             # small: where a third node holds it, the home forwards the question and the holder answers
-            token = self._token()
+            token = self.token()
             ask = W.DirSourceSmall if small_only else W.DirSource
             answer = self.dirs.ask(ask(key, self.me, T.INLINE_MAX, token), any_source=small_only)
             if type(answer) is W.Large:
@@ -178,7 +178,7 @@ class Fetcher:
             ObjectNotFoundError: the key was deleted, replaced or moved from ``source`` meanwhile.
         """
         nodes = self.links.nodes
-        token = self._token()
+        token = self.token()
         if self.dirs.ask(W.DirSourceFor(key, self.me, source, source_version, token)) is None:
             raise errors.ObjectNotFoundError(f"{key!r} was deleted, replaced or moved from node "
                                              f"{nodes[source]!r} while the migration began", key)
@@ -249,7 +249,7 @@ class Fetcher:
         looked up per source, outcomes posted per home. Returns the keys now here."""
         msg, dirs = self.links.messenger, self.dirs
         holders: dict[str, list[int]] = {}
-        token = self._token()
+        token = self.token()
         for home, ks in dirs.by_home(keys).items():
             holders.update(zip(ks, dirs.ask_at(home, W.DirSourceMany(ks, self.me, token), linger=_LINGER).nodes))
         by_src: dict[int, list[str]] = {}

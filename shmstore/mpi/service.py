@@ -123,7 +123,7 @@ class Service:
             W.WriterOpen: self._on_writer_open, W.Write: self._on_write, W.WriterClose: self._on_writer_close,
             W.Forward: self._on_forward, W.DirSource: self._on_dir_source, W.DirSourceSmall: self._on_dir_source_small}
         for kind in (W.DirAdd, W.DirDrop, W.DirGet, W.DirTake, W.DirReplace, W.DirSourceFor, W.DirDone,
-                     W.DirSourceMany, W.DirDoneMany, W.DirCopies):
+                     W.DirSourceMany, W.DirDoneMany, W.DirCopies, W.DirSettle):
             self._handlers[kind] = self._on_directory
         self._thread = threading.Thread(target=self._loop, name="shmstore-mpi-service", daemon=True)
 

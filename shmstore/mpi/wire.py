@@ -31,7 +31,7 @@ __all__ = [
     "Version", "Outcome",
     "Lookup", "LookupMany", "Data", "Release", "Has", "Delete", "Pull", "Read", "WriterOpen", "Write", "WriterClose",
     "DirAdd", "DirDrop", "DirGet", "DirTake", "DirReplace", "DirSource", "DirSourceSmall", "DirSourceFor", "DirDone",
-    "DirSourceMany", "DoneItem", "DirDoneMany", "DirCopies", "Forward", "Stop",
+    "DirSourceMany", "DoneItem", "DirDoneMany", "DirCopies", "DirSettle", "Forward", "Stop",
     "Found", "FoundMany", "Source", "Sourced", "Large", "Holders", "Located", "Refused", "Chunk", "Failure", "LARGE",
     "MESSAGES",
     "encode", "decode", "request", "request_nowait", "post", "reply", "reply_nowait", "receive", "receive_reply",
@@ -158,19 +158,33 @@ class DirGet(NamedTuple):
 
 
 class DirTake(NamedTuple):
-    """The holders of ``key`` with their copies (:class:`Holders`), forgetting the key (a delete of every copy;
-    fetches in flight are refused when they end)."""
+    """The holders of ``key`` with their copies (:class:`Holders`), forgetting the key (a delete of every copy).
+    Fetches of it in flight are refused when they end; where there are (``Holders.pending``), the taker settles
+    them (:class:`DirSettle`, named by its ``token``) so that no copy of the deleted object is left when it
+    returns."""
     key: str
+    token: int = 0
 
 
 class DirReplace(NamedTuple):
     """Node ``node`` holds the only copy of ``key`` now (``nbytes``, its ``version``; an overwrite): the other
-    holders with their copies (:class:`Holders`), which the overwriter then deletes (fetches in flight are
-    refused when they end)."""
+    holders with their copies (:class:`Holders`), which the overwriter then deletes (fetches of the old object
+    in flight: as for :class:`DirTake`)."""
     key: str
     node: int
     nbytes: int
     version: Version = None
+    token: int = 0
+
+
+class DirSettle(NamedTuple):
+    """The copies of ``key`` that fetches in flight when a :class:`DirTake` or :class:`DirReplace` named
+    ``token`` took the entry landed since (refused: the taker deletes them), and how many are still out:
+    :class:`Holders`. A fetch's registration is posted, so a get may return before its home hears of the copy:
+    without this, a delete or an overwrite that came first left that old copy readable on its node for a
+    while, even to a get ordered after them by a barrier."""
+    key: str
+    token: int
 
 
 class DirSource(NamedTuple):
@@ -299,9 +313,11 @@ class Sourced(NamedTuple):
 
 
 class Holders(NamedTuple):
-    """The holders of a key, each with its copy: what :class:`DirCopies`, :class:`DirTake` and
-    :class:`DirReplace` answer."""
+    """The holders of a key, each with its copy: what :class:`DirCopies`, :class:`DirTake`,
+    :class:`DirReplace` and :class:`DirSettle` answer; ``pending``: fetches of the object taken still in flight
+    (see :class:`DirSettle`)."""
     copies: list[tuple[int, Version]]
+    pending: int = 0
 
     @property
     def nodes(self) -> list[int]:
@@ -360,7 +376,7 @@ MESSAGES: dict[int, type[Any]] = {  # every message by its code on the wire (cod
     10: WriterClose, 11: Stop, 12: DirAdd, 13: DirDrop, 14: DirGet, 15: DirTake, 16: DirReplace, 17: DirSource,
     18: DirDone, 19: Found, 20: FoundMany, 21: Sourced, 22: Chunk, 23: Failure, 24: DirSourceMany,
     25: DirDoneMany, 26: DirCopies, 27: Forward, 28: DirSourceSmall, 29: DirSourceFor, 30: Holders, 31: Located,
-    32: Refused, 33: Source, 34: Large,
+    32: Refused, 33: Source, 34: Large, 35: DirSettle,
 }
 _PLAIN = -1
 _OUTCOMES = {o.value: o for o in Outcome}

@@ -238,3 +238,41 @@ def test_a_small_only_request_answers_large_without_registering_anything():
     assert ask(d, W.DirDone("small", 0, 1, COPIED, 64, 2.0), out) is True and d.get("small") == [0, 1]
     assert ask(d, W.DirSourceSmall("none", 1, 1024), out) is None
     assert ask(d, W.DirSourceSmall("small", 0, 1024), out) == 1  # its own copy aside, node 1 is the holder
+
+
+def test_a_delete_or_overwrite_settles_the_fetches_in_flight_and_deletes_what_they_landed():
+    """A fetch's DirDone is posted: its get may return before the home hears of the copy. A DirTake (a delete)
+    or DirReplace (an overwrite) meanwhile answers how many fetches of the object it took are still out, and
+    DirSettle then hands the taker each copy they landed (refused: the copy of a deleted or replaced object)
+    until none is left; fetches that failed or found nothing count as ended."""
+    d, out = Directory(), []
+    ask(d, W.DirAdd(["k"], 0, [64], [1.0]), out)
+    for node, token in ((1, 11), (2, 12), (3, 13)):
+        assert ask(d, W.DirSource("k", node, 0, token), out) == 0
+    assert ask(d, W.DirDone("k", 0, 3, COPIED, 64, 3.5, 13), out) is True  # landed and listed before the delete
+    taken = ask(d, W.DirTake("k", 99), out)
+    assert taken == W.Holders([(0, 1.0), (3, 3.5)], 2)  # listed copies, and two fetches still out
+    assert ask(d, W.DirSettle("k", 99), out) == W.Holders([], 2)
+    assert ask(d, W.DirDone("k", 0, 1, COPIED, 64, 2.5, 11), out) is False  # refused: its copy must go...
+    assert ask(d, W.DirSettle("k", 99), out) == W.Holders([(1, 2.5)], 1)  # ...and the taker deletes it now
+    assert ask(d, W.DirDone("k", 0, 2, FAILED, 0, None, 12), out) is True
+    assert ask(d, W.DirSettle("k", 99), out) == W.Holders([], 0)
+    assert ask(d, W.DirSettle("k", 99), out) == W.Holders([])  # settled: the record is gone
+    assert d._closing == {} and d._closed_by == {}
+
+    ask(d, W.DirAdd(["j"], 0, [64], [1.0]), out)
+    assert ask(d, W.DirSource("j", 1, 0, 21), out) == 0
+    assert ask(d, W.DirReplace("j", 2, 64, 5.0, 98), out) == W.Holders([(0, 1.0)], 1)
+    assert ask(d, W.DirDone("j", 0, 1, COPIED, 64, 4.0, 21), out) is False  # a copy of the old object
+    assert ask(d, W.DirSettle("j", 98), out) == W.Holders([(1, 4.0)], 0)
+    assert ask(d, W.DirCopies("j"), out) == W.Holders([(2, 5.0)])  # the new object alone
+
+
+def test_a_take_without_a_token_or_without_fetches_out_keeps_no_record():
+    d, out = Directory(), []
+    ask(d, W.DirAdd(["k"], 0, [64], [1.0]), out)
+    assert ask(d, W.DirTake("k", 5), out) == W.Holders([(0, 1.0)], 0)
+    ask(d, W.DirAdd(["k"], 0, [64], [1.0]), out)
+    assert ask(d, W.DirSource("k", 1, 0, 31), out) == 0
+    assert ask(d, W.DirTake("k"), out) == W.Holders([(0, 1.0)], 0)  # (unit-test callers name no token)
+    assert d._closing == {} and d._closed_by == {}
