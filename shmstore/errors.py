@@ -21,6 +21,7 @@ __all__ = [
     "StoreInUseError",
     "SpillError",
     "TransferError",
+    "GetTimeoutError",
     "CheckpointError",
     "DeviceError",
     "InvalidArgumentError",
@@ -117,6 +118,12 @@ class TransferError(ShmStoreError):
         super().__init__(message)
         self.object_id = object_id
         self.peer = peer
+
+
+class GetTimeoutError(TransferError, TimeoutError):
+    """A get given ``timeout=`` (``ref.get``, ``Cluster.get``) did not finish in time: the transfer under way was
+    given up (nothing partial is left; another rank of the node waiting for it takes it over) and the call may be
+    made again. Ray's ``GetTimeoutError``."""
 
 
 class CheckpointError(ShmStoreError):

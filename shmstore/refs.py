@@ -39,7 +39,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from .config import default_node, node_label
-from .errors import ObjectNotFoundError, StoreNotFoundError, TransferError
+from .errors import InvalidArgumentError, ObjectNotFoundError, StoreNotFoundError, TransferError
 
 if TYPE_CHECKING:
     from .store import Store
@@ -137,17 +137,22 @@ class Ref:
         return f"<shmstore.Ref {kind}{self.key!r} store={self.name!r} node={self.node!r} session={self.session!r}>"
 
     # ---- resolution --------------------------------------------------------------
-    def get(self) -> Any:
+    def get(self, timeout: float | None = None) -> Any:
         """The shared value, as ``store.get`` returns it (zero-copy views for arrays and bytes).
+
+        ``timeout``: seconds to wait at most for the object to come from another node (as Ray's
+        ``ray.get(ref, timeout=)``; a ref is made after its object exists, so only that transfer can wait).
+        None: each wait up to the cluster's ``peer_timeout``. An object on this node comes at once.
 
         Raises:
             ObjectNotFoundError: the object is gone (``delete()``, its store's ``clear()``, or the store removed
                 with its last client); the message names the key and says so.
+            GetTimeoutError: it did not come within ``timeout`` (the transfer is given up; ask again).
             TransferError: the ref was shared on another node and this process has no Cluster open over the
                 store (or a transfer into this node failed).
         """
         try:
-            return self._resolve()
+            return self._resolve(timeout)
         except ObjectNotFoundError as exc:
             raise self._gone() from exc
 
@@ -163,13 +168,15 @@ class Ref:
         value = self.get()
         return np.array(value, dtype, copy=True) if copy else np.asarray(value, dtype)
 
-    def _resolve(self) -> Any:
+    def _resolve(self, timeout: float | None = None) -> Any:
+        if timeout is not None and not timeout >= 0:
+            raise InvalidArgumentError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
         owner = self._live_owner()
         if owner is not None and not self.cluster and not owner.closed:
             return owner.get(self.key)
         cluster = self._cluster() if self.cluster else None
         if cluster is not None:
-            return cluster.get(self.key)
+            return cluster.get(self.key, timeout=timeout)
         node = here()
         store = self._local(node)
         if store is not None and (node == self.node or self.key in store):

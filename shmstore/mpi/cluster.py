@@ -65,7 +65,7 @@ from .fetch import Fetcher
 from .links import Links
 from .nodes import identify
 from .poll import idle_nap, spin_window
-from .rpc import Messenger, gave_up
+from .rpc import Messenger, bounded, gave_up
 from .service import Service
 from .streams import PublishedWriter, RemoteReader, RemoteWriter
 
@@ -258,21 +258,28 @@ class Cluster:
 
     def get(self, key: str, default: Any = NO_DEFAULT, *misuse: Any, fetch: bool = True,
             conditions: Conditions | None = None,
-            levels: Iterable[Level] | Level | None = None) -> Any:
+            levels: Iterable[Level] | Level | None = None, timeout: float | None = None) -> Any:
         """The value of ``key``: a local hit, or (``fetch``) one deduplicated transfer into this node.
 
         ``default`` is returned where no node has ``key`` (or, with ``fetch=False``, this node has not), as
-        with a dict; ``fetch``, ``conditions`` and ``levels`` are keyword-only.
+        with a dict; ``fetch``, ``conditions``, ``levels`` and ``timeout`` are keyword-only. ``timeout``:
+        seconds the whole call may wait on other ranks (None: each wait up to ``peer_timeout``).
 
         Raises:
             ObjectNotFoundError: no node has it (or ``fetch`` is False and this node has not), and no
                 ``default``.
+            GetTimeoutError: not done within ``timeout`` (the transfer under way is given up; ask again).
             TransferError: the transfer failed, or a node did not answer within ``peer_timeout``.
             InvalidArgumentError: a third positional argument, or an index as ``default`` (``conditions`` by
                 position).
         """
         check_get_args(key, default, misuse)  # the kernel's get sees _MISSED, not this default
         self._check()
+        with bounded(timeout):
+            return self._get(key, default, fetch, conditions, levels)
+
+    def _get(self, key: str, default: Any, fetch: bool, conditions: Conditions | None,
+             levels: Iterable[Level] | Level | None) -> Any:
         kernel = self.store.kernel
         try:
             for _ in range(3):
@@ -348,20 +355,24 @@ class Cluster:
             if key not in landed and key not in self.store:
                 self._fetcher.fetch_one(key, None, levels, block, missed=not batch)
 
-    def get_many(self, keys: Iterable[str | Ref], *, levels: Iterable[Level] | Level | None = None) -> list[Any]:
+    def get_many(self, keys: Iterable[str | Ref], *, levels: Iterable[Level] | Level | None = None,
+                 timeout: float | None = None) -> list[Any]:
         """The values of ``keys``: local hits, and the rest fetched in batches (one round trip per home node
         and one per source node for each 64 keys, not one per key); a :class:`~shmstore.refs.Ref` among them
-        is resolved as ``ref.get()`` does.
+        is resolved as ``ref.get()`` does. ``timeout``: as for :meth:`get`, for the whole call.
 
         Raises:
-            ObjectNotFoundError: a key no node has (naming it). TransferError: a transfer failed, or a node
-                did not answer within ``peer_timeout``.
+            ObjectNotFoundError: a key no node has (naming it). GetTimeoutError: not done within ``timeout``.
+            TransferError: a transfer failed, or a node did not answer within ``peer_timeout``.
         """
         self._check()
-        items = list(keys)
+        with bounded(timeout):
+            return self._get_many(list(keys), levels)
+
+    def _get_many(self, items: list[Any], levels: Iterable[Level] | Level | None) -> list[Any]:
         if any(type(k) is Ref for k in items):
-            return values_of(items, lambda ks: self.get_many(ks, levels=levels))
-        names: list[str] = items  # type: ignore[assignment]  # no Ref among them
+            return values_of(items, lambda ks: self._get_many(ks, levels))
+        names: list[str] = items  # no Ref among them
         try:
             self._fetch(list(dict.fromkeys(names)), levels, self.block_size)
         except errors.TransferError as exc:

@@ -48,6 +48,7 @@ from .abandon import give_up
 from .cuda import cuda_aware
 from .dirclient import DirectoryClient
 from .links import Links
+from .rpc import call_end, out_of_time
 from .staging import recv_staged
 
 if TYPE_CHECKING:
@@ -95,15 +96,21 @@ class Fetcher:
             missed = False
             owner, slot = inbound.begin(node, sid, kb)
             if not owner:
-                err = inbound.wait(node, slot, sid, kb, self.store.config.spill_timeout * 2)
+                limit, end = self.store.config.spill_timeout * 2, call_end()
+                err = inbound.wait(node, slot, sid, kb, limit if end is None else min(limit, end - time.monotonic()))
                 if err is None or err == "retry":
                     continue
+                late = out_of_time(f"another rank's transfer of {key!r} into this node", key)
+                if late is not None:
+                    raise late
                 raise _shared_error(key, self.links.name, err)  # the error of the transfer we waited for
             try:
                 if key not in self.store:
                     self._one(key, source, source_version, levels, block, direct)
-            except errors.ObjectNotFoundError:
-                inbound.finish(node, slot)  # a miss leaves no entry: waiters look again and miss too
+            # a miss leaves no entry: waiters look again and miss too; a call out of its own time leaves the
+            # transfer to them (they look again and take it over)
+            except (errors.ObjectNotFoundError, errors.GetTimeoutError):
+                inbound.finish(node, slot)
                 raise
             except BaseException as exc:
                 inbound.finish(node, slot, f"{type(exc).__name__}:{exc}")

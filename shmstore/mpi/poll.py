@@ -123,7 +123,7 @@ def quiet_wait(reqs: list[MPI.Request], first_nap: float = 20e-6, nap_max: float
 
 @interruptible
 def settle(reqs: list[MPI.Request], timeout: float, busy: bool, first_nap: float = 20e-6,
-           nap_max: float = 1e-3, stop: threading.Event | None = None) -> bool:
+           nap_max: float = 1e-3, stop: threading.Event | None = None, end: float | None = None) -> bool:
     """Wait for ``reqs`` (a transfer's frames): True once all completed, False where none completed for
     ``timeout`` seconds (the peer died, or stalls: the caller gives them up with their memory,
     ``abandon.give_up``, and says which).
@@ -132,13 +132,15 @@ def settle(reqs: list[MPI.Request], timeout: float, busy: bool, first_nap: float
     frame by frame is never cut short. ``busy``: test back to back (the rank has a core of its own: MPI
     progresses the bytes only inside the tests), else after naps from ``first_nap`` doubling to ``nap_max``.
     The clock is read only after a test that found nothing new, every 64th such test while busy. ``stop``:
-    False as soon as it is set (seen when the clock is read). Interruptible: Ctrl-C raises here at once,
+    False as soon as it is set (seen when the clock is read). ``end``: False at this ``time.monotonic()`` at the
+    latest, frames flowing or not (a call's own timeout, ``rpc.bounded``). Interruptible: Ctrl-C raises here at once,
     the requests left as they are (the caller gives them up with their memory).
     """
     left = len(reqs)
     if MPI.Request.Testall(reqs):  # the usual case for a small transfer: done by the first look
         return True
-    deadline = time.monotonic() + timeout
+    last = float("inf") if end is None else end
+    deadline = min(time.monotonic() + timeout, last)
     nap, idle = first_nap, 0
     while True:
         done = MPI.Request.Testsome(reqs)
@@ -148,7 +150,7 @@ def settle(reqs: list[MPI.Request], timeout: float, busy: bool, first_nap: float
             left -= len(done)
             if left <= 0:
                 return True
-            deadline = time.monotonic() + timeout
+            deadline = min(time.monotonic() + timeout, last)
             # frames are flowing: look again soon (the next one's hand-shake waits for a test)
             nap = first_nap
             continue

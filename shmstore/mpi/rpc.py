@@ -17,13 +17,22 @@ waiting for ever. The deadline costs the hot path nothing: the C prober
 takes it as its limit, and the clock is read only once a wait naps. A
 reply that comes after its call gave up must not be taken for another
 call's: the tag of a call that timed out is never used again.
+
+A get may bound its whole call too (``ref.get(timeout=)``, ``Cluster.get``):
+:func:`bounded` sets the end for the calling thread, every wait of the call
+ends by then at the latest, and the call raises
+:class:`~shmstore.errors.GetTimeoutError` (a transfer under way is given up
+as after a peer that stopped answering).
 """
 from __future__ import annotations
 
 import ast
+import contextlib
+import contextvars
 import itertools
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from mpi4py import MPI
@@ -66,6 +75,42 @@ def gil_hint() -> str:
             "hold the GIL and stop its node's service: set MPI4PY_RC_FAST_REDUCE=0 (shmstore.mpi sets "
             "mpi4py.rc.fast_reduce = False itself where it imports MPI first)")
 _LEFT_NOTE = 512  # bytes of a rank's notice that it left the cluster by an exception
+
+
+# the end (time.monotonic()) of the call this thread is in, where it was given a timeout (bounded)
+_END: contextvars.ContextVar[tuple[float, float] | None] = contextvars.ContextVar("shmstore_call_end", default=None)
+
+
+@contextlib.contextmanager
+def bounded(timeout: float | None) -> Iterator[None]:
+    """Every wait on another rank inside the block (in this thread) ends within ``timeout`` seconds of its start
+    (None: no bound beyond ``peer_timeout``); one that would wait longer raises GetTimeoutError."""
+    if timeout is None:
+        yield
+        return
+    if not timeout >= 0:
+        raise errors.InvalidArgumentError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
+    token = _END.set((time.monotonic() + float(timeout), float(timeout)))
+    try:
+        yield
+    finally:
+        _END.reset(token)
+
+
+def call_end() -> float | None:
+    """The end of this thread's bounded call (see :func:`bounded`), None where it has none."""
+    bound = _END.get()
+    return None if bound is None else bound[0]
+
+
+def out_of_time(what: str, key: Any = None, peer: int | None = None) -> errors.GetTimeoutError | None:
+    """The error of a bounded call whose end has passed (``what`` was under way), None while time is left."""
+    bound = _END.get()
+    if bound is None or time.monotonic() < bound[0]:
+        return None
+    return errors.GetTimeoutError(f"did not finish within the timeout of {bound[1]:g} s it was given ({what} was "
+                                  f"under way and is given up): ask again, or give it more time",
+                                  key if isinstance(key, str) else None, peer)
 
 
 class Messenger:
@@ -126,12 +171,16 @@ class Messenger:
         source = MPI.ANY_SOURCE if any_source else dest  # a reply tag is this rank's alone while the call lasts
         try:
             limit = self.timeout * patience
+            end = call_end()
+            if end is not None:
+                limit = max(0.0, min(limit, end - time.monotonic()))
             if not self._probe(source, tag, spin, _NAP, min(limit, _REPLY_SOON), _REPLY_NAP_MAX) and (
                     limit <= _REPLY_SOON or not self._probe(source, tag, 0.0, _REPLY_NAP_MAX,
                                                             limit - _REPLY_SOON, _NAP_MAX)):
                 self.burn(tag)
-                raise self.late(node, f"did not answer a {_operation(msg)} request", self.timeout * patience,
-                                key if key is not None else getattr(msg, "key", None))
+                key = key if key is not None else getattr(msg, "key", None)
+                raise out_of_time(f"a {_operation(msg)} request to node {self.names[node]!r}", key, dest) or \
+                    self.late(node, f"did not answer a {_operation(msg)} request", self.timeout * patience, key)
             if any_source:
                 status = MPI.Status()
                 reply = W.receive_reply(self.comm, source, tag, status)
@@ -163,9 +212,12 @@ class Messenger:
                 together with that memory (``abandon.give_up``), never frees it at once.
         """
         try:
-            done = settle(reqs, self.timeout, self.spin > 0, _NAP, _FRAME_NAP_MAX, stop)
+            done = settle(reqs, self.timeout, self.spin > 0, _NAP, _FRAME_NAP_MAX, stop, call_end())
         except MPI.Exception as exc:
             raise self.failed(node, "transfer", key, exc) from exc
+        late = None if done else out_of_time(f"a transfer from node {self.names[node]!r}", key, self.leaders[node])
+        if late is not None:
+            raise late
         if not done and stop is not None and stop.is_set():
             raise errors.TransferError(f"transfer from node {self.names[node]!r} given up: another of its streams "
                                        f"failed", key if isinstance(key, str) else None, self.leaders[node])

@@ -37,11 +37,21 @@ def test_ranks_of_a_node_resolving_one_ref_cause_one_transfer_into_it(cluster, c
     before = cluster.stats()
     comm.Barrier()
     crcs: list[int] = []
-    threads = [threading.Thread(target=lambda: crcs.append(crc(ref.get()))) for _ in range(2)]  # 2 tasks a rank
+    failed: list[BaseException] = []
+
+    def task() -> None:
+        try:
+            crcs.append(crc(ref.get()))
+        except BaseException as exc:  # said below, with its traceback
+            failed.append(exc)
+
+    threads = [threading.Thread(target=task) for _ in range(2)]  # 2 tasks a rank
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
+    if failed:
+        raise failed[0]
     assert crcs == [crc(data)] * 2
     comm.Barrier()
     after = cluster.stats()
@@ -102,3 +112,68 @@ def test_cluster_get_many_takes_refs_among_keys(cluster, comm, key):
         ref.delete()
         cluster.delete(key)
     comm.Barrier()
+
+
+def test_ref_get_with_a_timeout_gives_up_in_time_and_a_later_get_brings_it_whole(cluster, comm):
+    """``ref.get(timeout=)`` (issue 35 item 3, Ray's ``ray.get(ref, timeout=)``): on a node without the object
+    a timeout too short for its transfer raises GetTimeoutError (also a TimeoutError) at once, on every rank of
+    the node (the rank that waited for the other's transfer too); the transfer given up leaves nothing behind:
+    the next get without a timeout brings the object whole, once per node. On the node that holds it the same
+    call answers at once. A bad timeout is refused."""
+    data = np.random.default_rng(35).integers(0, 1 << 30, 4 << 20, dtype=np.int64)  # 32 MiB
+    want = crc(data)
+    root = cluster.leaders[-1]
+    ref = comm.bcast(cluster.share(data) if comm.rank == root else None, root=root)
+    comm.Barrier()
+    before = cluster.stats()["transfers"]
+    if cluster.node_index != len(cluster.nodes) - 1:
+        with pytest.raises(shmstore.GetTimeoutError, match=r"did not finish within the timeout of 0 s") as caught:
+            ref.get(timeout=0)
+        assert isinstance(caught.value, TimeoutError) and ref.key in str(caught.value)
+    assert crc(ref.get(timeout=0 if cluster.node_index == len(cluster.nodes) - 1 else 120)) == want
+    with pytest.raises(shmstore.InvalidArgumentError, match="timeout"):
+        ref.get(timeout=-1)
+    comm.Barrier()
+    moved = comm.allgather(cluster.stats()["transfers"] - before)
+    if len(cluster.nodes) > 1:
+        assert sum(moved) <= len(cluster.nodes) - 1 + comm.size, moved  # at most the given-up ones and one a node
+    comm.Barrier()
+    if comm.rank == root:
+        ref.delete()
+    comm.Barrier()
+
+
+def test_a_bounded_call_ends_every_wait_at_its_end(cluster, comm):
+    """rpc.bounded, which ref.get(timeout=) and Cluster.get(timeout=) use: a reply that never comes, and
+    frames that never come, end at the bound (0.3 s) though peer_timeout is 60 s, with GetTimeoutError."""
+    import time
+
+    from mpi4py import MPI
+
+    from shmstore.mpi import wire as W
+    from shmstore.mpi.abandon import give_up
+    from shmstore.mpi.rpc import Messenger, bounded
+    silent = comm.Dup()  # no service reads it: every reply waits for ever, but for the deadline
+    peer = (comm.rank + 1) % comm.size
+    try:
+        m = Messenger(silent, ["far"], [peer], 0.0, timeout=60.0)
+        start = time.monotonic()
+        with pytest.raises(shmstore.GetTimeoutError, match=r"within the timeout of 0\.3 s it was given \(a lookup "
+                           r"request to node 'far' was under way"), bounded(0.3):
+            m.call(0, W.Lookup("k", 0))
+        assert 0.3 <= time.monotonic() - start < 5.0
+        buf = np.empty(8, np.uint8)
+        reqs = [silent.Irecv([buf, MPI.BYTE], source=peer, tag=77)]
+        start = time.monotonic()
+        with pytest.raises(shmstore.GetTimeoutError, match=r"a transfer from node 'far' was under way"), \
+                bounded(0.3):
+            m.wait(reqs, 0, "k")
+        assert 0.3 <= time.monotonic() - start < 5.0
+        assert give_up(reqs, keep=buf)
+        comm.Barrier()  # every rank's requests are out: take them
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            if silent.iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG):
+                silent.recv(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+    finally:
+        silent.Free()
