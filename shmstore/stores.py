@@ -296,41 +296,58 @@ def collect_mpi_orphans(uid: int | None = None, all_users: bool = False, min_age
     """Remove the MPI libraries' shared memory segments in /dev/shm (``MPI_SEGMENT_PREFIXES``) that no live
     process maps or holds open: what an aborted or killed job leaves (MPICH 2 MiB and more per node and run,
     Open MPI 16 MiB per singleton). This user's, another ``uid``'s or (``all_users``, root) everyone's; only
-    regular files at least ``min_age`` seconds old (a job starting now maps its own at once); ``only``: just
-    these names (tests). Returns the names removed.
+    regular files at least ``min_age`` seconds old (a job starting now maps its own at once): unused ones
+    younger than that are looked at again once they are that old, where that is at most 10 s away (a Slurm
+    epilog runs at once after an aborted job, whose segments are seconds old); ``only``: just these names
+    (tests). Returns the names removed.
 
     Raises:
         PermissionDeniedError: another user's asked for without being root.
     """
     me = _may_collect(uid, all_users, "MPI segments")
     want = me if uid is None else uid
-    now, candidates = time.time(), {}
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return []
-    for entry in names:
-        if not entry.startswith(MPI_SEGMENT_PREFIXES) or (only is not None and entry not in only):
-            continue
+    removed: list[str] = []
+    wait_until = 0.0
+    for _ in range(2):
+        now = time.time()
+        candidates: dict[str, tuple[int, int]] = {}
+        young: dict[str, tuple[int, int]] = {}
         try:
-            st = os.lstat(os.path.join(SHM_DIR, entry))
+            names = os.listdir(SHM_DIR)
         except OSError:
-            continue
-        if stat.S_ISREG(st.st_mode) and (all_users or st.st_uid == want) and now - st.st_mtime >= min_age:
-            candidates[entry] = (st.st_dev, st.st_ino)
-    for entry in _in_use(candidates):
-        del candidates[entry]
-    removed = []
-    for entry, ident in sorted(candidates.items()):
-        path = os.path.join(SHM_DIR, entry)
-        try:
-            st = os.lstat(path)
-            if (st.st_dev, st.st_ino) == ident:  # the same file still (not one made again meanwhile)
-                os.unlink(path)
-                removed.append(entry)
-        except OSError:
-            continue
+            return removed
+        for entry in names:
+            if not entry.startswith(MPI_SEGMENT_PREFIXES) or (only is not None and entry not in only):
+                continue
+            try:
+                st = os.lstat(os.path.join(SHM_DIR, entry))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and (all_users or st.st_uid == want):
+                if now - st.st_mtime >= min_age:
+                    candidates[entry] = (st.st_dev, st.st_ino)
+                elif st.st_mtime + min_age - now <= _YOUNG_WAIT_MAX:  # of age soon: looked at again then
+                    young[entry] = (st.st_dev, st.st_ino)
+                    wait_until = max(wait_until, st.st_mtime + min_age)
+        used = _in_use(candidates | young)
+        for entry, ident in sorted(candidates.items()):
+            if entry in used:
+                continue
+            path = os.path.join(SHM_DIR, entry)
+            try:
+                st = os.lstat(path)
+                if (st.st_dev, st.st_ino) == ident:  # the same file still (not one made again meanwhile)
+                    os.unlink(path)
+                    removed.append(entry)
+            except OSError:
+                continue
+        if not [e for e in young if e not in used]:
+            break
+        time.sleep(max(0.0, wait_until - time.time()) + 0.05)
     return removed
+
+
+_YOUNG_WAIT_MAX = 10.0  # collect_mpi_orphans waits this long at most for unused segments to come of age
 
 
 def _in_use(candidates: dict[str, tuple[int, int]]) -> set[str]:

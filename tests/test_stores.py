@@ -329,6 +329,35 @@ def test_gc_as_root_for_another_user_removes_only_that_store_s_own_files(name, t
                 os.unlink(os.path.join(SHM, s))
 
 
+def test_gc_right_after_an_aborted_job_waits_for_its_young_segments_to_come_of_age(name):
+    """A Slurm epilog runs ``shmstore gc`` the moment a job ends; an aborted job's MPI segments are then seconds
+    old, under the age below which gc leaves a segment alone (a job starting may not have mapped its own yet):
+    under the test Slurm every aborted job left MPICH's 2 x 32 MiB of VCI segments behind. gc now looks at an
+    unused young segment again once it is old enough (where that is within 10 s), and removes it then; one
+    still in use then stays, and one whose age is far off is not waited for."""
+    from shmstore.stores import collect_mpi_orphans
+    young, kept, far = f"mpich_vci_{name}_0", f"mpich_vci_{name}_1", f"mpich_vci_{name}_2"
+    for seg in (young, kept, far):
+        with open(f"/dev/shm/{seg}", "wb") as f:
+            f.write(b"\0" * 4096)
+    os.utime(f"/dev/shm/{far}", (time.time() + 3600, time.time() + 3600))  # an hour from being old enough
+    held = open(f"/dev/shm/{kept}", "rb")  # noqa: SIM115  (a live process holds it once it is old enough)
+    try:
+        start = time.monotonic()
+        removed = collect_mpi_orphans(only={young, kept, far}, min_age=1.0)
+        took = time.monotonic() - start
+        assert removed == [young] and took >= 0.9, (removed, took)
+        assert os.path.exists(f"/dev/shm/{kept}") and os.path.exists(f"/dev/shm/{far}")
+        assert took < 60, took  # not the hour
+    finally:
+        held.close()
+        for seg in (young, kept, far):
+            try:
+                os.unlink(f"/dev/shm/{seg}")
+            except OSError:
+                pass
+
+
 def test_gc_removes_the_mpi_librarys_orphaned_segments_and_only_those(name):
     """What an aborted MPI job leaves in /dev/shm (issue 35 item 8): MPICH's and Open MPI's segments that no live
     process maps or holds open go; one a live process maps, one it holds open, a fresh one, another user's,

@@ -14,6 +14,7 @@ set -euo pipefail
 cmd=${1:?usage: testcluster.sh start|stop DIR}
 dir=$(realpath -m "${2:?usage: testcluster.sh start|stop DIR}")
 cpus=${TESTCLUSTER_CPUS:-4}   # what each node advertises (a 2-core machine runs 4 ranks per node)
+# task/affinity: srun --cpu-bind=cores pins a task to a core, as on real clusters (no binding unless asked)
 
 # slurmstepd processes of this cluster (they run in its log folder), and their tasks: a job still running when
 # the cluster stops (a test that failed mid-job) must not outlive it, spinning ranks and holding /dev/shm
@@ -93,7 +94,7 @@ SlurmdPidFile=$dir/run/slurmd-%n.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=${TESTCLUSTER_TASKPLUGIN:-task/affinity}
 MpiDefault=pmi2
 SchedulerType=sched/builtin
 SelectType=select/cons_tres
