@@ -1,8 +1,8 @@
 """The ``shmstore`` command: look into and manage node stores.
 
     shmstore [--name NAME] [--node NODE] [--session S] [--json]
-             stores | status | ls [--all-sessions] | info KEY | rm KEY | move KEY memory|disk | check | gc
-             | destroy [NAME]
+             stores | status | ls [--all-sessions] | info KEY | rm KEY | move KEY memory|disk | check
+             | gc [--job JOBID] | destroy [NAME] [--force]
 
 ``stores``, ``status``, ``ls``, ``info`` and ``check`` only look: they start no
 spill process and remove nothing, even on a store whose job is gone.
@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from .errors import ShmStoreError
+from .errors import InvalidArgumentError, ShmStoreError, StoreInUseError
 from .levels import Level, ObjectInfo
 from .placement import spill_progress_line
 from .store import Store, connect, destroy, observe
@@ -56,10 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("level", choices=["memory", "disk"])
     sub.add_parser("check", parents=common,
                    help="check the store's invariants (table, allocator, counters, spill files); exit 1 on a problem")
-    g = sub.add_parser("gc", parents=common,
-                       help="remove stores that no live process uses (job epilogs): yours, or as root every user's; "
-                            "only those named NAME with --name; and, without --name, the MPI library's shared "
-                            "memory segments (mpich_*, sm_segment.*, vader_segment.*) no live process maps")
+    gc_says = ("remove stores that no live process uses (job epilogs): without --name or --job every such store "
+               "of yours on this host, not only this job's (as root --uid's or every user's), and the MPI "
+               "library's shared memory segments (mpich_*, sm_segment.*, vader_segment.*) no live process maps; "
+               "with --name NAME or --job JOBID only that store")
+    g = sub.add_parser("gc", parents=common, help=gc_says, description=gc_says)
+    g.add_argument("--job", metavar="JOBID", help="only Slurm job JOBID's store (named job-JOBID, as in a job)")
     g.add_argument("--all-users", action="store_true", help="every user's stale stores (root: a Slurm epilog)")
     g.add_argument("--uid", type=int, help="that user's stale stores (root)")
     d = sub.add_parser("destroy", parents=common, help="remove a store's segments and spill files")
@@ -96,15 +98,21 @@ def _print_status(st: dict[str, Any]) -> None:
 
 
 def _clients_line(clients: list[dict[str, Any]]) -> str:
-    """``clients: 1 alive (pid 7), 2 dead (pids 8, 9: ...)``: dead ones are registered but gone."""
-    alive = [str(c["pid"]) for c in clients if c["alive"]]
-    dead = [str(c["pid"]) for c in clients if not c["alive"]]
+    """``clients: 1 alive (pid 7), 2 dead (pids 8, 9: ...)``: dead ones are registered but gone.
 
-    def pids(p: list[str]) -> str:
-        return f" (pid{'s' if len(p) > 1 else ''} {', '.join(p)}" if p else ""
-    line = f"clients: {len(alive)} alive" + (pids(alive) + ")" if alive else "")
-    if dead:
-        line += f", {len(dead)} dead{pids(dead)}: gone; the spill process, or `shmstore gc`, reclaims their slots)"
+    Counts processes, each pid named once: a process connected twice (two sessions, a Cluster beside its own
+    connection) holds two client slots, said as ``(pid 7, 2 connections)``.
+    """
+    def pids(alive: bool) -> tuple[int, str]:
+        slots = [c["pid"] for c in clients if c["alive"] == alive]
+        procs = list(dict.fromkeys(slots))  # each pid once, in slot order
+        named = f" (pid{'s' if len(procs) > 1 else ''} {', '.join(map(str, procs))}" if procs else ""
+        return len(procs), named + (f", {len(slots)} connections" if len(slots) > len(procs) else "")
+    n_alive, alive = pids(True)
+    n_dead, dead = pids(False)
+    line = f"clients: {n_alive} alive" + (alive + ")" if n_alive else "")
+    if n_dead:
+        line += f", {n_dead} dead{dead}: gone; the spill process, or `shmstore gc`, reclaims their slots)"
     return line
 
 
@@ -120,6 +128,15 @@ def _print_list(infos: list[ObjectInfo], sessions: bool, as_json: bool) -> None:
         pinned = "  pinned" if i.pinned else ""
         session = f"{i.session or '-'}\t" if sessions else ""
         print(f"{session}{i.key}\t{format_size(i.size)}\t{i.level.name.lower()}\t{i.kind}{pinned}")
+
+
+def _info_text(info: ObjectInfo) -> str:
+    """``info``: one ``field: value`` line each, sizes in binary units and ``created`` as a local date-time
+    (``--json`` keeps bytes and seconds since the epoch)."""
+    d = _info_dict(info)
+    d["size"], d["stored"] = format_size(info.size), format_size(info.stored)
+    d["created"] = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(info.created))
+    return "\n".join(f"{k}: {v}" for k, v in d.items())
 
 
 def _info_dict(info: ObjectInfo) -> dict[str, Any]:
@@ -142,18 +159,13 @@ def _run(args: argparse.Namespace) -> int:
             print("no stores on this host")
         return 0
     if args.cmd == "gc":
-        removed = collect_stale(uid=args.uid, all_users=args.all_users, name=args.name)
-        # the MPI library's own leftovers of an aborted job: only where no store was named
-        mpi = [] if args.name else collect_mpi_orphans(uid=args.uid, all_users=args.all_users)
-        if args.json:
-            print(json.dumps({"removed": removed, "mpi_segments": mpi}))
-        else:
-            print("removed " + ", ".join(removed) if removed else "no stale stores")
-            if mpi:
-                print(f"removed {len(mpi)} MPI shared memory segment(s) no process maps: " + ", ".join(mpi))
+        _gc(args)
         return 0
     if args.cmd == "destroy":
-        gone = destroy(args.store or args.name, force=args.force, node=args.node)
+        try:
+            gone = destroy(args.store or args.name, force=args.force, node=args.node)
+        except StoreInUseError as exc:  # the command's flag, not the function's keyword
+            raise StoreInUseError(str(exc).replace("pass force=True", "pass --force")) from None
         print(json.dumps({"removed": gone}) if args.json else ("removed" if gone else "nothing to remove"))
         return 0
     with _open(args, look=args.cmd in ("status", "ls", "info", "check")) as store:
@@ -165,10 +177,9 @@ def _run(args: argparse.Namespace) -> int:
             _print_list(store.list(all_sessions=args.all_sessions), args.all_sessions, args.json)
         elif args.cmd == "info":
             info = store.get_info(args.key)
-            print(json.dumps(_info_dict(info), indent=2)) if args.json else print(
-                "\n".join(f"{k}: {v}" for k, v in _info_dict(info).items()))
+            print(json.dumps(_info_dict(info), indent=2) if args.json else _info_text(info))
         elif args.cmd == "move":
-            info = store.move(args.key, Level[args.level.upper()], progress=_Progress())
+            info = store.move(args.key, Level[args.level.upper()], progress=_Progress(args.key))
             print(json.dumps(_info_dict(info)) if args.json else f"{args.key!r} is on {args.level}")
         elif args.cmd == "check":
             problems = store.check()
@@ -183,16 +194,59 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Progress:
-    """Prints the running move's progress to stderr, at most a few times a second."""
+def _gc(args: argparse.Namespace) -> None:
+    """``gc``: the stale store named (``--name``, ``--job``), else every stale store of the user (``--uid``'s,
+    every user's) on this host and the MPI library's leftovers; the text says which stores that was."""
+    name = _gc_name(args)
+    removed = collect_stale(uid=args.uid, all_users=args.all_users, name=name)
+    # the MPI library's own leftovers of an aborted job: only where no store was named
+    mpi = [] if name else collect_mpi_orphans(uid=args.uid, all_users=args.all_users)
+    if args.json:
+        print(json.dumps({"removed": removed, "mpi_segments": mpi}))
+        return
+    whose = "of any user" if args.all_users else "of yours" if args.uid is None else f"of uid {args.uid}"
+    if name:
+        print("removed " + ", ".join(removed) if removed else f"no stale store {name!r} {whose} on this host")
+    elif removed:
+        print(f"removed {', '.join(removed)}: every stale store {whose} on this host, not only this job's "
+              f"(--name NAME or --job JOBID removes only that store)")
+    else:
+        print(f"no stale stores {whose} on this host")
+    if mpi:
+        print(f"removed {len(mpi)} MPI shared memory segment(s) no process maps: " + ", ".join(mpi))
 
-    def __init__(self) -> None:
+
+def _gc_name(args: argparse.Namespace) -> str | None:
+    """The one store ``gc`` is limited to: ``--name``, or ``job-JOBID`` for ``--job`` (how a Slurm job names
+    its store); None for every stale store.
+
+    Raises:
+        InvalidArgumentError: ``--name`` and ``--job`` name different stores.
+    """
+    name: str | None = args.name
+    if args.job is None:
+        return name
+    job = f"job-{args.job}"
+    if name not in (None, job):
+        raise InvalidArgumentError(f"--job {args.job} is store {job!r}, not --name {name!r} (give one of them)")
+    return job
+
+
+class _Progress:
+    """Prints the progress of the move of ``key`` to stderr, at most a few times a second.
+
+    ``Store.move`` calls it only while that move's copy runs, never while the
+    spill process moves other objects before it (those are not this move).
+    """
+
+    def __init__(self, key: str) -> None:
+        self._key = key
         self._last = 0.0
         self._shown = False
 
     def __call__(self, state: Any) -> None:
         now = time.monotonic()
-        line = spill_progress_line(state)
+        line = spill_progress_line(state, self._key)
         if line and now - self._last > 0.25:
             print("\r" + line, end="", file=sys.stderr, flush=True)
             self._last, self._shown = now, True

@@ -219,6 +219,11 @@ class Placement:
     def move(self, key: str, level: Level, progress: Callable[[L.SpillState], None] | None = None) -> ObjectInfo:
         """Move ``key`` to ``level`` through the spill process; waits (``spill_timeout``).
 
+        ``progress`` is called with the spill state while this move's copy
+        runs only: the spill process serves one request at a time, and what it
+        moves before this one (another client's move, room it makes on
+        ``level``) is not this move's progress.
+
         Raises:
             ObjectNotFoundError, ObjectLockedError (pinned), StorageFullError, SpillError.
         """
@@ -228,7 +233,8 @@ class Placement:
             deadline = time.monotonic() + self.config.spill_timeout
             device = self.node.devices.get(level)  # onto the arena of this process's device, not the spill process's
             arena = device.local_arena() + 1 if device is not None else 0
-            self._request(key, L.REQ_MOVE, deadline, progress, idx=idx, gen=e.gen, level=int(level), arena=arena)
+            own = None if progress is None else partial(_progress_of, idx, progress)
+            self._request(key, L.REQ_MOVE, deadline, own, idx=idx, gen=e.gen, level=int(level), arena=arena)
         return self.kernel.info(key)
 
     # ---- capacity ---------------------------------------------------------------
@@ -255,8 +261,21 @@ class Placement:
         return out
 
 
+def _progress_of(idx: int, progress: Callable[[L.SpillState], None], s: L.SpillState) -> None:
+    """``progress(s)`` where ``s`` is the move of entry ``idx`` (the spill state names the entry it moves).
+
+    The entry is the key's until the key is deleted; one reused meanwhile by
+    another object that then moves would be shown, and the request still
+    fails as the key is gone.
+    """
+    if s.moving == idx + 1:
+        progress(s)
+
+
 def _request_error(key: str, r: L.Request, level: Level = Level.MEMORY) -> Exception:
-    msg = f"{key!r}: {r.message}" if r.message else f"request for {key!r} failed"
+    # the spill process names the key in most answers ("'k' is pinned ..."): named once, not "'k': 'k' is ..."
+    msg = (r.message if repr(key) in r.message else f"{key!r}: {r.message}") if r.message else \
+        f"request for {key!r} failed"
     if r.error == L.ERR_LOCKED:
         return ObjectLockedError(msg, key)
     if r.error == L.ERR_MISSING:
@@ -266,11 +285,13 @@ def _request_error(key: str, r: L.Request, level: Level = Level.MEMORY) -> Excep
     return SpillError(msg, key)
 
 
-def spill_progress_line(s: L.SpillState) -> str:
-    """One line describing the move in progress (for the command line)."""
+def spill_progress_line(s: L.SpillState, key: str | None = None) -> str:
+    """One line describing the move in progress (for the command line), naming ``key`` if given: the caller
+    knows it is that key's move (the spill state names only the entry)."""
     if not s.moving or not s.total:
         return ""
     pct = 100.0 * s.progress / s.total
-    return (f"moving to {Level(s.moving_to).name.lower()}: {format_size(s.progress)} of {format_size(s.total)} "
+    what = f"moving {key!r}" if key is not None else "moving"
+    return (f"{what} to {Level(s.moving_to).name.lower()}: {format_size(s.progress)} of {format_size(s.total)} "
             f"({pct:.0f}%)")
 

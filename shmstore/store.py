@@ -272,7 +272,8 @@ class Store:
         """Move ``key`` to ``level`` (explicit spill or restore); waits for the spill process.
 
         Args:
-            progress: called with the spill state while the move runs.
+            progress: called with the spill state while this move's copy runs; not while the spill process
+                moves other objects first (another client's move, room made on ``level``).
 
         Raises:
             ObjectNotFoundError, ObjectLockedError (pinned), StorageFullError, SpillError.
@@ -359,6 +360,8 @@ class Store:
         return self._checked().list(None if level is None else parse_levels(level, ())[0], all_sessions)
 
     def keys(self) -> builtins.list[str]:
+        """This session's keys, as a list: a snapshot (the store may change meanwhile), which callers index
+        and slice. ``store.mapping().keys()`` is the ``KeysView`` of dict semantics."""
         return [i.key for i in self.list()]
 
     # ---- dict operators (store.mapping() is the MutableMapping view) -------------------------
@@ -383,7 +386,10 @@ class Store:
         return iter(self.keys())
 
     def __bool__(self) -> bool:
-        return True  # a connection, even to an empty store (``mapping()`` has dict truth)
+        """Always True, even for an empty store: a Store is a connection, and ``store or shmstore.connect()``
+        must not reconnect (or a check of an optional ``store=None`` argument take a fresh one) because it holds
+        no object. ``len(store)`` counts the objects; ``store.mapping()`` has dict truth (false when empty)."""
+        return True
 
     def items(self) -> builtins.list[tuple[str, Any]]:
         """(key, value) of this session's objects; one deleted meanwhile is left out."""
@@ -690,8 +696,10 @@ def destroy(name: str | None = None, force: bool = False, node: str | None = Non
             # the store's own spill process holds a slot while it flushes a checkpoint: not a user of it
             live = [pid for _, pid, start in ns.clients() if pid_alive(pid, start) and pid != ns.spill_pid()]
             if live and not force:
-                raise StoreInUseError(f"store {cfg.name!r} has {len(live)} attached client(s) (pids "
-                                      f"{', '.join(map(str, live[:8]))}); close them or pass force=True")
+                procs = list(dict.fromkeys(live))  # a process connected twice holds two slots: named once
+                raise StoreInUseError(f"store {cfg.name!r} has {len(live)} attached client(s) (pid"
+                                      f"{'s' if len(procs) > 1 else ''} {', '.join(map(str, procs[:8]))}); close "
+                                      f"them or pass force=True")
             L.HEAD.set(ns.buf, "state", L.STATE_DESTROYING)
         of_store(ns).remove_all()  # its spill files (no level is opened here: see NodeStore.unlink)
         remove_plans(plan_dir(ns.spill_path))  # its checkpoints' flush plans: their parts can never be flushed now

@@ -38,7 +38,10 @@ proxies takes the data with it unless the store was created persistent:
 ``ShmStoreConnector(persist=True)``, removed later with
 ``shmstore.destroy(name)`` or ``shmstore gc``. Using a connector after
 ``close()`` raises :class:`~shmstore.errors.StoreClosedError` (ProxyStore
-says use after close is undefined; here it is an error, never a crash).
+says use after close is undefined; here it is an error, never a crash),
+except ``exists``, which still answers, as ProxyStore's Local and File
+connectors do: by a look at the store, which holds the object while it
+lives (persistent, or other processes attached).
 """
 from __future__ import annotations
 
@@ -56,7 +59,7 @@ import numpy as np
 from .. import errors
 from ..meta import layout as L
 from ..node import serialize as _codec
-from ..store import Store, connect
+from ..store import Store, connect, observe
 from ..values import Level
 
 __all__ = ["ShmStoreKey", "ShmStoreConnector", "serialize", "deserialize"]
@@ -269,10 +272,24 @@ class ShmStoreConnector:
             return [self.get(key) for key in keys]
 
     def exists(self, key: ShmStoreKey) -> bool:
-        self._check()
+        """Whether ``key`` holds an object (on any node, with a Cluster). Answers after :meth:`close` too."""
+        if self._closed:
+            return self._exists_after_close(key.shm_key)
         if key.shm_key in self.store:
             return True
         return self._cluster is not None and bool(self._cluster.locate(key.shm_key))
+
+    def _exists_after_close(self, k: str) -> bool:
+        """``exists`` of a closed connector: through the Cluster while it is still open (it is not ours), else
+        by a look at this node's store (:func:`~shmstore.store.observe`: no spill process started, nothing
+        removed); False once the store is gone (removed when its last client closed it)."""
+        if self._cluster is not None and not self.store.closed:
+            return k in self.store or bool(self._cluster.locate(k))
+        try:
+            with observe(self.name, node=self.store.node, session=self.session) as look:
+                return k in look
+        except errors.StoreNotFoundError:
+            return False
 
     def evict(self, key: ShmStoreKey) -> None:
         """Remove ``key`` (every copy, with a Cluster); a missing key is no error."""

@@ -9,6 +9,7 @@ other processes, overwrite through ``set``, lifetimes and use after close.
 from __future__ import annotations
 
 import base64
+import os
 import pickle
 
 import numpy as np
@@ -16,7 +17,7 @@ import pytest
 
 import shmstore
 
-from helpers import Child, view_arena
+from helpers import Child, view_arena, wait_for
 
 pytest.importorskip("proxystore", reason="proxystore is not installed (pip install 'shmstore[proxystore]')")
 from proxystore.connectors.protocols import Connector, DeferrableConnector  # noqa: E402
@@ -98,10 +99,32 @@ def test_close_is_idempotent_and_use_after_close_is_a_clear_error(name):
     key = c.put(b"x")
     c.close()
     c.close()
-    for call in (lambda: c.exists(key), lambda: c.get(key), lambda: c.put(b"y"), lambda: c.evict(key),
+    for call in (lambda: c.get(key), lambda: c.put(b"y"), lambda: c.evict(key),
                  lambda: c.set(key, b"z"), lambda: c.new_key()):
         with pytest.raises(shmstore.StoreClosedError):
             call()
+
+
+def test_exists_still_answers_after_close(name):
+    """Regression: ``exists`` raised StoreClosedError after close, where ProxyStore's Local and File connectors
+    answer. It looks at the store: True while the store holds the object (here another process keeps the store),
+    False for an evicted key, and False once the store itself went with its last client."""
+    watcher = shmstore.connect(name, capacity="16MiB", session="proxystore")
+    c = ShmStoreConnector(name)
+    kept, evicted = c.put(b"kept"), c.put(b"evicted")
+    c.evict(evicted)
+    c.close()
+    try:
+        assert c.exists(kept) and not c.exists(evicted)
+        watcher.delete(kept.shm_key)
+        assert not c.exists(kept)
+        watcher.put(kept.shm_key, b"again")
+        assert c.exists(kept)
+    finally:
+        watcher.close()
+    # the spill process removes the store once its last client is gone
+    assert wait_for(lambda: not [s for s in os.listdir("/dev/shm") if f"-{name}-" in s], timeout=30)
+    assert not c.exists(kept)
 
 
 def test_clear_on_close_evicts_what_this_connector_put(name):
