@@ -47,9 +47,19 @@ def test_mpi_suite_on_two_emulated_nodes(mpi):
     r = subprocess.run(["bash", os.path.join(ROOT, "mpi", "run-tests.sh")], cwd=ROOT, env=_env(mpi),
                        capture_output=True, text=True, timeout=540)
     out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-6000:]
-    assert out.count(" passed") >= 4 and " failed" not in out, out[-6000:]
+    assert r.returncode == 0, _failure(out)
+    assert out.count(" passed") >= 4 and " failed" not in out, _failure(out)
     assert wait_for(lambda: not _new_of_this_run(before), timeout=15), _new_of_this_run(before)
+
+
+def _failure(out: str) -> str:
+    """What a failed rank-suite job said that matters: the first rank's failure with its traceback (its head and
+    its end: the frames of a lock wait are hundreds of lines), the stacks a lock's holder dumped, the end."""
+    at = out.find(" failed:\n")
+    head = out[max(0, at - 300): at + 3000] + "\n[...]\n" + out[at + 3000: at + 3000 + 2500][-2500:] if at >= 0 else ""
+    stacks = out.find("holder's stacks")
+    dump = out[stacks: stacks + 6000] if stacks >= 0 else ""
+    return f"{head}\n--- holder ---\n{dump}\n--- end ---\n{out[-3000:]}"
 
 
 @pytest.mark.timeout(400)
