@@ -41,7 +41,7 @@ def _env(mpi: launchers.Launcher) -> dict[str, str]:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("mpi", launchers.mpis(launchers.MPIS), indirect=True)  # and Intel MPI, with its pinning
+@pytest.mark.parametrize("mpi", launchers.mpis(launchers.MPIS), indirect=True)  # Intel MPI (pinned ranks) if asked
 def test_mpi_suite_on_two_emulated_nodes(mpi):
     before = set(shm_segments())
     r = subprocess.run(["bash", os.path.join(ROOT, "mpi", "run-tests.sh")], cwd=ROOT, env=_env(mpi),
