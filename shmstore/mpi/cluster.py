@@ -275,6 +275,8 @@ class Cluster:
         """
         check_get_args(key, default, misuse)  # the kernel's get sees _MISSED, not this default
         self._check()
+        if timeout is None:  # (a local hit costs a few microseconds: no context manager on its way)
+            return self._get(key, default, fetch, conditions, levels)
         with bounded(timeout):
             return self._get(key, default, fetch, conditions, levels)
 
@@ -366,6 +368,8 @@ class Cluster:
             TransferError: a transfer failed, or a node did not answer within ``peer_timeout``.
         """
         self._check()
+        if timeout is None:
+            return self._get_many(list(keys), levels)
         with bounded(timeout):
             return self._get_many(list(keys), levels)
 
