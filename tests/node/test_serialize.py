@@ -100,6 +100,31 @@ def test_pandas_frames_of_every_common_column_kind_round_trip(store):
     assert store.check() == []
 
 
+def test_xarray_time_series_round_trip_with_their_data_as_views_of_the_store(store):
+    """xarray objects with a time coordinate (issue 35 item 1: a Dataset with one failed with SerializationError,
+    "cannot include dtype 'M' in a buffer"), a timedelta coordinate, datetime values and attributes, through a
+    real store: identical, and a large data variable comes back as a read-only view of the store's memory."""
+    xr = pytest.importorskip("xarray")
+    pd = pytest.importorskip("pandas")
+    from helpers import view_arena
+    t = pd.date_range("2024-01-01", periods=2000, freq="min")
+    ds = xr.Dataset({"temp": (("time", "x"), np.random.default_rng(1).random((2000, 64))),
+                     "when": ("time", t.values)},
+                    coords={"time": t, "x": np.arange(64), "lag": ("x", pd.to_timedelta(np.arange(64), "s"))},
+                    attrs={"units": "K", "made": np.datetime64("2024-01-01T00:00")})
+    values = {"dataset": ds, "array": ds["temp"], "tz": xr.DataArray(pd.date_range("2024", periods=10, tz="UTC"))}
+    for key, value in values.items():
+        store.put(key, value)
+        got = store.get(key)
+        assert type(got) is type(value) and got.identical(value), key
+    got = store.get("dataset")
+    data = got["temp"].values
+    start, size = view_arena(store)
+    assert not data.flags.writeable and start <= data.ctypes.data < start + size  # zero copy: the store's bytes
+    del got, data
+    assert store.check() == []
+
+
 def test_parts_cover_the_stored_bytes_exactly():
     sd = {"a": np.arange(1000), "b": b"raw", "c": np.ones((3, 3))}
     enc, base = roundtrip(sd)
