@@ -332,7 +332,7 @@ class Messenger:
         if self.bells is not None:
             self.bells.sent(node)
         try:
-            done = settle([req], self.timeout, self.spin > 0, _NAP, _NAP_MAX)
+            done = settle([req], self.timeout, self.spin > 0, _NAP, _NAP_MAX, end=call_end())
         # MPI failed it, or a Ctrl-C: the request holds the pickled bytes MPI may still read
         except BaseException as exc:
             give_up([req])
@@ -341,8 +341,10 @@ class Messenger:
             raise
         if not done:
             give_up([req])
-            raise self.late(node, f"did not take a {_operation(msg)} request", self.timeout,
-                            key if key is not None else getattr(msg, "key", None))
+            key = key if key is not None else getattr(msg, "key", None)
+            raise out_of_time(f"a {_operation(msg)} request to node {self.names[node]!r}", key,
+                              self.leaders[node]) or \
+                self.late(node, f"did not take a {_operation(msg)} request", self.timeout, key)
 
     def post(self, node: int, msg: Any) -> None:
         """Send ``msg`` to ``node``'s service without waiting for (or getting) a reply. Messages a rank
