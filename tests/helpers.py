@@ -31,6 +31,16 @@ def job_name(tag: str = "") -> str:
     return MPI.COMM_WORLD.bcast(unique_name(tag) if MPI.COMM_WORLD.rank == 0 else None)
 
 
+def drain(comm, seconds: float = 0.5) -> None:
+    """Take every message left on ``comm`` for ``seconds`` (a communicator no service reads, after a test's
+    calls on it gave up: MPI warns of messages never received when it is freed)."""
+    from mpi4py import MPI
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if comm.iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG):
+            comm.recv(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> bool:
     """Poll ``predicate`` with backoff until true or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
