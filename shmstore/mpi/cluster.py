@@ -219,11 +219,7 @@ class Cluster:
         try:
             # this copy replaces the entry; the old copies go after (each exactly: never a later one)
             if overwrite:
-                token = self._fetcher.token()
-                old = self._dirs.ask(W.DirReplace(key, self.node_index, info.size, info.created, token))
-                for i, version in old.copies:
-                    self._copies.delete_on(i, key, version)
-                self._copies.settle(key, token, old.pending)  # old copies fetches in flight land: they go too
+                self._copies.replace(key, info.size, info.created)
             else:
                 self._dirs.ask(W.DirAdd([key], self.node_index, [info.size], [info.created]))
         except errors.TransferError as exc:

@@ -1,4 +1,5 @@
-"""Changing the copies of a key across nodes: migrating it, deleting every copy, deleting one node's copy.
+"""Changing the copies of a key across nodes: migrating it, replacing them (an overwrite), deleting every copy,
+deleting one node's copy.
 
 Every deletion names the copy it means (the object's creation time on its
 node, as the directory lists it), so that a later object put under the key
@@ -83,6 +84,19 @@ class Copies:
         if failed is not None:
             raise failed
         return gone
+
+    def replace(self, key: str, nbytes: int, version: W.Version) -> None:
+        """List this node's new object ``version`` (``nbytes``) as the only copy of ``key`` (an overwrite) and
+        delete the old copies everywhere, each exactly, those that fetches in flight land too.
+
+        Raises:
+            TransferError: the key's home, or a node holding an old copy, did not answer (at the first).
+        """
+        token = self.fetcher.token()
+        old = self.dirs.ask(W.DirReplace(key, self.links.node, nbytes, version, token))
+        for node, copy in old.copies:
+            self.delete_on(node, key, copy)
+        self.settle(key, token, old.pending)
 
     def settle(self, key: str, token: int, pending: int) -> int:
         """Wait for the ``pending`` fetches of ``key`` in flight when this rank's delete or overwrite (named

@@ -48,7 +48,7 @@ from .abandon import give_up
 from .cuda import cuda_aware
 from .dirclient import DirectoryClient
 from .links import Links
-from .rpc import call_end, out_of_time
+from .rpc import call_limit, out_of_time
 from .staging import recv_staged
 
 if TYPE_CHECKING:
@@ -96,8 +96,7 @@ class Fetcher:
             missed = False
             owner, slot = inbound.begin(node, sid, kb)
             if not owner:
-                limit, end = self.store.config.spill_timeout * 2, call_end()
-                err = inbound.wait(node, slot, sid, kb, limit if end is None else min(limit, end - time.monotonic()))
+                err = inbound.wait(node, slot, sid, kb, call_limit(self.store.config.spill_timeout * 2))
                 if err is None or err == "retry":
                     continue
                 late = out_of_time(f"another rank's transfer of {key!r} into this node", key)

@@ -103,6 +103,12 @@ def call_end() -> float | None:
     return None if bound is None else bound[0]
 
 
+def call_limit(limit: float) -> float:
+    """``limit`` seconds of a wait, cut to what is left of this thread's bounded call (0 once its end passed)."""
+    end = call_end()
+    return limit if end is None else max(0.0, min(limit, end - time.monotonic()))
+
+
 def out_of_time(what: str, key: Any = None, peer: int | None = None) -> errors.GetTimeoutError | None:
     """The error of a bounded call whose end has passed (``what`` was under way), None while time is left."""
     bound = _END.get()
@@ -170,10 +176,7 @@ class Messenger:
         spin = self.spin if spin is None else spin
         source = MPI.ANY_SOURCE if any_source else dest  # a reply tag is this rank's alone while the call lasts
         try:
-            limit = self.timeout * patience
-            end = call_end()
-            if end is not None:
-                limit = max(0.0, min(limit, end - time.monotonic()))
+            limit = call_limit(self.timeout * patience)
             if not self._probe(source, tag, spin, _NAP, min(limit, _REPLY_SOON), _REPLY_NAP_MAX) and (
                     limit <= _REPLY_SOON or not self._probe(source, tag, 0.0, _REPLY_NAP_MAX,
                                                             limit - _REPLY_SOON, _NAP_MAX)):
