@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Torch tests with real torch: CI does not install torch (the CPU wheel is ~200 MB and the default
-# PyPI one pulls GBs of CUDA libraries), so run this where torch may be installed:
+# Torch tests with real torch. The test extra leaves torch out (PyPI's default wheel pulls GBs of CUDA
+# libraries); CI installs the CPU build its machines keep on disk (.ci/run). Elsewhere run this:
 #
 #   scripts/torch-check.sh            # in the project's venv (made if missing)
 #
