@@ -695,6 +695,43 @@ def test_a_ref_handed_to_mpi_pool_executor_tasks_moves_once_into_each_other_node
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.parametrize("who,phase", [("holder", "put"), ("holder", "background"), ("copier", "background"),
+                                       ("spill", "background")])
+def test_a_rank_or_spill_process_stopped_and_resumed_in_a_checkpoint_delays_it_and_loses_nothing(who, phase,
+                                                                                                 tmp_path, mpi):
+    """Issue 34 and the seams issue: a rank of the node whose part is being copied (while the ranks put, or after
+    its put), a rank fetching it, or the spill process flushing it, SIGSTOPped for 4 s (less than peer_timeout)
+    and SIGCONTed: the checkpoint completes on every rank, every rank restores every rank's values from the
+    stores inside the job, and a later job restores the same values from the folder. Nothing left behind."""
+    from shmstore.persist import folder
+    name = "sc" + uuid.uuid4().hex[:8]
+    persist = str(tmp_path / "persist")
+    segments = _mpi_segments()
+    job = os.path.join(ROOT, "tests", "mpi", "jobs", "stop_in_checkpoint.py")
+    try:
+        out, _ = _run_job(mpi.command("n0:2,n1:2", ["-m", "mpi4py", job, name, persist, who, phase, "0.05"]),
+                          _env(mpi), name, 300)
+        assert out.count("restored every rank's values of 'second'") == 4, _failure(out)
+        assert wait_for(lambda: not [s for s in shm_segments() if name in s], timeout=60), \
+            [s for s in shm_segments() if name in s]
+        m = folder.latest(persist)
+        assert m.name == "second", m
+        with shmstore.connect(name + "r", persist_dir=persist, capacity="64MiB") as s:
+            got = s.restore()
+            assert got.name == "second" and got["step"] == 2
+            for rank in range(4):
+                for i in range(8):
+                    v = got[f"r{rank}.a{i}"]
+                    assert v.shape == (2 << 20,) and (v == rank * 1000.0 + 2).all(), (rank, i)
+            assert set(got.origins.values()) == {"folder"}
+            del got, v
+    finally:
+        for node in ("n0", "n1"):
+            shmstore.destroy(name, force=True, node=node)
+        _remove_orphaned_mpi_segments(segments)
+
+
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("who", ["holder", "copier"])
 @every_mpi
 def test_a_rank_killed_during_a_checkpoints_copy_and_flush_leaves_a_whole_checkpoint_to_restore(who, tmp_path,
