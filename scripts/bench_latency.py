@@ -17,6 +17,11 @@ round trip and a raw 1 MiB ``Send`` answering an 8 B request (the holder in a
 blocking ``Recv``, medians of 50), and a raw 8 B round trip after each silence
 with the other rank probing every 50 us (what this machine adds after a pause). Every figure is the median over
 ``--repeats``; ratios are against those baselines.
+
+``--rma`` also times what a one-sided read of a sealed object would cost with this MPI, before the Cluster
+exists: passive-target ``Get`` (``Lock(SHARED)``/``Get``/``Unlock``) of 64 B and 1 MiB from a window the holder
+allocated, with the holder in the same modes, after the same silences and back to back. Where the MPI needs the
+target's progress to answer (no RDMA, no progress thread), those gets wait for the holder's next MPI call.
 """
 from __future__ import annotations
 
@@ -97,6 +102,45 @@ def release(comm: MPI.Comm, mode: str) -> None:
         comm.send(None, dest=1, tag=STOP)
 
 
+def rma_rows(comm: MPI.Comm, modes: list[str], silences: list[float], args: argparse.Namespace
+             ) -> dict[str, dict[str, list[float]]]:
+    """Passive-target Gets from rank 1's window, as ``main`` times the store's gets (``--rma``); rows on rank 0."""
+    win = MPI.Win.Allocate(MiB, 1, comm=comm)
+    np.frombuffer(win.tomemory(), np.uint8)[:] = 7
+    small, big = np.empty(64, np.uint8), np.empty(MiB, np.uint8)
+
+    def get(dst: np.ndarray) -> float:
+        t = time.perf_counter()
+        win.Lock(1, MPI.LOCK_SHARED)
+        win.Get(dst, 1)
+        win.Unlock(1)
+        return time.perf_counter() - t
+
+    rows: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
+    quiet_barrier(comm)
+    if comm.rank == 0:
+        get(small)  # the first of all is not measured
+    quiet_barrier(comm)
+    for _ in range(args.repeats):
+        for m in modes:
+            if comm.rank == 1:
+                hold(comm, m)
+                continue
+            got = rows[m]
+            for s in silences:
+                time.sleep(s)
+                got.setdefault(f"RMA first after {s:g} s", []).append(get(small))
+            tight = [get(small) for _ in range(args.gets)]
+            for label, q in (("median", 0.5), ("p99", 0.99)):
+                got.setdefault(f"RMA {args.gets} gets {label}", []).append(pct(tight, q))
+            got.setdefault("RMA 1 MiB get", []).append(statistics.median(get(big) for _ in range(5)))
+            assert small[0] == big[-1] == 7
+            release(comm, m)
+    quiet_barrier(comm)
+    win.Free()
+    return rows
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
@@ -108,6 +152,7 @@ def main() -> int:
     ap.add_argument("--gets", type=int, default=300, help="distinct 64 B gets back to back")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--modes", default="asleep,computing,barrier")
+    ap.add_argument("--rma", action="store_true", help="also time raw passive-target MPI Gets (see above)")
     args = ap.parse_args()
     world = MPI.COMM_WORLD
     if world.size != 2:
@@ -117,6 +162,7 @@ def main() -> int:
     rtts, mibs = raw_round_trips(world, 50, 8), raw_round_trips(world, 50, MiB)
     rtt, raw_mib = (statistics.median(rtts), statistics.median(mibs)) if world.rank == 0 else (0.0, 0.0)
     after = {s: statistics.median(raw_after_silence(world, s, 50e-6) for _ in range(args.repeats)) for s in silences}
+    rma = rma_rows(world, modes, silences, args) if args.rma else {}
     name = world.bcast("lat" + uuid.uuid4().hex[:8])
     per_round = len(silences) + args.gets
     rows: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
@@ -172,9 +218,9 @@ def main() -> int:
                   f"{v * 1e6:.1f} us ({v / rtt:.1f}x RTT)")
         for m in modes:
             print(f"  holder {m}:")
-            for label, xs in rows[m].items():
+            for label, xs in (rows[m] | rma.get(m, {})).items():
                 v = statistics.median(xs)
-                base, unit = (raw_mib, "raw 1 MiB") if label.startswith("1 MiB") else (rtt, "RTT")
+                base, unit = (raw_mib, "raw 1 MiB") if "1 MiB" in label else (rtt, "RTT")
                 print(f"    {label:22} {v * 1e6:10.1f} us  {v / base:7.1f}x {unit}  (runs: "
                       f"{', '.join(f'{x * 1e6:.0f}' for x in xs)})")
     return 0
