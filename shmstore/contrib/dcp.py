@@ -30,10 +30,9 @@ import time
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import StorageReader, StorageWriter
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, SavePlan, SavePlanner
-from torch.distributed.checkpoint.storage import WriteResult
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
 import shmstore
