@@ -7,9 +7,10 @@ Measured in one run, side by side: a 256 MiB float64 array handed to 64 tasks (e
 - joblib (loky; by value its default memory-maps arrays over 1 MB into a temp folder, once per call);
 - Dask's local ``processes`` scheduler (the array inside every task's arguments);
 - ``mpi4py.futures.MPIPoolExecutor`` on one node and on two emulated nodes (the script starts
-  ``mpiexec -launcher fork -hosts ... -n 4 python -m mpi4py.futures`` on itself for each; 3 workers),
-  where mpiexec is available; by reference through the pool's Cluster (``shmstore.mpi.pool``), which
-  moves the array into the other node once (the counters are printed).
+  ``python -m mpi4py.futures`` on itself for each, 4 ranks, 3 workers, with the ``mpiexec`` first on PATH:
+  MPICH's fake hosts, or one application context per node under Open MPI and Intel MPI, see
+  ``tests/launchers.py``), where mpiexec is available; by reference through the pool's Cluster
+  (``shmstore.mpi.pool``), which moves the array into the other node once (the counters are printed).
 
 By reference: ``store.share(array)`` (one put), the Ref to every task (``ref.get()``: a zero-copy view),
 ``ref.delete()``, all inside the timed span. Pools are started and warmed before timing; each figure is
@@ -27,7 +28,6 @@ import concurrent.futures as cf
 import json
 import multiprocessing as mp
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -154,16 +154,17 @@ def _node_stats(_: int) -> tuple[str, dict[str, int]]:
 
 
 def bench_mpi(args: argparse.Namespace) -> list[dict[str, Any]]:
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    if mpiexec is None or args.no_mpi:
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from launchers import on_path  # the launch line of whichever MPI is on PATH
+    mpi = on_path()
+    if mpi is None or args.no_mpi:
         return [{"executor": "MPIPoolExecutor", "skipped": "no mpiexec (pip install 'shmstore[mpich]')"
-                 if mpiexec is None else "--no-mpi"}]
+                 if mpi is None else "--no-mpi"}]
     rows = []
     for hosts in ("n0:4", "n0:2,n1:2"):
-        cmd = [mpiexec, "-launcher", "fork", "-hosts", hosts, "-n", "4", sys.executable, "-m", "mpi4py.futures",
-               os.path.abspath(__file__), "--mpi-child", "--mib", str(args.mib), "--tasks", str(args.tasks),
-               "--repeats", str(args.repeats)]
-        env = dict(os.environ, MPIEXEC_TIMEOUT=os.environ.get("MPIEXEC_TIMEOUT", "900"))
+        cmd = mpi.command(hosts, ["-m", "mpi4py.futures", os.path.abspath(__file__), "--mpi-child", "--mib",
+                                  str(args.mib), "--tasks", str(args.tasks), "--repeats", str(args.repeats)])
+        env = mpi.environ(dict(os.environ, MPIEXEC_TIMEOUT=os.environ.get("MPIEXEC_TIMEOUT", "900")))
         r = subprocess.run(cmd, env=env, capture_output=True, text=True)
         lines = [ln for ln in r.stdout.splitlines() if ln.startswith("MPIRESULT ")]
         if r.returncode != 0 or not lines:

