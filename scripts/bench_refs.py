@@ -6,6 +6,8 @@ Measured in one run, side by side: a 256 MiB float64 array handed to 64 tasks (e
 - ``concurrent.futures.ProcessPoolExecutor`` and ``multiprocessing.Pool`` (pickled into every task);
 - joblib (loky; by value its default memory-maps arrays over 1 MB into a temp folder, once per call);
 - Dask's local ``processes`` scheduler (the array inside every task's arguments);
+- Ray's tasks on a local Ray, where Ray is installed (by value Ray puts the array into its object store at
+  every ``.remote`` call), and beside our Ref, Ray's own ``ray.put`` ObjectRef (the peer system's refs);
 - ``mpi4py.futures.MPIPoolExecutor`` on one node and on two emulated nodes (the script starts
   ``python -m mpi4py.futures`` on itself for each, 4 ranks, 3 workers, with the ``mpiexec`` first on PATH:
   MPICH's fake hosts, or one application context per node under Open MPI and Intel MPI, see
@@ -92,6 +94,7 @@ def bench_local(args: argparse.Namespace, data: np.ndarray, want: list[float]) -
             row("multiprocessing.Pool", lambda x: pool.starmap(part_sum, [(x, i, n) for i in range(n)]))
         _joblib(row, n, w, rows)
         _dask(row, n, w, rows)
+        _ray(row, n, w, rows, data, args, want)
     return rows
 
 
@@ -116,6 +119,39 @@ def _dask(row: Callable[..., None], n: int, w: int, rows: list[dict[str, Any]]) 
     with cf.ProcessPoolExecutor(w, mp_context=mp.get_context("spawn")) as pool:
         row("dask (processes)", lambda x: list(dask.compute(*[dask.delayed(part_sum)(x, i, n) for i in range(n)],
                                                             scheduler="processes", pool=pool)))
+
+
+def _ray(row: Callable[..., None], n: int, w: int, rows: list[dict[str, Any]], data: np.ndarray,
+         args: argparse.Namespace, want: list[float]) -> None:
+    """Ray's tasks (a local Ray of ``w`` CPUs): by value (Ray puts the array into its object store at every
+    ``.remote`` call), by our Ref, and by Ray's own ``ray.put`` ObjectRef (the peer system's answer, its
+    object freed when the ref is dropped; Ray hands the task a zero-copy read-only view of its store)."""
+    try:
+        import ray
+    except ImportError:
+        rows.append({"executor": "Ray tasks", "skipped": "not installed (pip install ray)"})
+        return
+    ray.init(num_cpus=w, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        remote = ray.remote(part_sum)
+
+        def run(x: Any) -> list[float]:
+            return list(ray.get([remote.remote(x, i, n) for i in range(n)]))
+
+        row("Ray tasks", run)
+
+        def by_ray_ref() -> list[float]:
+            ref = ray.put(data)
+            try:
+                return run(ref)
+            finally:
+                del ref
+        by_ray_ref()  # warm, as row() warms its runs
+        rows[-1]["by_ray_ref_s"] = _median(by_ray_ref, args.repeats, want)
+        print(f"  {'Ray tasks':<30} done: by Ray's own ObjectRef {rows[-1]['by_ray_ref_s']:.3f}s",
+              file=sys.stderr, flush=True)
+    finally:
+        ray.shutdown()
 
 
 # ---- MPIPoolExecutor: run by mpiexec on this script -------------------------------------------------------
@@ -187,6 +223,9 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             continue
         print(f"{r['executor']:<22} {r['nodes']:>5} {r['by_value_s']:>9.3f}s {r['by_ref_s']:>9.3f}s "
               f"{r['by_value_s'] / r['by_ref_s']:>9.1f}x")
+        if r.get("by_ray_ref_s"):
+            print(f"{'':<22} (by Ray's own ray.put ObjectRef: {r['by_ray_ref_s']:.3f}s, "
+                  f"{r['by_ray_ref_s'] / r['by_ref_s']:.1f}x the time by our Ref)")
         if r.get("stats"):
             moved = ", ".join(f"{node}: {s['transfers']}" for node, s in sorted(r["stats"].items()))
             print(f"{'':<22} (transfers into each node over the {args.repeats} Ref round(s): {moved})")
