@@ -103,6 +103,42 @@ def test_resolves_in_a_multiprocessing_pool(store):
     assert crcs == [zlib.crc32(memoryview(data[i:]).cast("B")) for i in range(4)]
 
 
+def _wait_for_file(path: str) -> bool:
+    """A task that holds its worker until ``path`` exists (60 s at most)."""
+    import time
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_dropped_ref_keeps_its_object_for_a_queued_task(store, tmp_path):
+    """The lifetime is explicit, not Ray's owner-based one (README, References): the sharer's only Ref is
+    dropped and collected while a queued task holds the only other copy, pickled; the task still reads it."""
+    import gc
+    import time
+
+    data = _data()
+    go = str(tmp_path / "go")
+    with mp.get_context("spawn").Pool(1) as pool:
+        holding = pool.apply_async(_wait_for_file, (go,))  # the only worker is busy: the next task waits
+
+        def queue_one() -> mp.pool.AsyncResult:
+            return pool.apply_async(crc_of_index, (store.share(data), 0))  # no other Ref kept here
+
+        queued = queue_one()
+        time.sleep(0.5)  # the pool's task thread has sent it: the pickled handle is its only copy
+        gc.collect()
+        open(go, "w").close()
+        assert holding.get(timeout=120)
+        assert queued.get(timeout=120) == zlib.crc32(memoryview(data).cast("B"))
+        pool.close()
+        pool.join()
+    assert [k for k in store.keys() if k.startswith(PREFIX)]  # still there until delete or the store's end
+
+
 def test_resolves_in_joblib_workers(store):
     joblib = pytest.importorskip("joblib")
     from joblib.externals.loky import get_reusable_executor
