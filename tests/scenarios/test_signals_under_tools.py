@@ -134,3 +134,97 @@ def test_every_signal_inside_verbs_reaches_the_program_under(tool, tmp_path):
             p.kill()
             p.wait()
     assert wait_for(lambda: not [s for s in shm_segments() if f"-{name}-" in s], timeout=15)
+
+
+CHECKPOINTS = r'''
+import os, signal, sys
+import numpy as np
+import shmstore
+
+name, pdir = sys.argv[1], sys.argv[2]
+counts = {"usr1": 0, "int": 0}
+
+
+def on_usr1(signum, frame):
+    counts["usr1"] += 1
+    os.write(1, b"U%d\n" % counts["usr1"])
+
+
+def on_term(signum, frame):
+    os.write(1, b"TERM\n")
+    sys.exit(0)
+
+
+signal.signal(signal.SIGUSR1, on_usr1)
+signal.signal(signal.SIGTERM, on_term)
+with shmstore.connect(name, capacity="64MiB", persist_dir=pdir) as s:
+    os.write(1, b"READY\n")
+    i = 0
+    while True:
+        try:
+            while True:
+                i += 1
+                ck = s.checkpoint(f"ck{i}", {"a": np.full(50_000, i, dtype=np.int64), "step": i,
+                                             "b": bytes([i % 251]) * (i % 5000)})
+                if ck.wait(60):
+                    os.write(1, b"D%d\n" % i)  # complete: a restore may never find an older one
+        except KeyboardInterrupt:
+            counts["int"] += 1
+            os.write(1, b"I%d\n" % counts["int"])
+'''
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("tool", sorted(TOOLS))
+def test_signals_inside_checkpoints_under_tools_reach_the_program_and_the_newest_complete_one_restores_whole(
+        tool, tmp_path):
+    """Issue 34 under the tools of issue 30: a program checkpointing in a loop (the put, then the wait for the
+    spill process's flush) takes 20 Ctrl-Cs, 20 SIGUSR1s and a SIGTERM whose handler exits; every signal reaches
+    it, and after it a restore from the folder gives a checkpoint at least as new as the last one it saw
+    complete, every value of it whole and of one step."""
+    if tool == "coverage":
+        pytest.importorskip("coverage", reason="pip install coverage (in the [test] extra)")
+    name = unique_name("sigck")
+    pdir = tmp_path / "ck"
+    program = tmp_path / "program.py"
+    program.write_text(CHECKPOINTS)
+    args = [a.format(data=tmp_path / "data", program=program) for a in TOOLS[tool]]
+    if tool == "pdb":
+        args = ["-m", "pdb", "-c", "continue"]
+    env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
+    p = subprocess.Popen([sys.executable, *args, str(program), name, str(pdir)], cwd=tmp_path, env=env,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = _Lines(p)
+    try:
+        lines.expect("READY", 60)
+        lines.expect("D1", 60)
+        for n in range(1, 21 if tool != "pdb" else 1):
+            time.sleep(0.02)
+            p.send_signal(signal.SIGINT)
+            lines.expect(f"I{n}")
+        for n in range(1, 21):
+            time.sleep(0.02)
+            p.send_signal(signal.SIGUSR1)
+            lines.expect(f"U{n}")
+        time.sleep(0.02)
+        p.send_signal(signal.SIGTERM)
+        lines.expect("TERM")
+        assert p.wait(timeout=60) == 0, lines.seen[-20:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    last_done = max(int(line[1:]) for line in lines.seen if line[:1] == "D" and line[1:].isdigit())
+    assert wait_for(lambda: not [s for s in shm_segments() if f"-{name}-" in s], timeout=60)
+
+    import shmstore
+    with shmstore.connect(name, capacity="16MiB", persist_dir=pdir) as s:
+        got = s.restore()
+        step = int(got["step"])
+        assert got.name == f"ck{step}" and step >= last_done, (got.name, last_done)
+        a = got["a"]
+        assert a.shape == (50_000,) and bool((a == step).all())
+        assert bytes(got["b"]) == bytes([step % 251]) * (step % 5000)
+        assert set(got.origins.values()) == {"folder"}
+        del got, a
+    shmstore.destroy(name)
