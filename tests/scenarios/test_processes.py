@@ -578,6 +578,60 @@ def test_a_pool_uses_the_store_its_parent_opened(store, method):
     del view
 
 
+def _pool_restore(i: int) -> int:
+    got = _POOL_STORE[0].restore("ck")
+    a = got["a"]
+    assert not a.flags.writeable and got.origins["a"] == "store"  # a view of the node's copy
+    return int(a[i])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_checkpoints_through_a_store_opened_before_fork_and_in_pool_workers(name, tmp_path, method):
+    """Issue 34 under fork-based loaders: a process checkpoints, its pool's workers (fork, forkserver, spawn;
+    a DataLoader's are fork ones) restore it from the node's store as views; a forked child checkpoints with
+    the Store it inherited and the parent restores that one, from the store and from the folder after."""
+    import multiprocessing
+    pdir = str(tmp_path / "ck")
+    a = np.arange(100_000)
+    with shmstore.connect(name, capacity="64MiB", persist_dir=pdir) as store:
+        assert store.checkpoint("ck", {"a": a, "meta": {"step": 1}}).wait(60)
+        _POOL_STORE[:] = [store]
+        try:
+            ctx = multiprocessing.get_context(method)
+            init = (None, ()) if method == "fork" else (_pool_init, (store,))
+            with ctx.Pool(2, *init) as pool:
+                got = pool.map(_pool_restore, range(0, 100_000, 997), chunksize=5)
+        finally:
+            _POOL_STORE.clear()
+            if method != "fork":
+                from multiprocessing import forkserver, resource_tracker
+                forkserver._forkserver._stop()
+                resource_tracker._resource_tracker._stop()
+        assert got == list(range(0, 100_000, 997))
+        if method == "fork":
+            def child():
+                r = store.restore("ck")
+                assert int(r["a"][99_999]) == 99_999 and r["meta"] == {"step": 1}
+                del r
+                assert store.checkpoint("ck2", {"a": a * 2, "meta": {"step": 2}}).wait(60)
+                store.close()
+
+            assert _in_child(child) == 0
+            r = store.restore()
+            assert r.name == "ck2" and r["meta"] == {"step": 2} and bool((r["a"] == a * 2).all())
+            assert r.origins["a"] == "store"  # (origins: of the keys read)
+            del r
+        assert wait_for(lambda: len(store.node_store.clients()) == 1, timeout=30)  # the children's slots went
+        assert store.check() == []
+    shmstore.destroy(name)
+    with shmstore.connect(name, capacity="16MiB", persist_dir=pdir) as store:
+        r = store.restore()
+        assert r.name == ("ck2" if method == "fork" else "ck")
+        assert bool((r["a"] == (a * 2 if method == "fork" else a)).all()) and r.origins["a"] == "folder"
+        del r
+
+
 def test_lock_held_by_a_stopped_process_times_out_clearly(name):
     with shmstore.connect(name, capacity="8MiB", lock_timeout=0.5) as s:
         child = Child(CONNECT.replace("capacity='64MiB'", "capacity='8MiB'") + """
