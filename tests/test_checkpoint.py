@@ -470,3 +470,42 @@ def test_a_job_killed_whole_mid_flush_leaves_nothing_after_its_epilog_gc(name, p
     assert not os.path.exists(where), os.listdir(where)
     assert not [s for s in os.listdir("/dev/shm") if name in s]
     assert folder.latest(pdir) is None
+
+
+def _dask_part(name: str, pdir: str, key: str) -> float:
+    """A Dask task: restore this node's newest checkpoint ``ck`` and reduce one of its values."""
+    with shmstore.connect(name, capacity="128MiB", prefault="16MiB", persist_dir=pdir) as s:
+        got = s.restore("ck")
+        a = got[key]
+        total = float(a.sum())
+        origin = got.origins[key]
+        del got, a
+    assert origin == "store"
+    return total
+
+
+def _dask_checkpoint(name: str, pdir: str, total: float) -> bool:
+    """A Dask task that checkpoints what the others computed."""
+    with shmstore.connect(name, capacity="128MiB", prefault="16MiB", persist_dir=pdir) as s:
+        return s.checkpoint("ck-sum", {"total": np.array([total])}).wait(60)
+
+
+@pytest.mark.timeout(300)
+def test_dask_tasks_restore_a_checkpoint_in_parallel_and_checkpoint_their_result(cstore, pdir):
+    """Issue 34 under Dask (its processes scheduler: spawned workers): the tasks restore one checkpoint's
+    values from the node's store, and a last task checkpoints their sum, restored whole here after."""
+    dask = pytest.importorskip("dask")
+    sd = _state(5)
+    assert cstore.checkpoint("ck", sd).wait(60)
+    keys = [k for k in sd if k.startswith("layer")]
+    parts = [dask.delayed(_dask_part)(cstore.name, pdir, k) for k in keys]
+    done = dask.delayed(_dask_checkpoint)(cstore.name, pdir, dask.delayed(sum)(parts))
+    try:
+        sums, ok = dask.compute(parts, done, scheduler="processes", num_workers=2)
+    finally:  # the spawned workers start multiprocessing's resource tracker, which would outlive the test
+        from multiprocessing import resource_tracker
+        resource_tracker._resource_tracker._stop()
+    assert ok and np.allclose(sums, [float(sd[k].sum()) for k in keys])
+    got = cstore.restore()
+    assert got.name == "ck-sum" and np.allclose(got["total"], [sum(sums)])
+    del got
