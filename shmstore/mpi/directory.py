@@ -2,11 +2,11 @@
 
 Every key has a home node, ``crc32(key) % nodes``, whose leader keeps that
 key's entry in memory (a :class:`Directory`, served by the node's service).
-A get miss asks the home once (``DirSourceSmall``, then for a large object
-``DirSource``: which holder to fetch from; where the home holds the object
-itself, small objects come in its answer) and then that holder
-(``Lookup``): at most two round trips before bytes move, whatever the
-number of nodes; ``locate`` is one round trip,
+A get miss asks the home once (``DirSourceSmall``: which holder to fetch
+from; where the home holds the object itself, its lookup comes in the
+answer, and where a third node does, the home forwards the question and
+that holder answers) and else that holder (``Lookup``): at most two round
+trips before bytes move, whatever the number of nodes and the object's size; ``locate`` is one round trip,
 ``delete`` one to the home plus one per holder. Paths that make a copy
 register it (``Cluster.put``, a migration, a remote writer: ``DirAdd``,
 answered, so a key is locatable when ``put`` returns); paths that remove one
@@ -189,12 +189,6 @@ class Directory:
         _pend(e, msg.token, node, [src])
         return W.Source(src)
 
-    def _source_small(self, msg: W.DirSourceSmall, answer: Callable[[Any], None], later: list[Any]) -> Any:
-        e = self._entries.get(msg.key)
-        if e is not None and e.nbytes > msg.inline_max and any(h != msg.node for h in e.holders):
-            return W.LARGE  # nothing registered: the fetcher comes back with a DirSource
-        return self._source(msg, answer, later)
-
     def _source_for(self, msg: W.DirSourceFor, answer: Any, later: list[Any]) -> W.Source | None:
         """A migration's pull from the holder it chose: pending, nothing to choose."""
         e = self._entries.get(msg.key)
@@ -233,9 +227,21 @@ class Directory:
         return W.Holders(_listed(e) if e else [])
 
     def _done(self, msg: W.DirDone, answer: Any, later: list[Any]) -> bool:
+        e = self._entries.get(msg.key)
+        if msg.source == W.GAVE_UP:
+            # the fetcher gave its question up (a get's timeout, Ctrl-C) before the answer came: out of the queue
+            # for a holder, or the fetch named ended as failed from the source it was named (never waited for)
+            if e is None or not msg.token:
+                return True
+            if any(w[2] == msg.token for w in e.waiters):
+                e.waiters = deque(w for w in e.waiters if w[2] != msg.token)
+            named = e.pending.get(msg.token)
+            if named is None or named[0] != msg.node or len(named[1]) != 1:
+                self._serve(msg.key, later)
+                return True
+            msg = msg._replace(source=next(iter(named[1])), outcome=W.Outcome.FAILED)
         if msg.token and self._closed_by:
             self._settled(msg)
-        e = self._entries.get(msg.key)
         seen = _unpend(e, msg.token, msg.node, msg.source) if e is not None else None
         was_pending = seen is not None
         if e is not None and was_pending and e.sending.get(msg.source, 0) > 0:
@@ -326,7 +332,7 @@ class Directory:
             c.landed.append((msg.node, msg.version))
 
     _on: dict[type, Callable[..., Any]] = {
-        W.DirGet: _get, W.DirSource: _source, W.DirSourceSmall: _source_small, W.DirSourceFor: _source_for,
+        W.DirGet: _get, W.DirSource: _source, W.DirSourceSmall: _source, W.DirSourceFor: _source_for,
         W.DirAdd: _add_many, W.DirDone: _done, W.DirDrop: _drop_one,
         W.DirTake: _take, W.DirReplace: _replace, W.DirSourceMany: _source_many, W.DirDoneMany: _done_many,
         W.DirCopies: _copies, W.DirSettle: _settle}

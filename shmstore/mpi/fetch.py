@@ -8,15 +8,18 @@ lands in one C call; then the fetch posts ``DirDone`` to the home (the new
 copy is listed) without waiting for an answer. One round trip in all where
 the home or this node holds the entry, two otherwise.
 
-A larger object goes through the node's migration map first, so that
-concurrent requests for one key on a node cause one transfer: the home
-answers ``LARGE`` to the first question, the fetcher takes the map entry
-and asks again (for a hot object the answer may wait for a free holder, so
-copies spread as a tree), the holder pins the object (``Lookup``), room is
-made and the entry reserved here, and the bytes go from the source's arena
-(or spill file) straight into this node's arena as a few raw frames,
-whatever the number of blobs; ``DirDone`` then also frees the source for
-the next fetcher.
+A larger object goes through the node's migration map, so that concurrent
+requests for one key on a node cause one transfer: the same first question
+names its holder (for a hot object the answer may wait for a free holder,
+so copies spread as a tree) and the holder pins it (the home's or the
+forwarded lookup, else the fetcher's ``Lookup``); then the fetcher takes the
+map entry (where another rank of its node has it, it gives the source back
+with a failed ``DirDone`` and waits for that transfer), room is made and
+the entry reserved here, and the bytes go from the source's arena (or
+spill file) straight into this node's arena as a few raw frames, whatever
+the number of blobs; ``DirDone`` then also frees the source for the next
+fetcher. A 1 MiB get that missed: two round trips before the bytes, not
+three (the first question was answered "large" and asked again).
 
 A batch (``fetch(keys)``, ``get_many``) goes in rounds of ``T.BATCH``
 keys: holders asked once per home node, objects looked up once per source
@@ -87,8 +90,9 @@ class Fetcher:
         it missing here; ``direct``: from ``source`` without the directory (see :meth:`copy_from`)."""
         kb = encode_key(key)
         node, sid = self.kernel.node, self.kernel.sid
-        if source is None and missed and self._from_directory(key, levels, block, small_only=True):
-            # a small object: come inline, no migration entry (two ranks at once both land it: harmless)
+        if source is None and missed and self._from_directory(key, levels, block, first=True):
+            # one question: a small object came inline, no migration entry (two ranks at once both land it:
+            # harmless); a large one's transfer took the entry once its source was known
             return
         for _ in range(4):
             if not missed and key in self.store:
@@ -132,10 +136,31 @@ class Fetcher:
         else:
             self._pull(key, source, source_version, levels, block)
 
-    def _from_directory(self, key: str, levels: Levels, block: int, small_only: bool = False) -> bool:
+    def _from_directory(self, key: str, levels: Levels, block: int, first: bool = False) -> bool:
         """Fetch from the holder the key's home names (one round trip to it, one to the holder; one in all
         where the home holds it); a holder without the object is reported stale and the home asked again.
-        With ``small_only``, False (nothing done) where the object is larger than ``T.INLINE_MAX``."""
+        ``first``: a get's first question, before this node's migration entry is taken: a large object's
+        transfer takes it once the lookup says it is large; False (nothing done, the source given back) where
+        another rank of this node has it."""
+        held: list[int] = []  # the migration entry a first question's large transfer took
+        try:
+            done = self._ask_and_fetch(key, levels, block, first, held)
+        # as fetch_one ends the entries it takes: a miss or a call out of its own time leaves no error for the
+        # waiters (they look again, and miss or take it over)
+        except (errors.ObjectNotFoundError, errors.GetTimeoutError):
+            for slot in held:
+                inbound.finish(self.kernel.node, slot)
+            raise
+        except BaseException as exc:
+            for slot in held:
+                inbound.finish(self.kernel.node, slot, f"{type(exc).__name__}:{exc}")
+            raise
+        for slot in held:
+            inbound.finish(self.kernel.node, slot)
+        return done
+
+    def _ask_and_fetch(self, key: str, levels: Levels, block: int, first: bool, held: list[int]) -> bool:
+        """:meth:`_from_directory`'s questions and transfer; a migration entry it takes goes into ``held``."""
         nodes = self.links.nodes
         # Each stale answer is progress (the home drops the copy that was not there) but a writer overwriting
         # and deleting the key as fast as it can may outrun a few: more tries, a short pause after the first
@@ -143,37 +168,68 @@ class Fetcher:
         for attempt in range(4 * len(nodes) + 8):
             if attempt >= len(nodes) + 2:
                 time.sleep(min(0.001 * attempt, 0.02))
-            # small: where a third node holds it, the home forwards the question and the holder answers
+            # first: where a third node holds it, the home forwards the question and the holder answers
             token = self.token()
-            ask = W.DirSourceSmall if small_only else W.DirSource
-            answer = self.dirs.ask(ask(key, self.me, T.INLINE_MAX, token), any_source=small_only)
-            if type(answer) is W.Large:
-                return False
+            ask = W.DirSourceSmall if first else W.DirSource
+            try:
+                answer = self.dirs.ask(ask(key, self.me, T.INLINE_MAX, token), any_source=first)
+            except BaseException:  # given up (a get's timeout, Ctrl-C, a peer's deadline): the home may have
+                self._gave_up(key, token)  # named a source or queued it meanwhile, for a fetch that never comes
+                raise
             if answer is None:
                 if key in self.store:  # it came here meanwhile (a migration, a put)
                     return True
                 raise errors.ObjectNotFoundError(f"no node has {key!r} (nodes: {list(nodes)})", key)
-            src, found = answer.node, answer.found if type(answer) is W.Sourced else _ASK  # Sourced: looked up
+            src = answer.node
+            found: Any = answer.found if type(answer) is W.Sourced else _ASK  # Sourced: looked up
             outcome, nbytes, version = W.Outcome.FAILED, 0, None
             try:
+                if first and not held:
+                    if found is _ASK:
+                        found = self.links.messenger.call(src, W.Lookup(key, T.INLINE_MAX))  # pins it
+                    if found is not None and found.inline is None:  # large: one transfer per node
+                        slot = self._take_slot(key, src, found)
+                        if slot is None:
+                            return False
+                        held.append(slot)
+                        if key in self.store:  # another rank landed it just before
+                            self._release(src, found)
+                            return True
                 nbytes, version = self._from(src, key, levels, block, found)
                 outcome = W.Outcome.COPIED if nbytes >= 0 else W.Outcome.STALE
             finally:
                 # posted, no reply awaited: the home made this node pending when it named the source, so a
                 # delete meanwhile finds it; this rank's later requests to the home come after this one
                 try:
-                    listed = self.dirs.ask(W.DirDone(key, src, self.me, outcome, max(nbytes, 0), version, token),
-                                           post=True)
+                    listed = self.dirs.ask(W.DirDone(key, src, self.me, outcome, max(nbytes, 0), version,
+                                                     token), post=True)
                 except errors.TransferError:
                     if outcome is not W.Outcome.FAILED:  # else the error on its way out says what failed first
                         raise
                     listed = None
             if outcome is W.Outcome.COPIED:
-                if listed is False and version is not None:  # refused by our own directory: deleted or replaced
-                    self.kernel.delete(key, True, version)  # while it came; the old copy goes, ask again
+                if listed is False and version is not None:  # refused by our own directory: deleted or
+                    self.kernel.delete(key, True, version)  # replaced while it came; the old copy goes, again
                     continue
                 return True
         raise errors.TransferError(f"every node the directory names for {key!r} lost it while asked", key)
+
+    def _gave_up(self, key: str, token: int) -> None:
+        """Tell the key's home that the fetch ``token`` gave its question up: what it was named or queued for
+        ends as failed, the holder free for the next fetcher at once (not after ``peer_timeout``). Posted."""
+        try:
+            self.dirs.ask(W.DirDone(key, W.GAVE_UP, self.me, W.Outcome.FAILED, 0, None, token), post=True)
+        except Exception:  # the home is gone too: nothing to free
+            pass
+
+    def _take_slot(self, key: str, src: int, found: W.Found) -> int | None:
+        """This node's migration entry for ``key``, for the transfer of what ``src`` ``found`` (pinned there);
+        None, the pin given back, where another rank of this node holds the entry (the caller waits for it)."""
+        owner, slot = inbound.begin(self.kernel.node, self.kernel.sid, encode_key(key))
+        if owner:
+            return slot
+        self._release(src, found)
+        return None
 
     def _pull(self, key: str, source: int, source_version: W.Version, levels: Levels, block: int) -> None:
         """A migration's transfer from node ``source`` (its copy ``source_version``, as the directory listed it):

@@ -383,7 +383,7 @@ class Service:
         """A DirSourceSmall: answered with the lookup where this node holds it, by the holder where a third
         node does (a Forward: one hop less than a Lookup of the fetcher's own)."""
         result = self._on_directory(src, tag, msg)
-        if type(result) is not W.Source:  # none, LARGE, or waiting
+        if type(result) is not W.Source:  # none, or waiting
             return result
         if result.node == self.links.node:
             return self._sourced(msg.key, msg.inline_max)

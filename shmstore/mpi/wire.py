@@ -31,8 +31,8 @@ __all__ = [
     "Version", "Outcome",
     "Lookup", "LookupMany", "Data", "Release", "Has", "Delete", "Pull", "Read", "WriterOpen", "Write", "WriterClose",
     "DirAdd", "DirDrop", "DirGet", "DirTake", "DirReplace", "DirSource", "DirSourceSmall", "DirSourceFor", "DirDone",
-    "DirSourceMany", "DoneItem", "DirDoneMany", "DirCopies", "DirSettle", "Forward", "Stop",
-    "Found", "FoundMany", "Source", "Sourced", "Large", "Holders", "Located", "Refused", "Chunk", "Failure", "LARGE",
+    "DirSourceMany", "GAVE_UP", "DoneItem", "DirDoneMany", "DirCopies", "DirSettle", "Forward", "Stop",
+    "Found", "FoundMany", "Source", "Sourced", "Holders", "Located", "Refused", "Chunk", "Failure",
     "MESSAGES",
     "encode", "decode", "request", "request_nowait", "post", "reply", "reply_nowait", "receive", "receive_reply",
 ]
@@ -201,10 +201,11 @@ class DirSource(NamedTuple):
 
 
 class DirSourceSmall(NamedTuple):
-    """:class:`DirSource` of an object expected small: one larger than ``inline_max`` gets the answer
-    :data:`LARGE` (a :class:`Large`) instead, and nothing is registered (the fetcher deduplicates large
-    transfers on its node first, see ``fetch.py``). Where a third node holds it, the home forwards the question
-    there (:class:`Forward`) and that holder answers a :class:`Sourced`: one hop saved."""
+    """:class:`DirSource` asked by a get that missed, before its node's migration entry is taken (the fetcher
+    takes it once the lookup says the object is large, see ``fetch.py``; where another rank of its node has it,
+    the fetcher gives the source back with a failed :class:`DirDone`). Where a third node holds it, the home
+    forwards the question there (:class:`Forward`) and that holder answers a :class:`Sourced`: one hop saved,
+    small object or large."""
     key: str
     node: int
     inline_max: int
@@ -258,6 +259,9 @@ class DirDone(NamedTuple):
     #                 must not be taken for another fetch of the same node, named in the new one)
 
 
+GAVE_UP = -1  # a DirDone's source where the fetcher gave its DirSource up before the answer came (see directory.py)
+
+
 class DoneItem(NamedTuple):
     """One key's :class:`DirDone` in a :class:`DirDoneMany`."""
     key: str
@@ -296,13 +300,6 @@ class Source(NamedTuple):
     """A :class:`DirSource` (or :class:`DirSourceSmall`, :class:`DirSourceFor`) answer: fetch from the holder
     ``node`` (its Lookup comes next); the fetcher is pending there until its :class:`DirDone`."""
     node: int
-
-
-class Large(NamedTuple):
-    """A :class:`DirSourceSmall` answer: the object is larger than its ``inline_max``; nothing registered."""
-
-
-LARGE = Large()  # (tell it by its type: every empty NamedTuple compares equal to it)
 
 
 class Sourced(NamedTuple):
@@ -376,7 +373,7 @@ MESSAGES: dict[int, type[Any]] = {  # every message by its code on the wire (cod
     10: WriterClose, 11: Stop, 12: DirAdd, 13: DirDrop, 14: DirGet, 15: DirTake, 16: DirReplace, 17: DirSource,
     18: DirDone, 19: Found, 20: FoundMany, 21: Sourced, 22: Chunk, 23: Failure, 24: DirSourceMany,
     25: DirDoneMany, 26: DirCopies, 27: Forward, 28: DirSourceSmall, 29: DirSourceFor, 30: Holders, 31: Located,
-    32: Refused, 33: Source, 34: Large, 35: DirSettle,
+    32: Refused, 33: Source, 35: DirSettle,  # (34: Large, a DirSourceSmall answer no more)
 }
 _PLAIN = -1
 _OUTCOMES = {o.value: o for o in Outcome}

@@ -15,7 +15,7 @@ def ask(d: Directory, msg, answers: list):
 
 
 def src(reply):
-    """The node a DirSource answer names (a Source), else the answer itself (None, WAIT, LARGE)."""
+    """The node a DirSource answer names (a Source), else the answer itself (None, WAIT)."""
     return reply.node if type(reply) is W.Source else reply
 
 
@@ -227,17 +227,40 @@ def test_a_stale_report_drops_only_the_copy_that_was_listed_when_the_source_was_
     assert source not in d.get("k") and len(d.get("k")) == 1  # a stale report of the copy that was listed drops it
 
 
-def test_a_small_only_request_answers_large_without_registering_anything():
-    """DirSourceSmall: an object over inline_max gets LARGE and leaves no pending fetch (the fetcher comes
-    back with a DirSource once its node's migration entry is taken); a small one is named like DirSource."""
+def test_a_first_request_names_the_source_of_a_large_object_too_and_a_failed_done_gives_it_back():
+    """DirSourceSmall (a get's first question, asked before its node's migration entry is taken): a large
+    object's source is named and the fetch is pending, as after a DirSource (one round trip less than its old
+    answer, LARGE, then a DirSource); a fetcher that finds another rank of its node bringing it says FAILED,
+    which frees the holder for the next fetcher and lists nothing. A small one is named alike."""
     d, out = Directory(), []
     ask(d, W.DirAdd(["big", "small"], 0, [BIG, 64]), out)
-    assert type(ask(d, W.DirSourceSmall("big", 1, 1024), out)) is W.Large
-    assert ask(d, W.DirDone("big", 0, 1, COPIED, BIG, 1.0), out) is False  # nothing was pending
+    assert ask(d, W.DirSourceSmall("big", 1, 1024, 11), out) == 0
+    assert ask(d, W.DirSourceSmall("big", 2, 1024, 12), out) is WAIT  # the holder sends to one node at a time
+    assert ask(d, W.DirDone("big", 0, 1, W.Outcome.FAILED, 0, None, 11), out) is True
+    assert [src(a) for a in out] == [0] and d.get("big") == [0]  # freed for the waiter; nothing listed
+    assert ask(d, W.DirDone("big", 0, 2, COPIED, BIG, 1.0, 12), out) is True and d.get("big") == [0, 2]
     assert ask(d, W.DirSourceSmall("small", 1, 1024), out) == 0
     assert ask(d, W.DirDone("small", 0, 1, COPIED, 64, 2.0), out) is True and d.get("small") == [0, 1]
     assert ask(d, W.DirSourceSmall("none", 1, 1024), out) is None
     assert ask(d, W.DirSourceSmall("small", 0, 1024), out) == 1  # its own copy aside, node 1 is the holder
+
+
+def test_a_question_given_up_frees_its_holder_or_its_place_in_the_queue_at_once():
+    """A fetcher that gives its DirSource up before the answer comes (a get's timeout, Ctrl-C) posts a DirDone
+    from GAVE_UP: the source it was named is free for the next fetcher at once (it was busy until stale_after,
+    60 s), and a fetcher given up while queued is out of the queue (a holder freed later goes to the next)."""
+    d, out = Directory(), []
+    ask(d, W.DirAdd(["big"], 0, [BIG]), out)
+    assert ask(d, W.DirSourceSmall("big", 1, 1024, 11), out) == 0  # named; its answer never read
+    assert ask(d, W.DirSource("big", 2, 1024, 12), out) is WAIT
+    assert ask(d, W.DirSource("big", 3, 1024, 13), out) is WAIT
+    assert ask(d, W.DirDone("big", W.GAVE_UP, 2, FAILED, 0, None, 12), out) is True  # queued: just leaves
+    assert out == []
+    assert ask(d, W.DirDone("big", W.GAVE_UP, 1, FAILED, 0, None, 11), out) is True  # named: the holder frees
+    assert [src(a) for a in out] == [0]  # ... for node 3, the one still queued
+    assert ask(d, W.DirDone("big", 0, 3, COPIED, BIG, 1.0, 13), out) is True and d.get("big") == [0, 3]
+    assert ask(d, W.DirDone("big", W.GAVE_UP, 1, FAILED, 0, None, 11), out) is True  # twice, or unknown: nothing
+    assert d.get("big") == [0, 3]
 
 
 def test_a_delete_or_overwrite_settles_the_fetches_in_flight_and_deletes_what_they_landed():

@@ -46,7 +46,6 @@ EXAMPLES: dict[type, object] = {
     W.FoundMany: W.FoundMany([FOUND, None, FOUND._replace(inline=None, handle=9)]),
     W.Source: W.Source(2),
     W.Sourced: W.Sourced(0, FOUND),
-    W.Large: W.LARGE,
     W.Holders: W.Holders([(0, 1.0), (2, None)], 2),
     W.Located: W.Located([[0, 2], []]),
     W.Refused: W.Refused([("k", 1.0)]),
