@@ -148,19 +148,18 @@ class Kernel:
         self._devices = node.devices  # the levels whose values are device arrays (get branches on them)
         self.writers: weakref.WeakSet[Any] = weakref.WeakSet()  # open Writers, aborted by close()
         self._fork = _FORKS[0]
+        # True in a child forked after this kernel was made: it is the parent's (the Store reconnects); a plain
+        # attribute, set at the fork (_inherited), as the Store looks at it on every verb
+        self.forked = False
         self._closed = self._detached = False
         _KERNELS.add(self)
-
-    @property
-    def forked(self) -> bool:
-        """True in a child forked after this kernel was made: it is the parent's (the Store reconnects)."""
-        return self._fork != _FORKS[0]
 
     def _inherited(self) -> None:
         """Run in a forked child (at the fork): the slot, its pins and its writers' entries are the parent's,
         released by the parent only. The child's copies of views, readers and writers let go of nothing
         (a child dropping its copy of a view cleared the parent's pin byte: the parent's view was left
         unpinned, free to be deleted or moved under it)."""
+        self.forked = True
         self.pins.closed = True
         self.pins.deferred.clear()
         self.puts.inherited = True
