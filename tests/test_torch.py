@@ -1,8 +1,8 @@
 """Torch CPU tensors and state dicts: stored as raw bytes, got back as tensors over the store's memory.
 
-torch is not installed by CI (the CPU wheel is ~200 MB, the default one pulls
-GBs of CUDA libraries): ``scripts/torch-check.sh`` installs the CPU wheel
-and runs these tests.
+CI installs torch's CPU wheel (``.ci/run``: the +cpu build, never the CUDA
+one, which pulls GBs of libraries); ``scripts/torch-check.sh`` does the same
+in a venv of its own and runs these tests.
 """
 from __future__ import annotations
 
@@ -74,6 +74,44 @@ def test_tensor_spilled_to_disk_comes_back_as_a_tensor(store):
     store.put("t", torch.arange(100_000), levels=[Level.DISK])
     t = store.get("t")
     assert isinstance(t, torch.Tensor) and int(t.sum()) == sum(range(100_000))
+
+
+class _StoreDataset(torch.utils.data.Dataset):
+    """A Dataset that keeps the Store it was given (opened in the parent, before the workers are forked)."""
+
+    def __init__(self, store, n: int) -> None:
+        self.store, self.n = store, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        x = self.store.get(f"x{i}")  # a read-only view of the store's memory, in the worker
+        return torch.from_numpy(np.array(x)), int(x.sum())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("context", ["fork", "forkserver", "spawn"])
+def test_a_dataloader_whose_dataset_keeps_its_store_reads_it_in_its_workers(store, context):
+    """Issue 35 item 2 with a real DataLoader: its workers under the default start method on Linux (fork),
+    forkserver and spawn use the Store the Dataset kept (it failed with StoreClosedError under fork); every item
+    comes whole, and the workers' client slots go when they exit."""
+    for i in range(32):
+        store.put(f"x{i}", np.full(1000, i, dtype=np.int64))
+    clients = len(store.node_store.clients())
+    loader = torch.utils.data.DataLoader(_StoreDataset(store, 32), batch_size=4, num_workers=2,
+                                         multiprocessing_context=context, timeout=120)
+    try:
+        got = [(b[0].shape, b[1].tolist()) for b in loader]
+    finally:
+        if context != "fork":  # multiprocessing's own helpers would outlive the test: the leak check counts them
+            from multiprocessing import forkserver, resource_tracker
+            forkserver._forkserver._stop()
+            resource_tracker._resource_tracker._stop()
+    assert [shape for shape, _ in got] == [torch.Size([4, 1000])] * 8
+    assert [s for _, sums in got for s in sums] == [1000 * i for i in range(32)]
+    assert wait_for(lambda: len(store.node_store.clients()) == clients, timeout=60)  # the workers' slots went
+    assert store.check() == []
 
 
 def test_another_process_gets_the_tensor(store):
