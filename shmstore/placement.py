@@ -159,6 +159,7 @@ class Placement:
             SpillError: making room failed (disk full, I/O error).
         """
         last: StorageFullError | None = None
+        retired = False
         for level in self._usable.get(order) or self.usable(order):
             deadline = None
             while True:
@@ -176,6 +177,9 @@ class Placement:
                     self.make_room(key, last.requested or 0, deadline, level)
                 except StorageFullError as full:  # nothing left to spill, or no answer in time
                     last = full
+                    if level == Level.MEMORY and not retired and self.kernel.retire_chunk():
+                        retired = True  # this client's chunk for small objects may split the free space:
+                        continue  # once more without it
                     break
         raise last  # type: ignore[misc]
 

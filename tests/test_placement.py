@@ -75,3 +75,23 @@ def test_memory_first_and_its_fallback_are_one_loop(name, tmp_path, monkeypatch)
         assert s.put("huge", np.ones(2 << 20)).level == Level.DISK  # 16 MiB: no room can be made in MEMORY
         assert rooms == [] and tries == [("huge", Level.MEMORY), ("huge", Level.DISK)]
         assert s.check() == []
+
+
+def test_a_large_put_is_not_refused_for_the_clients_own_empty_chunk_mid_arena(name, tmp_path):
+    """The chunk a client cuts small objects from is taken wherever there is room (here mid-arena, the top
+    being full); once its objects are gone it still split the free space, and a put of 12 MiB into an empty
+    16 MiB store failed ('cannot make 13.2 MiB of room ... fragmented'; CI met it at random in
+    test_usage_is_exact_while_the_store_spills). Placement now gives the chunk up and tries once more."""
+    with shmstore.connect(name, capacity="16MiB", spill_dir=str(tmp_path), prefault=0) as s:
+        s.put("x", np.zeros((10 << 20) // 8), levels=[Level.MEMORY])
+        s.put("y", np.zeros(((6 << 20) - (64 << 10)) // 8), levels=[Level.MEMORY])  # the top is full
+        s.delete("x")
+        s.put("small", np.arange(10))  # the client's chunk: right below y
+        cut = s.kernel._supply.cut
+        assert 0 < cut[0] < (10 << 20) < cut[2] + (6 << 20)  # mid-arena
+        s.clear()
+        assert s.get_capacity()[Level.MEMORY].used == 0
+        big = s.put("big", np.zeros((12 << 20) // 8), levels=[Level.MEMORY])
+        assert big.level == Level.MEMORY and s.check() == []
+        s.put("small2", np.arange(10))  # small puts go on, from a fresh chunk
+        assert int(s.get("small2")[9]) == 9 and s.check() == []

@@ -154,6 +154,13 @@ class Kernel:
         self._closed = self._detached = False
         _KERNELS.add(self)
 
+    def retire_chunk(self) -> bool:
+        """Give up this client's current chunk for small objects (freed where empty): a large object found
+        no room in memory (see ``ClientSupply.retire_current``). True if there was one."""
+        if self._closed or self.forked:
+            return False
+        return self._supply.retire_current()
+
     def _inherited(self) -> None:
         """Run in a forked child (at the fork): the slot, its pins and its writers' entries are the parent's,
         released by the parent only. The child's copies of views, readers and writers let go of nothing

@@ -161,6 +161,20 @@ class ClientSupply:
         retire_chunk(self.node, self.slot)
         self.cut[:] = _NO_CUT
 
+    def retire_current(self) -> bool:
+        """Retire the current chunk now, and free it where no object lies in it any more: a large object
+        found no room on the level, and this client's chunk (taken wherever there was room at the time, maybe
+        mid-arena) may be what splits the free space. The next small put takes a fresh one. True if there
+        was a chunk."""
+        with self.chunk_lock:  # (the C put_small cuts from it under this lock too)
+            if not self.cut[2]:
+                return False
+            node = self.node
+            with node.alloc_lock:
+                self._retire_locked()
+                node.reclaim_retired_locked()
+            return True
+
     def forget(self) -> None:
         """Drop the private lists (at close; :func:`~shmstore.node.janitor.release_all` gives back
         what the store records as this slot's, which is everything these lists held and more)."""
