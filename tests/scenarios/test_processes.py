@@ -551,25 +551,31 @@ def _pool_init(s) -> None:
     _POOL_STORE[:] = [s]  # spawn, forkserver: the Store comes pickled (its settings) and connects
 
 
+def _pool_map(store, method: str, task, items, workers: int) -> list:
+    """``task`` over ``items`` in a multiprocessing pool of start method ``method`` whose workers use ``store``
+    (inherited under fork, pickled under forkserver and spawn); multiprocessing's own helpers are stopped after
+    (they would outlive the test: the leak check counts them)."""
+    import multiprocessing
+    _POOL_STORE[:] = [store]
+    try:
+        init = (None, ()) if method == "fork" else (_pool_init, (store,))
+        with multiprocessing.get_context(method).Pool(workers, *init) as pool:
+            return pool.map(task, items, chunksize=5)
+    finally:
+        _POOL_STORE.clear()
+        if method != "fork":
+            from multiprocessing import forkserver, resource_tracker
+            forkserver._forkserver._stop()
+            resource_tracker._resource_tracker._stop()
+
+
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_a_pool_uses_the_store_its_parent_opened(store, method):
     """multiprocessing's pools (a DataLoader's workers are fork ones), each worker using the parent's Store:
     inherited under fork, pickled under forkserver and spawn."""
-    import multiprocessing
     store.put("data", np.arange(1000))
     view = store.get("data")
-    _POOL_STORE[:] = [store]
-    try:
-        ctx = multiprocessing.get_context(method)
-        init = (None, ()) if method == "fork" else (_pool_init, (store,))
-        with ctx.Pool(3, *init) as pool:
-            got = pool.map(_pool_task, range(0, 1000, 7), chunksize=5)
-    finally:
-        _POOL_STORE.clear()
-        if method != "fork":  # multiprocessing's own helpers would outlive the test: the leak check counts them
-            from multiprocessing import forkserver, resource_tracker
-            forkserver._forkserver._stop()
-            resource_tracker._resource_tracker._stop()
+    got = _pool_map(store, method, _pool_task, range(0, 1000, 7), 3)
     assert got == [i + 1 for i in range(0, 1000, 7)]
     assert store.get_info("data").pinned and int(view[-1]) == 999
     clients = 1
@@ -591,23 +597,11 @@ def test_checkpoints_through_a_store_opened_before_fork_and_in_pool_workers(name
     """Issue 34 under fork-based loaders: a process checkpoints, its pool's workers (fork, forkserver, spawn;
     a DataLoader's are fork ones) restore it from the node's store as views; a forked child checkpoints with
     the Store it inherited and the parent restores that one, from the store and from the folder after."""
-    import multiprocessing
     pdir = str(tmp_path / "ck")
     a = np.arange(100_000)
     with shmstore.connect(name, capacity="64MiB", persist_dir=pdir) as store:
         assert store.checkpoint("ck", {"a": a, "meta": {"step": 1}}).wait(60)
-        _POOL_STORE[:] = [store]
-        try:
-            ctx = multiprocessing.get_context(method)
-            init = (None, ()) if method == "fork" else (_pool_init, (store,))
-            with ctx.Pool(2, *init) as pool:
-                got = pool.map(_pool_restore, range(0, 100_000, 997), chunksize=5)
-        finally:
-            _POOL_STORE.clear()
-            if method != "fork":
-                from multiprocessing import forkserver, resource_tracker
-                forkserver._forkserver._stop()
-                resource_tracker._resource_tracker._stop()
+        got = _pool_map(store, method, _pool_restore, range(0, 100_000, 997), 2)
         assert got == list(range(0, 100_000, 997))
         if method == "fork":
             def child():

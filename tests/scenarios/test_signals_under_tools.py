@@ -23,12 +23,12 @@ import pytest
 
 from helpers import ROOT, shm_segments, unique_name, wait_for
 
-PROGRAM = r'''
+# what both programs start with: a SIGUSR1 handler that counts, a SIGTERM handler that exits
+HANDLERS = r'''
 import os, signal, sys
 import numpy as np
 import shmstore
 
-name = sys.argv[1]
 counts = {"usr1": 0, "int": 0}
 
 
@@ -42,12 +42,17 @@ def on_term(signum, frame):
     sys.exit(0)
 
 
+signal.signal(signal.SIGUSR1, on_usr1)
+signal.signal(signal.SIGTERM, on_term)
+'''
+
+PROGRAM = HANDLERS + r'''
+name = sys.argv[1]
+
+
 def never_called():
     return "never"  # pdb's breakpoint: its tracer stays on, and it never stops
 
-
-signal.signal(signal.SIGUSR1, on_usr1)
-signal.signal(signal.SIGTERM, on_term)
 with shmstore.connect(name, capacity="64MiB") as s:
     os.write(1, b"READY\n")
     i = 0
@@ -101,6 +106,31 @@ class _Lines:
                 return
 
 
+def _signal_and_end(p: subprocess.Popen, lines: _Lines, tool: str, ready: list[str], exit_wait: float) -> None:
+    """Wait for the ``ready`` lines, then 20 Ctrl-Cs (none under pdb: it takes Ctrl-C for itself, breaking into
+    the debugger), 20 SIGUSR1s, each answered before the next, and a SIGTERM that must end the program with
+    status 0; the program is killed if it is still there after."""
+    try:
+        for want in ready:
+            lines.expect(want, 60)
+        for n in range(1, 21 if tool != "pdb" else 1):
+            time.sleep(0.02)  # it is inside a verb most of the time
+            p.send_signal(signal.SIGINT)
+            lines.expect(f"I{n}")
+        for n in range(1, 21):
+            time.sleep(0.02)
+            p.send_signal(signal.SIGUSR1)
+            lines.expect(f"U{n}")
+        time.sleep(0.02)
+        p.send_signal(signal.SIGTERM)
+        lines.expect("TERM")
+        assert p.wait(timeout=exit_wait) == 0, lines.seen[-20:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("tool", sorted(TOOLS))
 def test_every_signal_inside_verbs_reaches_the_program_under(tool, tmp_path):
@@ -113,50 +143,12 @@ def test_every_signal_inside_verbs_reaches_the_program_under(tool, tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
     p = subprocess.Popen([sys.executable, *args, str(program), name], cwd=tmp_path, env=env,
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = _Lines(p)
-    try:
-        lines.expect("READY", 60)
-        # pdb takes Ctrl-C for itself (it breaks into the debugger): SIGINT everywhere else
-        for n in range(1, 21 if tool != "pdb" else 1):
-            time.sleep(0.02)  # it is inside a verb most of the time
-            p.send_signal(signal.SIGINT)
-            lines.expect(f"I{n}")
-        for n in range(1, 21):
-            time.sleep(0.02)
-            p.send_signal(signal.SIGUSR1)
-            lines.expect(f"U{n}")
-        time.sleep(0.02)
-        p.send_signal(signal.SIGTERM)
-        lines.expect("TERM")
-        assert p.wait(timeout=30) == 0, lines.seen[-20:]
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    _signal_and_end(p, _Lines(p), tool, ["READY"], 30)
     assert wait_for(lambda: not [s for s in shm_segments() if f"-{name}-" in s], timeout=15)
 
 
-CHECKPOINTS = r'''
-import os, signal, sys
-import numpy as np
-import shmstore
-
+CHECKPOINTS = HANDLERS + r'''
 name, pdir = sys.argv[1], sys.argv[2]
-counts = {"usr1": 0, "int": 0}
-
-
-def on_usr1(signum, frame):
-    counts["usr1"] += 1
-    os.write(1, b"U%d\n" % counts["usr1"])
-
-
-def on_term(signum, frame):
-    os.write(1, b"TERM\n")
-    sys.exit(0)
-
-
-signal.signal(signal.SIGUSR1, on_usr1)
-signal.signal(signal.SIGTERM, on_term)
 with shmstore.connect(name, capacity="64MiB", persist_dir=pdir) as s:
     os.write(1, b"READY\n")
     i = 0
@@ -195,25 +187,7 @@ def test_signals_inside_checkpoints_under_tools_reach_the_program_and_the_newest
     p = subprocess.Popen([sys.executable, *args, str(program), name, str(pdir)], cwd=tmp_path, env=env,
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = _Lines(p)
-    try:
-        lines.expect("READY", 60)
-        lines.expect("D1", 60)
-        for n in range(1, 21 if tool != "pdb" else 1):
-            time.sleep(0.02)
-            p.send_signal(signal.SIGINT)
-            lines.expect(f"I{n}")
-        for n in range(1, 21):
-            time.sleep(0.02)
-            p.send_signal(signal.SIGUSR1)
-            lines.expect(f"U{n}")
-        time.sleep(0.02)
-        p.send_signal(signal.SIGTERM)
-        lines.expect("TERM")
-        assert p.wait(timeout=60) == 0, lines.seen[-20:]
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    _signal_and_end(p, lines, tool, ["READY", "D1"], 60)
     last_done = max(int(line[1:]) for line in lines.seen if line[:1] == "D" and line[1:].isdigit())
     assert wait_for(lambda: not [s for s in shm_segments() if f"-{name}-" in s], timeout=60)
 
