@@ -99,15 +99,25 @@ def test_a_dataloader_whose_dataset_keeps_its_store_reads_it_in_its_workers(stor
     for i in range(32):
         store.put(f"x{i}", np.full(1000, i, dtype=np.int64))
     clients = len(store.node_store.clients())
+    import gc
     loader = torch.utils.data.DataLoader(_StoreDataset(store, 32), batch_size=4, num_workers=2,
                                          multiprocessing_context=context, timeout=120)
+    batches = iter(loader)
     try:
-        got = [(b[0].shape, b[1].tolist()) for b in loader]
+        got = [(b[0].shape, b[1].tolist()) for b in batches]
     finally:
-        if context != "fork":  # multiprocessing's own helpers would outlive the test: the leak check counts them
-            from multiprocessing import forkserver, resource_tracker
-            forkserver._forkserver._stop()
-            resource_tracker._resource_tracker._stop()
+        # multiprocessing's own helpers would outlive the test (the leak check counts them): stopped once the
+        # loader's queues are gone (a semaphore finalized after the stop started the resource tracker again,
+        # a process that lived on through every later test of the run)
+        import threading
+        del batches, loader
+        gc.collect()
+        # its queues' feeder threads hold them (and their semaphores) until they end
+        wait_for(lambda: not any(t.name == "QueueFeederThread" for t in threading.enumerate()), timeout=60)
+        gc.collect()
+        from multiprocessing import forkserver, resource_tracker
+        forkserver._forkserver._stop()
+        resource_tracker._resource_tracker._stop()
     assert [shape for shape, _ in got] == [torch.Size([4, 1000])] * 8
     assert [s for _, sums in got for s in sums] == [1000 * i for i in range(32)]
     assert wait_for(lambda: len(store.node_store.clients()) == clients, timeout=60)  # the workers' slots went
