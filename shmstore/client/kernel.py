@@ -63,13 +63,11 @@ if TYPE_CHECKING:
 
 _U8 = np.dtype(np.uint8)
 _DTYPES: dict[bytes, np.dtype] = {}
-_FORKS = [0]
 _KERNELS: weakref.WeakSet[Kernel] = weakref.WeakSet()  # every open kernel of this process
 
 
 def _after_fork_in_child() -> None:
     """In a forked child, every kernel it inherited is its parent's: see :meth:`Kernel._inherited`."""
-    _FORKS[0] += 1
     for k in list(_KERNELS):
         k._inherited()
 
@@ -147,9 +145,8 @@ class Kernel:
         self._arrays: dict[tuple[int, int], tuple[Any, ...]] = {}
         self._devices = node.devices  # the levels whose values are device arrays (get branches on them)
         self.writers: weakref.WeakSet[Any] = weakref.WeakSet()  # open Writers, aborted by close()
-        self._fork = _FORKS[0]
         # True in a child forked after this kernel was made: it is the parent's (the Store reconnects); a plain
-        # attribute, set at the fork (_inherited), as the Store looks at it on every verb
+        # attribute, set at the fork (_inherited), as every verb looks at it
         self.forked = False
         self._closed = self._detached = False
         _KERNELS.add(self)
@@ -209,7 +206,7 @@ class Kernel:
         ``fork()``); frees the pins whose views died meanwhile."""
         if self._closed:
             raise StoreClosedError("store is closed (connect() again)")
-        if self._fork != _FORKS[0]:
+        if self.forked:
             raise StoreClosedError("store was opened before fork(); connect() again in the child")
         self.pins.free_deferred(self.puts.give_up)
 
@@ -223,7 +220,7 @@ class Kernel:
         # a signal from here on waits for the verb to finish (see interrupts.py)
         _guard_signals()
         kb = encode_key(key)
-        if self._closed or self._deferred or self._fork != _FORKS[0]:
+        if self._closed or self._deferred or self.forked:
             self.check_open()
         return key_ref(key, kb, self.sid, self._bmask, self._smask)
 
@@ -333,7 +330,7 @@ class Kernel:
             check_get_args(key, default, misuse)
         _guard_signals()
         if _fast is not None and type(key) is str and not self._closed and not self._deferred \
-                and self._fork == _FORKS[0]:
+                and not self.forked:
             obj = self._get_fast(key)  # the hot path: a small array in memory
             if obj is _MISS:
                 if default is NO_DEFAULT:
@@ -462,7 +459,7 @@ class Kernel:
         Raises:
             ObjectNotFoundError: no sealed object has this key.
         """
-        if _fast is None or type(key) is not str or self._closed or self._deferred or self._fork != _FORKS[0] \
+        if _fast is None or type(key) is not str or self._closed or self._deferred or self.forked \
                 or not hasattr(_fast, "read_small"):
             return None
         r = _fast.read_small(self._ctx, key, max_bytes, self._state.arena_addr, _MEMORY, L.KIND_NDARRAY,
@@ -570,7 +567,7 @@ class Kernel:
             ObjectNotFoundError: no such object (unless ``missing_ok``).
         """
         if version is None and _fast is not None and type(key) is str and not self._closed and not self._deferred \
-                and self._fork == _FORKS[0]:
+                and not self.forked:
             r = _fast.delete(self._ctx, key)  # the steps below in one C call, where they are the common ones
             if type(r) is tuple:
                 self._supply.entries.append(r)  # (as node.release does for an entry cut from a chunk)
@@ -607,7 +604,7 @@ class Kernel:
             StoreClosedError: the store is closed, or this is a forked child.
         """
         if _fast is not None and type(key) is str and not self._closed and not self._deferred \
-                and self._fork == _FORKS[0] and hasattr(_fast, "has"):
+                and not self.forked and hasattr(_fast, "has"):
             r = _fast.has(self._ctx, key)  # one C call, no pin: what a fetch asks first
             if r == 1 or r == 0:
                 return bool(r)
@@ -616,7 +613,7 @@ class Kernel:
         try:
             ref = self.begin(key)
         except InvalidKeyError:
-            if self._closed or self._fork != _FORKS[0]:
+            if self._closed or self.forked:
                 self.check_open()  # a closed store says so, whatever the key
             return False
         with self._stripes[ref.stripe]:
@@ -692,7 +689,7 @@ class Kernel:
         if self._closed:
             return self._detached
         self._closed = True
-        if self._fork != _FORKS[0]:
+        if self.forked:
             self._detached = True  # the parent owns the slot
             return True
         for writer in list(self.writers):  # unsealed: dropped, as after any error

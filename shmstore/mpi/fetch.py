@@ -27,11 +27,12 @@ node (small ones inside the reply), new copies registered once per home.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Callable, TypeAlias
 
 import numpy as np
@@ -107,18 +108,9 @@ class Fetcher:
                 if late is not None:
                     raise late
                 raise _shared_error(key, self.links.name, err)  # the error of the transfer we waited for
-            try:
+            with _ending(node, [slot]):
                 if key not in self.store:
                     self._one(key, source, source_version, levels, block, direct)
-            # a miss leaves no entry: waiters look again and miss too; a call out of its own time leaves the
-            # transfer to them (they look again and take it over)
-            except (errors.ObjectNotFoundError, errors.GetTimeoutError):
-                inbound.finish(node, slot)
-                raise
-            except BaseException as exc:
-                inbound.finish(node, slot, f"{type(exc).__name__}:{exc}")
-                raise
-            inbound.finish(node, slot)
             return
         if key not in self.store:
             # the transfers waited for kept ending with the key gone again (a writer deleting and putting it as
@@ -143,21 +135,8 @@ class Fetcher:
         transfer takes it once the lookup says it is large; False (nothing done, the source given back) where
         another rank of this node has it."""
         held: list[int] = []  # the migration entry a first question's large transfer took
-        try:
-            done = self._ask_and_fetch(key, levels, block, first, held)
-        # as fetch_one ends the entries it takes: a miss or a call out of its own time leaves no error for the
-        # waiters (they look again, and miss or take it over)
-        except (errors.ObjectNotFoundError, errors.GetTimeoutError):
-            for slot in held:
-                inbound.finish(self.kernel.node, slot)
-            raise
-        except BaseException as exc:
-            for slot in held:
-                inbound.finish(self.kernel.node, slot, f"{type(exc).__name__}:{exc}")
-            raise
-        for slot in held:
-            inbound.finish(self.kernel.node, slot)
-        return done
+        with _ending(self.kernel.node, held):
+            return self._ask_and_fetch(key, levels, block, first, held)
 
     def _ask_and_fetch(self, key: str, levels: Levels, block: int, first: bool, held: list[int]) -> bool:
         """:meth:`_from_directory`'s questions and transfer; a migration entry it takes goes into ``held``."""
@@ -480,6 +459,25 @@ class Fetcher:
             if isinstance(first, MPI.Exception):  # a receive failed to start (its sender is gone)
                 raise msg.failed(src, "transfer", key, first) from first
             raise first
+
+
+@contextlib.contextmanager
+def _ending(node: Any, slots: list[int]) -> Iterator[None]:
+    """End this node's migration entries ``slots`` (those taken by the time the block ends) as the block ends:
+    a miss leaves no error (the waiters look again and miss too), nor does a call out of its own time (they look
+    again and take the transfer over); another failure is the waiters' error."""
+    try:
+        yield
+    except (errors.ObjectNotFoundError, errors.GetTimeoutError):
+        for slot in slots:
+            inbound.finish(node, slot)
+        raise
+    except BaseException as exc:
+        for slot in slots:
+            inbound.finish(node, slot, f"{type(exc).__name__}:{exc}")
+        raise
+    for slot in slots:
+        inbound.finish(node, slot)
 
 
 class _Unfinished:
