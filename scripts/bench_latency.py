@@ -153,7 +153,11 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--modes", default="asleep,computing,barrier")
     ap.add_argument("--rma", action="store_true", help="also time raw passive-target MPI Gets (see above)")
+    ap.add_argument("--switch-us", type=float, help="sys.setswitchinterval on every rank, in us (Python's default "
+                    "5000: how long the holder's computing main thread keeps the GIL from its node service)")
     args = ap.parse_args()
+    if args.switch_us:
+        sys.setswitchinterval(args.switch_us * 1e-6)
     world = MPI.COMM_WORLD
     if world.size != 2:
         raise SystemExit("bench_latency runs on exactly 2 ranks (see the usage line)")
@@ -214,7 +218,8 @@ def main() -> int:
                 release(world, m)
         quiet_barrier(world)
     if world.rank == 0:
-        print(f"bench_latency: 2 ranks on 2 nodes, {os.cpu_count()} cpus, medians of {args.repeats} repeat(s); raw "
+        print(f"bench_latency: 2 ranks on 2 nodes, {os.cpu_count()} cpus, GIL switch interval "
+              f"{sys.getswitchinterval() * 1e6:.0f} us, medians of {args.repeats} repeat(s); raw "
               f"8 B MPI round trip {rtt * 1e6:.1f} us, raw 1 MiB answer {raw_mib * 1e3:.3f} ms")
         for s, v in after.items():
             print(f"  raw 8 B round trip after {s:g} s of silence, the other rank probing every 50 us: "
