@@ -32,6 +32,19 @@ def _cupy_stand_in() -> None:
 
 _cupy_stand_in()
 
+
+def _sigint_by_default() -> None:
+    """A suite started in the background of a shell without job control (``nohup pytest &``, a script's ``&``)
+    inherits SIGINT ignored, and so would every child it starts: Python then installs no KeyboardInterrupt
+    handler, and the tests that send a child Ctrl-C saw "no run was interrupted" (22 of them, in one such run).
+    A handler here is reset to the default at each child's exec, as an ignored signal is not."""
+    import signal
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_sigint_by_default()
+
 import shmstore  # noqa: E402
 from shmstore.node.nodestore import reap_children  # noqa: E402
 
