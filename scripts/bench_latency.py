@@ -11,11 +11,14 @@ spends its time meanwhile (``asleep``: ``time.sleep``, its core idle;
 ``barrier``: waiting in ``comm.Barrier()``), rank 0 waits each ``--silence``
 (seconds; nothing is asked of the holder's node meanwhile) and times the get
 that follows, then ``--gets`` distinct 64 B gets back to back (min, median, p90,
-p99, max), a 1 MiB get, and ``locate`` of keys it does not hold. Baselines in the
+p99, max), ``--spaced`` 64 B gets 1 ms apart (median, p99: the holder's service
+between its naps), a 1 MiB get, and ``locate`` of keys it does not hold. Baselines in the
 same run, before the Cluster exists, between the same two ranks: the raw 8 B MPI
 round trip and a raw 1 MiB ``Send`` answering an 8 B request (the holder in a
 blocking ``Recv``, medians of 50), and a raw 8 B round trip after each silence
-with the other rank probing every 50 us (what this machine adds after a pause). Every figure is the median over
+with the other rank probing every 50 us, and with it spinning in a blocking ``Recv``
+(what this machine adds after a pause: the second is the floor of any program, the
+asking rank's own wake from its sleep included). Every figure is the median over
 ``--repeats``; ratios are against those baselines.
 
 ``--rma`` also times what a one-sided read of a sealed object would cost with this MPI, before the Cluster
@@ -150,6 +153,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--silence", default="1,10", help="seconds of silence before a first get (comma list)")
     ap.add_argument("--gets", type=int, default=300, help="distinct 64 B gets back to back")
+    ap.add_argument("--spaced", type=int, default=50, help="distinct 64 B gets 1 ms apart")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--modes", default="asleep,computing,barrier")
     ap.add_argument("--rma", action="store_true", help="also time raw passive-target MPI Gets (see above)")
@@ -166,9 +170,10 @@ def main() -> int:
     rtts, mibs = raw_round_trips(world, 50, 8), raw_round_trips(world, 50, MiB)
     rtt, raw_mib = (statistics.median(rtts), statistics.median(mibs)) if world.rank == 0 else (0.0, 0.0)
     after = {s: statistics.median(raw_after_silence(world, s, 50e-6) for _ in range(args.repeats)) for s in silences}
+    spun = {s: statistics.median(raw_after_silence(world, s, 0.0) for _ in range(args.repeats)) for s in silences}
     rma = rma_rows(world, modes, silences, args) if args.rma else {}
     name = world.bcast("lat" + uuid.uuid4().hex[:8])
-    per_round = len(silences) + args.gets
+    per_round = len(silences) + args.gets + args.spaced
     rows: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
     # the default prefault (every page of this store mapped ahead by its prefault thread, done before the first
     # get): a fetch lands in warm memory, as the raw baseline's Recv does
@@ -200,12 +205,22 @@ def main() -> int:
                     cluster.get(next(keys))
                     got.setdefault(f"first after {s:g} s", []).append(time.perf_counter() - t)
                 tight = []
-                for k in keys:
+                for _ in range(args.gets):
+                    k = next(keys)
                     t = time.perf_counter()
                     cluster.get(k)
                     tight.append(time.perf_counter() - t)
                 for label, q in (("min", 0.0), ("median", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0)):
                     got.setdefault(f"{args.gets} gets {label}", []).append(pct(tight, q))
+                spaced = []
+                for k in keys:
+                    time.sleep(0.001)
+                    t = time.perf_counter()
+                    cluster.get(k)
+                    spaced.append(time.perf_counter() - t)
+                if spaced:
+                    for label, q in (("median", 0.5), ("p99", 0.99)):
+                        got.setdefault(f"1 ms apart {label}", []).append(pct(spaced, q))
                 t = time.perf_counter()
                 cluster.get(f"{m}{r}big")
                 got.setdefault("1 MiB get", []).append(time.perf_counter() - t)
@@ -223,7 +238,8 @@ def main() -> int:
               f"8 B MPI round trip {rtt * 1e6:.1f} us, raw 1 MiB answer {raw_mib * 1e3:.3f} ms")
         for s, v in after.items():
             print(f"  raw 8 B round trip after {s:g} s of silence, the other rank probing every 50 us: "
-                  f"{v * 1e6:.1f} us ({v / rtt:.1f}x RTT)")
+                  f"{v * 1e6:.1f} us ({v / rtt:.1f}x RTT); spinning in Recv: {spun[s] * 1e6:.1f} us "
+                  f"({spun[s] / rtt:.1f}x RTT)")
         for m in modes:
             print(f"  holder {m}:")
             for label, xs in (rows[m] | rma.get(m, {})).items():

@@ -10,8 +10,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <poll.h>
 #include <stdint.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <time.h>
 
 typedef int (*iprobe_fn)(int source, int tag, intptr_t comm, int *flag, void *status);
@@ -22,40 +24,78 @@ static int64_t mono_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* probe_wait(iprobe_address, any_source, tag, comm_handle, spin_ns, nap_ns, max_ns[, nap_max_ns])
- * -> 1 when a message
- * with ``tag`` is waiting, 0 after max_ns without one, 2 when a signal cut a nap short (its Python handler
- * runs once this returns: a Ctrl-C raises at once), -rc when MPI_Iprobe failed.
+/* Take every ring waiting on the bell ``fd`` (datagrams of one byte): one wake-up answers them all. */
+static void drain(int fd) {
+    char buf[64];
+    while (recv(fd, buf, sizeof buf, MSG_DONTWAIT) > 0)
+        ;
+}
+
+/* Sleep ``ns`` nanoseconds, or less where the bell ``fd`` (>= 0) rings: 1 when rung (the rings taken), 0 when
+ * the time passed, -1 when a signal cut it short. */
+static int nap_or_ring(int fd, const struct timespec *nap) {
+    if (fd < 0)
+        return nanosleep(nap, NULL) != 0 && errno == EINTR ? -1 : 0;
+    struct pollfd p = {fd, POLLIN, 0};
+    int n = ppoll(&p, 1, nap, NULL);
+    if (n < 0)
+        return errno == EINTR ? -1 : 0;
+    if (n > 0 && (p.revents & POLLIN)) {
+        drain(fd);
+        return 1;
+    }
+    if (n > 0) /* an error on the socket (closed under us): the nap's time, never a spin */
+        nanosleep(nap, NULL);
+    return 0;
+}
+
+/* probe_wait(iprobe_address, any_source, tag, comm_handle, spin_ns, nap_ns, max_ns[, nap_max_ns, bell_fd,
+ * ring_spin_ns, ring_nap_ns, ring_nap_max_ns, ring_window_ns]) -> 1 when a message with ``tag`` is waiting, 0
+ * after max_ns without one, 2 when a signal cut a nap short (its Python handler runs once this returns: a
+ * Ctrl-C raises at once), -rc when MPI_Iprobe failed.
  *
  * Calls MPI_Iprobe (its address from the loaded MPI library; the communicator handle is passed in a
  * register, an int for MPICH's ABI and a pointer for Open MPI's, both fit intptr_t) with the GIL released:
  * the application's Python threads never wait for a polling service. Probes back to back for spin_ns
  * (a short window), then after naps of nap_ns, each twice the last up to nap_max_ns (default nap_ns): a
  * long wait wakes rarely (seven ranks waiting on two cores with 20 us naps left no time to the transfer
- * they waited for). */
+ * they waited for).
+ *
+ * bell_fd (a node service's doorbell, doorbell.py; -1: none): every nap is a sleep on the bell too, so a
+ * request whose sender rang is seen when the ring wakes this thread, not when the nap ends (on a VM a
+ * 200 us nap lasts ~300 us, the wake-up by a ring ~70). A ring switches the wait to the ring's pace: it
+ * probes at once, then back to back for ring_spin_ns, then after naps from ring_nap_ns doubling up to
+ * ring_nap_max_ns, for at least ring_window_ns more (the ring may come before its message: over TCP the
+ * two take different paths). */
 static PyObject *probe_wait(PyObject *self, PyObject *args) {
     unsigned long long addr, comm;
-    int any, tag;
+    int any, tag, fd = -1;
     long long spin_ns, nap_ns, max_ns, nap_max_ns = 0;
-    if (!PyArg_ParseTuple(args, "KiiKLLL|L", &addr, &any, &tag, &comm, &spin_ns, &nap_ns, &max_ns, &nap_max_ns))
+    long long ring_spin_ns = 0, ring_nap_ns = 0, ring_nap_max_ns = 0, ring_window_ns = 0;
+    if (!PyArg_ParseTuple(args, "KiiKLLL|LiLLLL", &addr, &any, &tag, &comm, &spin_ns, &nap_ns, &max_ns,
+                          &nap_max_ns, &fd, &ring_spin_ns, &ring_nap_ns, &ring_nap_max_ns, &ring_window_ns))
         return NULL;
     if (nap_max_ns < nap_ns)
         nap_max_ns = nap_ns;
+    if (ring_nap_ns <= 0)
+        ring_nap_ns = nap_ns;
+    if (ring_nap_max_ns < ring_nap_ns)
+        ring_nap_max_ns = ring_nap_ns;
     iprobe_fn iprobe = (iprobe_fn)(uintptr_t)addr;
     int flag = 0, rc = 0, interrupted = 0;
     char status[256]; /* larger than any MPI_Status */
     Py_BEGIN_ALLOW_THREADS
-    int64_t start = mono_ns();
+    int64_t start = mono_ns(), spin_from = start;
     struct timespec nap = {(time_t)(nap_ns / 1000000000), (long)(nap_ns % 1000000000)};
     int slack = -1; /* the thread's timer slack, while naps run with a tight one */
     for (;;) {
         rc = iprobe(any, tag, (intptr_t)(uintptr_t)comm, &flag, status);
         if (rc != 0 || flag)
             break;
-        int64_t waited = mono_ns() - start;
-        if (waited >= max_ns)
+        int64_t now = mono_ns();
+        if (now - start >= max_ns)
             break;
-        if (waited < spin_ns)
+        if (now - spin_from < spin_ns)
             continue; /* no sched_yield: a yield per probe made replies come 4x later, at random, on a
                        * 2-core machine; the window is short */
         if (slack < 0 && nap_ns < 1000000) {
@@ -64,15 +104,23 @@ static PyObject *probe_wait(PyObject *self, PyObject *args) {
             if (slack > 0)
                 prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
         }
-        if (nanosleep(&nap, NULL) != 0 && errno == EINTR) {
+        int woke = nap_or_ring(fd, &nap);
+        if (woke < 0) {
             interrupted = 1; /* a signal for this thread: Python runs its handler when we return */
             break;
         }
-        if (nap_ns < nap_max_ns) {
+        if (woke > 0) { /* rung: the request is here or on its way */
+            spin_from = mono_ns();
+            spin_ns = ring_spin_ns;
+            nap_ns = ring_nap_ns;
+            nap_max_ns = ring_nap_max_ns;
+            if (spin_from - start + ring_window_ns > max_ns)
+                max_ns = spin_from - start + ring_window_ns;
+        } else if (nap_ns < nap_max_ns) {
             nap_ns = nap_ns * 2 < nap_max_ns ? nap_ns * 2 : nap_max_ns;
-            nap.tv_sec = (time_t)(nap_ns / 1000000000);
-            nap.tv_nsec = (long)(nap_ns % 1000000000);
         }
+        nap.tv_sec = (time_t)(nap_ns / 1000000000);
+        nap.tv_nsec = (long)(nap_ns % 1000000000);
     }
     if (slack > 0)
         prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);

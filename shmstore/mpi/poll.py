@@ -18,18 +18,31 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import threading
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from mpi4py import MPI
 
 from ..config import pure_python, service_idle, service_spin
 from ..primitives.interrupts import interruptible
 
-__all__ = ["prober", "python_prober", "spin_window", "idle_nap", "Pace", "quiet_wait", "quiet_barrier", "settle"]
+__all__ = ["prober", "python_prober", "Ring", "spin_window", "idle_nap", "Pace", "quiet_wait", "quiet_barrier",
+           "settle"]
 
 Probe = Callable[..., bool]
+
+
+class Ring(NamedTuple):
+    """A prober's doorbell (``doorbell.py``): the socket ``fd`` its naps sleep on too, and the wait's pace once it
+    rings: a probe at once, then back to back for ``spin`` seconds, then after naps from ``nap`` doubling up to
+    ``nap_max``, for at least ``window`` seconds more."""
+    fd: int
+    spin: float
+    nap: float
+    nap_max: float
+    window: float
 # the longest stretch the C prober waits before the main thread looks at signals again
 _SLICE = 0.1
 
@@ -62,9 +75,10 @@ def _probe_wait() -> Callable[..., int] | None:
 
 
 def prober(comm: MPI.Comm) -> Probe:
-    """``probe(source, tag, spin, nap, limit, nap_max=nap) -> bool``: True once a message from ``source`` (or
-    ``MPI.ANY_SOURCE``) with ``tag`` waits on ``comm``, False after ``limit`` seconds without; probing back
-    to back for ``spin`` seconds, then after naps from ``nap`` seconds doubling up to ``nap_max``. The GIL is
+    """``probe(source, tag, spin, nap, limit, nap_max=nap, ring=None) -> bool``: True once a message from
+    ``source`` (or ``MPI.ANY_SOURCE``) with ``tag`` waits on ``comm``, False after ``limit`` seconds without;
+    probing back to back for ``spin`` seconds, then after naps from ``nap`` seconds doubling up to ``nap_max``;
+    ``ring``: a :class:`Ring` whose ring cuts a nap short (the naps are sleeps on its socket too). The GIL is
     released while it waits."""
     probe_wait = _probe_wait()
     if probe_wait is None:
@@ -76,12 +90,15 @@ def prober(comm: MPI.Comm) -> Probe:
 
     # holds nothing: a Ctrl-C raises here at once (the caller burns the reply tag)
     @interruptible
-    def probe(source: int, tag: int, spin: float, nap: float, limit: float, nap_max: float = 0.0) -> bool:
+    def probe(source: int, tag: int, spin: float, nap: float, limit: float, nap_max: float = 0.0,
+              ring: Ring | None = None) -> bool:
+        bell = () if ring is None else (ring.fd, int(ring.spin * 1e9), int(ring.nap * 1e9),
+                                         int(ring.nap_max * 1e9), int(ring.window * 1e9))
         while True:
             # in slices: the main thread looks at the signals that came (maybe to another thread) between them
             part = min(limit, _SLICE)
             rc = probe_wait(addr, source, tag, handle, int(spin * 1e9), int(nap * 1e9), int(part * 1e9),
-                            int(nap_max * 1e9))
+                            int(nap_max * 1e9), *bell)
             if rc == 1:
                 return True
             if rc < 0:  # MPI's own error, as mpi4py raises it: the caller names the node and rank it was about
@@ -99,16 +116,42 @@ def prober(comm: MPI.Comm) -> Probe:
 def python_prober(comm: MPI.Comm) -> Probe:
     """:func:`prober` in Python (where the C extension is missing or disabled): wakes take the GIL."""
     @interruptible
-    def probe(source: int, tag: int, spin: float, nap: float, limit: float, nap_max: float = 0.0) -> bool:
+    def probe(source: int, tag: int, spin: float, nap: float, limit: float, nap_max: float = 0.0,
+              ring: Ring | None = None) -> bool:
         deadline = time.monotonic() + limit
         while not comm.iprobe(source, tag):
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 return False
-            time.sleep(nap)
+            if ring is not None and _nap_or_ring(ring.fd, nap):
+                nap, nap_max = ring.nap, ring.nap_max
+                deadline = max(deadline, time.monotonic() + ring.window)
+                continue
+            if ring is None:
+                time.sleep(nap)
             nap = min(nap * 2, max(nap, nap_max))
         return True
 
     return probe
+
+
+def _nap_or_ring(fd: int, nap: float) -> bool:
+    """Sleep ``nap`` seconds or until the bell socket ``fd`` (non-blocking) rings: True when rung, every ring
+    taken."""
+    if not 0 <= fd < 1024:  # past select's limit: a plain nap (the ring is taken by the next C wait, or never)
+        time.sleep(nap)
+        return False
+    try:
+        ready = select.select([fd], [], [], nap)[0]
+    except (OSError, ValueError):  # closed under us: the nap's time, never a spin
+        time.sleep(nap)
+        return False
+    try:
+        while ready and os.read(fd, 64):
+            pass
+    except OSError:  # BlockingIOError: every ring taken
+        pass
+    return bool(ready)
 
 
 @interruptible

@@ -10,7 +10,10 @@ eight times the recent gap between requests, 5 ms to 0.5 s: a loop of remote
 gets keeps it, one fetch and then silence lets it go within 5 ms), and after
 that, idle, it sleeps in the kernel on its doorbell (``doorbell.py``: a
 request after silence rings it awake, and every 10 ms it looks at MPI
-anyway); with ``SHMSTORE_DOORBELL=0`` it probes every 1 ms where every core
+anyway; every nap is a sleep on the doorbell too, so a rung request ends
+it); its thread asks the scheduler for short slices, so that a ring or a
+nap's end takes the core from a computing or MPI-spinning rank at once.
+With ``SHMSTORE_DOORBELL=0`` it probes every 1 ms where every core
 of the host has a rank (on a 2-core VM, 200 us naps held for half a second
 after each request cost the ranks' Python 15-40% of their speed), every 50
 us where a core is spare (``poll.idle_nap``).
@@ -59,7 +62,7 @@ from .doorbell import SAFETY, Bells, Doorbell
 from .fetch import Fetcher
 from .links import Links
 from .outbox import Outbox
-from .poll import Pace, prober, python_prober, settle
+from .poll import Pace, Ring, prober, python_prober, settle
 from .staging import send_staged
 
 if TYPE_CHECKING:
@@ -78,6 +81,7 @@ _ACTIVE_PAUSE = 200e-6
 _IDLE_PAUSE = 1e-3
                       # the host has a core to spare): the first request after a pause waits <= 1 ms
 _LINGER_MAX = 0.005   # the longest spin a request may ask for (its linger)
+_SLICE_NS = 100_000  # the scheduler slice the loop's thread asks for (the shortest Linux grants)
 _RUNG = 0.005  # after a ring, how long the request it announced may take to land before the loop sleeps again
 
 
@@ -160,12 +164,18 @@ class Service:
     # ---- loop ------------------------------------------------------------------
     def _loop(self) -> None:
         native.set_timer_slack(2000)  # this thread's 50 us naps then last ~55 us, not ~105
+        # woken (a ring, a nap's end) it takes the core from a rank's compute or MPI spin at once, not at the end
+        # of that thread's slice (Linux 6.12+; elsewhere nothing changes)
+        native.set_slice(_SLICE_NS)
         self._outbox.own()
         probe = prober(self.comm)
         status = MPI.Status()
         pace = Pace()  # idle from the start: no busy window before any request
         spin = self.spin
         idle_nap = self.idle
+        # with a doorbell every nap is a sleep on it too: a request whose sender rang is seen at the ring, not
+        # at the nap's end; after a ring the loop probes closely for _RUNG (the request may come after its ring)
+        ring = None if self.bell is None else Ring(self.bell.sock.fileno(), spin, _BUSY_PAUSE, _ACTIVE_PAUSE, _RUNG)
         while True:
             idle = time.monotonic() - pace.last
             if self._outbox.out or self._outbox.handed:
@@ -173,22 +183,19 @@ class Service:
             try:
                 if self._outbox.out or self.sending:
                     # a transfer's next request (its registration) comes as soon as the bytes are out
-                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, 0.002)
+                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, 0.002, ring=ring)
                     pace.last = time.monotonic()
                 elif idle < pace.window:
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, pace.window - idle,
-                                  max(min(_ACTIVE_PAUSE, idle_nap), _BUSY_PAUSE))
+                                  max(min(_ACTIVE_PAUSE, idle_nap), _BUSY_PAUSE), ring=ring)
                 # asleep only while MPI has nothing of this process in flight: a transfer given up on still
                 # moves its bytes only inside MPI calls (over TCP, the replies queue behind them), so with
                 # held requests the loop probes at its idle pace as before
-                elif self.bell is not None and not abandon.held():
+                elif ring is not None and not abandon.held():
                     # asleep in the kernel until a request rings (or the safety net's time): no CPU, no GIL
-                    rung = self.bell.wait(SAFETY)
-                    # rung: the request was sent before the ring; let it land (a TCP hop), probing closely
-                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, _RUNG if rung else 1e-6,
-                                  _ACTIVE_PAUSE)
+                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, 0.0, SAFETY, SAFETY, ring=ring)
                 else:
-                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, 0.0, idle_nap, 1.0)
+                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, 0.0, idle_nap, 1.0, ring=ring)
             except (errors.TransferError, OverflowError, OSError):  # the C prober failed: probe from Python
                 probe = python_prober(self.comm)
                 continue

@@ -3,10 +3,15 @@ under SHMSTORE_PURE_PYTHON; both say False when nothing comes within the limit a
 On COMM_SELF: runs at any rank count."""
 from __future__ import annotations
 
+import select
+import threading
+import time
+
 import pytest
 from mpi4py import MPI
 
 from shmstore.mpi import poll
+from shmstore.mpi.doorbell import Doorbell
 
 
 @pytest.mark.parametrize("pure", [False, True])
@@ -23,6 +28,44 @@ def test_a_prober_finds_a_waiting_message_and_gives_up_after_its_limit(monkeypat
         assert comm.recv(source=0, tag=5) == b"x"
         req.wait()
     finally:
+        comm.Free()
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_a_ring_cuts_a_probers_nap_short_and_keeps_it_probing_for_the_rings_window(monkeypatch, pure):
+    """A node service's naps are sleeps on its doorbell too: a request sent during a nap of 10 minutes is seen
+    when its sender rings, and a ring with no message yet keeps the prober looking for the ring's window
+    (the message may come after its ring), past the limit it was given; every ring is taken by the wake."""
+    monkeypatch.setenv("SHMSTORE_PURE_PYTHON", "1" if pure else "0")
+    comm = MPI.COMM_SELF.Dup()
+    bell = Doorbell()
+    reqs = []
+    try:
+        probe = poll.prober(comm)
+        ring = poll.Ring(bell.sock.fileno(), 0.0, 1e-4, 1e-3, 0.3)
+
+        def send_then_ring() -> None:
+            time.sleep(0.05)  # the prober is asleep by now (or soon: the ring waits in the socket for it)
+            reqs.append(comm.isend(b"x", dest=0, tag=6))
+            bell.ring_self()
+            bell.ring_self()
+
+        t = threading.Thread(target=send_then_ring)
+        start = time.monotonic()
+        t.start()
+        assert probe(MPI.ANY_SOURCE, 6, 0.0, 600.0, 1200.0, ring=ring) is True
+        assert time.monotonic() - start < 60  # the ring, not the 600 s nap's end
+        t.join(30)
+        assert comm.recv(source=0, tag=6) == b"x"
+        assert not select.select([bell.sock], [], [], 0)[0]  # both rings taken by the one wake
+        bell.ring_self()  # a ring and no message: probed for the ring's 0.3 s, past the 10 ms limit
+        start = time.monotonic()
+        assert probe(MPI.ANY_SOURCE, 6, 0.0, 600.0, 0.01, ring=ring) is False
+        assert 0.3 <= time.monotonic() - start < 60
+    finally:
+        for r in reqs:
+            r.wait()
+        bell.close()
         comm.Free()
 
 
