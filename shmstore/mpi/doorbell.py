@@ -15,9 +15,9 @@ gets 0.5 ms apart took 1.1 ms before, 0.5-0.6 ms after). A rank that sends a
 request to a node it has not sent to for ``RING_AFTER`` seconds rings that
 node's bell right after the MPI send (one ``sendto`` of one byte, ~4 us;
 back-to-back requests ring nothing: after a request the service probes back
-to back for its spin window, then naps 50 us first). A ring that is lost or refused costs nothing but the
-nap's or the safety net's delay; the MPI message is the request, the ring
-only a wake-up.
+to back for its spin window, then naps 50 us first). A ring that is lost or
+refused costs nothing but the nap's or the safety net's delay; the MPI
+message is the request, the ring only a wake-up.
 
 Addresses: each leader binds its bell on every interface (port chosen by
 the kernel) and publishes its host name, port and IPv4 addresses; a peer on

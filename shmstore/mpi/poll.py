@@ -43,6 +43,8 @@ class Ring(NamedTuple):
     nap: float
     nap_max: float
     window: float
+
+
 # the longest stretch the C prober waits before the main thread looks at signals again
 _SLICE = 0.1
 
@@ -120,8 +122,7 @@ def python_prober(comm: MPI.Comm) -> Probe:
               ring: Ring | None = None) -> bool:
         deadline = time.monotonic() + limit
         while not comm.iprobe(source, tag):
-            now = time.monotonic()
-            if now >= deadline:
+            if time.monotonic() >= deadline:
                 return False
             if ring is not None and _nap_or_ring(ring.fd, nap):
                 nap, nap_max = ring.nap, ring.nap_max
