@@ -209,6 +209,9 @@ def test_two_jobs_checkpointing_under_one_name_are_kept_apart(pdir):
             cks.append(sb.checkpoint("same", {"who": "b", "i": i, "w": np.full(5000, 10 + i)}))
         for ck in cks:
             ck.wait(60)
+        # the spill processes prune the folder once a checkpoint completed (after its wait returned): read only
+        # what stays, once the last prune is done (the newest checkpoint_keep = 2 of the folder, both jobs')
+        assert wait_for(lambda: len(folder.complete(pdir)) <= 2, timeout=30), folder.complete(pdir)
         for m in folder.complete(pdir):
             got = shmstore.checkpoint.Restored(m, [shmstore.checkpoint.folder_source(m)])
             who, i = got["who"], got["i"]
