@@ -124,12 +124,12 @@ def python_prober(comm: MPI.Comm) -> Probe:
         while not comm.iprobe(source, tag):
             if time.monotonic() >= deadline:
                 return False
-            if ring is not None and _nap_or_ring(ring.fd, nap):
+            if ring is None:
+                time.sleep(nap)
+            elif _nap_or_ring(ring.fd, nap):  # rung: the ring's pace, for its window at least
                 nap, nap_max = ring.nap, ring.nap_max
                 deadline = max(deadline, time.monotonic() + ring.window)
                 continue
-            if ring is None:
-                time.sleep(nap)
             nap = min(nap * 2, max(nap, nap_max))
         return True
 

@@ -3,22 +3,13 @@ silence towards a node; the address rung is the loopback on the same host and ne
 sharing a subnet, else every address listed."""
 from __future__ import annotations
 
-import os
-import select
-
 from shmstore.mpi import doorbell as D
+from shmstore.mpi.poll import _nap_or_ring
 
 
 def _rung(bell: D.Doorbell, timeout: float) -> bool:
-    """Whether ``bell`` rings within ``timeout`` seconds, every ring taken (as the service's prober takes them)."""
-    if not select.select([bell.sock], [], [], timeout)[0]:
-        return False
-    try:
-        while os.read(bell.sock.fileno(), 64):
-            pass
-    except BlockingIOError:
-        pass
-    return True
+    """Whether ``bell`` rings within ``timeout`` seconds, every ring taken (the Python prober's own wait)."""
+    return _nap_or_ring(bell.sock.fileno(), timeout)
 
 
 def test_a_ring_wakes_the_sleeper_and_silence_lets_it_sleep(monkeypatch):
