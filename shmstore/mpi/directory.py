@@ -231,13 +231,18 @@ class Directory:
         if msg.source == W.GAVE_UP:
             # the fetcher gave its question up (a get's timeout, Ctrl-C) before the answer came: out of the queue
             # for a holder, or the fetch named ended as failed from the source it was named (never waited for)
-            if e is None or not msg.token:
+            if not msg.token:
                 return True
-            if any(w[2] == msg.token for w in e.waiters):
+            if e is not None and any(w[2] == msg.token for w in e.waiters):
                 e.waiters = deque(w for w in e.waiters if w[2] != msg.token)
-            named = e.pending.get(msg.token)
+            named = e.pending.get(msg.token) if e is not None else None
             if named is None or named[0] != msg.node or len(named[1]) != 1:
-                self._serve(msg.key, later)
+                # not a fetch named here (any more): a delete or an overwrite that took the entry meanwhile may
+                # count it as in flight, and settles without it now
+                if self._closed_by:
+                    self._settled(msg._replace(outcome=W.Outcome.FAILED))
+                if e is not None:
+                    self._serve(msg.key, later)
                 return True
             msg = msg._replace(source=next(iter(named[1])), outcome=W.Outcome.FAILED)
         if msg.token and self._closed_by:

@@ -291,6 +291,28 @@ def test_a_delete_or_overwrite_settles_the_fetches_in_flight_and_deletes_what_th
     assert ask(d, W.DirCopies("j"), out) == W.Holders([(2, 5.0)])  # the new object alone
 
 
+def test_a_question_given_up_after_a_delete_took_its_entry_settles_that_delete():
+    """A fetcher's DirDone from GAVE_UP is posted, so a delete (or an overwrite) of another rank may take the
+    entry first, counting the question as a fetch in flight: the GAVE_UP ends it there too. Before, it was
+    dropped (no entry, or another one), and the taker's DirSettle waited for it for peer_timeout (60 s: a
+    ref.delete() after a ref.get(timeout=) that gave up, in the rank suite)."""
+    d, out = Directory(), []
+    ask(d, W.DirAdd(["big"], 0, [BIG], [1.0]), out)
+    assert ask(d, W.DirSourceSmall("big", 1, 1024, 11), out) == 0  # named; the fetcher gives up, its answer unread
+    assert ask(d, W.DirTake("big", 99), out) == W.Holders([(0, 1.0)], 1)  # the delete comes first
+    assert ask(d, W.DirDone("big", W.GAVE_UP, 1, FAILED, 0, None, 11), out) is True
+    assert ask(d, W.DirSettle("big", 99), out) == W.Holders([], 0)
+    assert d._closing == {}
+
+    ask(d, W.DirAdd(["j"], 0, [BIG], [1.0]), out)
+    assert ask(d, W.DirSourceSmall("j", 1, 1024, 21), out) == 0
+    assert ask(d, W.DirReplace("j", 2, BIG, 5.0, 98), out) == W.Holders([(0, 1.0)], 1)  # an overwrite first
+    assert ask(d, W.DirDone("j", W.GAVE_UP, 1, FAILED, 0, None, 21), out) is True
+    assert ask(d, W.DirSettle("j", 98), out) == W.Holders([], 0)
+    assert ask(d, W.DirCopies("j"), out) == W.Holders([(2, 5.0)])
+    assert d._closed_by == {}
+
+
 def test_a_take_without_a_token_or_without_fetches_out_keeps_no_record():
     d, out = Directory(), []
     ask(d, W.DirAdd(["k"], 0, [64], [1.0]), out)
