@@ -53,10 +53,12 @@ _NAP_MIN, _NAP_MAX = 0.001, 0.1
 class _Held:
     """Requests given up together, what they keep alive, and what to do once MPI is done with all of them."""
 
-    __slots__ = ("reqs", "keep", "release", "since")
+    __slots__ = ("reqs", "keep", "release", "since", "cancel_at")
 
-    def __init__(self, reqs: list[MPI.Request], keep: Any, release: Callable[[], object] | None) -> None:
+    def __init__(self, reqs: list[MPI.Request], keep: Any, release: Callable[[], object] | None,
+                 cancel_at: float | None = None) -> None:
         self.reqs, self.keep, self.release, self.since = reqs, keep, release, time.monotonic()
+        self.cancel_at = cancel_at  # when the requests left to finish (a drain) are cancelled after all
 
 
 # the list and the counters one thread tests the held requests at a time (MPI forbids testing one request
@@ -70,28 +72,27 @@ _counts = {"given_up": 0, "cancelled": 0, "completed": 0, "held": 0, "released_l
 
 
 def give_up(reqs: Iterable[MPI.Request | None], release: Callable[[], object] | None = None,
-            keep: Any = None) -> bool:
+            keep: Any = None, drain: float = 0.0) -> bool:
     """Give up on ``reqs``: cancel each that is still live, then ``release()`` (and drop ``keep``: the
     buffers, leases or pickled bytes the requests use) once MPI is done with every one of them: at once
     where each is complete or cancelled now (True), else from this module's thread when they are (False).
+    ``drain``: let the live ones finish for up to that many seconds first, cancelling only those left then
+    (receives whose sender is alive and sends anyway: its frames land, and its sends end too, instead of
+    waiting for a receiver that cancelled).
 
     Never raises (``release`` runs later where it cannot run now; its own errors are logged).
     """
     live = [r for r in reqs if r is not None and r]
     with _lock:
         _counts["given_up"] += len(live)
-    for r in live:
-        try:
-            r.Cancel()
-        # MPI may refuse to cancel (a send on some transports): it is then waited for
-        except Exception:
-            pass
+    if drain <= 0:
+        _cancel(live)
     live = [r for r in live if not _over(r)]
     if not live:
         _run(release)
         return True
     with _lock:
-        _held.append(_Held(live, keep, release))
+        _held.append(_Held(live, keep, release, time.monotonic() + drain if drain > 0 else None))
         _counts["held"] += 1
         if _thread[0] is None and not _exiting[0]:
             t = threading.Thread(target=_tend, name="shmstore-mpi-abandoned", daemon=True)
@@ -128,6 +129,15 @@ def stats() -> dict[str, int]:
         return dict(_counts, holding=len(_held))
 
 
+def _cancel(reqs: list[MPI.Request]) -> None:
+    for r in reqs:
+        try:
+            r.Cancel()
+        # MPI may refuse to cancel (a send on some transports): it is then waited for
+        except Exception:
+            pass
+
+
 def _over(r: MPI.Request) -> bool:
     """Whether MPI is done with ``r`` (completed, or cancelled): testing it once."""
     status = MPI.Status()
@@ -161,9 +171,13 @@ def _sweep() -> None:
         with _lock:
             groups = list(_held)
         done = []
+        now = time.monotonic()
         for g in groups:
             if MPI.Is_finalized():
                 return
+            if g.cancel_at is not None and now >= g.cancel_at:  # drained long enough: its sender is gone
+                g.cancel_at = None
+                _cancel(g.reqs)
             g.reqs = [r for r in g.reqs if not _over(r)]
             if not g.reqs:
                 done.append(g)

@@ -377,13 +377,15 @@ class Fetcher:
     def _let_go(inc: Incoming, unfinished: _Unfinished) -> None:
         """Give back the space of a transfer that failed: at once where every receive is over, else once MPI
         is done with the ones it could not cancel (``abandon.py``: a stopped sender that wakes still fills
-        them). Meanwhile the space is set aside, not freed, and the key is free for another fetch."""
+        them), or, where this rank gave up by its own choice (``unfinished.drain``), once the source's frames
+        landed (cancelled after ``peer_timeout`` where they never do). Meanwhile the space is set aside, not
+        freed, and the key is free for another fetch."""
         if unfinished.reqs:
             try:
                 inc.set_aside()
             except errors.ShmStoreError:  # its stripe lock stayed taken: the key stays taken until released
                 pass
-        give_up(unfinished.reqs, release=inc.drop, keep=unfinished.buffer)
+        give_up(unfinished.reqs, release=inc.drop, keep=unfinished.buffer, drain=unfinished.drain)
 
     def _release(self, src: int, found: W.Found) -> None:
         """Let the source unpin what it pinned for us (a large object we will not take)."""
@@ -424,8 +426,20 @@ class Fetcher:
         first stream that fails (a Ctrl-C on this thread included) stops the others at their next look."""
         msg, bulk = self.links.messenger, self.links.bulk
         streams = max(1, min(self.streams, len(bulk)))
-        tag, _ = msg.call_tagged(src, W.Data(handle, block, streams), key)
         plan, peer = T.frames(nbytes, block, streams), self.links.leaders[src]
+        tag = msg.next_tag()
+        try:
+            msg.call_tagged(src, W.Data(handle, block, streams), key, tag=tag)
+        except BaseException as exc:
+            if _own_choice(exc) and dst is not None:
+                # this rank gave up (its timeout, a Ctrl-C), not the source: the source sends every frame all
+                # the same, and waits for them to be taken (for peer_timeout, holding the object's pin): take
+                # them into the space set aside for them (see _let_go)
+                for i in range(streams):
+                    unfinished.reqs.extend(bulk[i].Irecv([dst[pos: pos + n], MPI.BYTE], source=peer, tag=tag)
+                                           for pos, n in plan[i::streams])
+                unfinished.drain = self.store.config.peer_timeout
+            raise
         failed: list[BaseException] = []
         stop = threading.Event()
 
@@ -456,6 +470,8 @@ class Fetcher:
         if failed:
             msg.burn(tag)  # frames may still come on this tag: never a later transfer's
             first = next((e for e in failed if not isinstance(e, Exception)), failed[0])  # a Ctrl-C first
+            if _own_choice(first):  # the source is alive: its frames land in the set-aside space (_let_go)
+                unfinished.drain = self.store.config.peer_timeout
             if isinstance(first, MPI.Exception):  # a receive failed to start (its sender is gone)
                 raise msg.failed(src, "transfer", key, first) from first
             raise first
@@ -483,11 +499,18 @@ def _ending(node: Any, slots: list[int]) -> Iterator[None]:
 class _Unfinished:
     """The receives of a failed transfer that MPI may still write into, and the buffer they write into."""
 
-    __slots__ = ("reqs", "buffer")
+    __slots__ = ("reqs", "buffer", "drain")
 
     def __init__(self) -> None:
         self.reqs: list[MPI.Request] = []
         self.buffer: Any = None
+        # seconds to let the receives finish before cancelling them (abandon.give_up): the source is alive
+        self.drain = 0.0
+
+
+def _own_choice(exc: BaseException) -> bool:
+    """Whether a transfer failed by this rank's choice (its call's timeout, a Ctrl-C), not its source's."""
+    return isinstance(exc, errors.GetTimeoutError) or not isinstance(exc, Exception)
 
 
 def _shared_error(key: str, node: str, err: str) -> Exception:

@@ -165,9 +165,11 @@ class Messenger:
         return self.call_tagged(node, msg, key, spin, linger, any_source, patience)[1]
 
     def call_tagged(self, node: int, msg: Any, key: Any = None, spin: float | None = None,
-                    linger: float = 0.0, any_source: bool = False, patience: float = 1.0) -> tuple[int, Any]:
-        """:meth:`call`, also returning the reply tag (bulk frames follow a Data reply on it)."""
-        dest, tag = self.leaders[node], self.next_tag()
+                    linger: float = 0.0, any_source: bool = False, patience: float = 1.0,
+                    tag: int | None = None) -> tuple[int, Any]:
+        """:meth:`call`, also returning the reply tag (bulk frames follow a Data reply on it); ``tag``: the reply
+        tag to use (from :meth:`next_tag`: the caller knows it even where the call fails)."""
+        dest, tag = self.leaders[node], self.next_tag() if tag is None else tag
         try:
             self._send(node, msg, tag, linger if self.spin else 0.0, key)
         except BaseException:  # the request may still arrive late, and its reply come on this tag

@@ -143,6 +143,61 @@ def test_ref_get_with_a_timeout_gives_up_in_time_and_a_later_get_brings_it_whole
     comm.Barrier()
 
 
+def test_a_get_that_gives_up_on_a_large_object_leaves_its_holder_nothing_to_wait_for(cluster, comm):
+    """``ref.get(timeout=)`` giving up after its Data request went (the holder posts every frame all the same):
+    the asking rank takes the frames into the space it set aside, so the holder's sends end and the object's
+    pin goes at once. Before, the holder's sender waited ``peer_timeout`` (60 s) for frames nobody took, then
+    kept them and the pin for the life of the process ("still hold store space"), and its close waited for
+    them; and a delete right after a get that gave up its question could wait 60 s for it (its GAVE_UP came
+    after the delete took the entry). Timeouts from 0.25 ms doubling until a get succeeds, until three gave up
+    with frames under way."""
+    import time
+
+    from shmstore.mpi import abandon
+    if len(cluster.nodes) < 2:
+        pytest.skip("needs two nodes")
+
+    def deleting(ref) -> None:
+        """The delete settles the given-up fetch at once (it waited peer_timeout, 60 s, for its GAVE_UP)."""
+        start = time.monotonic()
+        ref.delete()
+        assert time.monotonic() - start < 30
+    root, getter = cluster.leaders[-1], 0
+    data = np.arange(4 << 20, dtype=np.int64)  # 32 MiB
+    given_up, attempts, timeout = 0, 0, 0.00025
+    while True:
+        ref = comm.bcast(cluster.share(data) if comm.rank == root else None, root=root)
+        comm.Barrier()
+        got = None
+        if comm.rank == getter:
+            before = abandon.stats()["given_up"]
+            try:
+                got = crc(ref.get(timeout=timeout))
+            except shmstore.GetTimeoutError:
+                pass
+            given_up += abandon.stats()["given_up"] > before  # frames were under way (receives given up)
+            timeout = 0.00025 if got is not None else timeout * 2
+            attempts += 1
+        if comm.bcast(given_up >= 3 or attempts >= 200, root=getter):
+            break
+        comm.Barrier()
+        if comm.rank == root:
+            deleting(ref)
+        comm.Barrier()
+    comm.Barrier()
+    if comm.rank == root:
+        deleting(ref)
+    if comm.bcast(given_up, root=getter) == 0:
+        pytest.skip(f"no get gave up with its frames under way in {attempts} tries (this machine too fast)")
+    deadline = time.monotonic() + 30  # far less than peer_timeout (60 s): the sends end as the frames land
+    service = cluster._service
+    while time.monotonic() < deadline and (abandon.held() or (service is not None and service.sending)):
+        time.sleep(0.05)
+    assert not abandon.held(), (comm.rank, abandon.stats())
+    assert service is None or not service.sending, comm.rank
+    comm.Barrier()
+
+
 def test_a_bounded_call_ends_every_wait_at_its_end(cluster, comm):
     """rpc.bounded, which ref.get(timeout=) and Cluster.get(timeout=) use: a reply that never comes, and
     frames that never come, end at the bound (0.3 s) though peer_timeout is 60 s, with GetTimeoutError."""
