@@ -130,6 +130,9 @@ class Messenger:
         self._tags = itertools.count()
         self._tag_lock = threading.Lock()
         self._burnt: set[int] = set()  # tags of calls that gave up: a late reply may still come on them
+        # of those, the calls whose reply was not taken, and until when it may come (see _take_late)
+        self._late: dict[int, float] = {}
+        self._sweeping = threading.Lock()
         self._probe = prober(comm)
         self._posted: set[int] = set()  # nodes posted to since the last flush
         self._note = bytearray(_LEFT_NOTE)  # another rank's notice that it left by an exception (say_left)
@@ -170,10 +173,12 @@ class Messenger:
         """:meth:`call`, also returning the reply tag (bulk frames follow a Data reply on it); ``tag``: the reply
         tag to use (from :meth:`next_tag`: the caller knows it even where the call fails)."""
         dest, tag = self.leaders[node], self.next_tag() if tag is None else tag
+        if self._late:
+            self._take_late()
         try:
             self._send(node, msg, tag, linger if self.spin else 0.0, key)
         except BaseException:  # the request may still arrive late, and its reply come on this tag
-            self.burn(tag)
+            self.burn(tag, reply=True)
             raise
         spin = self.spin if spin is None else spin
         source = MPI.ANY_SOURCE if any_source else dest  # a reply tag is this rank's alone while the call lasts
@@ -182,7 +187,7 @@ class Messenger:
             if not self._probe(source, tag, spin, _NAP, min(limit, _REPLY_SOON), _REPLY_NAP_MAX) and (
                     limit <= _REPLY_SOON or not self._probe(source, tag, 0.0, _REPLY_NAP_MAX,
                                                             limit - _REPLY_SOON, _NAP_MAX)):
-                self.burn(tag)
+                self.burn(tag, reply=True)
                 key = key if key is not None else getattr(msg, "key", None)
                 raise out_of_time(f"a {_operation(msg)} request to node {self.names[node]!r}", key, dest) or \
                     self.late(node, f"did not answer a {_operation(msg)} request", self.timeout * patience, key)
@@ -197,7 +202,7 @@ class Messenger:
             raise self.failed(node, msg, key, exc) from exc
         # a Ctrl-C while it waited: the reply may still come, never to a later call
         except BaseException:
-            self.burn(tag)
+            self.burn(tag, reply=True)
             raise
         if isinstance(reply, W.Failure):
             raise reply.exception(f"node {self.names[node]!r}", key if key is not None else getattr(msg, "key", None),
@@ -229,11 +234,40 @@ class Messenger:
         if not done:
             raise self.late(node, "sent no frame", self.timeout, key)
 
-    def burn(self, tag: int) -> None:
+    def burn(self, tag: int, reply: bool = False) -> None:
         """Never use reply tag ``tag`` again: a call or a transfer on it was given up, and a late reply or
-        frame may still come on it (it must not be taken for a later call's)."""
+        frame may still come on it (it must not be taken for a later call's). ``reply``: the call's reply was
+        not taken; where it comes, this rank's next call takes it (:meth:`_take_late`)."""
         with self._tag_lock:
             self._burnt.add(tag)
+            if reply:
+                self._late[tag] = time.monotonic() + 2 * self.timeout
+
+    def _take_late(self) -> None:
+        """Take the replies that came on the tags of calls given up, and give back what they pinned: a lookup
+        answered after its asker gave up (a get's timeout, a Ctrl-C) named a large object pinned for a Data
+        request that never comes, and the holder kept that pin, and the object's memory with it though it was
+        deleted, until its handle expired (``HANDLE_TTL``, 120 s). Posted: the holder answers nothing. A tag is
+        looked at until its reply came, or for twice ``timeout`` (the holder let the pin go by then)."""
+        if not self._sweeping.acquire(blocking=False):  # another thread of this rank is at it
+            return
+        try:
+            status, now = MPI.Status(), time.monotonic()
+            for tag, until in list(self._late.items()):
+                if not self.comm.iprobe(MPI.ANY_SOURCE, tag, status):
+                    if now > until:
+                        del self._late[tag]
+                    continue
+                reply = W.receive_reply(self.comm, status.Get_source(), tag)
+                del self._late[tag]
+                source = status.Get_source()
+                if source in self.leaders:
+                    for handle in W.handles(reply):
+                        self._send(self.leaders.index(source), W.Release(handle), 0, 0.0)
+        except (MPI.Exception, errors.TransferError):  # a node gone: nothing of it to give back
+            pass
+        finally:
+            self._sweeping.release()
 
     @interruptible
     def barrier(self, reqs: list[MPI.Request], what: str = "barrier") -> None:

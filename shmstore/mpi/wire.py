@@ -35,6 +35,7 @@ __all__ = [
     "Found", "FoundMany", "Source", "Sourced", "Holders", "Located", "Refused", "Chunk", "Failure",
     "MESSAGES",
     "encode", "decode", "request", "request_nowait", "post", "reply", "reply_nowait", "receive", "receive_reply",
+    "handles",
 ]
 
 Version: TypeAlias = float | None
@@ -459,6 +460,14 @@ def receive(comm: MPI.Comm, source: int, tag: int, status: MPI.Status | None = N
     """A request waiting from ``source``: (its reply tag, the message, its linger)."""
     reply_tag, frame, linger = comm.recv(source=source, tag=tag, status=status)
     return reply_tag, decode(frame), linger
+
+
+def handles(reply: Any) -> list[int]:
+    """The handles of the large objects a reply pinned for Data requests (a Found, a Sourced's, a FoundMany's)."""
+    if isinstance(reply, Sourced):
+        reply = reply.found
+    items = reply.items if isinstance(reply, FoundMany) else [reply]
+    return [f.handle for f in items if isinstance(f, Found) and f.handle]
 
 
 def receive_reply(comm: MPI.Comm, source: int, tag: int, status: MPI.Status | None = None) -> Any:

@@ -198,6 +198,49 @@ def test_a_get_that_gives_up_on_a_large_object_leaves_its_holder_nothing_to_wait
     comm.Barrier()
 
 
+def test_a_get_that_gives_up_before_its_answer_leaves_no_pin_at_the_holder(cluster, comm):
+    """``ref.get(timeout=)`` giving up its first question before the answer came: the holder pinned the large
+    object for a Data request that never comes. The asking rank's next call takes that late answer and gives
+    the pin back; before, the holder kept it, and the deleted object's memory with it, for ``HANDLE_TTL``
+    (120 s)."""
+    import time
+
+    from shmstore.mpi import wire as W
+    if len(cluster.nodes) < 2:
+        pytest.skip("needs two nodes")
+    root, getter = cluster.leaders[-1], 0
+    node = comm.bcast(cluster.node_index, root=root)
+    refs = [comm.bcast(cluster.share(np.full(1 << 19, i, np.int64)) if comm.rank == root else None, root=root)
+            for i in range(10)]  # 4 MiB each: a transfer, not inline
+    comm.Barrier()
+    gave_up = 0
+    if comm.rank == getter:
+        for ref in refs:
+            try:
+                ref.get(timeout=0.0002)  # gives up with its question under way
+            except shmstore.GetTimeoutError:
+                gave_up += 1
+        time.sleep(0.5)  # the answers come meanwhile
+        cluster._msg.call(node, W.Has("nothing"))  # the next call takes them
+    comm.Barrier()
+    if comm.rank == root:
+        for ref in refs:
+            ref.delete()
+    gave_up = comm.bcast(gave_up, root=getter)
+    if gave_up == 0:
+        pytest.skip("no get gave up (this machine too fast)")
+    leases = None
+    if comm.rank == root:
+        service = cluster._service
+        deadline = time.monotonic() + 30  # far less than HANDLE_TTL
+        while time.monotonic() < deadline and service._leases:
+            time.sleep(0.05)
+        leases = len(service._leases)
+    leases = comm.bcast(leases, root=root)
+    assert leases == 0, f"the holder still pins {leases} object(s) after {gave_up} give-ups"
+    comm.Barrier()
+
+
 def test_a_bounded_call_ends_every_wait_at_its_end(cluster, comm):
     """rpc.bounded, which ref.get(timeout=) and Cluster.get(timeout=) use: a reply that never comes, and
     frames that never come, end at the bound (0.3 s) though peer_timeout is 60 s, with GetTimeoutError."""
