@@ -258,13 +258,14 @@ class Messenger:
                     if now > until:
                         del self._late[tag]
                     continue
-                reply = W.receive_reply(self.comm, status.Get_source(), tag)
-                del self._late[tag]
                 source = status.Get_source()
+                reply = W.receive_reply(self.comm, source, tag)
+                del self._late[tag]
                 if source in self.leaders:
                     for handle in W.handles(reply):
                         self._send(self.leaders.index(source), W.Release(handle), 0, 0.0)
-        except (MPI.Exception, errors.TransferError):  # a node gone: nothing of it to give back
+        # a node gone (nothing of it to give back), a reply that does not decode: the call that swept goes on
+        except Exception:
             pass
         finally:
             self._sweeping.release()
