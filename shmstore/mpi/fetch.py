@@ -388,9 +388,10 @@ class Fetcher:
         give_up(unfinished.reqs, release=inc.drop, keep=unfinished.buffer, drain=unfinished.drain)
 
     def _release(self, src: int, found: W.Found) -> None:
-        """Let the source unpin what it pinned for us (a large object we will not take)."""
+        """Let the source unpin what it pinned for us (a large object we will not take). Posted: nothing waits
+        for the answer (a call here, out of a get's own time, raised though its Release went)."""
         if found.handle:
-            self.links.messenger.call(src, W.Release(found.handle))
+            self.links.messenger.post(src, W.Release(found.handle))
 
     def _count(self, nbytes: int) -> None:
         node = self.kernel.node
