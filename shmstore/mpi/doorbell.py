@@ -36,7 +36,9 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["Doorbell", "Bells", "local_addresses", "my_card", "SAFETY", "RING_AFTER"]
+from ..primitives.native import current_cpu
+
+__all__ = ["Doorbell", "Bells", "local_addresses", "my_card", "kernel_id", "SAFETY", "RING_AFTER"]
 
 SAFETY = 0.01  # an idle service looks at MPI at least this often (a message sent without a ring)
 # ring a node this rank has not sent to for this long: its service may be napping (or asleep), and a ring cuts
@@ -66,6 +68,22 @@ def _netns() -> str:
         return os.readlink("/proc/self/ns/net")
     except OSError:
         return ""
+
+
+def kernel_id() -> int:
+    """This machine's kernel (FNV-1a of its boot_id, as ``_probe.c`` computes it; 0: unknown): a ring carries it
+    with the ringing thread's CPU, so that a service woken on that very CPU moves off it (``_probe.c``)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            raw = f.read().rstrip(b"\n ")
+    except OSError:
+        return 0
+    if not raw:
+        return 0
+    h = 2166136261
+    for b in raw:
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return h or 1
 
 
 def my_card() -> tuple[str, str, int, list[tuple[str, str]]]:
@@ -108,6 +126,7 @@ class Bells:
         self._sock.setblocking(False)
         self._lock = threading.Lock()
         self.rings = 0
+        self._kernel = kernel_id()
 
     def sent(self, node: int) -> None:
         """This rank just sent a request to ``node``'s service: ring it if it may be asleep."""
@@ -115,10 +134,13 @@ class Bells:
         last, self._last[node] = self._last[node], now
         if now - last < RING_AFTER:
             return
+        # the ring says which CPU of which machine it comes from (see _probe.c's move_off_cpu)
+        cpu = current_cpu()
+        ring = struct.pack("=II", self._kernel, cpu) if self._kernel and cpu >= 0 else b"!"
         with self._lock:
             for addr in self._targets[node]:
                 try:
-                    self._sock.sendto(b"!", addr)
+                    self._sock.sendto(ring, addr)
                 except OSError:  # unreachable, buffer full: the safety net covers it
                     pass
             self.rings += 1

@@ -28,8 +28,8 @@ from mpi4py import MPI
 from ..config import pure_python, service_idle, service_spin
 from ..primitives.interrupts import interruptible
 
-__all__ = ["prober", "python_prober", "Ring", "spin_window", "idle_nap", "Pace", "quiet_wait", "quiet_barrier",
-           "settle"]
+__all__ = ["prober", "python_prober", "rung_here", "Ring", "spin_window", "idle_nap", "Pace", "quiet_wait",
+           "quiet_barrier", "settle"]
 
 Probe = Callable[..., bool]
 
@@ -74,6 +74,20 @@ def _probe_wait() -> Callable[..., int] | None:
         return None
     probe_wait: Callable[..., int] = _probe.probe_wait
     return probe_wait
+
+
+def rung_here() -> bool:
+    """Whether the rings the C prober last took on this process's bell came from a thread on the CPU the prober
+    ran on (then cleared; ``_probe.c``): a ring over the loopback or a veth pair wakes the service on the CPU of
+    the rank that rang, which waits there for the answer, so the service naps right after answering instead of
+    spinning on that rank's core. False with the Python prober."""
+    if pure_python():
+        return False
+    try:
+        from . import _probe  # type: ignore[attr-defined]
+    except ImportError:
+        return False
+    return bool(_probe.rung_here())
 
 
 def prober(comm: MPI.Comm) -> Probe:

@@ -62,7 +62,7 @@ from .doorbell import SAFETY, Bells, Doorbell
 from .fetch import Fetcher
 from .links import Links
 from .outbox import Outbox
-from .poll import Pace, Ring, prober, python_prober, settle
+from .poll import Pace, Ring, prober, python_prober, rung_here, settle
 from .staging import send_staged
 
 if TYPE_CHECKING:
@@ -211,6 +211,8 @@ class Service:
             pace.request(time.monotonic())
             reply_tag, msg, linger = W.receive(self.comm, MPI.ANY_SOURCE, T.TAG_REQUEST, status)
             spin = max(self.spin, min(float(linger), _LINGER_MAX)) if self.spin else 0.0
+            if ring is not None and rung_here():  # woken on the asker's own core, where it waits: no spin there
+                spin = 0.0
             src = status.Get_source()
             if isinstance(msg, W.Stop):
                 self._drain(status)

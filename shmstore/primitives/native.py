@@ -18,6 +18,7 @@ __all__ = [
     "EOWNERDEAD", "ENOTRECOVERABLE", "address_of",
     "mutex_init", "mutex_trylock", "mutex_timedlock", "mutex_unlock",
     "mutex_consistent", "populate_write", "set_timer_slack", "set_slice", "futex_wait", "futex_wake",
+    "current_cpu",
 ]
 
 _LIBC_NAME = ctypes.util.find_library("c") or None
@@ -62,6 +63,15 @@ _timedlock = _fn("pthread_mutex_timedlock", _vp, ctypes.POINTER(_Timespec))
 _madvise = _fn("madvise", _vp, ctypes.c_size_t, ctypes.c_int)
 _prctl = _fn("prctl", ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
 _PR_SET_TIMERSLACK = 29
+try:
+    _getcpu = _fn("sched_getcpu", lib=_pylibc)
+except AttributeError:  # pragma: no cover - a libc without it
+    _getcpu = None
+
+
+def current_cpu() -> int:
+    """The CPU the calling thread runs on (-1: unknown)."""
+    return int(_getcpu()) if _getcpu is not None else -1
 _syscall = _libc.syscall  # variadic: every argument passed with its C type
 _syscall.restype = ctypes.c_long
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "ppc64le": 221, "s390x": 238}.get(platform.machine()) \

@@ -134,3 +134,43 @@ def test_an_mpi_error_in_the_c_prober_is_mpis_own_and_the_call_names_node_rank_a
     failed = msg.failed(0, W.DirGet([]), None, err.value)
     assert "node 'n7' (rank 3): MPI failed in a dir get request" in str(failed) and failed.peer == 3
     assert MPI.Get_error_string(code).splitlines()[0].strip() in str(failed)
+
+
+def test_a_ring_says_whether_it_came_from_the_sleepers_own_cpu():
+    """A ring carries its machine's kernel id and the ringing thread's CPU (doorbell.Bells.sent); the C prober
+    tells a ring from the CPU it runs on (a loopback ring wakes the service there: the service then naps at once
+    after answering, leaving that core to the rank that waits for the answer) from any other."""
+    import os
+    import socket
+    import struct
+
+    _probe = pytest.importorskip("shmstore.mpi._probe")
+    from shmstore.mpi.doorbell import kernel_id
+    from shmstore.primitives.native import current_cpu
+
+    assert _probe.kernel_id() == kernel_id() != 0  # the C and Python sides agree on this machine's id
+    bell = Doorbell()
+    out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    allowed = os.sched_getaffinity(0)
+    cpu = min(allowed)
+    try:
+        os.sched_setaffinity(0, {cpu})  # this thread rings and takes the rings on one CPU
+        assert current_cpu() == cpu
+
+        def rings(*payloads: bytes):
+            for p in payloads:
+                out.sendto(p, ("127.0.0.1", bell.port))
+            select.select([bell.sock], [], [], 5.0)
+            time.sleep(0.01)  # every datagram in
+            return _probe.take_rings(bell.sock.fileno())
+
+        assert rings(struct.pack("=II", kernel_id(), cpu)) == (1, True)
+        assert rings(struct.pack("=II", kernel_id(), cpu + 1)) == (1, False)  # another CPU
+        assert rings(struct.pack("=II", kernel_id() ^ 1, cpu)) == (1, False)  # another machine
+        assert rings(b"!", b"junk of another length") == (2, False)  # a bare ring, a stray datagram
+        assert rings(b"!", struct.pack("=II", kernel_id(), cpu)) == (2, True)
+        assert _probe.take_rings(bell.sock.fileno()) == (0, False)  # nothing left
+    finally:
+        os.sched_setaffinity(0, allowed)
+        out.close()
+        bell.close()
