@@ -29,7 +29,7 @@ from ..config import pure_python, service_idle, service_spin
 from ..primitives.interrupts import interruptible
 
 __all__ = ["prober", "python_prober", "rung_here", "Ring", "spin_window", "idle_nap", "Pace", "quiet_wait",
-           "quiet_barrier", "settle"]
+           "quiet_barrier", "settle", "WORKED"]
 
 Probe = Callable[..., bool]
 
@@ -91,11 +91,12 @@ def rung_here() -> bool:
 
 
 def prober(comm: MPI.Comm) -> Probe:
-    """``probe(source, tag, spin, nap, limit, nap_max=nap, ring=None) -> bool``: True once a message from
-    ``source`` (or ``MPI.ANY_SOURCE``) with ``tag`` waits on ``comm``, False after ``limit`` seconds without;
-    probing back to back for ``spin`` seconds, then after naps from ``nap`` seconds doubling up to ``nap_max``;
-    ``ring``: a :class:`Ring` whose ring cuts a nap short (the naps are sleeps on its socket too). The GIL is
-    released while it waits."""
+    """``probe(source, tag, spin, nap, limit, nap_max=nap, ring=None, worked=0) -> bool``: True once a message
+    from ``source`` (or ``MPI.ANY_SOURCE``) with ``tag`` waits on ``comm``, False after ``limit`` seconds
+    without; probing back to back for ``spin`` seconds, then after naps from ``nap`` seconds doubling up to
+    ``nap_max``; ``ring``: a :class:`Ring` whose ring cuts a nap short (the naps are sleeps on its socket too);
+    ``worked`` (a reply's wait): a probe that took longer moved bytes, and the next follows without a nap. The
+    GIL is released while it waits."""
     probe_wait = _probe_wait()
     if probe_wait is None:
         return python_prober(comm)
@@ -107,14 +108,14 @@ def prober(comm: MPI.Comm) -> Probe:
     # holds nothing: a Ctrl-C raises here at once (the caller burns the reply tag)
     @interruptible
     def probe(source: int, tag: int, spin: float, nap: float, limit: float, nap_max: float = 0.0,
-              ring: Ring | None = None) -> bool:
-        bell = () if ring is None else (ring.fd, int(ring.spin * 1e9), int(ring.nap * 1e9),
-                                         int(ring.nap_max * 1e9), int(ring.window * 1e9))
+              ring: Ring | None = None, worked: float = 0.0) -> bool:
+        bell = (-1, 0, 0, 0, 0) if ring is None else (ring.fd, int(ring.spin * 1e9), int(ring.nap * 1e9),
+                                                      int(ring.nap_max * 1e9), int(ring.window * 1e9))
         while True:
             # in slices: the main thread looks at the signals that came (maybe to another thread) between them
             part = min(limit, _SLICE)
             rc = probe_wait(addr, source, tag, handle, int(spin * 1e9), int(nap * 1e9), int(part * 1e9),
-                            int(nap_max * 1e9), *bell)
+                            int(nap_max * 1e9), *bell, int(worked * 1e9))
             if rc == 1:
                 return True
             if rc < 0:  # MPI's own error, as mpi4py raises it: the caller names the node and rank it was about
@@ -133,11 +134,16 @@ def python_prober(comm: MPI.Comm) -> Probe:
     """:func:`prober` in Python (where the C extension is missing or disabled): wakes take the GIL."""
     @interruptible
     def probe(source: int, tag: int, spin: float, nap: float, limit: float, nap_max: float = 0.0,
-              ring: Ring | None = None) -> bool:
+              ring: Ring | None = None, worked: float = 0.0) -> bool:
         deadline = time.monotonic() + limit
-        while not comm.iprobe(source, tag):
+        while True:
+            began = time.perf_counter()
+            if comm.iprobe(source, tag):
+                break
             if time.monotonic() >= deadline:
                 return False
+            if worked > 0 and time.perf_counter() - began > worked:  # the probe moved bytes: again at once
+                continue
             if ring is None:
                 time.sleep(nap)
             elif _nap_or_ring(ring.fd, nap):  # rung: the ring's pace, for its window at least
@@ -179,8 +185,8 @@ def quiet_wait(reqs: list[MPI.Request], first_nap: float = 20e-6, nap_max: float
         nap = min(nap * 2, nap_max)
 
 
-# a test that took this long did work (copied part of a message), not just looked
-_WORKED = 10e-6
+# a test or probe that took this long did work (copied or read part of a message), not just looked
+WORKED = 10e-6
 
 
 @interruptible
@@ -193,7 +199,7 @@ def settle(reqs: list[MPI.Request], timeout: float, busy: bool, first_nap: float
     The deadline counts from the last request that completed, not from the start, so a large object moving
     frame by frame is never cut short. ``busy``: test back to back (the rank has a core of its own: MPI
     progresses the bytes only inside the tests), else after naps from ``first_nap`` doubling to ``nap_max``,
-    except after a test that took over ``_WORKED`` (it copied part of a message: the next test goes on at once).
+    except after a test that took over ``WORKED`` (it copied part of a message: the next test goes on at once).
     The clock is read only after a test that found nothing new, every 64th such test while busy. ``stop``:
     False as soon as it is set (seen when the clock is read). ``end``: False at this ``time.monotonic()`` at the
     latest, frames flowing or not (a call's own timeout, ``rpc.bounded``). Interruptible: Ctrl-C raises here at once,
@@ -226,7 +232,7 @@ def settle(reqs: list[MPI.Request], timeout: float, busy: bool, first_nap: float
             return False
         if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
             return False
-        if clock() - began > _WORKED:
+        if clock() - began > WORKED:
             # the test moved bytes (MPICH copies a large message over CMA 512 KiB per test: the receiver's own
             # work, not a wait): test again at once (a nap there made a 1 MiB frame take 0.3 ms, not 0.08)
             nap = first_nap

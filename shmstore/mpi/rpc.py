@@ -43,7 +43,7 @@ from . import tags as T
 from . import wire as W
 from .abandon import give_up
 from .doorbell import Bells
-from .poll import prober, settle
+from .poll import WORKED, prober, settle
 
 __all__ = ["Messenger", "gave_up"]
 
@@ -184,9 +184,10 @@ class Messenger:
         source = MPI.ANY_SOURCE if any_source else dest  # a reply tag is this rank's alone while the call lasts
         try:
             limit = call_limit(self.timeout * patience)
-            if not self._probe(source, tag, spin, _NAP, min(limit, _REPLY_SOON), _REPLY_NAP_MAX) and (
+            # a probe that moved bytes (a frame queued before the reply, over TCP) is followed by the next at once
+            if not self._probe(source, tag, spin, _NAP, min(limit, _REPLY_SOON), _REPLY_NAP_MAX, worked=WORKED) and (
                     limit <= _REPLY_SOON or not self._probe(source, tag, 0.0, _REPLY_NAP_MAX,
-                                                            limit - _REPLY_SOON, _NAP_MAX)):
+                                                            limit - _REPLY_SOON, _NAP_MAX, worked=WORKED)):
                 self.burn(tag, reply=True)
                 key = key if key is not None else getattr(msg, "key", None)
                 raise out_of_time(f"a {_operation(msg)} request to node {self.names[node]!r}", key, dest) or \
