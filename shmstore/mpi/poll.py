@@ -21,14 +21,14 @@ import os
 import select
 import threading
 import time
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from mpi4py import MPI
 
 from ..config import pure_python, service_idle, service_spin
 from ..primitives.interrupts import interruptible
 
-__all__ = ["prober", "python_prober", "rung_here", "Ring", "spin_window", "idle_nap", "Pace", "quiet_wait",
+__all__ = ["prober", "python_prober", "ring_origin", "Ring", "spin_window", "idle_nap", "Pace", "quiet_wait",
            "quiet_barrier", "settle", "WORKED"]
 
 Probe = Callable[..., bool]
@@ -64,30 +64,30 @@ def _iprobe_address() -> int | None:
     return None
 
 
-def _probe_wait() -> Callable[..., int] | None:
-    """``_probe.probe_wait`` (the C extension, ``_probe.c``), or None: not built, or ``SHMSTORE_PURE_PYTHON``."""
+def _extension() -> Any:
+    """The C extension ``_probe`` (``_probe.c``), or None: not built, or ``SHMSTORE_PURE_PYTHON``."""
     if pure_python():
         return None
     try:
         from . import _probe  # type: ignore[attr-defined]  # built by setup.py where a compiler is
     except ImportError:
         return None
-    probe_wait: Callable[..., int] = _probe.probe_wait
-    return probe_wait
+    return _probe
 
 
-def rung_here() -> bool:
-    """Whether the rings the C prober last took on this process's bell came from a thread on the CPU the prober
-    ran on (then cleared; ``_probe.c``): a ring over the loopback or a veth pair wakes the service on the CPU of
-    the rank that rang, which waits there for the answer, so the service naps right after answering instead of
-    spinning on that rank's core. False with the Python prober."""
-    if pure_python():
-        return False
-    try:
-        from . import _probe  # type: ignore[attr-defined]
-    except ImportError:
-        return False
-    return bool(_probe.rung_here())
+def _probe_wait() -> Callable[..., int] | None:
+    """``_probe.probe_wait``, or None (see :func:`_extension`)."""
+    ext = _extension()
+    return None if ext is None else ext.probe_wait
+
+
+def ring_origin() -> Callable[[], bool]:
+    """``rung_here() -> bool``: whether the rings the C prober last took on this process's bell came from a
+    thread on the CPU the prober ran on (then cleared; ``_probe.c``). A ring over the loopback or a veth pair
+    wakes the service on the CPU of the rank that rang, which waits there for the answer, so the service naps
+    right after answering instead of spinning on that rank's core. Always False with the Python prober."""
+    ext = _extension()
+    return (lambda: False) if ext is None else ext.rung_here
 
 
 def prober(comm: MPI.Comm) -> Probe:

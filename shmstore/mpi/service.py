@@ -62,7 +62,7 @@ from .doorbell import SAFETY, Bells, Doorbell
 from .fetch import Fetcher
 from .links import Links
 from .outbox import Outbox
-from .poll import Pace, Ring, prober, python_prober, rung_here, settle
+from .poll import Pace, Ring, prober, python_prober, ring_origin, settle
 from .staging import send_staged
 
 if TYPE_CHECKING:
@@ -176,6 +176,7 @@ class Service:
         # with a doorbell every nap is a sleep on it too: a request whose sender rang is seen at the ring, not
         # at the nap's end; after a ring the loop probes closely for _RUNG (the request may come after its ring)
         ring = None if self.bell is None else Ring(self.bell.sock.fileno(), spin, _BUSY_PAUSE, _ACTIVE_PAUSE, _RUNG)
+        rung_here = ring_origin()
         while True:
             idle = time.monotonic() - pace.last
             if self._outbox.out or self._outbox.handed:
