@@ -184,7 +184,7 @@ static PyObject *probe_wait(PyObject *self, PyObject *args) {
     return PyLong_FromLong(rc != 0 ? -(long)(rc < 0 ? -rc : rc) : flag ? 1 : interrupted ? 2 : 0);
 }
 
-/* take_rings(fd) -> (rings taken, whether one came from this thread's CPU); moves nothing. For tests. */
+/* take_rings(fd) -> (rings taken, whether one came from this thread's CPU); leaves rung_here's flag as it is. For tests. */
 static PyObject *py_take_rings(PyObject *self, PyObject *args) {
     int fd, here = 0;
     if (!PyArg_ParseTuple(args, "i", &fd))

@@ -72,7 +72,8 @@ def _netns() -> str:
 
 def kernel_id() -> int:
     """This machine's kernel (FNV-1a of its boot_id, as ``_probe.c`` computes it; 0: unknown): a ring carries it
-    with the ringing thread's CPU, so that a service woken on that very CPU moves off it (``_probe.c``)."""
+    with the ringing thread's CPU, so that a service woken on that very CPU naps right after answering instead
+    of spinning there (``_probe.c``, ``poll.ring_origin``)."""
     try:
         with open("/proc/sys/kernel/random/boot_id", "rb") as f:
             raw = f.read().rstrip(b"\n ")
@@ -134,7 +135,7 @@ class Bells:
         last, self._last[node] = self._last[node], now
         if now - last < RING_AFTER:
             return
-        # the ring says which CPU of which machine it comes from (see _probe.c's move_off_cpu)
+        # the ring says which CPU of which machine it comes from (see _probe.c's take_rings)
         cpu = current_cpu()
         ring = struct.pack("=II", self._kernel, cpu) if self._kernel and cpu >= 0 else b"!"
         with self._lock:

@@ -72,6 +72,8 @@ except AttributeError:  # pragma: no cover - a libc without it
 def current_cpu() -> int:
     """The CPU the calling thread runs on (-1: unknown)."""
     return int(_getcpu()) if _getcpu is not None else -1
+
+
 _syscall = _libc.syscall  # variadic: every argument passed with its C type
 _syscall.restype = ctypes.c_long
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "ppc64le": 221, "s390x": 238}.get(platform.machine()) \
