@@ -113,7 +113,7 @@ class Cluster:
         cards = self._comm.allgather(bell.card() if bell is not None else None)
         self._bells = Bells([cards[ld] for ld in ids.leaders], my_card())
         self._msg = Messenger(self._comm, self.nodes, self.leaders, spin, self.store.config.peer_timeout,
-                              self._bells)
+                              self._bells, bulk[0])
         self._links = Links(self._comm, bulk, self._msg, self.rank, ids.index, tuple(ids.names), tuple(ids.leaders))
         self.block_size = T.DEFAULT_BLOCK
         local = Directory(self.store.config.peer_timeout) if self._links.leader else None

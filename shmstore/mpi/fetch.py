@@ -151,7 +151,7 @@ class Fetcher:
             token = self.token()
             ask = W.DirSourceSmall if first else W.DirSource
             try:
-                answer = self.dirs.ask(ask(key, self.me, T.INLINE_MAX, token), any_source=first)
+                answer = self.dirs.ask(ask(key, self.me, T.INLINE_MAX, token, _push_max(levels)), any_source=first)
             except BaseException:  # given up (a get's timeout, Ctrl-C, a peer's deadline): the home may have
                 self._gave_up(key, token)  # named a source or queued it meanwhile, for a fetch that never comes
                 raise
@@ -164,8 +164,8 @@ class Fetcher:
             outcome, nbytes, version = W.Outcome.FAILED, 0, None
             try:
                 if first and not held:
-                    if found is _ASK:
-                        found = self.links.messenger.call(src, W.Lookup(key, T.INLINE_MAX))  # pins it
+                    if found is _ASK:  # pins it (or pushes it)
+                        found = self.links.messenger.call(src, W.Lookup(key, T.INLINE_MAX, _push_max(levels)))
                     if found is not None and found.inline is None:  # large: one transfer per node
                         slot = self._take_slot(key, src, found)
                         if slot is None:
@@ -204,7 +204,11 @@ class Fetcher:
     def _take_slot(self, key: str, src: int, found: W.Found) -> int | None:
         """This node's migration entry for ``key``, for the transfer of what ``src`` ``found`` (pinned there);
         None, the pin given back, where another rank of this node holds the entry (the caller waits for it)."""
-        owner, slot = inbound.begin(self.kernel.node, self.kernel.sid, encode_key(key))
+        try:
+            owner, slot = inbound.begin(self.kernel.node, self.kernel.sid, encode_key(key))
+        except BaseException:
+            self._release(src, found)
+            raise
         if owner:
             return slot
         self._release(src, found)
@@ -260,8 +264,8 @@ class Fetcher:
     def _from(self, src: int, key: str, levels: Levels, block: int, found: Any = _ASK) -> tuple[int, W.Version]:
         """Transfer ``key`` from node ``src`` (what its lookup ``found``, else asked now): its size (-1 where
         ``src`` has no copy) and the copy id of the object made here (None: it was put here meanwhile)."""
-        if found is _ASK:
-            found = self.links.messenger.call(src, W.Lookup(key, T.INLINE_MAX))  # pins it there if found
+        if found is _ASK:  # pins it there if found (or pushes it)
+            found = self.links.messenger.call(src, W.Lookup(key, T.INLINE_MAX, _push_max(levels)))
         if found is None:
             return -1, None
         return int(found.nbytes), self._transfer(key, src, found, levels, block)
@@ -389,8 +393,11 @@ class Fetcher:
 
     def _release(self, src: int, found: W.Found) -> None:
         """Let the source unpin what it pinned for us (a large object we will not take). Posted: nothing waits
-        for the answer (a call here, out of a get's own time, raised though its Release went)."""
-        if found.handle:
+        for the answer (a call here, out of a get's own time, raised though its Release went). A frame it
+        pushed is drained instead: the source keeps its pin until MPI is done with the frame."""
+        if found.pushed:
+            self.links.messenger.drain(self.links.leaders[src], found)
+        elif found.handle:
             self.links.messenger.post(src, W.Release(found.handle))
 
     def _count(self, nbytes: int) -> None:
@@ -410,6 +417,9 @@ class Fetcher:
                 dst[:] = np.frombuffer(found.inline, np.uint8)
             else:
                 sink.write(np.frombuffer(found.inline, np.uint8), 0)
+        elif found.pushed:
+            self._pushed(key, src, dst if isinstance(dst, np.ndarray) else None, found, unfinished,
+                         copy_in=lambda b: sink.write(b, 0))
         elif nbytes and dst is not None:
             unfinished.buffer = dst  # mapped while MPI may still write it (a closed store keeps it mapped)
             self._frames(key, src, dst, nbytes, found.handle, block, unfinished)
@@ -417,6 +427,28 @@ class Fetcher:
         elif nbytes:
             self._frames(key, src, None, nbytes, found.handle, block, unfinished,
                          copy_in=lambda pos, n, b: sink.write(b, pos))
+
+    def _pushed(self, key: str, src: int, dst: np.ndarray | None, found: W.Found, unfinished: _Unfinished,
+                copy_in: Callable[[np.ndarray], None]) -> None:
+        """Receive the one frame node ``src`` pushed with its answer ``found`` into ``dst`` (host memory), else
+        into a buffer of its own handed to ``copy_in`` (a file, a device). As :meth:`_frames` where it fails."""
+        msg, peer = self.links.messenger, self.links.leaders[src]
+        into = dst if dst is not None else np.empty(found.nbytes, np.uint8)
+        unfinished.buffer = into  # mapped while MPI may still write it (a closed store keeps it mapped)
+        try:
+            req = self.links.bulk[0].Irecv([into, MPI.BYTE], source=peer, tag=found.pushed)
+        except MPI.Exception as exc:  # the source is gone
+            raise msg.failed(src, "transfer", key, exc) from exc
+        try:
+            msg.wait([req], src, key)
+        except BaseException as exc:
+            unfinished.reqs.append(req)
+            msg.burn(found.pushed)  # the frame may still come on this tag: never a later call's
+            if _own_choice(exc):  # the source is alive: its frame lands in the set-aside space (_let_go)
+                unfinished.drain = self.store.config.peer_timeout
+            raise
+        if dst is None:
+            copy_in(into)
 
     def _frames(self, key: str, src: int, dst: Any, nbytes: int, handle: int, block: int, unfinished: _Unfinished,
                 copy_in: Callable[[int, int, np.ndarray], None] | None = None) -> None:
@@ -507,6 +539,12 @@ class _Unfinished:
         self.buffer: Any = None
         # seconds to let the receives finish before cancelling them (abandon.give_up): the source is alive
         self.drain = 0.0
+
+
+def _push_max(levels: Levels) -> int:
+    """The largest object a lookup for copies on ``levels`` may push with its answer (``T.PUSH_MAX``): one
+    whose first level is host memory (a frame into a device goes at a Data request, staged or CUDA-aware)."""
+    return T.PUSH_MAX if parse_levels(levels, DEFAULT_PUT_LEVELS)[0] == Level.MEMORY else 0
 
 
 def _own_choice(exc: BaseException) -> bool:

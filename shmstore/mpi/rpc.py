@@ -35,6 +35,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 from .. import errors
@@ -124,8 +125,9 @@ class Messenger:
     ``timeout`` seconds (see the module's docstring). Thread-safe."""
 
     def __init__(self, comm: MPI.Comm, names: list[str], leaders: list[int], spin: float,
-                 timeout: float = 60.0, bells: Bells | None = None) -> None:
+                 timeout: float = 60.0, bells: Bells | None = None, frames: MPI.Comm | None = None) -> None:
         self.comm, self.names, self.leaders, self.spin, self.timeout = comm, names, leaders, spin, timeout
+        self.frames = frames  # the communicator of the frames pushed with lookups' answers (see drain)
         self.bells = bells  # rings a node's service awake after this rank's silence towards it (doorbell.py)
         self._tags = itertools.count()
         self._tag_lock = threading.Lock()
@@ -262,6 +264,8 @@ class Messenger:
                 source = status.Get_source()
                 reply = W.receive_reply(self.comm, source, tag)
                 del self._late[tag]
+                for found in W.pushed(reply):
+                    self.drain(source, found)
                 if source in self.leaders:
                     for handle in W.handles(reply):
                         self._send(self.leaders.index(source), W.Release(handle), 0, 0.0)
@@ -270,6 +274,21 @@ class Messenger:
             pass
         finally:
             self._sweeping.release()
+
+    def drain(self, peer: int, found: W.Found) -> None:
+        """Take and drop the frame rank ``peer`` pushed with its answer ``found`` where this rank will not use
+        it (a get given up before the answer came; another rank of this node fetches the object; it is here
+        already): its holder keeps the object pinned until MPI is done with the frame, and MPI cannot cancel
+        a send. Never waits: the receive lands in a buffer of its own, dropped once it is over (``abandon.py``;
+        cancelled after ``timeout`` where it never is)."""
+        if self.frames is None or not found.pushed:
+            return
+        sink = np.empty(found.nbytes, np.uint8)
+        try:
+            req = self.frames.Irecv([sink, MPI.BYTE], source=peer, tag=found.pushed)
+        except MPI.Exception:  # the holder is gone: nothing pinned is left
+            return
+        give_up([req], keep=sink, drain=self.timeout)
 
     @interruptible
     def barrier(self, reqs: list[MPI.Request], what: str = "barrier") -> None:
@@ -318,9 +337,12 @@ class Messenger:
             self._watch = None
         with self._tag_lock:
             burnt = sorted(self._burnt)
+        status = MPI.Status()
         for tag in burnt:
-            while self.comm.iprobe(MPI.ANY_SOURCE, tag):
-                W.receive_reply(self.comm, MPI.ANY_SOURCE, tag)
+            while self.comm.iprobe(MPI.ANY_SOURCE, tag, status):
+                source = status.Get_source()
+                for found in W.pushed(W.receive_reply(self.comm, source, tag)):
+                    self.drain(source, found)
 
     def _watch_left(self) -> MPI.Request:
         if self._watch is None:

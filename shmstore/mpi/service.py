@@ -108,6 +108,8 @@ class Service:
         self.timeout: float = store.config.peer_timeout
         self._ids = itertools.count(1)
         self._leases: dict[int, tuple[Any, float]] = {}  # handle -> (lease: host or device bytes, deadline)
+        # frames pushed with lookups' answers, tended by the loop: (request, lease: the pin, when it went)
+        self._pushes: list[tuple[MPI.Request, Any, float]] = []
         self._writers: dict[int, Writer] = {}
         self._stop = threading.Event()
         self._workers: list[threading.Thread] = []  # pulls and bulk sends under way
@@ -181,8 +183,10 @@ class Service:
             idle = time.monotonic() - pace.last
             if self._outbox.out or self._outbox.handed:
                 self._outbox.tend()
+            if self._pushes:
+                self._tend_pushes()
             try:
-                if self._outbox.out or self.sending:
+                if self._outbox.out or self.sending or self._pushes:
                     # a transfer's next request (its registration) comes as soon as the bytes are out
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, 0.002, ring=ring)
                     pace.last = time.monotonic()
@@ -237,6 +241,7 @@ class Service:
             reply_tag, msg, _ = W.receive(self.comm, status.Get_source(), T.TAG_REQUEST)
             if not reply_tag:
                 self.handle(status.Get_source(), 0, msg)
+        self._tend_pushes(give_up_all=True)  # taken before the barrier, or drained by their askers
         self._outbox.drain(10.0)
 
     def handle(self, src: int, tag: int, msg: Any) -> Any:
@@ -261,7 +266,7 @@ class Service:
 
     # ---- handlers --------------------------------------------------------------
     def _on_lookup(self, src: int, tag: int, msg: W.Lookup) -> W.Found | None:
-        found, sent = self._lookup(msg.key, msg.inline_max)
+        found, sent = self._lookup(msg.key, msg.inline_max, (src, tag, msg.push_max))
         self._sent_later += sent
         return found
 
@@ -274,17 +279,54 @@ class Service:
         self._sent_later += sent
         return W.FoundMany(out)
 
-    def _lookup(self, key: str, inline_max: int) -> tuple[W.Found | None, int]:
-        """What a Lookup of ``key`` finds (None: nothing), and the bytes it carries inline."""
+    def _lookup(self, key: str, inline_max: int, push: tuple[int, int, int] | None = None
+                ) -> tuple[W.Found | None, int]:
+        """What a Lookup of ``key`` finds (None: nothing), and the bytes it carries inline. ``push``: (the
+        asking rank, its reply tag, its ``push_max``): a larger object of at most ``push_max`` bytes in host
+        memory goes to it at once, as one frame on that tag (``Found.pushed``), not at a Data request."""
         try:
             x = self.kernel.export(key, inline_max)
         except errors.ObjectNotFoundError:
             return None, 0
         if x.inline is not None:
             return W.Found(x.kind, x.nbytes, x.nblobs, x.array_meta, x.inline, 0), len(x.inline)
+        if push is not None and 0 < x.nbytes <= push[2] and push[1] and self._push(x.lease, push[0], push[1]):
+            return W.Found(x.kind, x.nbytes, x.nblobs, x.array_meta, None, 0, push[1]), 0
         h = next(self._ids)
         self._leases[h] = (x.lease, time.monotonic() + HANDLE_TTL)
         return W.Found(x.kind, x.nbytes, x.nblobs, x.array_meta, None, h), 0
+
+    def _push(self, lease: Any, dest: int, tag: int) -> bool:
+        """Send the leased host object to rank ``dest`` as one frame on ``tag``, before the answer that says so
+        (its receive finds it waiting); the loop tends it (:meth:`_tend_pushes`: no thread to start, which
+        delayed the answer by ~0.5 ms here) and drops the lease, the pin, once it went. False (nothing sent)
+        for device memory (it goes at a Data request) or where the send cannot start."""
+        if hasattr(lease, "__cuda_array_interface__"):
+            return False
+        try:
+            req = self.links.bulk[0].Isend([lease[0: lease.nbytes], MPI.BYTE], dest=dest, tag=tag)
+        except MPI.Exception:  # the asker is gone: the answer goes nowhere either
+            return False
+        self._pushes.append((req, lease, time.monotonic()))
+        return True
+
+    def _tend_pushes(self, give_up_all: bool = False) -> None:
+        """Drop the leases of the pushed frames that went; give up those the asker took nothing of for
+        ``peer_timeout`` seconds (it died or hangs: the pin stays until MPI is done with the frame, as a
+        stopped asker still reads it when it wakes), or all of them with ``give_up_all``."""
+        now, left = time.monotonic(), []
+        for req, lease, since in self._pushes:
+            try:
+                done: bool | None = req.Test()
+            except MPI.Exception:  # its receiver died
+                done = None
+            if done:
+                self._count_sent(lease.nbytes)
+            elif done is None or give_up_all or now - since > self.timeout:
+                give_up([req], keep=lease)
+            else:
+                left.append((req, lease, since))
+        self._pushes = left
 
     def _on_data(self, src: int, tag: int, msg: W.Data) -> Any:
         entry = self._leases.pop(msg.handle, None)
@@ -386,7 +428,7 @@ class Service:
         """A DirSource: where the home (this node) is the holder named, its answer carries the lookup."""
         result = self._on_directory(src, tag, msg)
         if msg.inline_max and type(result) is W.Source and result.node == self.links.node:
-            return self._sourced(msg.key, msg.inline_max)
+            return self._sourced(msg.key, msg.inline_max, (src, tag, msg.push_max))
         return result
 
     def _on_dir_source_small(self, src: int, tag: int, msg: W.DirSourceSmall) -> Any:
@@ -396,21 +438,22 @@ class Service:
         if type(result) is not W.Source:  # none, or waiting
             return result
         if result.node == self.links.node:
-            return self._sourced(msg.key, msg.inline_max)
+            return self._sourced(msg.key, msg.inline_max, (src, tag, msg.push_max))
         if tag:
-            self._outbox.post(W.Forward(msg.key, msg.inline_max, src, tag), self.links.leaders[result.node])
+            self._outbox.post(W.Forward(msg.key, msg.inline_max, src, tag, msg.push_max),
+                              self.links.leaders[result.node])
             return _NO_REPLY
         return result
 
-    def _sourced(self, key: str, inline_max: int) -> W.Sourced:
-        found, sent = self._lookup(key, inline_max)
+    def _sourced(self, key: str, inline_max: int, push: tuple[int, int, int] | None = None) -> W.Sourced:
+        found, sent = self._lookup(key, inline_max, push)
         self._sent_later += sent
         return W.Sourced(self.links.node, found)
 
     def _on_forward(self, src: int, tag: int, msg: W.Forward) -> Any:
         """Answer the fetcher whose DirSource the home forwarded here (it waits on its own reply tag)."""
         try:
-            reply: Any = self._sourced(msg.key, msg.inline_max)
+            reply: Any = self._sourced(msg.key, msg.inline_max, (msg.rank, msg.tag, msg.push_max))
         except Exception as exc:  # the fetcher hears of it, as from a Lookup of its own
             reply = W.Failure.of(exc)
         self._outbox.reply(reply, msg.rank, msg.tag)

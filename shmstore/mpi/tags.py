@@ -25,6 +25,9 @@ TAG_REPLY_MAX = 30000
 BATCH = 64                     # keys per batched request (and per round of a batched fetch)
 
 INLINE_MAX = 64 << 10      # objects up to this size travel inside the reply
+# larger objects up to this size in host memory come as one raw frame sent with a get's lookup answer (no Data
+# request: one round trip, and one wake of the holder's service, fewer; see fetch.py)
+PUSH_MAX = 4 << 20
 DEFAULT_BLOCK = 256 << 20  # bytes per bulk frame
 MAX_BLOCK = 1 << 30
 

@@ -35,7 +35,7 @@ __all__ = [
     "Found", "FoundMany", "Source", "Sourced", "Holders", "Located", "Refused", "Chunk", "Failure",
     "MESSAGES",
     "encode", "decode", "request", "request_nowait", "post", "reply", "reply_nowait", "receive", "receive_reply",
-    "handles",
+    "handles", "pushed",
 ]
 
 Version: TypeAlias = float | None
@@ -55,9 +55,12 @@ class Outcome(enum.Enum):
 
 # ---- requests to a node's objects ------------------------------------------------
 class Lookup(NamedTuple):
-    """Is ``key`` here? Replies :class:`Found` (pinned there until sent or released) or None."""
+    """Is ``key`` here? Replies :class:`Found` (pinned there until sent or released) or None. ``push_max``:
+    a larger object of at most this many bytes in host memory comes without a :class:`Data` request, its
+    one frame sent with the answer (``Found.pushed``; 0: none is)."""
     key: str
     inline_max: int
+    push_max: int = 0
 
 
 class LookupMany(NamedTuple):
@@ -199,6 +202,7 @@ class DirSource(NamedTuple):
     node: int
     inline_max: int = 0
     token: int = 0
+    push_max: int = 0
 
 
 class DirSourceSmall(NamedTuple):
@@ -211,6 +215,7 @@ class DirSourceSmall(NamedTuple):
     node: int
     inline_max: int
     token: int = 0
+    push_max: int = 0
 
 
 class DirSourceFor(NamedTuple):
@@ -225,12 +230,14 @@ class DirSourceFor(NamedTuple):
 
 
 class Forward(NamedTuple):
-    """From a key's home to a holder: look ``key`` up (``inline_max`` as in :class:`Lookup`) and answer rank
-    ``rank`` on its reply ``tag`` with a :class:`Sourced`, as if it had asked (a forwarded DirSource)."""
+    """From a key's home to a holder: look ``key`` up (``inline_max`` and ``push_max`` as in :class:`Lookup`)
+    and answer rank ``rank`` on its reply ``tag`` with a :class:`Sourced`, as if it had asked (a forwarded
+    DirSource)."""
     key: str
     inline_max: int
     rank: int
     tag: int
+    push_max: int = 0
 
 
 
@@ -283,13 +290,16 @@ class DirDoneMany(NamedTuple):
 # ---- replies ----------------------------------------------------------------------
 class Found(NamedTuple):
     """An object a :class:`Lookup` found: its kind, size, blob count and array header; small objects
-    come ``inline``, larger ones are pinned there under ``handle`` until a :class:`Data` request."""
+    come ``inline``, larger ones are pinned there under ``handle`` until a :class:`Data` request, or
+    ``pushed``: sent at once as one raw frame on the first bulk communicator, on the reply tag given here
+    (0: not pushed), pinned there until the asker takes it (it must: it takes it or drains it)."""
     kind: int
     nbytes: int
     nblobs: int
     array_meta: Any
     inline: bytes | None
     handle: int
+    pushed: int = 0
 
 
 class FoundMany(NamedTuple):
@@ -468,6 +478,14 @@ def handles(reply: Any) -> list[int]:
         reply = reply.found
     items = reply.items if isinstance(reply, FoundMany) else [reply]
     return [f.handle for f in items if isinstance(f, Found) and f.handle]
+
+
+def pushed(reply: Any) -> list[Found]:
+    """The objects a reply's answers pushed as frames with it (a Found's, a Sourced's): the asker takes each
+    frame, or drains it (its holder's pin ends only once MPI is done with the frame)."""
+    if isinstance(reply, Sourced):
+        reply = reply.found
+    return [reply] if isinstance(reply, Found) and reply.pushed else []
 
 
 def receive_reply(comm: MPI.Comm, source: int, tag: int, status: MPI.Status | None = None) -> Any:

@@ -200,18 +200,23 @@ def test_a_get_that_gives_up_on_a_large_object_leaves_its_holder_nothing_to_wait
 
 def test_a_get_that_gives_up_before_its_answer_leaves_no_pin_at_the_holder(cluster, comm):
     """``ref.get(timeout=)`` giving up its first question before the answer came: the holder pinned the large
-    object for a Data request that never comes. The asking rank's next call takes that late answer and gives
-    the pin back; before, the holder kept it, and the deleted object's memory with it, for ``HANDLE_TTL``
-    (120 s)."""
+    object for a Data request that never comes, or pushed its frame with the answer (``T.PUSH_MAX``). The
+    asking rank's next call takes that late answer and gives the pin back (a Release), or takes the frame and
+    drops it (the holder's send ends, and its pin); before, the holder kept the pin, and the deleted object's
+    memory with it, for ``HANDLE_TTL`` (120 s), or for ever (a pushed frame nobody takes: MPI cannot cancel
+    a send)."""
     import time
 
+    from shmstore.mpi import abandon
+    from shmstore.mpi import tags as T
     from shmstore.mpi import wire as W
     if len(cluster.nodes) < 2:
         pytest.skip("needs two nodes")
     root, getter = cluster.leaders[-1], 0
     node = comm.bcast(cluster.node_index, root=root)
-    refs = [comm.bcast(cluster.share(np.full(1 << 19, i, np.int64)) if comm.rank == root else None, root=root)
-            for i in range(10)]  # 4 MiB each: a transfer, not inline
+    sizes = [T.PUSH_MAX, T.PUSH_MAX // 4, T.PUSH_MAX + (1 << 20)]  # pushed, pushed, pinned for a Data request
+    refs = [comm.bcast(cluster.share(np.full(sizes[i % 3] // 8, i, np.int64)) if comm.rank == root else None,
+                       root=root) for i in range(12)]  # a transfer each, not inline
     comm.Barrier()
     gave_up = 0
     if comm.rank == getter:
@@ -229,15 +234,57 @@ def test_a_get_that_gives_up_before_its_answer_leaves_no_pin_at_the_holder(clust
     gave_up = comm.bcast(gave_up, root=getter)
     if gave_up == 0:
         pytest.skip("no get gave up (this machine too fast)")
-    leases = None
+    pins = None
     if comm.rank == root:
         service = cluster._service
-        deadline = time.monotonic() + 30  # far less than HANDLE_TTL
-        while time.monotonic() < deadline and service._leases:
+        deadline = time.monotonic() + 30  # far less than HANDLE_TTL and than peer_timeout (60 s)
+        while time.monotonic() < deadline and (service._leases or service._pushes or abandon.held()):
             time.sleep(0.05)
-        leases = len(service._leases)
-    leases = comm.bcast(leases, root=root)
-    assert leases == 0, f"the holder still pins {leases} object(s) after {gave_up} give-ups"
+        pins = (len(service._leases), len(service._pushes), abandon.held())
+    pins = comm.bcast(pins, root=root)
+    assert pins == (0, 0, 0), f"the holder still pins (handles, pushed frames, given-up sends) {pins} after " \
+                              f"{gave_up} give-ups"
+    if comm.rank == getter:
+        assert abandon.wait_released(30), abandon.stats()  # the drained frames landed
+    comm.Barrier()
+
+
+def test_ranks_of_a_node_getting_one_pushed_object_at_once_land_it_once_and_leave_no_pin(cluster, comm):
+    """Objects up to ``T.PUSH_MAX`` come as a frame pushed with the lookup's answer. Every rank of a node
+    asking for one at once: each holder pushes to each asker; one rank lands it (one transfer into the node,
+    checksummed), the others drop their frames, and no pin or receive is left anywhere."""
+    import time
+
+    from shmstore.mpi import abandon
+    from shmstore.mpi import tags as T
+    if len(cluster.nodes) < 2:
+        pytest.skip("needs two nodes")
+    root = cluster.leaders[-1]
+    rng = np.random.default_rng(36)
+    datas = [rng.integers(0, 1 << 60, n // 8, dtype=np.int64) for n in (1 << 20, T.PUSH_MAX, 3 << 20)] * 3
+    for i, data in enumerate(datas):
+        ref = comm.bcast(cluster.share(data) if comm.rank == root else None, root=root)
+        comm.Barrier()
+        before = cluster.stats()
+        comm.Barrier()
+        got = ref.get()
+        assert crc(got) == crc(data), (i, comm.rank)
+        del got
+        comm.Barrier()
+        after = cluster.stats()
+        here = cluster.node_index != cluster.nodes.index(ref.node)
+        landed = (after["transfers"] - before["transfers"], after["bytes_received"] - before["bytes_received"])
+        assert landed == ((1, data.nbytes) if here else (0, 0)), (i, cluster.node)
+        comm.Barrier()
+        if comm.rank == root:
+            ref.delete()
+        comm.Barrier()
+    service = cluster._service
+    deadline = time.monotonic() + 30  # far less than peer_timeout (60 s): the sends end as the frames land
+    while time.monotonic() < deadline and (abandon.held() or (service is not None and service._pushes)):
+        time.sleep(0.05)
+    assert not abandon.held(), (comm.rank, abandon.stats())
+    assert service is None or not service._pushes, comm.rank
     comm.Barrier()
 
 
