@@ -18,8 +18,15 @@ with a failed ``DirDone`` and waits for that transfer), room is made and
 the entry reserved here, and the bytes go from the source's arena (or
 spill file) straight into this node's arena as a few raw frames, whatever
 the number of blobs; ``DirDone`` then also frees the source for the next
-fetcher. A 1 MiB get that missed: two round trips before the bytes, not
-three (the first question was answered "large" and asked again).
+fetcher. An object up to ``T.PUSH_MAX`` in the source's host memory comes
+as one frame the source sends with its lookup's answer (``Found.pushed``),
+for copies whose first level is host memory: a 1 MiB get that missed makes
+one round trip before the bytes (the question, forwarded to the holder),
+where it made two (and a Data request, three before that). A pushed frame
+the fetcher will not use (another rank of its node has the entry, the key
+is here already, the get gave up before the answer) is drained into a
+buffer and dropped: MPI cannot cancel a send, and the source keeps its pin
+until its frame went.
 
 A batch (``fetch(keys)``, ``get_many``) goes in rounds of ``T.BATCH``
 keys: holders asked once per home node, objects looked up once per source
