@@ -62,7 +62,7 @@ from .doorbell import SAFETY, Bells, Doorbell
 from .fetch import Fetcher
 from .links import Links
 from .outbox import Outbox
-from .poll import Pace, Ring, prober, python_prober, ring_origin, settle
+from .poll import WORKED, Pace, Ring, prober, python_prober, ring_origin, settle
 from .staging import send_staged
 
 if TYPE_CHECKING:
@@ -74,6 +74,9 @@ __all__ = ["Service", "HANDLE_TTL"]
 HANDLE_TTL = 120.0
 _NO_REPLY = object()
 _SENDER = "shmstore-mpi-send"  # the name of bulk-send threads
+# a pushed frame's first seconds: its sender's probes move its bytes without naps between them (see _loop); past
+# this, a frame not taken yet waits for a stopped or busy receiver, and the loop naps as for any send under way
+_PUSH_FRESH = 0.05
 _BUSY_PAUSE = 50e-6   # the first nap after the spin window; naps double up to _ACTIVE_PAUSE
 # the longest nap while requests come at their recent pace (poll.Pace's window)
 _ACTIVE_PAUSE = 200e-6
@@ -187,8 +190,11 @@ class Service:
                 self._tend_pushes()
             try:
                 if self._outbox.out or self.sending or self._pushes:
-                    # a transfer's next request (its registration) comes as soon as the bytes are out
-                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, 0.002, ring=ring)
+                    # a transfer's next request (its registration) comes as soon as the bytes are out; while a
+                    # frame pushed in the last _PUSH_FRESH s is under way, a probe that took long moved its bytes
+                    # (over TCP the sender's own MPI calls move them) and the next follows at once
+                    fresh = WORKED if self._pushes and time.monotonic() - self._pushes[-1][2] < _PUSH_FRESH else 0.0
+                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, 0.002, ring=ring, worked=fresh)
                     pace.last = time.monotonic()
                 elif idle < pace.window:
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, pace.window - idle,
