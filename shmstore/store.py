@@ -40,6 +40,7 @@ from .node.check import check as check_node
 from .node.nodestore import NodeStore, pid_alive, reap_children, store_prefix
 from .node.settings import ignored_settings
 from .persist.flusher import progress_of
+from .persist.plans import listed as listed_plans
 from .persist.plans import plan_dir
 from .persist.plans import remove_all as remove_plans
 from .placement import DEFAULT_PUT_LEVELS, DEVICE_PUT_LEVELS, Placement
@@ -565,8 +566,10 @@ class Store:
             if remaining == 0 and not self._observe:
                 if spill_alive(node) and spill_booted(node):
                     node.wake.post()  # the janitor removes the store now rather than at its next round
-                elif node.remove_if_unused() is not None:  # no janitor (yet) to do it: the last client does,
-                    stop_spawned(node.spill_pid())  # and a spill process of ours still importing need not finish
+                # no janitor (yet) to do it: the last client does, and a spill process of ours still importing need
+                # not finish, but for the checkpoint plans this client left it (see _flush_waits)
+                elif node.remove_if_unused(keep=functools.partial(_flush_waits, node)) is not None:
+                    stop_spawned(node.spill_pid())
             node.close()
         reap_children()
 
@@ -733,6 +736,13 @@ def _close_at_exit() -> None:
 
 
 @interruptible
+def _flush_waits(node: NodeStore) -> bool:
+    """Whether checkpoint plans wait for a spill process that is still starting: the store stays, and that
+    process flushes them, then removes it (the last client removed it, and the checkpoint was lost without a
+    word: a job that ends right after its checkpoint, before its spill process booted)."""
+    return spill_alive(node) and bool(listed_plans(plan_dir(node.spill_path)))
+
+
 def _wait_spill_ready(node: NodeStore, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     nap = 0.001

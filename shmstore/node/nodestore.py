@@ -356,8 +356,10 @@ class NodeStore:
         """Remove what the levels keep outside shared memory (spill files) for this store; returns how many."""
         return sum(level.remove_files() for level in self.levels.values())
 
-    def remove_if_unused(self) -> int | None:
-        """Remove the store if it is not persistent and no client is attached.
+    def remove_if_unused(self, keep: Callable[[], bool] | None = None) -> int | None:
+        """Remove the store if it is not persistent and no client is attached. ``keep``: asked once no client
+        is left, under the admin lock (no client registers meanwhile): True keeps the store (the spill
+        process's checkpoint plans that a client wrote before it left, which its flusher has not taken yet).
 
         Returns:
             How many spill files went with it, or None if the store stays.
@@ -366,6 +368,8 @@ class NodeStore:
             return None
         with self.admin:
             if self.clients() or L.HEAD.get(self.buf, "state") != L.STATE_READY:
+                return None
+            if keep is not None and keep():
                 return None
             L.HEAD.set(self.buf, "state", L.STATE_DESTROYING)
         return self.unlink()

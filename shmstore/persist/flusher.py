@@ -82,6 +82,10 @@ class Flusher:
                                         daemon=True)
         self._thread.start()
 
+    def waiting(self) -> bool:
+        """Whether plans wait that no flush has taken yet (the next :meth:`step` starts on them)."""
+        return bool(plans.listed(self.where))
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the flush thread to end; False if it is still running after ``timeout`` seconds."""
         t = self._thread

@@ -139,8 +139,9 @@ class _Spiller:
             log.exception("%s: %s failed", self.label, step.__name__)
 
     def _drain(self) -> int:
-        """After SIGTERM: finish the checkpoint flush under way (a batch system's SIGKILL ends it if it must);
-        reclaim clients as they die; remove the store once none is left."""
+        """After SIGTERM: finish the checkpoint flush under way or waiting (a batch system's SIGKILL ends it if it
+        must); reclaim clients as they die; remove the store once none is left."""
+        self._step(self.flusher.step)  # plans a client left just before (a job that ends checkpointing)
         while self.flusher.busy and self.owns_store():
             self._step(self._janitor)
             self.flusher.wait(0.1)
@@ -231,7 +232,10 @@ class _Spiller:
         return True
 
     def _destroy_if_unused(self) -> bool:
-        files = self.node.remove_if_unused()
+        # a client that wrote a checkpoint plan and left after this round's flusher step looked (a job that
+        # ends right after its checkpoint): the plan keeps the store until the next round's step takes it
+        # (the store and the plan were removed, the checkpoint lost without a word)
+        files = self.node.remove_if_unused(keep=self.flusher.waiting)
         if files is None:
             return False
         self.flusher.forget()
