@@ -178,7 +178,12 @@ class Fetcher:
                         if slot is None:
                             return False
                         held.append(slot)
-                        if key in self.store:  # another rank landed it just before
+                        try:
+                            here = key in self.store  # another rank landed it just before
+                        except BaseException:
+                            self._release(src, found)
+                            raise
+                        if here:
                             self._release(src, found)
                             return True
                 nbytes, version = self._from(src, key, levels, block, found)
@@ -344,6 +349,32 @@ class Fetcher:
         """Make ``key`` here from what node ``src`` ``found``: the new object's creation time (its copy id:
         what a refusal deletes), None where it was put here meanwhile (another rank of this node landed the
         same small object, or put or overwrote the key: what we wanted)."""
+        try:
+            made = self._make(key, found, levels)
+        except BaseException:  # nothing made: what the source pinned (or pushed) for us goes back
+            self._release(src, found)
+            raise
+        if made is None:  # here already (another rank, a put)
+            self._release(src, found)
+            return None
+        if not isinstance(made, Incoming):  # small: landed (its creation time)
+            self._count(found.nbytes)
+            return made
+        inc = made
+        unfinished = _Unfinished()
+        try:
+            self._receive(key, src, inc, found, block, unfinished)
+            inc.seal()
+        except BaseException:
+            self._let_go(inc, unfinished)
+            raise
+        self._count(found.nbytes)
+        return float(inc.reservation.ctime)
+
+    def _make(self, key: str, found: W.Found, levels: Levels) -> Incoming | W.Version:
+        """The new object for what a source ``found``: a small one landed (its creation time), else an
+        :class:`Incoming` to receive into; None where the key is here already (another rank of this node landed
+        the same small object, or it was put or overwritten here: what we wanted)."""
         order = parse_levels(levels, DEFAULT_PUT_LEVELS)
         kernel, ref, n = self.kernel, self.kernel.begin(key), found.nbytes
         what = Contents(found.kind, n, n, found.nblobs, found.array_meta)
@@ -353,36 +384,19 @@ class Fetcher:
                 if found.inline is not None and order[0] == Level.MEMORY:  # small: one C call copies and seals
                     version: W.Version = kernel.puts.put_stored(ref, what._replace(src=found.inline), Level.MEMORY)
                     if version is not None:
-                        self._count(n)
                         return version
-                inc = self.store.placement.place(key, order, lambda level: kernel.puts.ingest(ref, what, level))
-                break
+                return self.store.placement.place(key, order, lambda level: kernel.puts.ingest(ref, what, level))
             except errors.ObjectExistsError:
-                self._release(src, found)
                 return None
             # being written here: wait for the writer (a fetch of the same small object by another rank, which is not
             # deduplicated)
             except errors.ObjectLockedError:
                 if key in self.store:
-                    self._release(src, found)
                     return None
                 if time.monotonic() > deadline:
-                    self._release(src, found)
                     raise
-                time.sleep(nap)
-                nap = min(nap * 2, 1e-3)
-            except BaseException:
-                self._release(src, found)
-                raise
-        unfinished = _Unfinished()
-        try:
-            self._receive(key, src, inc, found, block, unfinished)
-            inc.seal()
-        except BaseException:
-            self._let_go(inc, unfinished)
-            raise
-        self._count(n)
-        return float(inc.reservation.ctime)
+            time.sleep(nap)
+            nap = min(nap * 2, 1e-3)
 
     @staticmethod
     def _let_go(inc: Incoming, unfinished: _Unfinished) -> None:
@@ -445,7 +459,9 @@ class Fetcher:
         try:
             req = self.links.bulk[0].Irecv([into, MPI.BYTE], source=peer, tag=found.pushed)
         except MPI.Exception as exc:  # the source is gone
+            msg.burn(found.pushed)
             raise msg.failed(src, "transfer", key, exc) from exc
+        msg.paid(found.pushed)  # this receive takes the frame: MPI matches in order of posting
         try:
             msg.wait([req], src, key)
         except BaseException as exc:

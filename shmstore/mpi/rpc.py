@@ -55,6 +55,7 @@ _NAP_MAX = 1e-3   # naps double up to this
 # after a nap grown to 1 ms (which doubled the latency of a request after silence).
 _REPLY_NAP_MAX = 100e-6
 _REPLY_SOON = 0.02
+_LATE_EVERY = 0.2  # seconds between the looks for late replies while some may come (see Messenger._sweep_late)
 # and up to this while frames flow (MPI moves a large message only while it is tested)
 _FRAME_NAP_MAX = 100e-6
 _SETTING = "raise peer_timeout= / SHMSTORE_PEER_TIMEOUT"
@@ -135,6 +136,11 @@ class Messenger:
         # of those, the calls whose reply was not taken, and until when it may come (see _take_late)
         self._late: dict[int, float] = {}
         self._sweeping = threading.Lock()
+        self._sweeper: threading.Thread | None = None  # takes late replies while this rank makes no call
+        self._closing = False
+        # tags whose reply came with a pushed frame that no receive of this rank has matched yet: a later call
+        # on the same tag would get a push from the same holder, and its receive could take the older frame
+        self._owed: set[int] = set()
         self._probe = prober(comm)
         self._posted: set[int] = set()  # nodes posted to since the last flush
         self._note = bytearray(_LEFT_NOTE)  # another rank's notice that it left by an exception (say_left)
@@ -150,9 +156,21 @@ class Messenger:
         with self._tag_lock:
             self.calls += 1
             tag = T.TAG_REPLY_MIN + next(self._tags) % (T.TAG_REPLY_MAX - T.TAG_REPLY_MIN)
-            while self._burnt and tag in self._burnt:  # never a tag a late reply may still come on
+            # never a tag a late reply or frame may still come on
+            while (self._burnt and tag in self._burnt) or (self._owed and tag in self._owed):
                 tag = T.TAG_REPLY_MIN + next(self._tags) % (T.TAG_REPLY_MAX - T.TAG_REPLY_MIN)
             return tag
+
+    def owe(self, tag: int) -> None:
+        """A frame pushed on reply tag ``tag`` came with its answer: no new call uses the tag until
+        :meth:`paid` (a receive matched the frame's place in MPI's order) or a drain of it is over."""
+        with self._tag_lock:
+            self._owed.add(tag)
+
+    def paid(self, tag: int) -> None:
+        """The receive of the frame pushed on ``tag`` is posted (it, not a later call's, takes that frame)."""
+        with self._tag_lock:
+            self._owed.discard(tag)
 
     def call(self, node: int, msg: Any, key: Any = None, spin: float | None = None, linger: float = 0.0,
              any_source: bool = False, patience: float = 1.0) -> Any:
@@ -201,6 +219,8 @@ class Messenger:
                     self.forwarded += 1  # asked one node, answered by another: one message more
             else:
                 reply = W.receive_reply(self.comm, source, tag)
+            if W.pushed(reply):
+                self.owe(tag)  # until its frame's receive is posted (fetch.py) or drained
         except MPI.Exception as exc:
             raise self.failed(node, msg, key, exc) from exc
         # a Ctrl-C while it waited: the reply may still come, never to a later call
@@ -245,6 +265,22 @@ class Messenger:
             self._burnt.add(tag)
             if reply:
                 self._late[tag] = time.monotonic() + 2 * self.timeout
+                if self._sweeper is None and not self._closing:
+                    self._sweeper = threading.Thread(target=self._sweep_late, name="shmstore-mpi-late",
+                                                     daemon=True)
+                    self._sweeper.start()
+
+    def _sweep_late(self) -> None:
+        """Take the late replies every ``_LATE_EVERY`` seconds while some may come, also where this rank makes
+        no call (it computes for hours after a get gave up): each holds its holder's pin (a pushed frame's
+        for ever: MPI cannot cancel a send) until taken."""
+        while True:
+            time.sleep(_LATE_EVERY)
+            with self._tag_lock:
+                if not self._late or self._closing:
+                    self._sweeper = None
+                    return
+            self._take_late()
 
     def _take_late(self) -> None:
         """Take the replies that came on the tags of calls given up, and give back what they pinned: a lookup
@@ -283,12 +319,22 @@ class Messenger:
         cancelled after ``timeout`` where it never is)."""
         if self.frames is None or not found.pushed:
             return
-        sink = np.empty(found.nbytes, np.uint8)
+        tag, sink, began = found.pushed, np.empty(found.nbytes, np.uint8), time.monotonic()
+        self.owe(tag)
         try:
-            req = self.frames.Irecv([sink, MPI.BYTE], source=peer, tag=found.pushed)
-        except MPI.Exception:  # the holder is gone: nothing pinned is left
+            req = self.frames.Irecv([sink, MPI.BYTE], source=peer, tag=tag)
+        except MPI.Exception:  # the holder is gone: nothing pinned is left (the tag is never used again)
+            self.burn(tag)
             return
-        give_up([req], keep=sink, drain=self.timeout)
+
+        def over() -> None:
+            # taken: the tag is free again; cancelled after ``timeout`` (this rank stopped that long): the frame
+            # may still come, and must never be taken for a later call's
+            if time.monotonic() - began < self.timeout:
+                self.paid(tag)
+            else:
+                self.burn(tag)
+        give_up([req], release=over, keep=sink, drain=self.timeout)
 
     @interruptible
     def barrier(self, reqs: list[MPI.Request], what: str = "barrier") -> None:
@@ -336,6 +382,7 @@ class Messenger:
             give_up([self._watch], keep=self._note)
             self._watch = None
         with self._tag_lock:
+            self._closing = True  # the sweeper of late replies leaves
             burnt = sorted(self._burnt)
         status = MPI.Status()
         for tag in burnt:
