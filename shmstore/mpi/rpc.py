@@ -138,6 +138,7 @@ class Messenger:
         self._sweeping = threading.Lock()
         self._sweeper: threading.Thread | None = None  # takes late replies while this rank makes no call
         self._closing = False
+        self._closed = threading.Event()  # wakes the sweeper to leave
         # tags whose reply came with a pushed frame that no receive of this rank has matched yet: a later call
         # on the same tag would get a push from the same holder, and its receive could take the older frame
         self._owed: set[int] = set()
@@ -275,22 +276,26 @@ class Messenger:
         no call (it computes for hours after a get gave up): each holds its holder's pin (a pushed frame's
         for ever: MPI cannot cancel a send) until taken."""
         while True:
-            time.sleep(_LATE_EVERY)
+            self._closed.wait(_LATE_EVERY)
             with self._tag_lock:
                 if not self._late or self._closing:
-                    self._sweeper = None
+                    if not self._closing:  # (closing: stop_watching joins it)
+                        self._sweeper = None
                     return
-            self._take_late()
+            self._take_late(sweeper=True)
 
-    def _take_late(self) -> None:
+    def _take_late(self, sweeper: bool = False) -> None:
         """Take the replies that came on the tags of calls given up, and give back what they pinned: a lookup
         answered after its asker gave up (a get's timeout, a Ctrl-C) named a large object pinned for a Data
         request that never comes, and the holder kept that pin, and the object's memory with it though it was
         deleted, until its handle expired (``HANDLE_TTL``, 120 s). Posted: the holder answers nothing. A tag is
-        looked at until its reply came, or for twice ``timeout`` (the holder let the pin go by then)."""
+        looked at until its reply came, or for twice ``timeout`` (the holder let the pin go by then). ``sweeper``:
+        the sweeper thread's look, which never touches the communicator once the cluster closes."""
         if not self._sweeping.acquire(blocking=False):  # another thread of this rank is at it
             return
         try:
+            if sweeper and (self._closing or self.comm == MPI.COMM_NULL):  # (freed without stop_watching)
+                return
             status, now = MPI.Status(), time.monotonic()
             for tag, until in list(self._late.items()):
                 if not self.comm.iprobe(MPI.ANY_SOURCE, tag, status):
@@ -383,13 +388,23 @@ class Messenger:
             self._watch = None
         with self._tag_lock:
             self._closing = True  # the sweeper of late replies leaves
-            burnt = sorted(self._burnt)
-        status = MPI.Status()
-        for tag in burnt:
-            while self.comm.iprobe(MPI.ANY_SOURCE, tag, status):
-                source = status.Get_source()
-                for found in W.pushed(W.receive_reply(self.comm, source, tag)):
-                    self.drain(source, found)
+            sweeper = self._sweeper
+        self._closed.set()
+        if sweeper is not None:  # before the communicator is freed: a probe on a freed one aborts the job
+            sweeper.join(self.timeout)
+        swept = self._sweeping.acquire(timeout=self.timeout)  # a look of another thread's is over
+        try:
+            with self._tag_lock:
+                burnt = sorted(self._burnt)
+            status = MPI.Status()
+            for tag in burnt:
+                while self.comm.iprobe(MPI.ANY_SOURCE, tag, status):
+                    source = status.Get_source()
+                    for found in W.pushed(W.receive_reply(self.comm, source, tag)):
+                        self.drain(source, found)
+        finally:
+            if swept:
+                self._sweeping.release()
 
     def _watch_left(self) -> MPI.Request:
         if self._watch is None:

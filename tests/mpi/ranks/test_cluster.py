@@ -444,8 +444,8 @@ def test_a_wait_on_a_rank_that_never_answers_ends_at_the_deadline(cluster, comm)
     from helpers import drain
     silent = comm.Dup()  # no service reads it: every reply waits for ever, but for the deadline
     peer = (comm.rank + 1) % comm.size
+    m = Messenger(silent, ["far"], [peer], 0.0, timeout=0.3)
     try:
-        m = Messenger(silent, ["far"], [peer], 0.0, timeout=0.3)
         start, cpu = time.monotonic(), time.process_time()
         with pytest.raises(shmstore.TransferError, match=rf"node 'far' \(rank {peer}\) did not (answer|take) a "
                            r"lookup many request within 0\.3 s: that rank died, hangs or cannot be reached "
@@ -464,6 +464,7 @@ def test_a_wait_on_a_rank_that_never_answers_ends_at_the_deadline(cluster, comm)
         comm.Barrier()  # every rank's requests are out: take them (MPI warns of messages never received)
         drain(silent)
     finally:
+        m.stop_watching()  # its sweeper of late replies leaves before the communicator goes
         silent.Free()
 
 

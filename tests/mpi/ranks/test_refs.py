@@ -299,8 +299,8 @@ def test_a_bounded_call_ends_every_wait_at_its_end(cluster, comm):
     from helpers import drain
     silent = comm.Dup()  # no service reads it: every reply waits for ever, but for the deadline
     peer = (comm.rank + 1) % comm.size
+    m = Messenger(silent, ["far"], [peer], 0.0, timeout=60.0)
     try:
-        m = Messenger(silent, ["far"], [peer], 0.0, timeout=60.0)
         start = time.monotonic()
         with pytest.raises(shmstore.GetTimeoutError, match=r"within the timeout of 0\.3 s it was given \(a lookup "
                            r"many request to node 'far' was under way"), bounded(0.3):
@@ -317,4 +317,5 @@ def test_a_bounded_call_ends_every_wait_at_its_end(cluster, comm):
         comm.Barrier()  # every rank's requests are out: take them (MPI warns of messages never received)
         drain(silent)
     finally:
+        m.stop_watching()  # its sweeper of late replies leaves before the communicator goes
         silent.Free()
