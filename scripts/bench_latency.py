@@ -8,19 +8,24 @@ Rank 1 (node n1) holds the objects: 64 B ones and 1 MiB ones. Rank 0 (node n0)
 gets them, each get a first fetch into its node. For each way the holder's rank
 spends its time meanwhile (``asleep``: ``time.sleep``, its core idle;
 ``computing``: numpy matrix products and a pure-Python loop, in turns;
-``barrier``: waiting in ``comm.Barrier()``), rank 0 waits each ``--silence``
+``barrier``: waiting in ``comm.Barrier()``; ``python``, not by default: pure
+Python only, the GIL held but between ~10 ms turns), rank 0 waits each ``--silence``
 (seconds; nothing is asked of the holder's node meanwhile) and times the get
 that follows, then ``--gets`` distinct 64 B gets back to back (min, median, p90,
 p99, max), ``--spaced`` 64 B gets 1 ms apart (median, p99: the holder's service
 between its naps), a 1 MiB get (1 ms after the last of those), five more back
 to back (their median), and ``locate`` of keys it does not hold. Baselines in the same run,
 before the Cluster exists, between the same two ranks: the raw 8 B MPI
-round trip and a raw 1 MiB ``Send`` answering an 8 B request (the holder in a
-blocking ``Recv``, medians of 50), and a raw 8 B round trip after each silence
-with the other rank probing every 50 us, and with it spinning in a blocking ``Recv``
-(what this machine adds after a pause: the second is the floor of any program, the
-asking rank's own wake from its sleep included). Every figure is the median over
-``--repeats``; ratios are against those baselines.
+round trip (median and p99 of ``--gets``) and a raw 1 MiB ``Send`` answering an
+8 B request (the holder in a blocking ``Recv``, medians of 50), from private
+memory and from POSIX shared memory into shared memory (where a store's objects
+live: on /dev/shm's 4 KiB pages the copy between processes costs more); a raw
+8 B round trip after each silence with the other rank probing every 50 us,
+followed by ``--gets`` more back to back (their p99: the raw counterpart of the
+gets' p99), and with it spinning in a blocking ``Recv`` (what this machine adds
+after a pause: the second is the floor of any program, the asking rank's own
+wake from its sleep included). Every figure is the median over ``--repeats``;
+ratios are against those baselines.
 
 ``--rma`` also times what a one-sided read of a sealed object would cost with this MPI, before the Cluster
 exists: passive-target ``Get`` (``Lock(SHARED)``/``Get``/``Unlock``) of 64 B and 1 MiB from a window the holder
@@ -35,6 +40,7 @@ import statistics
 import sys
 import time
 import uuid
+from multiprocessing import shared_memory
 
 import numpy as np
 
@@ -50,31 +56,48 @@ BIGS = 6  # 1 MiB objects per mode and repeat: one get after the spaced ones, th
 STOP = 77  # the tag that tells the holder a mode's measurements are over
 
 
-def raw_round_trips(comm: MPI.Comm, n: int, reply_bytes: int) -> list[float]:
-    """8 B to rank 1 and ``reply_bytes`` back, ``n`` times back to back after two unmeasured; seconds, on rank 0."""
-    quiet_barrier(comm)
-    times = round_trips(comm, n + 2, reply_bytes)
-    quiet_barrier(comm)
-    return times[2:]
+def raw_round_trips(comm: MPI.Comm, n: int, reply_bytes: int, shm: bool = False) -> list[float]:
+    """8 B to rank 1 and ``reply_bytes`` back, ``n`` times back to back after two unmeasured; seconds, on rank 0.
+    ``shm``: the reply goes from and into POSIX shared memory (pages touched before), as a store's objects do."""
+    seg = None
+    if shm:  # a segment of this run's own, unlinked at once (nothing left behind, even if the run dies)
+        seg = shared_memory.SharedMemory(create=True, size=reply_bytes)
+        seg.unlink()
+    try:
+        rep = None
+        if seg is not None:
+            rep = np.ndarray(reply_bytes, np.uint8, seg.buf)
+            rep[:] = 1
+        quiet_barrier(comm)
+        times = round_trips(comm, n + 2, reply_bytes, rep)
+        quiet_barrier(comm)
+        del rep
+        return times[2:]
+    finally:
+        if seg is not None:
+            seg.close()
 
 
-def raw_after_silence(comm: MPI.Comm, silence: float, nap: float) -> float:
+def raw_after_silence(comm: MPI.Comm, silence: float, nap: float, then: int = 0) -> list[float]:
     """One 8 B round trip after ``silence`` seconds, the other rank probing every ``nap`` seconds (as an idle
-    node service does; 0: a blocking Recv, which busy-polls); seconds, on rank 0."""
+    node service does; 0: a blocking Recv, which busy-polls), then ``then`` more back to back, the other rank
+    probing the same way before each; seconds, on rank 0 (the first, then the others)."""
     buf = np.zeros(8, np.uint8)
     quiet_barrier(comm)
-    took = 0.0
+    took = []
     if comm.rank == 0:
         time.sleep(silence)
-        t = time.perf_counter()
-        comm.Send(buf, dest=1)
-        comm.Recv(buf, source=1)
-        took = time.perf_counter() - t
+        for _ in range(1 + then):
+            t = time.perf_counter()
+            comm.Send(buf, dest=1)
+            comm.Recv(buf, source=1)
+            took.append(time.perf_counter() - t)
     else:
-        while nap and not comm.Iprobe(source=0):
-            time.sleep(nap)
-        comm.Recv(buf, source=0)
-        comm.Send(buf, dest=0)
+        for _ in range(1 + then):
+            while nap and not comm.Iprobe(source=0):
+                time.sleep(nap)
+            comm.Recv(buf, source=0)
+            comm.Send(buf, dest=0)
     quiet_barrier(comm)
     return took
 
@@ -90,6 +113,8 @@ def hold(comm: MPI.Comm, mode: str) -> None:
     while not stop.Test():
         if mode == "asleep":
             time.sleep(0.01)
+        elif mode == "python":
+            sum(i * i for i in range(200000))  # pure Python only, ~10 ms turns: the GIL held all along
         elif turn % 2:
             for _ in range(10):
                 a = a @ a
@@ -169,10 +194,20 @@ def main() -> int:
         raise SystemExit("bench_latency runs on exactly 2 ranks (see the usage line)")
     silences = [float(s) for s in args.silence.split(",") if s]
     modes = [m for m in args.modes.split(",") if m]
-    rtts, mibs = raw_round_trips(world, 50, 8), raw_round_trips(world, 50, MiB)
-    rtt, raw_mib = (statistics.median(rtts), statistics.median(mibs)) if world.rank == 0 else (0.0, 0.0)
-    after = {s: statistics.median(raw_after_silence(world, s, 50e-6) for _ in range(args.repeats)) for s in silences}
-    spun = {s: statistics.median(raw_after_silence(world, s, 0.0) for _ in range(args.repeats)) for s in silences}
+    rtts, mibs = raw_round_trips(world, args.gets, 8), raw_round_trips(world, 50, MiB)
+    shm_mibs = raw_round_trips(world, 50, MiB, shm=True)
+    rtt, raw_mib, shm_mib = ((statistics.median(rtts), statistics.median(mibs), statistics.median(shm_mibs))
+                             if world.rank == 0 else (0.0, 0.0, 0.0))
+    after, spun, runs = {}, {}, []  # runs: p99 of the back-to-back round trips after each silence and repeat
+    for s in silences:
+        firsts = []
+        for _ in range(args.repeats):
+            took = raw_after_silence(world, s, 50e-6, then=args.gets)
+            if took:
+                firsts.append(took[0])
+                runs.append(pct(took[1:], 0.99))
+        after[s] = statistics.median(firsts) if firsts else 0.0
+        spun[s] = statistics.median([(raw_after_silence(world, s, 0.0) or [0.0])[0] for _ in range(args.repeats)])
     rma = rma_rows(world, modes, silences, args) if args.rma else {}
     name = world.bcast("lat" + uuid.uuid4().hex[:8])
     per_round = len(silences) + args.gets + args.spaced
@@ -242,7 +277,12 @@ def main() -> int:
     if world.rank == 0:
         print(f"bench_latency: 2 ranks on 2 nodes, {os.cpu_count()} cpus, GIL switch interval "
               f"{sys.getswitchinterval() * 1e6:.0f} us, medians of {args.repeats} repeat(s); raw "
-              f"8 B MPI round trip {rtt * 1e6:.1f} us, raw 1 MiB answer {raw_mib * 1e3:.3f} ms")
+              f"8 B MPI round trip {rtt * 1e6:.1f} us (p99 of {args.gets} back to back "
+              f"{pct(rtts, 0.99) * 1e6:.1f} us), raw 1 MiB answer {raw_mib * 1e3:.3f} ms "
+              f"(shared memory to shared memory: {shm_mib * 1e3:.3f} ms, {shm_mib / raw_mib:.2f}x)")
+        print(f"  raw: p99 of {args.gets} 8 B round trips back to back right after a first one after silence, the "
+              f"other rank probing every 50 us before each: {statistics.median(runs) * 1e6:.1f} us "
+              f"({statistics.median(runs) / rtt:.1f}x RTT; runs: {', '.join(f'{x * 1e6:.0f}' for x in runs)})")
         for s, v in after.items():
             print(f"  raw 8 B round trip after {s:g} s of silence, the other rank probing every 50 us: "
                   f"{v * 1e6:.1f} us ({v / rtt:.1f}x RTT); spinning in Recv: {spun[s] * 1e6:.1f} us "

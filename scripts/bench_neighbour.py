@@ -50,10 +50,12 @@ SINCE_REQUEST = (0.0, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 
 COMPUTE_FROM = 0.02  # no compute sample before this delay: it would push the next round trip sample late
 
 
-def round_trips(comm: MPI.Comm, n: int, reply_bytes: int = 8) -> list[float]:
+def round_trips(comm: MPI.Comm, n: int, reply_bytes: int = 8, rep: np.ndarray | None = None) -> list[float]:
     """``n`` round trips between ranks 0 and 1, back to back: 8 B there, ``reply_bytes`` back (seconds, on rank
-    0; empty on rank 1). Also what scripts/bench_latency.py measures its baselines with."""
-    req, rep = np.zeros(8, np.uint8), np.zeros(reply_bytes, np.uint8)
+    0; empty on rank 1), from and into ``rep`` where given (uint8, ``reply_bytes`` long). Also what
+    scripts/bench_latency.py measures its baselines with."""
+    req = np.zeros(8, np.uint8)
+    rep = np.zeros(reply_bytes, np.uint8) if rep is None else rep
     times = []
     for _ in range(n):
         if comm.rank == 0:

@@ -96,8 +96,32 @@ static int nap_or_ring(int fd, const struct timespec *nap) {
     return 0;
 }
 
+/* The GIL's switch interval that probe_wait lowered as it found a message (urgent_us), in microseconds; 0: it did
+ * not lower it. poll.Urgency takes it (lowered_from) and gives the interval back once the service is idle. Only a
+ * node's service passes urgent_us, one thread per process. */
+static unsigned long lowered_from_us = 0;
+
+/* A node service's request waits, and the application's main thread computes in Python: the service takes the
+ * GIL only once the holder drops it, asked to after the switch interval (5 ms by default) of waiting. Lowered
+ * before the service asks for it, that wait is ``us``. Before Python 3.12 the interval is the runtime's, read and
+ * written without a thread state; later it is the interpreter's, and poll.Urgency lowers it once it holds the GIL
+ * (the first wait is the default's). */
+static void lower_switch_interval(unsigned long us) {
+#if PY_VERSION_HEX < 0x030C0000
+    unsigned long now = _PyEval_GetSwitchInterval();
+    if (now > us) {
+        if (!lowered_from_us)
+            lowered_from_us = now;
+        _PyEval_SetSwitchInterval(us);
+    }
+#else
+    (void)us;
+#endif
+}
+
 /* probe_wait(iprobe_address, any_source, tag, comm_handle, spin_ns, nap_ns, max_ns[, nap_max_ns, bell_fd,
- * ring_spin_ns, ring_nap_ns, ring_nap_max_ns, ring_window_ns, worked_ns]) -> 1 when a message with ``tag`` is
+ * ring_spin_ns, ring_nap_ns, ring_nap_max_ns, ring_window_ns, worked_ns, urgent_us]) -> 1 when a message with
+ * ``tag`` is
  * waiting, 0
  * after max_ns without one, 2 when a signal cut a nap short (its Python handler runs once this returns: a
  * Ctrl-C raises at once), -rc when MPI_Iprobe failed.
@@ -117,15 +141,19 @@ static int nap_or_ring(int fd, const struct timespec *nap) {
  * two take different paths).
  *
  * worked_ns (> 0: a wait for a reply, never a service's idle loop): a probe that took longer than this moved
- * bytes, and the next follows at once instead of after a nap. */
+ * bytes, and the next follows at once instead of after a nap.
+ *
+ * urgent_us (> 0: a node's service): where a message waits, the GIL's switch interval is lowered to this before
+ * the GIL is taken back (lower_switch_interval). */
 static PyObject *probe_wait(PyObject *self, PyObject *args) {
     unsigned long long addr, comm;
     int any, tag, fd = -1;
     long long spin_ns, nap_ns, max_ns, nap_max_ns = 0;
     long long ring_spin_ns = 0, ring_nap_ns = 0, ring_nap_max_ns = 0, ring_window_ns = 0, worked_ns = 0;
-    if (!PyArg_ParseTuple(args, "KiiKLLL|LiLLLLL", &addr, &any, &tag, &comm, &spin_ns, &nap_ns, &max_ns,
+    long long urgent_us = 0;
+    if (!PyArg_ParseTuple(args, "KiiKLLL|LiLLLLLL", &addr, &any, &tag, &comm, &spin_ns, &nap_ns, &max_ns,
                           &nap_max_ns, &fd, &ring_spin_ns, &ring_nap_ns, &ring_nap_max_ns, &ring_window_ns,
-                          &worked_ns))
+                          &worked_ns, &urgent_us))
         return NULL;
     if (nap_max_ns < nap_ns)
         nap_max_ns = nap_ns;
@@ -180,6 +208,8 @@ static PyObject *probe_wait(PyObject *self, PyObject *args) {
     }
     if (slack > 0)
         prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
+    if (flag && rc == 0 && urgent_us > 0)
+        lower_switch_interval((unsigned long)urgent_us);
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(rc != 0 ? -(long)(rc < 0 ? -rc : rc) : flag ? 1 : interrupted ? 2 : 0);
 }
@@ -201,11 +231,19 @@ static PyObject *py_rung_here(PyObject *self, PyObject *noargs) {
     return PyBool_FromLong(here);
 }
 
+/* lowered_from() -> the switch interval (us) probe_wait lowered since the last call, 0 where it lowered none. */
+static PyObject *py_lowered_from(PyObject *self, PyObject *noargs) {
+    unsigned long us = lowered_from_us;
+    lowered_from_us = 0;
+    return PyLong_FromUnsignedLong(us);
+}
+
 static PyMethodDef methods[] = {
     {"probe_wait", probe_wait, METH_VARARGS, "Wait for an MPI message with the GIL released (see above)."},
     {"take_rings", py_take_rings, METH_VARARGS, "Take the rings waiting on a bell (see above)."},
     {"kernel_id", py_kernel_id, METH_NOARGS, "This kernel's identity as rings carry it."},
     {"rung_here", py_rung_here, METH_NOARGS, "Whether the last rings came from this CPU (then cleared)."},
+    {"lowered_from", py_lowered_from, METH_NOARGS, "The switch interval probe_wait lowered (us; 0: none)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -62,7 +62,7 @@ from .doorbell import SAFETY, Bells, Doorbell
 from .fetch import Fetcher
 from .links import Links
 from .outbox import Outbox
-from .poll import WORKED, Pace, Ring, prober, python_prober, ring_origin, settle
+from .poll import URGENT_GIL, WORKED, Pace, Ring, Urgency, prober, python_prober, ring_origin, settle
 from .staging import send_staged
 
 if TYPE_CHECKING:
@@ -168,6 +168,13 @@ class Service:
 
     # ---- loop ------------------------------------------------------------------
     def _loop(self) -> None:
+        urgency = Urgency()  # the GIL comes back within URGENT_GIL while requests are handled
+        try:
+            self._serve(urgency)
+        finally:
+            urgency.off()
+
+    def _serve(self, urgency: Urgency) -> None:
         native.set_timer_slack(2000)  # this thread's 50 us naps then last ~55 us, not ~105
         # woken (a ring, a nap's end) it takes the core from a rank's compute or MPI spin at once, not at the end
         # of that thread's slice (Linux 6.12+; elsewhere nothing changes)
@@ -194,19 +201,20 @@ class Service:
                     # frame pushed in the last _PUSH_FRESH s is under way, a probe that took long moved its bytes
                     # (over TCP the sender's own MPI calls move them) and the next follows at once
                     fresh = WORKED if self._pushes and time.monotonic() - self._pushes[-1][2] < _PUSH_FRESH else 0.0
-                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, 0.002, ring=ring, worked=fresh)
+                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, 0.002, ring=ring, worked=fresh,
+                                  urgent=URGENT_GIL)
                     pace.last = time.monotonic()
                 elif idle < pace.window:
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, pace.window - idle,
-                                  max(min(_ACTIVE_PAUSE, idle_nap), _BUSY_PAUSE), ring=ring)
+                                  max(min(_ACTIVE_PAUSE, idle_nap), _BUSY_PAUSE), ring=ring, urgent=URGENT_GIL)
                 # asleep only while MPI has nothing of this process in flight: a transfer given up on still
                 # moves its bytes only inside MPI calls (over TCP, the replies queue behind them), so with
                 # held requests the loop probes at its idle pace as before
                 elif ring is not None and not abandon.held():
                     # asleep in the kernel until a request rings (or the safety net's time): no CPU, no GIL
-                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, 0.0, SAFETY, SAFETY, ring=ring)
+                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, 0.0, SAFETY, SAFETY, ring=ring, urgent=URGENT_GIL)
                 else:
-                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, 0.0, idle_nap, 1.0, ring=ring)
+                    ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, 0.0, idle_nap, 1.0, ring=ring, urgent=URGENT_GIL)
             except (errors.TransferError, OverflowError, OSError):  # the C prober failed: probe from Python
                 probe = python_prober(self.comm)
                 continue
@@ -215,10 +223,13 @@ class Service:
                 time.sleep(_IDLE_PAUSE)
                 continue
             if not ready:
+                if not (self._outbox.out or self.sending or self._pushes):  # idle, not only between requests
+                    urgency.off()
                 spin = self.spin
                 if idle > 1.0:
                     self._expire()
                 continue
+            urgency.on()
             pace.request(time.monotonic())
             reply_tag, msg, linger = W.receive(self.comm, MPI.ANY_SOURCE, T.TAG_REQUEST, status)
             spin = max(self.spin, min(float(linger), _LINGER_MAX)) if self.spin else 0.0

@@ -174,3 +174,45 @@ def test_a_ring_says_whether_it_came_from_the_sleepers_own_cpu():
         os.sched_setaffinity(0, allowed)
         out.close()
         bell.close()
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_a_request_lowers_the_gil_switch_interval_until_the_service_is_idle_and_the_applications_own_stays(
+        monkeypatch, pure):
+    """poll.Urgency and the prober's ``urgent``: a node service with a request to handle gets the GIL from a main
+    thread computing in Python within ``urgent`` (the C prober lowers the interval before it takes the GIL back,
+    before Python 3.12; :meth:`Urgency.on` otherwise), and gives the application's interval back once idle; an
+    interval the application set meanwhile, or a shorter one of its own, stays."""
+    import sys
+    monkeypatch.setenv("SHMSTORE_PURE_PYTHON", "1" if pure else "0")
+    before = sys.getswitchinterval()
+    comm = MPI.COMM_SELF.Dup()
+    try:
+        sys.setswitchinterval(0.005)
+        probe, urgency = poll.prober(comm), poll.Urgency(100e-6)
+        assert probe(MPI.ANY_SOURCE, 5, 0.0, 1e-4, 0.01, urgent=100e-6) is False
+        assert sys.getswitchinterval() == pytest.approx(0.005)  # nothing came: nothing lowered
+        urgency.off()
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        req = comm.isend(b"x", dest=0, tag=5)
+        assert probe(MPI.ANY_SOURCE, 5, 0.0, 1e-4, 5.0, urgent=100e-6) is True
+        if not pure and sys.version_info < (3, 12):
+            assert sys.getswitchinterval() == pytest.approx(100e-6)  # before the GIL came back
+        urgency.on()
+        assert sys.getswitchinterval() == pytest.approx(100e-6)
+        assert comm.recv(source=0, tag=5) == b"x"
+        req.wait()
+        urgency.on()  # the next request: still lowered, the application's interval still known
+        urgency.off()
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        urgency.on()
+        sys.setswitchinterval(0.002)  # the application's, while lowered: kept
+        urgency.off()
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+        sys.setswitchinterval(50e-6)  # shorter than the service's: never raised
+        urgency.on()
+        urgency.off()
+        assert sys.getswitchinterval() == pytest.approx(50e-6)
+    finally:
+        sys.setswitchinterval(before)
+        comm.Free()

@@ -1,9 +1,11 @@
 """The idle node service's doorbell (``shmstore/mpi/doorbell.py``) across the job's ranks: requests after
 silence are answered whether they ring or not (a lost ring costs only the safety net's delay), and a service
-that was rung awake serves what comes next. Correctness only: the latency it buys is measured by
+that was rung awake serves what comes next; a service whose rank computes in Python gets the GIL at a short
+interval while requests come, and only then. Correctness only: the latency it buys is measured by
 ``scripts/bench_latency.py``."""
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -40,3 +42,37 @@ def test_gets_after_silence_are_answered_rung_or_not(cluster, comm, key):
     if comm.rank == holder:
         for i in range(8):
             cluster.delete(f"{key}-{i}")
+
+
+def test_a_holder_computing_in_python_lends_the_gil_at_a_short_interval_while_requests_come_and_only_then(
+        cluster, comm, key):
+    """The holder's main thread runs pure Python (the GIL held but at the switch interval) while another rank
+    gets 30 objects from it: its node service has the interval lowered to ``URGENT_GIL`` while it handles them
+    (each of its MPI calls gave the GIL away, and took the default 5 ms to get it back: gets took 8-10 ms), and
+    the application's own interval is back once the service is idle."""
+    from shmstore.mpi.poll import URGENT_GIL
+    if len(cluster.nodes) < 2:
+        import pytest
+        pytest.skip("needs two nodes")
+    holder, getter, n = cluster.leaders[-1], 0, 30
+    if comm.rank == holder:
+        for i in range(n):
+            cluster.put(f"{key}-{i}", np.full(4, i))
+    comm.Barrier()
+    if comm.rank == holder:
+        default, seen = sys.getswitchinterval(), set()
+        done, deadline = comm.Ibarrier(), time.monotonic() + 120
+        while not done.Test():
+            sum(i * i for i in range(20000))  # pure Python: holds the GIL
+            seen.add(sys.getswitchinterval())
+            assert time.monotonic() < deadline, "the gets did not end"
+        assert any(abs(s - URGENT_GIL) < 1e-7 for s in seen), seen  # (microseconds inside)
+        while sys.getswitchinterval() != default and time.monotonic() < deadline:
+            time.sleep(0.01)  # the service idle again: its window after the last request closes
+        assert sys.getswitchinterval() == default
+    else:
+        if comm.rank == getter:
+            for i in range(n):
+                assert int(cluster.get(f"{key}-{i}")[0]) == i
+        comm.Ibarrier().Wait()
+    comm.Barrier()
