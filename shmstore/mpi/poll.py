@@ -22,6 +22,7 @@ import select
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable, NamedTuple
 
 from mpi4py import MPI
@@ -173,11 +174,14 @@ class Urgency:
     prober lowers it before it takes the GIL back (Python before 3.12); elsewhere :meth:`on` does, after the
     first wait. An interval the application set shorter stays; one it sets meanwhile is kept."""
 
+    _lowering: weakref.WeakSet[Urgency] = weakref.WeakSet()  # those that lowered it: a forked child restores
+
     def __init__(self, interval: float = URGENT_GIL) -> None:
         self.interval = interval
         self.saved: float | None = None  # the interval to give back, while lowered
         ext = _extension()
         self._lowered_from: Callable[[], int] | None = getattr(ext, "lowered_from", None)
+        Urgency._lowering.add(self)
 
     def on(self) -> None:
         """A request is in: the interval is ``interval`` until :meth:`off`."""
@@ -196,6 +200,16 @@ class Urgency:
         if abs(sys.getswitchinterval() - self.interval) < 1e-7:
             sys.setswitchinterval(self.saved)
         self.saved = None
+
+    @classmethod
+    def _after_fork_in_child(cls) -> None:
+        """A child forked while a service had the interval lowered (a DataLoader worker forked during a burst)
+        has no service to give it back: it gets the application's interval at once."""
+        for urgency in list(cls._lowering):
+            urgency.off()
+
+
+os.register_at_fork(after_in_child=Urgency._after_fork_in_child)
 
 
 def _nap_or_ring(fd: int, nap: float) -> bool:

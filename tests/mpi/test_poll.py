@@ -182,7 +182,9 @@ def test_a_request_lowers_the_gil_switch_interval_until_the_service_is_idle_and_
     """poll.Urgency and the prober's ``urgent``: a node service with a request to handle gets the GIL from a main
     thread computing in Python within ``urgent`` (the C prober lowers the interval before it takes the GIL back,
     before Python 3.12; :meth:`Urgency.on` otherwise), and gives the application's interval back once idle; an
-    interval the application set meanwhile, or a shorter one of its own, stays."""
+    interval the application set meanwhile, or a shorter one of its own, stays; a child forked while it is lowered
+    has the application's at once."""
+    import os
     import sys
     monkeypatch.setenv("SHMSTORE_PURE_PYTHON", "1" if pure else "0")
     before = sys.getswitchinterval()
@@ -213,6 +215,22 @@ def test_a_request_lowers_the_gil_switch_interval_until_the_service_is_idle_and_
         urgency.on()
         urgency.off()
         assert sys.getswitchinterval() == pytest.approx(50e-6)
+        sys.setswitchinterval(0.005)
+        urgency.on()
+        pid = os.fork()  # a child forked while lowered (no service of its own): the application's at once
+        if pid == 0:
+            os._exit(0 if abs(sys.getswitchinterval() - 0.005) < 1e-7 else 1)
+        deadline, status = time.monotonic() + 60, None
+        while status is None and time.monotonic() < deadline:
+            done, code = os.waitpid(pid, os.WNOHANG)
+            status = os.waitstatus_to_exitcode(code) if done else None
+            time.sleep(0.01)
+        if status is None:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        assert status == 0, "the forked child kept the lowered interval"
+        assert sys.getswitchinterval() == pytest.approx(100e-6)  # the parent's service still has requests
+        urgency.off()
     finally:
         sys.setswitchinterval(before)
         comm.Free()
