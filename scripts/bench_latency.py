@@ -27,6 +27,10 @@ after a pause: the second is the floor of any program, the asking rank's own
 wake from its sleep included). Every figure is the median over ``--repeats``;
 ratios are against those baselines.
 
+``--thread`` also times raw 8 B pings answered by a thread of the holder's rank that waits as an idle node
+service does (the C prober, the GIL released, naps of 50 us up to 1 ms), beside the holder's work in each mode,
+before the Cluster exists: what this machine gives a program that answers from a thread without spending a core.
+
 ``--rma`` also times what a one-sided read of a sealed object would cost with this MPI, before the Cluster
 exists: passive-target ``Get`` (``Lock(SHARED)``/``Get``/``Unlock``) of 64 B and 1 MiB from a window the holder
 allocated, with the holder in the same modes, after the same silences and back to back. Where the MPI needs the
@@ -38,6 +42,7 @@ import argparse
 import os
 import statistics
 import sys
+import threading
 import time
 import uuid
 from multiprocessing import shared_memory
@@ -171,6 +176,58 @@ def rma_rows(comm: MPI.Comm, modes: list[str], silences: list[float], args: argp
     return rows
 
 
+def thread_rows(comm: MPI.Comm, modes: list[str], silences: list[float], args: argparse.Namespace
+                ) -> dict[str, dict[str, list[float]]]:
+    """A raw responder beside the holder's work (``--thread``): a thread of rank 1 answers rank 0's 8 B pings,
+    waiting as an idle node service does (the C prober with the GIL released, naps of 50 us doubling up to 1 ms),
+    while rank 1's main thread sleeps, computes or waits in a barrier; timed as ``main`` times the store's gets
+    (rows on rank 0). What this machine gives a program that answers from a thread without spending a core:
+    the store's gets beside it are the store's own cost."""
+    from shmstore.mpi.poll import prober
+    side = comm.Dup()
+    buf = np.zeros(8, np.uint8)
+    rows: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
+
+    def answer() -> None:  # rank 1's responder, until a ping says stop
+        probe, mine = prober(side), np.zeros(8, np.uint8)
+        while True:
+            if not probe(0, 9, 200e-6, 50e-6, 1.0, 1e-3):
+                continue
+            side.Recv(mine, source=0, tag=9)
+            if mine[0]:
+                return
+            side.Send(mine, dest=0, tag=9)
+
+    def ping() -> float:
+        t = time.perf_counter()
+        side.Send(buf, dest=1, tag=9)
+        side.Recv(buf, source=1, tag=9)
+        return time.perf_counter() - t
+
+    quiet_barrier(comm)
+    for _ in range(args.repeats):
+        for m in modes:
+            if comm.rank == 1:
+                t = threading.Thread(target=answer, daemon=True)
+                t.start()
+                hold(comm, m)
+                t.join()
+                continue
+            got = rows[m]
+            ping()  # the thread is up
+            for s in silences:
+                time.sleep(s)
+                got.setdefault(f"raw thread 1st {s:g} s, no bell", []).append(ping())
+            tight = [ping() for _ in range(args.gets)]
+            for label, q in (("median", 0.5), ("p99", 0.99)):
+                got.setdefault(f"raw thread {args.gets} {label}", []).append(pct(tight, q))
+            side.Send(np.ones(8, np.uint8), dest=1, tag=9)
+            release(comm, m)
+    quiet_barrier(comm)
+    side.Free()
+    return rows
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
@@ -184,6 +241,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--modes", default="asleep,computing,barrier")
     ap.add_argument("--rma", action="store_true", help="also time raw passive-target MPI Gets (see above)")
+    ap.add_argument("--thread", action="store_true", help="also time raw pings answered by a thread of the holder "
+                    "that waits as a node service does, beside the holder's work (see above)")
     ap.add_argument("--switch-us", type=float, help="sys.setswitchinterval on every rank, in us (Python's default "
                     "5000: how long the holder's computing main thread keeps the GIL from its node service)")
     args = ap.parse_args()
@@ -209,6 +268,9 @@ def main() -> int:
         after[s] = statistics.median(firsts) if firsts else 0.0
         spun[s] = statistics.median([(raw_after_silence(world, s, 0.0) or [0.0])[0] for _ in range(args.repeats)])
     rma = rma_rows(world, modes, silences, args) if args.rma else {}
+    if args.thread:
+        for m, got in thread_rows(world, modes, silences, args).items():
+            rma.setdefault(m, {}).update(got)
     name = world.bcast("lat" + uuid.uuid4().hex[:8])
     per_round = len(silences) + args.gets + args.spaced
     rows: dict[str, dict[str, list[float]]] = {m: {} for m in modes}

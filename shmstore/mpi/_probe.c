@@ -96,22 +96,33 @@ static int nap_or_ring(int fd, const struct timespec *nap) {
     return 0;
 }
 
-/* The GIL's switch interval that probe_wait lowered as it found a message (urgent_us), in microseconds; 0: it did
- * not lower it. poll.Urgency takes it (lowered_from) and gives the interval back once the service is idle. Only a
- * node's service passes urgent_us, one thread per process. */
-static unsigned long lowered_from_us = 0;
-
 /* A node service's request waits, and the application's main thread computes in Python: the service takes the
- * GIL only once the holder drops it, asked to after the switch interval (5 ms by default) of waiting. Lowered
- * before the service asks for it, that wait is ``us``. Before Python 3.12 the interval is the runtime's, read and
- * written without a thread state; later it is the interpreter's, and poll.Urgency lowers it once it holds the GIL
- * (the first wait is the default's). */
+ * GIL only once the holder drops it, asked to after the switch interval (5 ms by default) of waiting, and again
+ * after each MPI call of the request's handling (each gives the GIL away). probe_wait(urgent_us) lowers the
+ * interval to urgent_us as it takes the GIL back, and gives the application's interval back as it lets the GIL
+ * go for its next wait (give_back_switch_interval): lowered exactly while the service thread wants or holds the
+ * GIL. Before Python 3.12 the interval is the runtime's, read and written without a thread state; later it is
+ * the interpreter's, and poll.Urgency lowers it from Python instead (the first wait is the default's). Only a
+ * node's service passes urgent_us, one thread per process. */
+static unsigned long lowered_from_us = 0; /* the application's interval, while lowered here; 0: not lowered */
+static unsigned long lowered_to_us = 0;
+
+static void give_back_switch_interval(void) {
+#if PY_VERSION_HEX < 0x030C0000
+    if (lowered_from_us) {
+        if (_PyEval_GetSwitchInterval() == lowered_to_us) /* else the application set its own meanwhile */
+            _PyEval_SetSwitchInterval(lowered_from_us);
+        lowered_from_us = 0;
+    }
+#endif
+}
+
 static void lower_switch_interval(unsigned long us) {
 #if PY_VERSION_HEX < 0x030C0000
     unsigned long now = _PyEval_GetSwitchInterval();
-    if (now > us) {
-        if (!lowered_from_us)
-            lowered_from_us = now;
+    if (now > us) { /* an application's shorter interval stays */
+        lowered_from_us = now;
+        lowered_to_us = us;
         _PyEval_SetSwitchInterval(us);
     }
 #else
@@ -143,8 +154,10 @@ static void lower_switch_interval(unsigned long us) {
  * worked_ns (> 0: a wait for a reply, never a service's idle loop): a probe that took longer than this moved
  * bytes, and the next follows at once instead of after a nap.
  *
- * urgent_us (> 0: a node's service): where a message waits, the GIL's switch interval is lowered to this before
- * the GIL is taken back (lower_switch_interval). */
+ * urgent_us (> 0: a node's service): the GIL's switch interval is the application's while this waits and
+ * urgent_us from where it takes the GIL back (see lower_switch_interval), with a message or without: an idle
+ * service that waited the default 5 ms for the GIL after each of its 10 ms sleeps was deaf to requests for up to
+ * half of the time its rank computed in Python. */
 static PyObject *probe_wait(PyObject *self, PyObject *args) {
     unsigned long long addr, comm;
     int any, tag, fd = -1;
@@ -161,6 +174,8 @@ static PyObject *probe_wait(PyObject *self, PyObject *args) {
         ring_nap_ns = nap_ns;
     if (ring_nap_max_ns < ring_nap_ns)
         ring_nap_max_ns = ring_nap_ns;
+    if (urgent_us > 0)
+        give_back_switch_interval();
     iprobe_fn iprobe = (iprobe_fn)(uintptr_t)addr;
     int flag = 0, rc = 0, interrupted = 0;
     char status[256]; /* larger than any MPI_Status */
@@ -208,7 +223,7 @@ static PyObject *probe_wait(PyObject *self, PyObject *args) {
     }
     if (slack > 0)
         prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
-    if (flag && rc == 0 && urgent_us > 0)
+    if (urgent_us > 0) /* a request to handle, or the idle loop's look between sleeps: either way a short wait */
         lower_switch_interval((unsigned long)urgent_us);
     Py_END_ALLOW_THREADS
     return PyLong_FromLong(rc != 0 ? -(long)(rc < 0 ? -rc : rc) : flag ? 1 : interrupted ? 2 : 0);
@@ -231,11 +246,14 @@ static PyObject *py_rung_here(PyObject *self, PyObject *noargs) {
     return PyBool_FromLong(here);
 }
 
-/* lowered_from() -> the switch interval (us) probe_wait lowered since the last call, 0 where it lowered none. */
-static PyObject *py_lowered_from(PyObject *self, PyObject *noargs) {
-    unsigned long us = lowered_from_us;
-    lowered_from_us = 0;
-    return PyLong_FromUnsignedLong(us);
+/* lowers() -> whether probe_wait(urgent_us) lowers the switch interval itself (Python before 3.12). */
+static PyObject *py_lowers(PyObject *self, PyObject *noargs) { return PyBool_FromLong(PY_VERSION_HEX < 0x030C0000); }
+
+/* give_back() -> None: the application's switch interval, where probe_wait lowered it (the service is idle or
+ * leaves; a forked child). */
+static PyObject *py_give_back(PyObject *self, PyObject *noargs) {
+    give_back_switch_interval();
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
@@ -243,7 +261,8 @@ static PyMethodDef methods[] = {
     {"take_rings", py_take_rings, METH_VARARGS, "Take the rings waiting on a bell (see above)."},
     {"kernel_id", py_kernel_id, METH_NOARGS, "This kernel's identity as rings carry it."},
     {"rung_here", py_rung_here, METH_NOARGS, "Whether the last rings came from this CPU (then cleared)."},
-    {"lowered_from", py_lowered_from, METH_NOARGS, "The switch interval probe_wait lowered (us; 0: none)."},
+    {"lowers", py_lowers, METH_NOARGS, "Whether probe_wait(urgent_us) lowers the switch interval itself."},
+    {"give_back", py_give_back, METH_NOARGS, "The application's switch interval, where probe_wait lowered it."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -31,7 +31,7 @@ from ..config import pure_python, service_idle, service_spin
 from ..primitives.interrupts import interruptible
 
 __all__ = ["prober", "python_prober", "ring_origin", "Ring", "spin_window", "idle_nap", "Pace", "quiet_wait",
-           "quiet_barrier", "settle", "WORKED", "Urgency", "URGENT_GIL"]
+           "quiet_barrier", "settle", "WORKED", "Urgency", "URGENT_GIL", "native"]
 
 Probe = Callable[..., bool]
 
@@ -97,8 +97,10 @@ def prober(comm: MPI.Comm) -> Probe:
     from ``source`` (or ``MPI.ANY_SOURCE``) with ``tag`` waits on ``comm``, False after ``limit`` seconds
     without; probing back to back for ``spin`` seconds, then after naps from ``nap`` seconds doubling up to
     ``nap_max``; ``ring``: a :class:`Ring` whose ring cuts a nap short (the naps are sleeps on its socket too);
-    ``worked`` (a reply's wait): a probe that took longer moved bytes, and the next follows without a nap. The
-    GIL is released while it waits."""
+    ``worked`` (a reply's wait): a probe that took longer moved bytes, and the next follows without a nap;
+    ``urgent`` (a node's service): the GIL's switch interval from where it takes the GIL back (see
+    :class:`Urgency`; :func:`native` says whether this prober does that itself). The GIL is released while it
+    waits."""
     probe_wait = _probe_wait()
     if probe_wait is None:
         return python_prober(comm)
@@ -129,7 +131,13 @@ def prober(comm: MPI.Comm) -> Probe:
                     return False
             spin, nap = 0.0, max(nap, nap_max)  # a long wait: its naps have grown already
 
+    probe.native = True  # type: ignore[attr-defined]  # (see native())
     return probe
+
+
+def native(probe: Probe) -> bool:
+    """Whether ``probe`` is the C prober (:func:`prober`), not :func:`python_prober`."""
+    return bool(getattr(probe, "native", False))
 
 
 def python_prober(comm: MPI.Comm) -> Probe:
@@ -167,34 +175,47 @@ class Urgency:
     ``urgent=URGENT_GIL``): :meth:`on` once a request is in, :meth:`off` once the service is idle again.
 
     Where the application's main thread computes in Python, the service gets the GIL only once the main thread
-    drops it, asked to after the switch interval of waiting: 5 ms by default, for every MPI call of the request's
-    handling (each releases the GIL, and the main thread takes it meanwhile): gets back to back from a holder in
-    pure Python took a median of 8.5-9.5 ms (0.75-0.8 ms at 100 us, mpi/README). Lowered while requests are
-    handled, each wait is ``interval``; idle, the application's own threads switch at their own pace. The C
-    prober lowers it before it takes the GIL back (Python before 3.12); elsewhere :meth:`on` does, after the
-    first wait. An interval the application set shorter stays; one it sets meanwhile is kept."""
+    drops it, asked to after the switch interval of waiting: 5 ms by default, and again for every MPI call of the
+    request's handling (each releases the GIL, and the main thread takes it meanwhile): gets back to back from a
+    holder in pure Python took a median of 8.5-9.5 ms (0.75-0.8 ms at 100 us, mpi/README). ``native`` (the C
+    prober, Python before 3.12): the prober itself lowers the interval from where it takes the GIL back, after a
+    request or an idle sleep alike, and gives the application's back as it lets the GIL go for its next wait, so
+    it is lowered exactly while the service wants or holds the GIL; :meth:`on` does nothing, :meth:`off` gives it
+    back. Otherwise :meth:`on` lowers it from Python (after the first wait, at the default interval) and
+    :meth:`off` gives it back. An interval the application set shorter stays; one it sets meanwhile is kept."""
 
-    _lowering: weakref.WeakSet[Urgency] = weakref.WeakSet()  # those that lowered it: a forked child restores
+    _lowering: weakref.WeakSet[Urgency] = weakref.WeakSet()  # a forked child gives the interval back
 
-    def __init__(self, interval: float = URGENT_GIL) -> None:
+    def __init__(self, interval: float = URGENT_GIL, native: bool = False) -> None:
         self.interval = interval
-        self.saved: float | None = None  # the interval to give back, while lowered
+        self.saved: float | None = None  # the interval to give back, while lowered from Python
         ext = _extension()
-        self._lowered_from: Callable[[], int] | None = getattr(ext, "lowered_from", None)
+        self._ext = ext if native and ext is not None and hasattr(ext, "lowers") and ext.lowers() else None
         Urgency._lowering.add(self)
+
+    @property
+    def native(self) -> bool:
+        """Whether the C prober lowers and gives back the interval itself."""
+        return self._ext is not None
+
+    def python(self) -> None:
+        """The service probes from Python from now on (the C prober failed): the interval is lowered from here."""
+        if self._ext is not None:
+            self._ext.give_back()
+            self._ext = None
 
     def on(self) -> None:
         """A request is in: the interval is ``interval`` until :meth:`off`."""
-        took = self._lowered_from() if self._lowered_from is not None else 0
-        if took:  # the C prober lowered it already, from this
-            self.saved = took * 1e-6
-        elif self.saved is None and sys.getswitchinterval() > self.interval:
+        if self._ext is None and self.saved is None and sys.getswitchinterval() > self.interval:
             self.saved = sys.getswitchinterval()
             sys.setswitchinterval(self.interval)
 
     def off(self) -> None:
         """The service is idle: the interval it lowered is given back (one the application set meanwhile
         stays)."""
+        if self._ext is not None:
+            self._ext.give_back()
+            return
         if self.saved is None:
             return
         if abs(sys.getswitchinterval() - self.interval) < 1e-7:

@@ -63,6 +63,7 @@ from .fetch import Fetcher
 from .links import Links
 from .outbox import Outbox
 from .poll import URGENT_GIL, WORKED, Pace, Ring, Urgency, prober, python_prober, ring_origin, settle
+from .poll import native as is_native
 from .staging import send_staged
 
 if TYPE_CHECKING:
@@ -168,19 +169,19 @@ class Service:
 
     # ---- loop ------------------------------------------------------------------
     def _loop(self) -> None:
-        urgency = Urgency()  # the GIL comes back within URGENT_GIL while requests are handled
+        probe = prober(self.comm)
+        urgency = Urgency(native=is_native(probe))  # the GIL comes back within URGENT_GIL while it is wanted
         try:
-            self._serve(urgency)
+            self._serve(probe, urgency)
         finally:
             urgency.off()
 
-    def _serve(self, urgency: Urgency) -> None:
+    def _serve(self, probe: Callable[..., bool], urgency: Urgency) -> None:
         native.set_timer_slack(2000)  # this thread's 50 us naps then last ~55 us, not ~105
         # woken (a ring, a nap's end) it takes the core from a rank's compute or MPI spin at once, not at the end
         # of that thread's slice (Linux 6.12+; elsewhere nothing changes)
         native.set_slice(_SLICE_NS)
         self._outbox.own()
-        probe = prober(self.comm)
         status = MPI.Status()
         pace = Pace()  # idle from the start: no busy window before any request
         spin = self.spin
@@ -217,6 +218,7 @@ class Service:
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, 0.0, idle_nap, 1.0, ring=ring, urgent=URGENT_GIL)
             except (errors.TransferError, OverflowError, OSError):  # the C prober failed: probe from Python
                 probe = python_prober(self.comm)
+                urgency.python()
                 continue
             # MPI reports a failure (a rank died, on transports that say so): go on
             except MPI.Exception:

@@ -57,11 +57,14 @@ def test_a_ring_cuts_a_probers_nap_short_and_keeps_it_probing_for_the_rings_wind
         assert time.monotonic() - start < 60  # the ring, not the 600 s nap's end
         t.join(30)
         assert comm.recv(source=0, tag=6) == b"x"
-        assert not select.select([bell.sock], [], [], 0)[0]  # both rings taken by the one wake
-        bell.ring_self()  # a ring and no message: probed for the ring's 0.3 s, past the 10 ms limit
+        while select.select([bell.sock], [], [], 0)[0]:  # the second ring, where it came after the wake
+            bell.sock.recv(64)
+        bell.ring_self()  # two rings and no message: both taken by one wake, then probed for the ring's 0.3 s,
+        bell.ring_self()  # past the 10 ms limit
         start = time.monotonic()
         assert probe(MPI.ANY_SOURCE, 6, 0.0, 600.0, 0.01, ring=ring) is False
         assert 0.3 <= time.monotonic() - start < 60
+        assert not select.select([bell.sock], [], [], 0)[0]
     finally:
         for r in reqs:
             r.wait()
@@ -177,13 +180,13 @@ def test_a_ring_says_whether_it_came_from_the_sleepers_own_cpu():
 
 
 @pytest.mark.parametrize("pure", [False, True])
-def test_a_request_lowers_the_gil_switch_interval_until_the_service_is_idle_and_the_applications_own_stays(
+def test_a_service_has_a_short_gil_switch_interval_only_while_it_wants_the_gil_and_the_applications_own_stays(
         monkeypatch, pure):
-    """poll.Urgency and the prober's ``urgent``: a node service with a request to handle gets the GIL from a main
-    thread computing in Python within ``urgent`` (the C prober lowers the interval before it takes the GIL back,
-    before Python 3.12; :meth:`Urgency.on` otherwise), and gives the application's interval back once idle; an
-    interval the application set meanwhile, or a shorter one of its own, stays; a child forked while it is lowered
-    has the application's at once."""
+    """poll.Urgency and the prober's ``urgent``: a node service gets the GIL from a main thread computing in Python
+    within ``urgent``, and the application's interval is back once the service is idle. The C prober (Python
+    before 3.12) lowers it from where it takes the GIL back, a request or not, and gives it back as it lets the
+    GIL go for its next wait; elsewhere :meth:`Urgency.on` lowers it. An interval the application set meanwhile,
+    or a shorter one of its own, stays; a child forked while it is lowered has the application's at once."""
     import os
     import sys
     monkeypatch.setenv("SHMSTORE_PURE_PYTHON", "1" if pure else "0")
@@ -191,32 +194,45 @@ def test_a_request_lowers_the_gil_switch_interval_until_the_service_is_idle_and_
     comm = MPI.COMM_SELF.Dup()
     try:
         sys.setswitchinterval(0.005)
-        probe, urgency = poll.prober(comm), poll.Urgency(100e-6)
+        probe = poll.prober(comm)
+        urgency = poll.Urgency(100e-6, native=poll.native(probe))
+        assert urgency.native is (not pure and sys.version_info < (3, 12))
+
+        def lower() -> None:  # as the service meets a request: the prober took the GIL back, then on()
+            assert probe(MPI.ANY_SOURCE, 5, 0.0, 1e-4, 0.001, urgent=100e-6) is False
+            urgency.on()
+
         assert probe(MPI.ANY_SOURCE, 5, 0.0, 1e-4, 0.01, urgent=100e-6) is False
-        assert sys.getswitchinterval() == pytest.approx(0.005)  # nothing came: nothing lowered
-        urgency.off()
+        if urgency.native:  # the GIL taken back after an idle wait at the short interval too
+            assert sys.getswitchinterval() == pytest.approx(100e-6)
+            waiting = threading.Thread(target=probe, args=(MPI.ANY_SOURCE, 5, 0.0, 1e-3, 1.0), kwargs={"urgent": 1e-4})
+            waiting.start()
+            time.sleep(0.3)
+            assert sys.getswitchinterval() == pytest.approx(0.005)  # while it waits: the application's
+            waiting.join(30)
+            assert not waiting.is_alive() and sys.getswitchinterval() == pytest.approx(100e-6)
+        urgency.off()  # idle: given back at once
         assert sys.getswitchinterval() == pytest.approx(0.005)
         req = comm.isend(b"x", dest=0, tag=5)
         assert probe(MPI.ANY_SOURCE, 5, 0.0, 1e-4, 5.0, urgent=100e-6) is True
-        if not pure and sys.version_info < (3, 12):
-            assert sys.getswitchinterval() == pytest.approx(100e-6)  # before the GIL came back
         urgency.on()
         assert sys.getswitchinterval() == pytest.approx(100e-6)
         assert comm.recv(source=0, tag=5) == b"x"
         req.wait()
-        urgency.on()  # the next request: still lowered, the application's interval still known
+        lower()  # the next request: still lowered, the application's interval still known
         urgency.off()
         assert sys.getswitchinterval() == pytest.approx(0.005)
-        urgency.on()
+        lower()
         sys.setswitchinterval(0.002)  # the application's, while lowered: kept
         urgency.off()
         assert sys.getswitchinterval() == pytest.approx(0.002)
         sys.setswitchinterval(50e-6)  # shorter than the service's: never raised
-        urgency.on()
+        lower()
+        assert sys.getswitchinterval() == pytest.approx(50e-6)
         urgency.off()
         assert sys.getswitchinterval() == pytest.approx(50e-6)
         sys.setswitchinterval(0.005)
-        urgency.on()
+        lower()
         pid = os.fork()  # a child forked while lowered (no service of its own): the application's at once
         if pid == 0:
             os._exit(0 if abs(sys.getswitchinterval() - 0.005) < 1e-7 else 1)
@@ -229,8 +245,9 @@ def test_a_request_lowers_the_gil_switch_interval_until_the_service_is_idle_and_
             os.kill(pid, 9)
             os.waitpid(pid, 0)
         assert status == 0, "the forked child kept the lowered interval"
-        assert sys.getswitchinterval() == pytest.approx(100e-6)  # the parent's service still has requests
+        assert sys.getswitchinterval() == pytest.approx(100e-6)  # the parent's service still wants the GIL
         urgency.off()
+        assert sys.getswitchinterval() == pytest.approx(0.005)
     finally:
         sys.setswitchinterval(before)
         comm.Free()
