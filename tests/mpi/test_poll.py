@@ -13,6 +13,8 @@ from mpi4py import MPI
 from shmstore.mpi import poll
 from shmstore.mpi.doorbell import Doorbell
 
+from helpers import wait_for
+
 
 @pytest.mark.parametrize("pure", [False, True])
 def test_a_prober_finds_a_waiting_message_and_gives_up_after_its_limit(monkeypatch, pure):
@@ -205,12 +207,17 @@ def test_a_service_has_a_short_gil_switch_interval_only_while_it_wants_the_gil_a
         assert probe(MPI.ANY_SOURCE, 5, 0.0, 1e-4, 0.01, urgent=100e-6) is False
         if urgency.native:  # the GIL taken back after an idle wait at the short interval too
             assert sys.getswitchinterval() == pytest.approx(100e-6)
-            waiting = threading.Thread(target=probe, args=(MPI.ANY_SOURCE, 5, 0.0, 1e-3, 1.0), kwargs={"urgent": 1e-4})
+            found: list[bool] = []
+            waiting = threading.Thread(target=lambda: found.append(probe(MPI.ANY_SOURCE, 5, 0.0, 1e-3, 120.0,
+                                                                         urgent=1e-4)))
             waiting.start()
-            time.sleep(0.3)
-            assert sys.getswitchinterval() == pytest.approx(0.005)  # while it waits: the application's
-            waiting.join(30)
-            assert not waiting.is_alive() and sys.getswitchinterval() == pytest.approx(100e-6)
+            # while it waits: the application's (only the waiting prober gives it back)
+            assert wait_for(lambda: abs(sys.getswitchinterval() - 0.005) < 1e-7, timeout=60)
+            req = comm.isend(b"y", dest=0, tag=5)
+            waiting.join(120)
+            assert found == [True] and sys.getswitchinterval() == pytest.approx(100e-6)  # it took the GIL back
+            assert comm.recv(source=0, tag=5) == b"y"
+            req.wait()
         urgency.off()  # idle: given back at once
         assert sys.getswitchinterval() == pytest.approx(0.005)
         req = comm.isend(b"x", dest=0, tag=5)
