@@ -137,8 +137,7 @@ class Messenger:
         self._late: dict[int, float] = {}
         self._sweeping = threading.Lock()
         self._sweeper: threading.Thread | None = None  # takes late replies while this rank makes no call
-        self._closing = False
-        self._closed = threading.Event()  # wakes the sweeper to leave
+        self._closed = threading.Event()  # the cluster closes: the sweeper leaves (woken at once)
         # tags whose reply came with a pushed frame that no receive of this rank has matched yet: a later call
         # on the same tag would get a push from the same holder, and its receive could take the older frame
         self._owed: set[int] = set()
@@ -266,7 +265,7 @@ class Messenger:
             self._burnt.add(tag)
             if reply:
                 self._late[tag] = time.monotonic() + 2 * self.timeout
-                if self._sweeper is None and not self._closing:
+                if self._sweeper is None and not self._closed.is_set():
                     self._sweeper = threading.Thread(target=self._sweep_late, name="shmstore-mpi-late",
                                                      daemon=True)
                     self._sweeper.start()
@@ -278,8 +277,8 @@ class Messenger:
         while True:
             self._closed.wait(_LATE_EVERY)
             with self._tag_lock:
-                if not self._late or self._closing:
-                    if not self._closing:  # (closing: stop_watching joins it)
+                if not self._late or self._closed.is_set():
+                    if not self._closed.is_set():  # (closing: stop_watching joins it)
                         self._sweeper = None
                     return
             self._take_late(sweeper=True)
@@ -294,7 +293,7 @@ class Messenger:
         if not self._sweeping.acquire(blocking=False):  # another thread of this rank is at it
             return
         try:
-            if sweeper and (self._closing or self.comm == MPI.COMM_NULL):  # (freed without stop_watching)
+            if sweeper and (self._closed.is_set() or self.comm == MPI.COMM_NULL):  # (freed without stop_watching)
                 return
             status, now = MPI.Status(), time.monotonic()
             for tag, until in list(self._late.items()):
@@ -387,9 +386,8 @@ class Messenger:
             give_up([self._watch], keep=self._note)
             self._watch = None
         with self._tag_lock:
-            self._closing = True  # the sweeper of late replies leaves
+            self._closed.set()  # the sweeper of late replies leaves
             sweeper = self._sweeper
-        self._closed.set()
         if sweeper is not None:  # before the communicator is freed: a probe on a freed one aborts the job
             sweeper.join(self.timeout)
         swept = self._sweeping.acquire(timeout=self.timeout)  # a look of another thread's is over
