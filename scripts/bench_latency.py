@@ -30,6 +30,8 @@ ratios are against those baselines.
 ``--thread`` also times raw 8 B pings answered by a thread of the holder's rank that waits as an idle node
 service does (the C prober, the GIL released, naps of 50 us up to 1 ms), beside the holder's work in each mode,
 before the Cluster exists: what this machine gives a program that answers from a thread without spending a core.
+Its ``paced`` rows: the same pings with rank 0 busy ``--pace-us`` after each (about what a store get costs the
+asking side itself), so that they span as many of the holder's compute turns as the store's back-to-back gets.
 
 ``--rma`` also times what a one-sided read of a sealed object would cost with this MPI, before the Cluster
 exists: passive-target ``Get`` (``Lock(SHARED)``/``Get``/``Unlock``) of 64 B and 1 MiB from a window the holder
@@ -221,6 +223,16 @@ def thread_rows(comm: MPI.Comm, modes: list[str], silences: list[float], args: a
             tight = [ping() for _ in range(args.gets)]
             for label, q in (("median", 0.5), ("p99", 0.99)):
                 got.setdefault(f"raw thread {args.gets} {label}", []).append(pct(tight, q))
+            # paced: rank 0 busy for --pace-us after each ping (a get's own work on the asking side), so the pings
+            # span as many of the holder's compute turns as the store's back-to-back gets do, not one turn
+            paced = []
+            for _ in range(args.gets):
+                paced.append(ping())
+                until = time.perf_counter() + args.pace_us * 1e-6
+                while time.perf_counter() < until:
+                    pass
+            for label, q in (("median", 0.5), ("p99", 0.99)):
+                got.setdefault(f"raw thread paced {label}", []).append(pct(paced, q))
             side.Send(np.ones(8, np.uint8), dest=1, tag=9)
             release(comm, m)
     quiet_barrier(comm)
@@ -243,6 +255,9 @@ def main() -> int:
     ap.add_argument("--rma", action="store_true", help="also time raw passive-target MPI Gets (see above)")
     ap.add_argument("--thread", action="store_true", help="also time raw pings answered by a thread of the holder "
                     "that waits as a node service does, beside the holder's work (see above)")
+    ap.add_argument("--pace-us", type=float, default=60.0, help="with --thread: also pings with rank 0 busy this many "
+                    "us after each (about a store get's own work on the asking side; see above)")
+    ap.add_argument("--name", default="", help="the Cluster's name (default: 'lat' and a random suffix)")
     ap.add_argument("--switch-us", type=float, help="sys.setswitchinterval on every rank, in us (Python's default "
                     "5000: how long the holder's computing main thread keeps the GIL from its node service)")
     args = ap.parse_args()
@@ -271,7 +286,7 @@ def main() -> int:
     if args.thread:
         for m, got in thread_rows(world, modes, silences, args).items():
             rma.setdefault(m, {}).update(got)
-    name = world.bcast("lat" + uuid.uuid4().hex[:8])
+    name = world.bcast(args.name or "lat" + uuid.uuid4().hex[:8])
     per_round = len(silences) + args.gets + args.spaced
     rows: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
     # the default prefault (every page of this store mapped ahead by its prefault thread, done before the first

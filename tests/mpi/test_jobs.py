@@ -14,7 +14,7 @@ from shmstore import Level
 from shmstore.meta import layout as L
 from shmstore.stores import MPI_SEGMENT_PREFIXES, collect_mpi_orphans
 
-from helpers import ROOT, of_this_run, shm_segments, wait_for
+from helpers import ROOT, SUITE, of_this_run, shm_segments, wait_for
 
 pytest.importorskip("mpi4py")
 from mpi4py import MPI  # noqa: E402,F401  (MPI opens its descriptors at import: before the leak checks count them)
@@ -770,3 +770,30 @@ def test_a_rank_killed_during_a_checkpoints_copy_and_flush_leaves_a_whole_checkp
         for node in ("n0", "n1"):
             shmstore.destroy(name, force=True, node=node)
         _remove_orphaned_mpi_segments(segments)
+
+
+@pytest.mark.timeout(300)
+def test_bench_latency_prints_every_row_beside_its_baselines_and_leaves_nothing(mpi):
+    """``scripts/bench_latency.py`` (issue 36's figures) on two emulated nodes with short silences and few gets:
+    every mode's rows come, the raw baselines and the raw responder thread's rows beside them (paced ones
+    included: pings that span the holder's compute turns as the store's gets do), each a positive figure, and
+    the job leaves no segment of its Cluster behind."""
+    before = set(shm_segments())
+    name = f"{SUITE}lat{uuid.uuid4().hex[:6]}"
+    r = subprocess.run(mpi.command("n0:1,n1:1", ["-m", "mpi4py", os.path.join(ROOT, "scripts", "bench_latency.py"),
+                                                 "--silence", "0.05", "--repeats", "1", "--gets", "20",
+                                                 "--spaced", "3", "--modes", "asleep,computing", "--thread",
+                                                 "--pace-us", "20", "--name", name]),
+                       cwd=ROOT, env=_env(mpi), capture_output=True, text=True, timeout=240)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert "raw 8 B MPI round trip" in out and "spinning in Recv" in out, out[-3000:]
+    for mode in ("asleep", "computing"):
+        rows = out.split(f"holder {mode}:")[1].split("holder ")[0]
+        for label in ("first after 0.05 s", "20 gets p99", "1 ms apart median", "1 MiB get", "locate",
+                      "raw thread 20 p99", "raw thread paced median", "raw thread paced p99"):
+            line = next((ln for ln in rows.splitlines() if ln.strip().startswith(label)), None)
+            assert line is not None, f"no {label!r} row for {mode}:\n{out[-3000:]}"
+            assert float(line.split(label)[1].split()[0]) > 0, line
+    assert wait_for(lambda: not {s for s in set(shm_segments()) - before if name in s}, timeout=15), \
+        {s for s in set(shm_segments()) - before if name in s}
