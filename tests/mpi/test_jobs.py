@@ -795,5 +795,4 @@ def test_bench_latency_prints_every_row_beside_its_baselines_and_leaves_nothing(
             line = next((ln for ln in rows.splitlines() if ln.strip().startswith(label)), None)
             assert line is not None, f"no {label!r} row for {mode}:\n{out[-3000:]}"
             assert float(line.split(label)[1].split()[0]) > 0, line
-    assert wait_for(lambda: not {s for s in set(shm_segments()) - before if name in s}, timeout=15), \
-        {s for s in set(shm_segments()) - before if name in s}
+    assert wait_for(lambda: not _new_of_this_run(before), timeout=15), _new_of_this_run(before)
