@@ -19,7 +19,9 @@ before the Cluster exists, between the same two ranks: the raw 8 B MPI
 round trip (median and p99 of ``--gets``) and a raw 1 MiB ``Send`` answering an
 8 B request (the holder in a blocking ``Recv``, medians of 50), from private
 memory and from POSIX shared memory into shared memory (where a store's objects
-live: on /dev/shm's 4 KiB pages the copy between processes costs more); a raw
+live: on /dev/shm's 4 KiB pages the copy between processes costs more), and from
+and into distinct shared memory each time (``distinct``: as the store's gets of
+distinct objects, the bytes not in the caches; the 1 MiB rows give both ratios); a raw
 8 B round trip after each silence with the other rank probing every 50 us,
 followed by ``--gets`` more back to back (their p99: the raw counterpart of the
 gets' p99), and with it spinning in a blocking ``Recv`` (what this machine adds
@@ -63,22 +65,30 @@ BIGS = 6  # 1 MiB objects per mode and repeat: one get after the spaced ones, th
 STOP = 77  # the tag that tells the holder a mode's measurements are over
 
 
-def raw_round_trips(comm: MPI.Comm, n: int, reply_bytes: int, shm: bool = False) -> list[float]:
+def raw_round_trips(comm: MPI.Comm, n: int, reply_bytes: int, shm: bool = False, distinct: bool = False
+                    ) -> list[float]:
     """8 B to rank 1 and ``reply_bytes`` back, ``n`` times back to back after two unmeasured; seconds, on rank 0.
-    ``shm``: the reply goes from and into POSIX shared memory (pages touched before), as a store's objects do."""
+    ``shm``: the reply goes from and into POSIX shared memory (pages touched before), as a store's objects do.
+    ``distinct``: each reply from and into buffers of its own (``n + 2`` of them on each side, every page
+    written before), as a store's gets of distinct objects are: the bytes not in the caches (with one buffer,
+    as without it, a 1 MiB reply is read from and written into the caches every time)."""
+    count = n + 2 if distinct else 1
     seg = None
-    if shm:  # a segment of this run's own, unlinked at once (nothing left behind, even if the run dies)
-        seg = shared_memory.SharedMemory(create=True, size=reply_bytes)
+    if shm or distinct:  # a segment of this run's own, unlinked at once (nothing left behind, even if the run dies)
+        seg = shared_memory.SharedMemory(create=True, size=reply_bytes * count)
         seg.unlink()
     try:
-        rep = None
+        reps = None
         if seg is not None:
-            rep = np.ndarray(reply_bytes, np.uint8, seg.buf)
-            rep[:] = 1
+            reps = np.ndarray((count, reply_bytes), np.uint8, seg.buf)
+            reps[:] = 1
         quiet_barrier(comm)
-        times = round_trips(comm, n + 2, reply_bytes, rep)
+        if not distinct:
+            times = round_trips(comm, n + 2, reply_bytes, None if reps is None else reps[0])
+        else:
+            times = [t for i in range(count) for t in round_trips(comm, 1, reply_bytes, reps[i])]
         quiet_barrier(comm)
-        del rep
+        del reps
         return times[2:]
     finally:
         if seg is not None:
@@ -270,8 +280,9 @@ def main() -> int:
     modes = [m for m in args.modes.split(",") if m]
     rtts, mibs = raw_round_trips(world, args.gets, 8), raw_round_trips(world, 50, MiB)
     shm_mibs = raw_round_trips(world, 50, MiB, shm=True)
-    rtt, raw_mib, shm_mib = ((statistics.median(rtts), statistics.median(mibs), statistics.median(shm_mibs))
-                             if world.rank == 0 else (0.0, 0.0, 0.0))
+    cold_mibs = raw_round_trips(world, 50, MiB, distinct=True)
+    rtt, raw_mib, shm_mib, cold_mib = ((statistics.median(rtts), statistics.median(mibs), statistics.median(shm_mibs),
+                                        statistics.median(cold_mibs)) if world.rank == 0 else (0.0, 0.0, 0.0, 0.0))
     after, spun, runs = {}, {}, []  # runs: p99 of the back-to-back round trips after each silence and repeat
     for s in silences:
         firsts = []
@@ -356,7 +367,9 @@ def main() -> int:
               f"{sys.getswitchinterval() * 1e6:.0f} us, medians of {args.repeats} repeat(s); raw "
               f"8 B MPI round trip {rtt * 1e6:.1f} us (p99 of {args.gets} back to back "
               f"{pct(rtts, 0.99) * 1e6:.1f} us), raw 1 MiB answer {raw_mib * 1e3:.3f} ms "
-              f"(shared memory to shared memory: {shm_mib * 1e3:.3f} ms, {shm_mib / raw_mib:.2f}x)")
+              f"(shared memory to shared memory: {shm_mib * 1e3:.3f} ms, {shm_mib / raw_mib:.2f}x; from and into "
+              f"distinct shared memory each time, as distinct objects: {cold_mib * 1e3:.3f} ms, "
+              f"{cold_mib / raw_mib:.2f}x)")
         print(f"  raw: p99 of {args.gets} 8 B round trips back to back right after a first one after silence, the "
               f"other rank probing every 50 us before each: {statistics.median(runs) * 1e6:.1f} us "
               f"({statistics.median(runs) / rtt:.1f}x RTT; runs: {', '.join(f'{x * 1e6:.0f}' for x in runs)})")
@@ -369,7 +382,8 @@ def main() -> int:
             for label, xs in (rows[m] | rma.get(m, {})).items():
                 v = statistics.median(xs)
                 base, unit = (raw_mib, "raw 1 MiB") if "1 MiB" in label else (rtt, "RTT")
-                print(f"    {label:22} {v * 1e6:10.1f} us  {v / base:7.1f}x {unit}  (runs: "
+                cold = f", {v / cold_mib:.2f}x distinct" if "1 MiB" in label else ""
+                print(f"    {label:22} {v * 1e6:10.1f} us  {v / base:7.1f}x {unit}{cold}  (runs: "
                       f"{', '.join(f'{x * 1e6:.0f}' for x in xs)})")
     return 0
 

@@ -788,6 +788,7 @@ def test_bench_latency_prints_every_row_beside_its_baselines_and_leaves_nothing(
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "raw 8 B MPI round trip" in out and "spinning in Recv" in out, out[-3000:]
+    assert "as distinct objects: " in out, out[-3000:]  # the raw 1 MiB baseline from and into distinct buffers
     for mode in ("asleep", "computing"):
         rows = out.split(f"holder {mode}:")[1].split("holder ")[0]
         for label in ("first after 0.05 s", "20 gets p99", "1 ms apart median", "1 MiB get", "locate",
@@ -795,4 +796,6 @@ def test_bench_latency_prints_every_row_beside_its_baselines_and_leaves_nothing(
             line = next((ln for ln in rows.splitlines() if ln.strip().startswith(label)), None)
             assert line is not None, f"no {label!r} row for {mode}:\n{out[-3000:]}"
             assert float(line.split(label)[1].split()[0]) > 0, line
+            if "1 MiB" in label:  # beside both raw baselines
+                assert "x raw 1 MiB" in line and "x distinct" in line, line
     assert wait_for(lambda: not _new_of_this_run(before), timeout=15), _new_of_this_run(before)
