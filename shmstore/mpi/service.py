@@ -78,6 +78,7 @@ _SENDER = "shmstore-mpi-send"  # the name of bulk-send threads
 # a pushed frame's first seconds: its sender's probes move its bytes without naps between them (see _loop); past
 # this, a frame not taken yet waits for a stopped or busy receiver, and the loop naps as for any send under way
 _PUSH_FRESH = 0.05
+_PUSH_DRIVE = 2e-3  # how long the loop tests a frame it just pushed before it probes again (see _start_pushes)
 _BUSY_PAUSE = 50e-6   # the first nap after the spin window; naps double up to _ACTIVE_PAUSE
 # the longest nap while requests come at their recent pace (poll.Pace's window)
 _ACTIVE_PAUSE = 200e-6
@@ -114,6 +115,8 @@ class Service:
         self._leases: dict[int, tuple[Any, float]] = {}  # handle -> (lease: host or device bytes, deadline)
         # frames pushed with lookups' answers, tended by the loop: (request, lease: the pin, when it went)
         self._pushes: list[tuple[MPI.Request, Any, float]] = []
+        # frames a lookup promised to push, started once its answer went (see _push)
+        self._promised: list[tuple[Any, int, int]] = []
         self._writers: dict[int, Writer] = {}
         self._stop = threading.Event()
         self._workers: list[threading.Thread] = []  # pulls and bulk sends under way
@@ -241,9 +244,13 @@ class Service:
             if isinstance(msg, W.Stop):
                 self._drain(status)
                 return
-            reply = self.handle(src, reply_tag, msg)
-            if reply is not _NO_REPLY and reply_tag:
-                self._outbox.reply(reply, src, reply_tag)
+            try:
+                reply = self.handle(src, reply_tag, msg)
+                if reply is not _NO_REPLY and reply_tag:
+                    self._outbox.reply(reply, src, reply_tag)
+            finally:
+                if self._promised:
+                    self._start_pushes()
             if self._sent_later:
                 self._count_sent(self._sent_later)
                 self._sent_later = 0
@@ -316,18 +323,34 @@ class Service:
         return W.Found(x.kind, x.nbytes, x.nblobs, x.array_meta, None, h), 0
 
     def _push(self, lease: Any, dest: int, tag: int) -> bool:
-        """Send the leased host object to rank ``dest`` as one frame on ``tag``, before the answer that says so
-        (its receive finds it waiting); the loop tends it (:meth:`_tend_pushes`: no thread to start, which
-        delayed the answer by ~0.5 ms here) and drops the lease, the pin, once it went. False (nothing sent)
-        for device memory (it goes at a Data request) or where the send cannot start."""
+        """Promise the leased host object to rank ``dest`` as one frame on ``tag``: the loop starts its send
+        right after the answer that says so went (:meth:`_start_pushes`), so the answer never queues behind the
+        frame's bytes (over TCP it did: a 1 MiB get's answer came after the whole frame, ~1 ms here), and tends it
+        (:meth:`_tend_pushes`: no thread to start, which delayed the answer by ~0.5 ms here), dropping the lease,
+        the pin, once it went. False (nothing promised) for device memory (it goes at a Data request)."""
         if hasattr(lease, "__cuda_array_interface__"):
             return False
-        try:
-            req = self.links.bulk[0].Isend([lease[0: lease.nbytes], MPI.BYTE], dest=dest, tag=tag)
-        except MPI.Exception:  # the asker is gone: the answer goes nowhere either
-            return False
-        self._pushes.append((req, lease, time.monotonic()))
+        self._promised.append((lease, dest, tag))
         return True
+
+    def _start_pushes(self) -> None:
+        """Start the sends of the frames promised by the request just answered (:meth:`_push`)."""
+        promised, self._promised = self._promised, []
+        for lease, dest, tag in promised:
+            try:
+                req = self.links.bulk[0].Isend([lease[0: lease.nbytes], MPI.BYTE], dest=dest, tag=tag)
+            except MPI.Exception:  # the asker is gone: nothing waits for the frame (the lease, the pin, goes)
+                continue
+            self._pushes.append((req, lease, time.monotonic()))
+            # move its bytes now, for up to _PUSH_DRIVE: over TCP only the sender's own MPI calls move them
+            # (left to the loop's probes, a 1 MiB frame took ~0.9 ms there, ~0.4 ms so); the rest, or a frame
+            # whose asker is stopped, is left to the loop (_tend_pushes)
+            end = time.monotonic() + _PUSH_DRIVE
+            try:
+                while not req.Test() and time.monotonic() < end:
+                    pass
+            except MPI.Exception:  # its receiver died: _tend_pushes gives it up
+                pass
 
     def _tend_pushes(self, give_up_all: bool = False) -> None:
         """Drop the leases of the pushed frames that went; give up those the asker took nothing of for
