@@ -229,6 +229,34 @@ def test_ctrl_c_ends_every_wait_on_a_hung_rank_at_once(mpi):
         _remove_orphaned_mpi_segments(segments)
 
 
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("transport", ["default", "tcp"])
+def test_a_stopped_asker_of_a_pushed_frame_leaves_the_holders_service_answering(transport, tmp_path, mpi):
+    """Issue 36: a lookup's pushed frame goes after its answer and the holder's service tests its send for a
+    bounded time. Here the asking rank is SIGSTOPped between the answer and its receive of the frame
+    (tests/mpi/jobs/stopped_asker.py); while it is stopped, a third node's rank fetches 40 small and four 1 MiB
+    objects from the same holder and checks them, and only then is the asker SIGCONTed (a service waiting for
+    the stopped asker's frame would keep them waiting until a 60 s deadline resumed it). The asker's get
+    then completes with the right bytes. ``tcp``: UCX over TCP (the frame's bytes move only in the sender's
+    MPI calls)."""
+    from helpers import unique_name
+    name = unique_name("sa")
+    env = dict(_env(mpi), SHMSTORE_PEER_TIMEOUT="60", MPIEXEC_TIMEOUT="150")
+    if transport == "tcp":
+        env.update(UCX_TLS="tcp,self")
+    job = os.path.join(ROOT, "tests", "mpi", "jobs", "stopped_asker.py")
+    segments = _mpi_segments()
+    try:
+        out, _ = _run_job(mpi.command("n0:1,n1:1,n2:1", ["-m", "mpi4py", job, name, str(tmp_path)]), env, name, 180)
+        assert "RESULT 2 ok" in out, out[-4000:]
+        assert "RESULT 0 ok" in out, out[-4000:]
+        assert "WOKEN done" in out, out[-4000:]  # the third rank's gets ended while the asker was stopped
+    finally:
+        for node in ("n0", "n1", "n2"):
+            shmstore.destroy(name, force=True, node=node)
+        _remove_orphaned_mpi_segments(segments)
+
+
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("transport", ["default", "tcp"])
 def test_chaos_of_stopped_and_killed_ranks_loses_or_corrupts_nothing(transport, tmp_path, mpi):
