@@ -267,6 +267,8 @@ class Service:
             reply_tag, msg, _ = W.receive(self.comm, status.Get_source(), T.TAG_REQUEST)
             if not reply_tag:
                 self.handle(status.Get_source(), 0, msg)
+                if self._promised:  # a Forward answered its fetcher inside the handler: the frame follows (_push)
+                    self._start_pushes()
         self._tend_pushes(give_up_all=True)  # taken before the barrier, or drained by their askers
         self._outbox.drain(10.0)
 
