@@ -60,7 +60,7 @@ from . import wire as W
 from .copies import Copies
 from .dirclient import DirectoryClient
 from .directory import Directory
-from .doorbell import Bells, Doorbell, my_card
+from .doorbell import Bells, Doorbell, kernel_id, my_card, pid_space
 from .fetch import Fetcher
 from .links import Links
 from .nodes import identify
@@ -126,7 +126,16 @@ class Cluster:
             self._service.start()
         # its start-up (imports, recovery) lands here, not in the first compute
         self.store.wait_spill_ready()
-        self._comm.Barrier()
+        # where each rank runs (its machine's kernel and process-id namespace: where thread ids name the same
+        # threads) and its node service's thread: a wait on a service of this machine, and a service's spin after
+        # a request from it, give way to the other thread where it waits for the same CPU (emulated nodes, a rank
+        # asking its own node's service); a barrier as well
+        here = (kernel_id(), pid_space())
+        where = self._comm.allgather((here, self._service.thread_id if self._service is not None else 0))
+        near = [here[0] != 0 and bool(here[1]) and w == here for w, _ in where]
+        self._msg.partners = [where[ld][1] if near[ld] else 0 for ld in ids.leaders]
+        if self._service is not None:
+            self._service.near = frozenset(r for r, n in enumerate(near) if n)
         self._closed = False
         self._background: list[Any] = []  # background work close waits for (see hold_close)
         _OPEN.add(self)

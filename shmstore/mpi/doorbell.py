@@ -38,7 +38,7 @@ from typing import Any
 
 from ..primitives.native import current_cpu
 
-__all__ = ["Doorbell", "Bells", "local_addresses", "my_card", "kernel_id", "SAFETY", "RING_AFTER"]
+__all__ = ["Doorbell", "Bells", "local_addresses", "my_card", "kernel_id", "pid_space", "SAFETY", "RING_AFTER"]
 
 SAFETY = 0.01  # an idle service looks at MPI at least this often (a message sent without a ring)
 # ring a node this rank has not sent to for this long: its service may be napping (or asleep), and a ring cuts
@@ -66,6 +66,14 @@ def _netns() -> str:
     """This process's network namespace (two emulated nodes on one host may or may not share one)."""
     try:
         return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return ""
+
+
+def pid_space() -> str:
+    """This process's process-id namespace ("": unknown): thread ids name the same threads only within one."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
     except OSError:
         return ""
 

@@ -99,8 +99,10 @@ def prober(comm: MPI.Comm) -> Probe:
     ``nap_max``; ``ring``: a :class:`Ring` whose ring cuts a nap short (the naps are sleeps on its socket too);
     ``worked`` (a reply's wait): a probe that took longer moved bytes, and the next follows without a nap;
     ``urgent`` (a node's service): the GIL's switch interval from where it takes the GIL back (see
-    :class:`Urgency`; :func:`native` says whether this prober does that itself). The GIL is released while it
-    waits."""
+    :class:`Urgency`; :func:`native` says whether this prober does that itself); ``partner``: the thread id
+    (of this machine; 0: none) of the thread the awaited message depends on (the service that will answer, the
+    asker whose next request comes): a spin gives its CPU to that thread where it waits for this very CPU
+    (looked at every 20 us), not to any other. The GIL is released while it waits."""
     probe_wait = _probe_wait()
     if probe_wait is None:
         return python_prober(comm)
@@ -112,14 +114,14 @@ def prober(comm: MPI.Comm) -> Probe:
     # holds nothing: a Ctrl-C raises here at once (the caller burns the reply tag)
     @interruptible
     def probe(source: int, tag: int, spin: float, nap: float, limit: float, nap_max: float = 0.0,
-              ring: Ring | None = None, worked: float = 0.0, urgent: float = 0.0) -> bool:
+              ring: Ring | None = None, worked: float = 0.0, urgent: float = 0.0, partner: int = 0) -> bool:
         bell = (-1, 0, 0, 0, 0) if ring is None else (ring.fd, int(ring.spin * 1e9), int(ring.nap * 1e9),
                                                       int(ring.nap_max * 1e9), int(ring.window * 1e9))
         while True:
             # in slices: the main thread looks at the signals that came (maybe to another thread) between them
             part = min(limit, _SLICE)
             rc = probe_wait(addr, source, tag, handle, int(spin * 1e9), int(nap * 1e9), int(part * 1e9),
-                            int(nap_max * 1e9), *bell, int(worked * 1e9), int(urgent * 1e6))
+                            int(nap_max * 1e9), *bell, int(worked * 1e9), int(urgent * 1e6), partner)
             if rc == 1:
                 return True
             if rc < 0:  # MPI's own error, as mpi4py raises it: the caller names the node and rank it was about
@@ -144,7 +146,7 @@ def python_prober(comm: MPI.Comm) -> Probe:
     """:func:`prober` in Python (where the C extension is missing or disabled): wakes take the GIL."""
     @interruptible
     def probe(source: int, tag: int, spin: float, nap: float, limit: float, nap_max: float = 0.0,
-              ring: Ring | None = None, worked: float = 0.0, urgent: float = 0.0) -> bool:
+              ring: Ring | None = None, worked: float = 0.0, urgent: float = 0.0, partner: int = 0) -> bool:
         deadline = time.monotonic() + limit
         while True:
             began = time.perf_counter()

@@ -150,6 +150,10 @@ class Messenger:
         self.calls = self.posts = 0
         # calls answered by another node than the one asked (the request went on to it)
         self.forwarded = 0
+        # per node, its service thread's id where it runs on this rank's machine (else 0), set by the Cluster
+        # once every rank said where it runs: a wait for that service's reply gives way to it where it waits
+        # for the waiting thread's CPU (poll.prober's partner)
+        self.partners: list[int] = [0] * len(names)
 
     def next_tag(self) -> int:
         """A reply tag for a new call (counted in :attr:`calls`)."""
@@ -205,7 +209,8 @@ class Messenger:
         try:
             limit = call_limit(self.timeout * patience)
             # a probe that moved bytes (a frame queued before the reply, over TCP) is followed by the next at once
-            if not self._probe(source, tag, spin, _NAP, min(limit, _REPLY_SOON), _REPLY_NAP_MAX, worked=WORKED) and (
+            if not self._probe(source, tag, spin, _NAP, min(limit, _REPLY_SOON), _REPLY_NAP_MAX, worked=WORKED,
+                               partner=self.partners[node]) and (
                     limit <= _REPLY_SOON or not self._probe(source, tag, 0.0, _REPLY_NAP_MAX,
                                                             limit - _REPLY_SOON, _NAP_MAX, worked=WORKED)):
                 self.burn(tag, reply=True)

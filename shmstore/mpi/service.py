@@ -128,6 +128,10 @@ class Service:
             self._outbox.ring = lambda rank: bells.sent(node_of[rank]) if rank in node_of else None
         # bytes sent inside replies, counted once the reply is out (off the reply's path)
         self._sent_later = 0
+        # ranks on this machine (one kernel: their threads may share this thread's CPUs), set by the Cluster
+        # once every rank said where it runs; the loop's spin after answering one gives way to the asking
+        # thread where it waits for the same CPU (poll.prober's partner)
+        self.near: frozenset[int] = frozenset()
         self.directory: Directory = dirs.local  # this node's share of the location directory (see directory.py)
         self._handlers: dict[type, Callable[[int, int, Any], Any]] = {
             W.Lookup: self._on_lookup, W.LookupMany: self._on_lookup_many, W.Data: self._on_data,
@@ -142,6 +146,11 @@ class Service:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def thread_id(self) -> int:
+        """The loop's thread id on this machine (0 before :meth:`start`)."""
+        return self._thread.native_id or 0
 
     @property
     def sending(self) -> bool:
@@ -193,6 +202,7 @@ class Service:
         # at the nap's end; after a ring the loop probes closely for _RUNG (the request may come after its ring)
         ring = None if self.bell is None else Ring(self.bell.sock.fileno(), spin, _BUSY_PAUSE, _ACTIVE_PAUSE, _RUNG)
         rung_here = ring_origin()
+        partner = 0  # the thread of this machine that sent the last request (see near)
         while True:
             idle = time.monotonic() - pace.last
             if self._outbox.out or self._outbox.handed:
@@ -206,11 +216,12 @@ class Service:
                     # (over TCP the sender's own MPI calls move them) and the next follows at once
                     fresh = WORKED if self._pushes and time.monotonic() - self._pushes[-1][2] < _PUSH_FRESH else 0.0
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, 0.002, ring=ring, worked=fresh,
-                                  urgent=URGENT_GIL)
+                                  urgent=URGENT_GIL, partner=partner)
                     pace.last = time.monotonic()
                 elif idle < pace.window:
                     ready = probe(MPI.ANY_SOURCE, T.TAG_REQUEST, spin, _BUSY_PAUSE, pace.window - idle,
-                                  max(min(_ACTIVE_PAUSE, idle_nap), _BUSY_PAUSE), ring=ring, urgent=URGENT_GIL)
+                                  max(min(_ACTIVE_PAUSE, idle_nap), _BUSY_PAUSE), ring=ring, urgent=URGENT_GIL,
+                                  partner=partner)
                 # asleep only while MPI has nothing of this process in flight: a transfer given up on still
                 # moves its bytes only inside MPI calls (over TCP, the replies queue behind them), so with
                 # held requests the loop probes at its idle pace as before
@@ -236,11 +247,12 @@ class Service:
                 continue
             urgency.on()
             pace.request(time.monotonic())
-            reply_tag, msg, linger = W.receive(self.comm, MPI.ANY_SOURCE, T.TAG_REQUEST, status)
+            reply_tag, msg, linger, thread = W.receive(self.comm, MPI.ANY_SOURCE, T.TAG_REQUEST, status)
             spin = max(self.spin, min(float(linger), _LINGER_MAX)) if self.spin else 0.0
             if ring is not None and rung_here():  # woken on the asker's own core, where it waits: no spin there
                 spin = 0.0
             src = status.Get_source()
+            partner = thread if src in self.near else 0
             if isinstance(msg, W.Stop):
                 self._drain(status)
                 return
@@ -264,7 +276,7 @@ class Service:
             if not self.comm.iprobe(MPI.ANY_SOURCE, T.TAG_REQUEST, status):
                 time.sleep(0.001)
                 continue
-            reply_tag, msg, _ = W.receive(self.comm, status.Get_source(), T.TAG_REQUEST)
+            reply_tag, msg, _, _ = W.receive(self.comm, status.Get_source(), T.TAG_REQUEST)
             if not reply_tag:
                 self.handle(status.Get_source(), 0, msg)
                 if self._promised:  # a Forward answered its fetcher inside the handler: the frame follows (_push)

@@ -1,7 +1,7 @@
 """The control messages between ranks and node services, by name.
 
-A request travels as ``(reply_tag, message)`` on ``TAG_REQUEST`` to a node's
-leader; the service answers on ``reply_tag`` with the handler's value (a
+A request travels as ``(reply_tag, message, linger, thread)`` on ``TAG_REQUEST``
+to a node's leader (``thread``: the sending thread's id, see :func:`request`); the service answers on ``reply_tag`` with the handler's value (a
 plain value or one of the replies below), or with a :class:`Failure`
 carrying the exception. A ``reply_tag`` of 0 asks for no answer (a message
 posted, e.g. the registration of a fetched copy). Every message is a
@@ -20,6 +20,7 @@ send of one waits for its receiver, for ever if it died.
 from __future__ import annotations
 
 import enum
+import threading
 from typing import Any, Callable, NamedTuple, TypeAlias
 
 from mpi4py import MPI
@@ -438,16 +439,18 @@ def decode(frame: tuple[int, Any]) -> Any:
 def request(comm: MPI.Comm, msg: Any, dest: int, reply_tag: int, linger: float = 0.0) -> None:
     """Send request ``msg`` to the service on rank ``dest``; it answers on ``reply_tag`` (0: no answer).
     ``linger``: seconds the service should keep probing without naps after it (more requests follow soon:
-    a batched fetch's rounds). For small messages, which MPI buffers at once: a larger one, or one that may
+    a batched fetch's rounds). The request names the sending thread (its id on its machine): where the service
+    runs on the same machine, its spin after answering gives way to that thread when it waits for the same CPU
+    (``poll.prober``'s ``partner``). For small messages, which MPI buffers at once: a larger one, or one that may
     be, goes by :func:`request_nowait` (a blocking send of it would wait for the receiver, for ever if the
     receiver died)."""
-    comm.send((reply_tag, encode(msg), linger), dest=dest, tag=T.TAG_REQUEST)
+    comm.send((reply_tag, encode(msg), linger, threading.get_native_id()), dest=dest, tag=T.TAG_REQUEST)
 
 
 def request_nowait(comm: MPI.Comm, msg: Any, dest: int, reply_tag: int, linger: float = 0.0) -> MPI.Request:
     """:func:`request` without waiting for the receiver to take it: the request, which holds the message's
     bytes, must be waited for with a deadline (or cancelled)."""
-    return comm.isend((reply_tag, encode(msg), linger), dest=dest, tag=T.TAG_REQUEST)
+    return comm.isend((reply_tag, encode(msg), linger, threading.get_native_id()), dest=dest, tag=T.TAG_REQUEST)
 
 
 def post(comm: MPI.Comm, msg: Any, dest: int) -> None:
@@ -466,10 +469,11 @@ def reply_nowait(comm: MPI.Comm, value: Any, dest: int, tag: int) -> MPI.Request
     return comm.isend(encode(value), dest=dest, tag=tag)
 
 
-def receive(comm: MPI.Comm, source: int, tag: int, status: MPI.Status | None = None) -> tuple[int, Any, float]:
-    """A request waiting from ``source``: (its reply tag, the message, its linger)."""
-    reply_tag, frame, linger = comm.recv(source=source, tag=tag, status=status)
-    return reply_tag, decode(frame), linger
+def receive(comm: MPI.Comm, source: int, tag: int,
+            status: MPI.Status | None = None) -> tuple[int, Any, float, int]:
+    """A request waiting from ``source``: (its reply tag, the message, its linger, the sending thread's id)."""
+    reply_tag, frame, linger, thread = comm.recv(source=source, tag=tag, status=status)
+    return reply_tag, decode(frame), linger, thread
 
 
 def handles(reply: Any) -> list[int]:
