@@ -1,7 +1,8 @@
 """The control messages between ranks and node services, by name.
 
-A request travels as ``(reply_tag, message, linger, thread)`` on ``TAG_REQUEST``
-to a node's leader (``thread``: the sending thread's id, see :func:`request`); the service answers on ``reply_tag`` with the handler's value (a
+A request travels as ``(reply_tag, message, linger, thread)`` on
+``TAG_REQUEST`` to a node's leader (``thread``: the sending thread's id, see
+:func:`request`); the service answers on ``reply_tag`` with the handler's value (a
 plain value or one of the replies below), or with a :class:`Failure`
 carrying the exception. A ``reply_tag`` of 0 asks for no answer (a message
 posted, e.g. the registration of a fetched copy). Every message is a
