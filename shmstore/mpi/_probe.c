@@ -99,27 +99,24 @@ static int nap_or_ring(int fd, const struct timespec *nap) {
 }
 
 /* Whether thread ``tid`` of this machine waits to run on CPU ``cpu`` (runnable there, while this thread runs on
- * it): read from /proc/<tid>/stat (state and last CPU), its file kept open per calling thread and read again from
- * its start (~2 us). A thread that is gone, or a file that cannot be read, waits nowhere. */
-static __thread int partner_tid = 0, partner_fd = -1;
+ * it): read from /proc/<tid>/task/<tid>/stat (the thread's own state and last CPU; the process's file would add
+ * up every thread's times), opened into *fd on the first look (-2: not yet; -1: it could not be) and read again
+ * from its start (~4 us on a VM); the caller closes it. A thread that is gone waits nowhere. */
 static __thread long partner_yields = 0; /* this thread's naps for its partner, for tests */
 
-static int partner_waits_here(int tid, int cpu) {
-    if (tid != partner_tid) {
-        if (partner_fd >= 0)
-            close(partner_fd);
-        char path[48];
-        snprintf(path, sizeof path, "/proc/%d/stat", tid);
-        partner_tid = tid;
-        partner_fd = open(path, O_RDONLY | O_CLOEXEC);
+static int partner_waits_here(int *fd, int tid, int cpu) {
+    if (*fd == -2) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/task/%d/stat", tid, tid);
+        *fd = open(path, O_RDONLY | O_CLOEXEC);
     }
-    if (partner_fd < 0 || cpu < 0)
+    if (*fd < 0 || cpu < 0)
         return 0;
     char buf[1024];
-    ssize_t n = pread(partner_fd, buf, sizeof buf - 1, 0);
-    if (n <= 0) { /* gone: not looked at again until another partner is named */
-        close(partner_fd);
-        partner_fd = -1;
+    ssize_t n = pread(*fd, buf, sizeof buf - 1, 0);
+    if (n <= 0) { /* gone: not looked at again in this wait */
+        close(*fd);
+        *fd = -1;
         return 0;
     }
     buf[n] = 0;
@@ -237,6 +234,7 @@ static PyObject *probe_wait(PyObject *self, PyObject *args) {
     int64_t start = mono_ns(), spin_from = start, looked = start + PARTNER_FIRST_NS - PARTNER_LOOK_NS;
     struct timespec nap = {(time_t)(nap_ns / 1000000000), (long)(nap_ns % 1000000000)};
     int slack = -1; /* the thread's timer slack, while naps run with a tight one */
+    int partner_fd = -2; /* the partner's stat file, once looked at (see partner_waits_here) */
     for (;;) {
         int64_t before = worked_ns > 0 ? mono_ns() : 0;
         rc = iprobe(any, tag, (intptr_t)(uintptr_t)comm, &flag, status);
@@ -252,7 +250,12 @@ static PyObject *probe_wait(PyObject *self, PyObject *args) {
              * where a CPU is free (a yield kept both on one core: gets 20-40 us slower at the median) */
             if (partner > 0 && now - looked >= PARTNER_LOOK_NS) {
                 looked = now;
-                if (partner_waits_here(partner, sched_getcpu())) {
+                if (partner_waits_here(&partner_fd, partner, sched_getcpu())) {
+                    if (slack < 0) { /* as for the naps below: a 20 us nap, not 70 */
+                        slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+                        if (slack > 0)
+                            prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+                    }
                     struct timespec step = {0, 20000};
                     nanosleep(&step, NULL);
                     partner_yields++;
@@ -276,6 +279,7 @@ static PyObject *probe_wait(PyObject *self, PyObject *args) {
         }
         if (woke > 0) { /* rung: the request is here or on its way */
             spin_from = mono_ns();
+            looked = spin_from + PARTNER_FIRST_NS - PARTNER_LOOK_NS;
             spin_ns = ring_spin_ns;
             nap_ns = ring_nap_ns;
             nap_max_ns = ring_nap_max_ns;
@@ -289,6 +293,8 @@ static PyObject *probe_wait(PyObject *self, PyObject *args) {
     }
     if (slack > 0)
         prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
+    if (partner_fd >= 0)
+        close(partner_fd);
     if (urgent_us > 0) /* a request to handle, or the idle loop's look between sleeps: either way a short wait */
         lower_switch_interval((unsigned long)urgent_us);
     Py_END_ALLOW_THREADS
@@ -312,7 +318,10 @@ static PyObject *py_partner_waits(PyObject *self, PyObject *args) {
     int tid;
     if (!PyArg_ParseTuple(args, "i", &tid))
         return NULL;
-    return PyBool_FromLong(partner_waits_here(tid, sched_getcpu()));
+    int fd = -2, waits = partner_waits_here(&fd, tid, sched_getcpu());
+    if (fd >= 0)
+        close(fd);
+    return PyBool_FromLong(waits);
 }
 
 static PyObject *py_kernel_id(PyObject *self, PyObject *noargs) { return PyLong_FromUnsignedLong(kernel_id); }
@@ -336,7 +345,7 @@ static PyObject *py_give_back(PyObject *self, PyObject *noargs) {
 static PyMethodDef methods[] = {
     {"probe_wait", probe_wait, METH_VARARGS, "Wait for an MPI message with the GIL released (see above)."},
     {"take_rings", py_take_rings, METH_VARARGS, "Take the rings waiting on a bell (see above)."},
-    {"partner_yields", py_partner_yields, METH_NOARGS, "How often probe_wait on this thread left its CPU to its partner."},
+    {"partner_yields", py_partner_yields, METH_NOARGS, "How often probe_wait on this thread napped for its partner."},
     {"partner_waits", py_partner_waits, METH_VARARGS, "Whether a thread waits to run on this thread's CPU."},
     {"kernel_id", py_kernel_id, METH_NOARGS, "This kernel's identity as rings carry it."},
     {"rung_here", py_rung_here, METH_NOARGS, "Whether the last rings came from this CPU (then cleared)."},

@@ -78,9 +78,10 @@ def _extension() -> Any:
 
 
 def _probe_wait() -> Callable[..., int] | None:
-    """``_probe.probe_wait``, or None (see :func:`_extension`)."""
+    """``_probe.probe_wait``, or None (see :func:`_extension`; and where the built extension predates the
+    ``partner`` argument: a checkout pulled without rebuilding it)."""
     ext = _extension()
-    return None if ext is None else ext.probe_wait
+    return None if ext is None or not hasattr(ext, "partner_yields") else ext.probe_wait
 
 
 def ring_origin() -> Callable[[], bool]:
@@ -93,7 +94,8 @@ def ring_origin() -> Callable[[], bool]:
 
 
 def prober(comm: MPI.Comm) -> Probe:
-    """``probe(source, tag, spin, nap, limit, nap_max=nap, ring=None, worked=0) -> bool``: True once a message
+    """``probe(source, tag, spin, nap, limit, nap_max=nap, ring=None, worked=0, urgent=0, partner=0) -> bool``:
+    True once a message
     from ``source`` (or ``MPI.ANY_SOURCE``) with ``tag`` waits on ``comm``, False after ``limit`` seconds
     without; probing back to back for ``spin`` seconds, then after naps from ``nap`` seconds doubling up to
     ``nap_max``; ``ring``: a :class:`Ring` whose ring cuts a nap short (the naps are sleeps on its socket too);

@@ -1,6 +1,6 @@
 """Requests and replies: a rank's calls to node services, and the replies it waits for.
 
-A call sends ``(reply_tag, message)`` to the node's leader and waits for
+A call sends ``(reply_tag, message, ...)`` (``wire.request``) to the node's leader and waits for
 the reply on its own tag. The wait probes in C with the GIL released
 (``poll.py``): back to back for a moment where the host has a core to spare
 (a reply usually comes within microseconds), then after naps from 20 us

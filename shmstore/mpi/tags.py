@@ -1,7 +1,7 @@
 """The tags, sizes and frame plan of the transfer protocol, in one place.
 
 Control messages (named in ``wire.py``) are small pickled tuples
-``(reply_tag, message)`` sent to a node's leader on ``TAG_REQUEST``; replies
+``(reply_tag, message, linger, thread)`` sent to a node's leader on ``TAG_REQUEST``; replies
 come back on the tag the requester chose. Bulk bytes go as raw ``MPI.BYTE`` frames, never pickled, in
 blocks of at most ``block_size`` (below the 2 GiB count limit), on the
 cluster's bulk communicators: frame ``i`` of a transfer on stream

@@ -260,55 +260,72 @@ def test_a_service_has_a_short_gil_switch_interval_only_while_it_wants_the_gil_a
         comm.Free()
 
 
-def test_a_spin_leaves_its_cpu_to_its_partner_only_where_the_partner_waits_for_that_cpu():
+def test_a_spin_leaves_its_cpu_to_its_partner_only_where_the_partner_waits_for_that_cpu(monkeypatch):
     """A wait spinning for a message whose sender is a thread of this machine (``partner``: the service that will
     answer, the asker whose next request comes) naps where that thread waits to run on the spinner's own CPU (two
     such threads on one core each spun their window while the other waited), and never for another thread: one
-    that sleeps, one that runs elsewhere, one that is gone, or no partner at all."""
+    that sleeps, one that runs elsewhere, one that is gone, or no partner at all; a message sent while it naps
+    is still found. The partner here is a second thread of a process, not its main thread."""
     import os
     import subprocess
     import sys
 
     _probe = pytest.importorskip("shmstore.mpi._probe")
+    monkeypatch.setenv("SHMSTORE_PURE_PYTHON", "0")
     allowed = os.sched_getaffinity(0)
     cpu = min(allowed)
-    spin = "import os, sys; os.sched_setaffinity(0, {%d}); print('ready', flush=True)\nwhile True: pass"
-    here = subprocess.Popen([sys.executable, "-c", spin % cpu], stdout=subprocess.PIPE)
-    asleep = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(600)"],
-                              stdout=subprocess.PIPE)
     others = sorted(allowed - {cpu})
-    elsewhere = subprocess.Popen([sys.executable, "-c", spin % others[0]], stdout=subprocess.PIPE) if others else None
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait(60)
+    # a thread (not the main one) that spins on one CPU for at most 300 s, and says its thread id
+    spin = ("import os, threading, time\n"
+            "def run():\n"
+            "    os.sched_setaffinity(0, {%d})\n"
+            "    print(threading.get_native_id(), flush=True)\n"
+            "    end = time.monotonic() + 300\n"
+            "    while time.monotonic() < end: pass\n"
+            "t = threading.Thread(target=run); t.start(); t.join()")
+    procs: list[subprocess.Popen] = []
     comm = MPI.COMM_SELF.Dup()
     try:
-        for p in (here, asleep, elsewhere):
-            if p is not None:
-                assert p.stdout.readline() == b"ready\n"
+        def start(code: str) -> tuple[subprocess.Popen, int]:
+            p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+            procs.append(p)
+            return p, int(p.stdout.readline())
+
+        _, here = start(spin % cpu)
+        _, asleep = start("import os, time; print(os.getpid(), flush=True); time.sleep(300)")
+        elsewhere = start(spin % others[0])[1] if others else 0
+        gone_proc, gone = start("import os; print(os.getpid(), flush=True)")
+        gone_proc.wait(60)
         os.sched_setaffinity(0, {cpu})  # this thread and the busy partner share one CPU
         probe = poll.prober(comm)
+        assert poll.native(probe)
 
         def naps(partner: int) -> int:
             before = _probe.partner_yields()
             assert probe(MPI.ANY_SOURCE, 7, 0.05, 1e-4, 0.05, partner=partner) is False  # spins its whole limit
             return _probe.partner_yields() - before
 
-        assert wait_for(lambda: _probe.partner_waits(here.pid), 30)
-        assert naps(here.pid) >= 1
+        assert wait_for(lambda: _probe.partner_waits(here), 30)
+        assert naps(here) >= 1
         assert naps(0) == 0
-        assert not _probe.partner_waits(asleep.pid) and naps(asleep.pid) == 0
-        assert not _probe.partner_waits(gone.pid) and naps(gone.pid) == 0
-        if elsewhere is not None:
-            assert not _probe.partner_waits(elsewhere.pid) and naps(elsewhere.pid) == 0
-        # the message still comes through a wait that napped for its partner
-        req = comm.isend(b"x", dest=0, tag=7)
-        assert probe(MPI.ANY_SOURCE, 7, 0.05, 1e-4, 5.0, partner=here.pid) is True
+        assert not _probe.partner_waits(asleep) and naps(asleep) == 0
+        assert not _probe.partner_waits(gone) and naps(gone) == 0
+        if elsewhere:
+            assert not _probe.partner_waits(elsewhere) and naps(elsewhere) == 0
+        # a message sent while the wait naps for its partner (it spins 60 s, the message comes after 50 ms)
+        reqs = []
+        sender = threading.Timer(0.05, lambda: reqs.append(comm.isend(b"x", dest=0, tag=7)))
+        before = _probe.partner_yields()
+        sender.start()
+        assert probe(MPI.ANY_SOURCE, 7, 60.0, 1e-4, 120.0, partner=here) is True
+        sender.join(60)
+        assert _probe.partner_yields() > before
         assert comm.recv(source=0, tag=7) == b"x"
-        req.wait()
+        reqs[0].wait()
     finally:
         os.sched_setaffinity(0, allowed)
-        for p in (here, asleep, elsewhere):
-            if p is not None:
-                p.kill()
-                p.wait(60)
+        for p in procs:
+            p.kill()
+            p.wait(60)
+            p.stdout.close()
         comm.Free()

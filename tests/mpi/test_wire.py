@@ -105,3 +105,30 @@ def test_a_failure_becomes_the_exception_it_names():
     assert isinstance(err, shmstore.errors.ObjectNotFoundError) and "node 'n1': no object 'k'" in str(err)
     err = W.Failure.of(ValueError("bug")).exception("node 'n1'", "k", 3)
     assert isinstance(err, shmstore.errors.TransferError) and "ValueError: bug" in str(err)
+
+
+def test_a_request_names_the_thread_that_sent_it():
+    """A request carries its sending thread's id (a node service on the same machine gives its CPU to that thread
+    where it waits for it, see poll.prober's partner), from any thread, through both ways of sending."""
+    import threading
+
+    from mpi4py import MPI
+
+    comm = MPI.COMM_SELF.Dup()
+    try:
+        req = W.request_nowait(comm, W.Has("k"), 0, 9, 0.5)
+        assert W.receive(comm, 0, W.T.TAG_REQUEST) == (9, W.Has("k"), 0.5, threading.get_native_id())
+        req.wait()
+        ids = []
+
+        def other() -> None:  # a blocking send to this very rank: taken by the receive below
+            ids.append(threading.get_native_id())
+            W.request(comm, W.Release(3), 0, 0)
+
+        t = threading.Thread(target=other)
+        t.start()
+        got = W.receive(comm, 0, W.T.TAG_REQUEST)
+        t.join(60)
+        assert got == (0, W.Release(3), 0.0, ids[0]) and ids[0] != threading.get_native_id()
+    finally:
+        comm.Free()

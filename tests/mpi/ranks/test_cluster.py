@@ -35,6 +35,28 @@ def test_nodes_and_identity(cluster, comm):
     assert cluster.store.node == cluster.node
 
 
+def test_ranks_of_one_machine_know_each_others_service_thread(cluster, comm):
+    """Each rank knows, per node, that node's service thread where it runs on the same machine (a reply's wait
+    naps for it where it waits for the waiting thread's CPU), and each service the ranks of its machine (its
+    spin after their requests does the same for the asking thread): on this machine's emulated nodes, all."""
+    import os
+    import threading
+
+    from shmstore.mpi.doorbell import kernel_id, pid_space
+
+    mine = (kernel_id(), pid_space())  # nodes apart on one machine (own network and host name) share these
+    every = comm.allgather(mine)
+    services = comm.allgather(cluster._service.thread_id if cluster._service is not None else 0)
+    for node, leader in enumerate(cluster.leaders):
+        same = every[leader] == mine and mine[0] != 0 and mine[1] != ""
+        assert cluster._msg.partners[node] == (services[leader] if same else 0)
+        if same:
+            assert services[leader] > 0 and os.path.exists(f"/proc/{services[leader]}/task/{services[leader]}")
+    if cluster._service is not None:
+        assert cluster._service.thread_id not in (0, threading.get_native_id())  # its own thread
+        assert cluster._service.near == frozenset(r for r, w in enumerate(every) if w == mine and mine[0] and mine[1])
+
+
 def test_put_is_locatable_everywhere_and_fetch_keeps_the_key(cluster, comm, key):
     if comm.rank == leader_of(cluster, 0):
         cluster.put(key, np.arange(100_000, dtype=np.int64))
