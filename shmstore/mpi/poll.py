@@ -103,8 +103,8 @@ def prober(comm: MPI.Comm) -> Probe:
     ``urgent`` (a node's service): the GIL's switch interval from where it takes the GIL back (see
     :class:`Urgency`; :func:`native` says whether this prober does that itself); ``partner``: the thread id
     (of this machine; 0: none) of the thread the awaited message depends on (the service that will answer, the
-    asker whose next request comes): a spin gives its CPU to that thread where it waits for this very CPU
-    (looked at every 20 us), not to any other. The GIL is released while it waits."""
+    asker whose next request comes): a spin naps 20 us where that thread waits to run on this very CPU (looked
+    at from 40 us into the spin, every 20 us), never for any other. The GIL is released while it waits."""
     probe_wait = _probe_wait()
     if probe_wait is None:
         return python_prober(comm)
