@@ -102,7 +102,7 @@ static int nap_or_ring(int fd, const struct timespec *nap) {
  * it): read from /proc/<tid>/task/<tid>/stat (the thread's own state and last CPU; the process's file would add
  * up every thread's times), opened into *fd on the first look (-2: not yet; -1: it could not be) and read again
  * from its start (~4 us on a VM); the caller closes it. A thread that is gone waits nowhere. */
-static __thread long partner_yields = 0; /* this thread's naps for its partner, for tests */
+static __thread long partner_naps = 0; /* this thread's naps for its partner, for tests */
 
 static int partner_waits_here(int *fd, int tid, int cpu) {
     if (*fd == -2) {
@@ -131,6 +131,17 @@ static int partner_waits_here(int *fd, int tid, int cpu) {
             field++;
     }
     return atoi(p) == cpu;
+}
+
+/* Naps shorter than a millisecond with a tight timer slack: Linux lets a 50 us sleep last 50 us more by default
+ * (a 20 us nap took 105 us here). *slack keeps the thread's own (-1: not tightened yet), which probe_wait gives
+ * back as it returns. */
+static void tighten_slack(int *slack) {
+    if (*slack >= 0)
+        return;
+    *slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    if (*slack > 0)
+        prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 }
 
 /* How often a spin looks whether its partner waits for this thread's CPU (see probe_wait's partner), and when
@@ -174,11 +185,9 @@ static void lower_switch_interval(unsigned long us) {
 }
 
 /* probe_wait(iprobe_address, any_source, tag, comm_handle, spin_ns, nap_ns, max_ns[, nap_max_ns, bell_fd,
- * ring_spin_ns, ring_nap_ns, ring_nap_max_ns, ring_window_ns, worked_ns, urgent_us, partner]) -> 1 when a message with
- * ``tag`` is
- * waiting, 0
- * after max_ns without one, 2 when a signal cut a nap short (its Python handler runs once this returns: a
- * Ctrl-C raises at once), -rc when MPI_Iprobe failed.
+ * ring_spin_ns, ring_nap_ns, ring_nap_max_ns, ring_window_ns, worked_ns, urgent_us, partner]) -> 1 when a
+ * message with ``tag`` is waiting, 0 after max_ns without one, 2 when a signal cut a nap short (its Python
+ * handler runs once this returns: a Ctrl-C raises at once), -rc when MPI_Iprobe failed.
  *
  * Calls MPI_Iprobe (its address from the loaded MPI library; the communicator handle is passed in a
  * register, an int for MPICH's ABI and a pointer for Open MPI's, both fit intptr_t) with the GIL released:
@@ -251,14 +260,10 @@ static PyObject *probe_wait(PyObject *self, PyObject *args) {
             if (partner > 0 && now - looked >= PARTNER_LOOK_NS) {
                 looked = now;
                 if (partner_waits_here(&partner_fd, partner, sched_getcpu())) {
-                    if (slack < 0) { /* as for the naps below: a 20 us nap, not 70 */
-                        slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-                        if (slack > 0)
-                            prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-                    }
+                    tighten_slack(&slack); /* a 20 us nap, not 70 */
                     struct timespec step = {0, 20000};
                     nanosleep(&step, NULL);
-                    partner_yields++;
+                    partner_naps++;
                 }
             }
             continue;
@@ -266,12 +271,8 @@ static PyObject *probe_wait(PyObject *self, PyObject *args) {
         if (worked_ns > 0 && now - before > worked_ns)
             continue; /* the probe moved bytes (over TCP MPI reads a frame queued before the reply inside it):
                        * again at once; a nap after each made a 1 MiB transfer take 3.8 ms, not 0.4-1 */
-        if (slack < 0 && nap_ns < 1000000) {
-            /* Linux lets a 50 us sleep last 50 us more by default (a 20 us nap took 105 us here) */
-            slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-            if (slack > 0)
-                prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-        }
+        if (nap_ns < 1000000)
+            tighten_slack(&slack);
         int woke = nap_or_ring(fd, &nap);
         if (woke < 0) {
             interrupted = 1; /* a signal for this thread: Python runs its handler when we return */
@@ -310,8 +311,8 @@ static PyObject *py_take_rings(PyObject *self, PyObject *args) {
     return Py_BuildValue("(iO)", count, here ? Py_True : Py_False);
 }
 
-/* partner_yields() -> how often probe_wait on this thread left its CPU to its partner. For tests. */
-static PyObject *py_partner_yields(PyObject *self, PyObject *noargs) { return PyLong_FromLong(partner_yields); }
+/* partner_naps() -> how often probe_wait on this thread napped for its partner. For tests. */
+static PyObject *py_partner_naps(PyObject *self, PyObject *noargs) { return PyLong_FromLong(partner_naps); }
 
 /* partner_waits(tid) -> whether thread ``tid`` waits to run on this thread's CPU. For tests. */
 static PyObject *py_partner_waits(PyObject *self, PyObject *args) {
@@ -345,7 +346,7 @@ static PyObject *py_give_back(PyObject *self, PyObject *noargs) {
 static PyMethodDef methods[] = {
     {"probe_wait", probe_wait, METH_VARARGS, "Wait for an MPI message with the GIL released (see above)."},
     {"take_rings", py_take_rings, METH_VARARGS, "Take the rings waiting on a bell (see above)."},
-    {"partner_yields", py_partner_yields, METH_NOARGS, "How often probe_wait on this thread napped for its partner."},
+    {"partner_naps", py_partner_naps, METH_NOARGS, "How often probe_wait on this thread napped for its partner."},
     {"partner_waits", py_partner_waits, METH_VARARGS, "Whether a thread waits to run on this thread's CPU."},
     {"kernel_id", py_kernel_id, METH_NOARGS, "This kernel's identity as rings carry it."},
     {"rung_here", py_rung_here, METH_NOARGS, "Whether the last rings came from this CPU (then cleared)."},

@@ -62,20 +62,22 @@ def local_addresses() -> list[tuple[str, str]]:
     return out
 
 
-def _netns() -> str:
-    """This process's network namespace (two emulated nodes on one host may or may not share one)."""
+def _namespace(kind: str) -> str:
+    """This process's namespace of ``kind`` ("net", "pid"), as /proc names it ("": unknown)."""
     try:
-        return os.readlink("/proc/self/ns/net")
+        return os.readlink(f"/proc/self/ns/{kind}")
     except OSError:
         return ""
+
+
+def _netns() -> str:
+    """This process's network namespace (two emulated nodes on one host may or may not share one)."""
+    return _namespace("net")
 
 
 def pid_space() -> str:
     """This process's process-id namespace ("": unknown): thread ids name the same threads only within one."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""
+    return _namespace("pid")
 
 
 def kernel_id() -> int:

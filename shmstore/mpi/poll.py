@@ -81,7 +81,7 @@ def _probe_wait() -> Callable[..., int] | None:
     """``_probe.probe_wait``, or None (see :func:`_extension`; and where the built extension predates the
     ``partner`` argument: a checkout pulled without rebuilding it)."""
     ext = _extension()
-    return None if ext is None or not hasattr(ext, "partner_yields") else ext.probe_wait
+    return None if ext is None or not hasattr(ext, "partner_naps") else ext.probe_wait
 
 
 def ring_origin() -> Callable[[], bool]:

@@ -301,9 +301,9 @@ def test_a_spin_leaves_its_cpu_to_its_partner_only_where_the_partner_waits_for_t
         assert poll.native(probe)
 
         def naps(partner: int) -> int:
-            before = _probe.partner_yields()
+            before = _probe.partner_naps()
             assert probe(MPI.ANY_SOURCE, 7, 0.05, 1e-4, 0.05, partner=partner) is False  # spins its whole limit
-            return _probe.partner_yields() - before
+            return _probe.partner_naps() - before
 
         assert wait_for(lambda: _probe.partner_waits(here), 30)
         assert naps(here) >= 1
@@ -315,11 +315,11 @@ def test_a_spin_leaves_its_cpu_to_its_partner_only_where_the_partner_waits_for_t
         # a message sent while the wait naps for its partner (it spins 60 s, the message comes after 50 ms)
         reqs = []
         sender = threading.Timer(0.05, lambda: reqs.append(comm.isend(b"x", dest=0, tag=7)))
-        before = _probe.partner_yields()
+        before = _probe.partner_naps()
         sender.start()
         assert probe(MPI.ANY_SOURCE, 7, 60.0, 1e-4, 120.0, partner=here) is True
         sender.join(60)
-        assert _probe.partner_yields() > before
+        assert _probe.partner_naps() > before
         assert comm.recv(source=0, tag=7) == b"x"
         reqs[0].wait()
     finally:
