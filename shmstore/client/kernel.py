@@ -224,10 +224,6 @@ class Kernel:
             self.check_open()
         return key_ref(key, kb, self.sid, self._bmask, self._smask)
 
-    def _stripe_of(self, key: str) -> int:
-        """The stripe of a key the C fast path took (a str it checked): to repair its lock."""
-        return key_ref(key, key.encode(), self.sid, self._bmask, self._smask).stripe
-
     def _not_found(self, key: str, what: str = "", hint: bool = True) -> ObjectNotFoundError:
         """The miss of ``key``, naming the sessions that do hold it (looked up here, unless not ``hint``: a
         raising miss pays for it, about 5 us with one other session, never a hit or a get with a default)."""
@@ -278,8 +274,6 @@ class Kernel:
                 return self._pinned(r[0], r[6], L.entry_raw(buf, r[6]))
             if r == _codes.MISSING:
                 raise self._not_found(key)
-            if r == _codes.OWNER_DEAD:  # its holder died: we hold it now and must repair it first
-                self._stripes[stripe].recover_held()
         with self._stripes[stripe]:
             idx, eoff, raw = find_entry(buf, self._lay, ref.bucket, ref.h, self.sid, ref.kb)
             e: L.Entry | None = None if raw is None else _new(L.Entry, raw)
@@ -372,8 +366,6 @@ class Kernel:
         if type(r) is not tuple:
             if r == _codes.MISSING:
                 return _MISS
-            if r == _codes.OWNER_DEAD:  # the stripe lock's holder died: we hold it now and must repair it
-                self._stripes[self._stripe_of(key)].recover_held()
             return None
         idx, gen, off, level, nbytes, kind, eoff = r
         try:
@@ -468,8 +460,6 @@ class Kernel:
             return r
         if r == _codes.MISSING:
             raise self._not_found(key, hint=False)  # a node service's lookup for another node: no one reads it
-        if r == _codes.OWNER_DEAD:  # the stripe lock's holder died: we hold it now and must repair it
-            self._stripes[self._stripe_of(key)].recover_held()
         return None
 
     def copy_pinned(self, idx: int, e: L.Entry) -> bytes:
@@ -578,8 +568,6 @@ class Kernel:
                 if missing_ok:
                     return
                 raise self._not_found(key, " to delete")
-            if r == _codes.OWNER_DEAD:  # the stripe lock's holder died: we hold it now and must repair it
-                self._stripes[self._stripe_of(key)].recover_held()
         ref = self.begin(key)
         b = ref.bucket
         with self._stripes[ref.stripe]:
@@ -608,8 +596,6 @@ class Kernel:
             r = _fast.has(self._ctx, key)  # one C call, no pin: what a fetch asks first
             if r == 1 or r == 0:
                 return bool(r)
-            if r == _codes.OWNER_DEAD:  # the stripe lock's holder died: we hold it now and must repair it
-                self._stripes[self._stripe_of(key)].recover_held()
         try:
             ref = self.begin(key)
         except InvalidKeyError:

@@ -14,7 +14,6 @@ from typing import Any, Callable
 
 from ..errors import InvalidArgumentError, ShmStoreError
 from ..meta import layout as L
-from ..meta.fastpath import codes as _fast_codes
 from ..meta.keyref import Contents, KeyRef, Reservation, being_written_error, exists_error
 from ..meta.table import EntryStolen, find_entry, owns_entry
 from ..node import serialize
@@ -254,8 +253,6 @@ class Puts:
             rc = self._fast.set_byte(self._stripe_addrs[stripe], state, L.SEALED)
             if rc == 0:
                 return
-            if rc == _fast_codes.OWNER_DEAD:
-                self._stripes[stripe].recover_held()
         with self._stripes[stripe]:
             L.ENTRY_HEAD.set(self._buf, self._lay.entry(idx), "state", L.SEALED)  # ``writer`` matters only writing
 

@@ -33,15 +33,13 @@ _new = tuple.__new__
 
 
 def _declined(client: PutContext, ref: KeyRef, rc: int) -> None:
-    """What a C insert or put_small that changed nothing answered ``rc`` calls for: a dead holder's stripe
-    lock (held by us now) repaired and released, or the key's error raised.
+    """What a C insert or put_small that changed nothing answered ``rc`` calls for: the key's error raised, or
+    nothing (a busy stripe lock, or one a dead holder left, which the call repaired and released).
 
     Raises:
         ObjectLockedError: the key is being written. ObjectExistsError: it is present.
     """
-    if rc == codes.OWNER_DEAD:  # we hold the lock now and must repair it first
-        client.stripes[ref.stripe].recover_held()
-    elif rc == codes.BEING_WRITTEN:
+    if rc == codes.BEING_WRITTEN:
         raise being_written_error(ref.key)
     elif rc == codes.EXISTS:
         raise exists_error(ref.key)

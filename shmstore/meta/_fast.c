@@ -38,7 +38,7 @@ static const struct { const char *name; Py_ssize_t width; } WIDTHS[] = {
 
 /* Return codes, the same as fastpath.codes on the Python side. */
 enum { RC_MISSING = -1, RC_BUSY = -2, RC_OWNER_DEAD = -3, RC_BEING_WRITTEN = -4, RC_EXISTS = -5, RC_STOLEN = -6,
-       RC_NO_ENTRY = -7, RC_NO_CUT = -8 };
+       RC_NO_ENTRY = -7, RC_NO_CUT = -8, RC_ERROR = -100 /* an exception is set: the call returns NULL */ };
 static int configured;
 static uint32_t crc_table[256];
 
@@ -127,13 +127,69 @@ static Py_ssize_t find(char *base, Py_ssize_t buckets, Py_ssize_t entries, Py_ss
     return -1;
 }
 
-/* Take a robust mutex without waiting: 0 taken, RC_BUSY, or RC_OWNER_DEAD when taken from a
- * dead holder (made consistent: the caller repairs and releases). */
+/* The repair of a lock taken from a dead holder, where the caller does not name it: set_repairer(fn) from
+ * lock.py, fn(address) runs the on_recover of the ShmLock at that address (nothing where there is none). */
+static PyObject *repairer = NULL;
+
+/* set_repairer(fn) -> None */
+static PyObject *set_repairer(PyObject *self, PyObject *fn) {
+    Py_XSETREF(repairer, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
+/* fn(arg), or fn() where arg is NULL: the repair of a lock this thread took from a dead holder. 0, or -1 with
+ * its exception set. Python may raise an asynchronous exception (a signal handler's) at the repair's first
+ * instruction, before it repaired anything, and nobody else would (the lock is consistent again): where the
+ * repair raised, it runs once more (a repair is idempotent), and the first exception is raised after. */
+static int run_repair(PyObject *fn, PyObject *arg) {
+    for (int attempt = 0; attempt < 2; attempt++) {
+        PyObject *type = NULL, *value = NULL, *tb = NULL;
+        if (attempt)
+            PyErr_Fetch(&type, &value, &tb);
+        PyObject *r = arg ? PyObject_CallOneArg(fn, arg) : PyObject_CallNoArgs(fn);
+        Py_XDECREF(r);
+        if (attempt) {
+            PyErr_Clear();
+            PyErr_Restore(type, value, tb);
+        } else if (r != NULL) {
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* recover(lock, fn) -> None: the lock at address ``lock``, which this thread took from a dead holder
+ * (EOWNERDEAD), made consistent and repaired (fn(), unless fn is None) in one call, and left held: ShmLock's
+ * acquire, where nothing can land between the two steps. */
+static PyObject *recover(PyObject *self, PyObject *args) {
+    unsigned long long lock;
+    PyObject *fn;
+    if (!PyArg_ParseTuple(args, "KO", &lock, &fn))
+        return NULL;
+    pthread_mutex_consistent((pthread_mutex_t *)(uintptr_t)lock);
+    if (fn != Py_None && run_repair(fn, NULL) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Take a robust mutex without waiting: 0 taken, RC_BUSY, or RC_OWNER_DEAD when its holder died: then it was
+ * made consistent, repaired (the repairer) and released again, here, and the caller did nothing (it goes the
+ * general way). RC_ERROR, with the repair's exception set, where the repair raised (the lock released all
+ * the same). Once a C call returns to Python, Python may raise an asynchronous exception (a signal handler's)
+ * before the caller's next line: a lock handed back held for the caller to repair stayed held for good by a
+ * thread that lives on (issue 36's CI: "lock stripe 58 is held by this very thread"). */
 static int try_take(pthread_mutex_t *m) {
     int rc = pthread_mutex_trylock(m);
     if (rc == EOWNERDEAD) {
         pthread_mutex_consistent(m);
-        return RC_OWNER_DEAD;
+        int failed = 0;
+        if (repairer != NULL) {
+            PyObject *addr = PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)m);
+            failed = addr == NULL || run_repair(repairer, addr) < 0;
+            Py_XDECREF(addr);
+        }
+        pthread_mutex_unlock(m);
+        return failed ? RC_ERROR : RC_OWNER_DEAD;
     }
     return rc ? RC_BUSY : 0;
 }
@@ -298,6 +354,8 @@ static PyObject *insert(PyObject *self, PyObject *args) {
     }
     if (ab.buf)
         PyBuffer_Release(&ab);
+    if (rc == RC_ERROR)
+        return NULL;
     return Py_BuildValue("(id)", rc, ctime);
 }
 
@@ -309,6 +367,8 @@ static PyObject *set_byte(PyObject *self, PyObject *args) {
         return NULL;
     pthread_mutex_t *m = (pthread_mutex_t *)(uintptr_t)lock;
     int rc = try_take(m);
+    if (rc == RC_ERROR)
+        return NULL;
     if (rc == 0) {
         ((volatile unsigned char *)(uintptr_t)addr)[0] = (unsigned char)value;
         pthread_mutex_unlock(m);
@@ -477,7 +537,7 @@ static pthread_mutex_t *find_locked(PyObject *cap, PyObject *key, Ctx **cp, Py_s
     pthread_mutex_t *m = c->stripes[(b >> STRIPE_SHIFT) & c->smask]; /* (layout.STRIPE_SHIFT) */
     int rc = try_take(m);
     if (rc) {
-        *early = PyLong_FromLong(rc);
+        *early = rc == RC_ERROR ? NULL : PyLong_FromLong(rc);
         return NULL;
     }
     *eoff = 0;
@@ -512,8 +572,7 @@ static void touch(const Ctx *c, char *e) {
 /* get_entry(ctx, key) -> (idx, gen, offset, level, nbytes, kind, eoff) of the sealed entry of
  * key, pinned for this process, its access time refreshed when older than the grain;
  * RC_MISSING when there is none, RC_BUSY when its stripe lock is busy, RC_OWNER_DEAD when
- * that lock's holder died (the caller then holds it, made consistent, and must repair and
- * release it);
+ * that lock's holder died (repaired and released again: see try_take; the caller goes the general way);
  * None for a key this path does not take (not UTF-8, empty or too long). */
 static PyObject *get_entry(PyObject *self, PyObject *args) {
     PyObject *cap, *key, *early;
@@ -837,7 +896,7 @@ static PyObject *put_small(PyObject *self, PyObject *args) {
     pthread_mutex_t *m = c->stripes[stripe];
     int rc = try_take(m);
     if (rc) {
-        result = PyLong_FromLong(rc);
+        result = rc == RC_ERROR ? NULL : PyLong_FromLong(rc);
         goto done;
     }
     double ctime = clock_seconds(CLOCK_REALTIME); /* under the lock, as insert's */
@@ -970,6 +1029,8 @@ static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, "Set the entry layout (from layout.fast_path_layout())."},
     {"insert", insert, METH_VARARGS, "Write, count and link a reserved entry under its stripe lock."},
     {"set_byte", set_byte, METH_VARARGS, "Store one byte under a lock (sealing an entry)."},
+    {"set_repairer", set_repairer, METH_O, "fn(address): the repair of a lock taken from a dead holder."},
+    {"recover", recover, METH_VARARGS, "Make a lock taken from a dead holder consistent and repair it."},
     {"pin", pin, METH_VARARGS, "One more local pin (stripe lock held)."},
     {"unpin", unpin, METH_VARARGS, "Drop one local pin; True when it was the last."},
     {"context", context, METH_VARARGS, "A kernel's constants for get_entry and release."},
@@ -1000,7 +1061,7 @@ PyMODINIT_FUNC PyInit__fast(void) {
     }
     /* what fastpath.ABI checks: raised with every change of a call's arguments or answer (a build older
      * than its source is not loaded) */
-    if (PyModule_AddIntConstant(m, "ABI", 2) < 0) {
+    if (PyModule_AddIntConstant(m, "ABI", 3) < 0) {
         Py_DECREF(m);
         return NULL;
     }

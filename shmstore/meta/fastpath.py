@@ -17,24 +17,20 @@ from .keyref import KeyRef
 
 __all__ = ["load", "codes", "Found", "Small", "ClientOps", "ABI"]
 
-ABI = 2  # the _fast.c this code calls (its module constant ABI)
+ABI = 3  # the _fast.c this code calls (its module constant ABI)
 
 
 class codes:
     """Return codes of the C calls, shared with ``_fast.c`` (its ``RC_*`` constants)."""
 
-    # get_entry: no sealed entry has the key the stripe lock is taken: go the Python way, which waits the lock's holder
-    # died: the caller holds it now, repairs and releases it insert: the key is being written insert: the key exists
-    # insert: the entry is not reserved for this client any more put_small: the client's reserved entries ran out
-    # put_small: the client's chunk lacks room (or it has none)
-    MISSING = -1
-    BUSY = -2
-    OWNER_DEAD = -3
-    BEING_WRITTEN = -4
-    EXISTS = -5
-    STOLEN = -6
-    NO_ENTRY = -7
-    NO_CUT = -8
+    MISSING = -1        # get_entry: no sealed entry has the key
+    BUSY = -2           # the stripe lock is taken: go the Python way, which waits
+    OWNER_DEAD = -3     # the lock's holder died: repaired and released in the call (nothing done): the Python way
+    BEING_WRITTEN = -4  # insert: the key is being written
+    EXISTS = -5         # insert: the key exists
+    STOLEN = -6         # insert: the entry is not reserved for this client any more
+    NO_ENTRY = -7       # put_small: the client's reserved entries ran out
+    NO_CUT = -8         # put_small: the client's chunk lacks room (or it has none)
 
 
 class Found(NamedTuple):

@@ -31,6 +31,14 @@ no exception can land between taking the lock and the code that releases
 it. Without the C helper (``SHMSTORE_PURE_PYTHON=1``) the first instruction
 of ``__exit__`` stays such a point; the deferral of signals covers it for
 Ctrl-C.
+
+A lock taken from a dead holder is made consistent and repaired in one C
+call (``_fast.recover``), and the C fast paths that take a stripe lock
+themselves repair and release one they take from a dead holder before they
+return (``_fast.c``'s ``try_take``, through :func:`_repair_at`): a lock handed
+back held for the caller to repair stayed held for good where an exception
+came before the caller's next line, and a repair cut short at its first
+instruction repaired nothing. A repair that raises runs once more.
 """
 from __future__ import annotations
 
@@ -38,6 +46,7 @@ import ctypes
 import errno
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any, Callable, Literal, TypeVar
 
@@ -145,6 +154,20 @@ class _PyLockBase:
 
 _fast: Any = _load_fast()
 _LockBase: Any = _PyLockBase if _fast is None else _fast.LockBase
+# the locks with a repair, by address: the C fast paths repair a lock they take from a dead holder themselves
+_REPAIRABLE: weakref.WeakValueDictionary[int, ShmLock] = weakref.WeakValueDictionary()
+
+
+def _repair_at(addr: int) -> None:
+    """The repair of the lock at ``addr``, which a C fast path took from a dead holder and holds meanwhile
+    (``_fast.c``'s ``try_take``: it releases the lock once this returns or raises)."""
+    lock = _REPAIRABLE.get(addr)
+    if lock is not None and lock._on_recover is not None:
+        lock._on_recover()
+
+
+if _fast is not None:
+    _fast.set_repairer(_repair_at)
 
 
 class ShmLock(_LockBase):  # type: ignore[misc]
@@ -161,7 +184,7 @@ class ShmLock(_LockBase):  # type: ignore[misc]
         on_recover: called, with the lock held, after the previous holder died.
     """
 
-    __slots__ = ("_addr", "name", "timeout", "_on_recover")
+    __slots__ = ("_addr", "name", "timeout", "_on_recover", "__weakref__")
 
     def __init__(self, addr: int, name: str, timeout: float = 10.0,
                  on_recover: Callable[[], None] | None = None) -> None:
@@ -170,6 +193,8 @@ class ShmLock(_LockBase):  # type: ignore[misc]
         self.name = name
         self.timeout = timeout
         self._on_recover = on_recover
+        if on_recover is not None:
+            _REPAIRABLE[addr] = self
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """Acquire the lock; like ``threading.Lock.acquire``.
@@ -201,6 +226,9 @@ class ShmLock(_LockBase):  # type: ignore[misc]
         if rc == 0:
             return True
         if rc == native.EOWNERDEAD:
+            if _fast is not None:  # consistent and repaired in one C call: no exception lands in between
+                _fast.recover(self._addr, self._on_recover)
+                return True
             native.mutex_consistent(self._addr)
             if self._on_recover is not None:
                 self._on_recover()
@@ -212,14 +240,6 @@ class ShmLock(_LockBase):  # type: ignore[misc]
     @property
     def address(self) -> int:
         return self._addr
-
-    def recover_held(self) -> None:
-        """The caller took this lock from a dead holder outside this class: repair, then release."""
-        try:
-            if self._on_recover is not None:
-                self._on_recover()
-        finally:
-            self.release()
 
     def locked(self) -> bool:
         """True when some thread or process holds the lock (a snapshot)."""

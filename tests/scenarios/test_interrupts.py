@@ -45,7 +45,7 @@ import shmstore
 from shmstore import Level
 from shmstore.meta import fastpath
 from shmstore.meta import layout as L
-from shmstore.primitives import interrupts
+from shmstore.primitives import interrupts, native
 
 from ._sweeps import PKG, _child_store, assert_consistent, crc_of, kill_points, settle, values
 
@@ -97,6 +97,32 @@ def _in_finalizer(frame) -> bool:
     return False
 
 
+_REPAIRS = ("_repair_at", "repair", "repair_stripe")  # what runs the repair of a lock taken from a dead holder
+
+
+def _arm_dead_holder(stop_at: int) -> list[int]:
+    """Profile this process: raise ``KeyboardInterrupt`` at the ``stop_at``-th of the points that matter where a
+    verb meets a lock whose holder died: the return of each C call of the fast path or of the lock primitives
+    (one took the lock from the dead holder: a lock handed back held leaked when an exception came before the
+    caller's repair, CI's "lock stripe 58 is held by this very thread"), and the first instruction of the
+    repair (cut short there, it repaired nothing, and nobody else would)."""
+    count = [0]
+
+    def prof(frame, event, arg):
+        if event == "c_return":  # (frame: the caller's)
+            hit = frame.f_code.co_filename.startswith(PKG) and getattr(arg, "__module__", None) == "shmstore.meta._fast"
+        else:
+            hit = event == "call" and frame.f_code.co_name in _REPAIRS and frame.f_code.co_filename.startswith(PKG)
+        if hit:
+            count[0] += 1
+            if count[0] == stop_at:
+                sys.setprofile(None)
+                raise KeyboardInterrupt("asynchronous")
+
+    sys.setprofile(prof)
+    return count
+
+
 def private_state_problems(store, mode: str) -> list[str]:
     """Where this process's private bookkeeping disagrees with what the store records for its slot
     (with no verb in flight): pins, reserved entries, writes begun. In ``async`` mode a reserved entry
@@ -113,7 +139,7 @@ def private_state_problems(store, mode: str) -> list[str]:
         problems.append(f"pin bytes {sorted(shared)} but local pins {sorted(local)}")
     reserved = set(np.flatnonzero((t["state"] == L.RESERVED) & (t["writer"] == slot)).tolist())
     cached = {i for i, g in k._supply.entries if L.ENTRY_HEAD.get(buf, lay.entry(i), "gen") == g}
-    if reserved != cached and not (mode == "async" and reserved > cached):
+    if reserved != cached and not (mode != "sigint" and reserved > cached):
         problems.append(f"reserved entries {sorted(reserved)} but cached {sorted(cached)}")
     writing = np.flatnonzero((t["state"] == L.WRITING) & (t["writer"] == slot)).tolist()
     open_writers = len(list(k.writers))
@@ -137,7 +163,7 @@ def run_interrupted(prepare, op, verify_alive, stop_at: int, mode: str = "sigint
             os.close(r1)
             os.close(w2)
             store = prepare()
-            count = (_arm_async if mode == "async" else _arm)(stop_at)
+            count = {"async": _arm_async, "sigint": _arm, "dead holder": _arm_dead_holder}[mode](stop_at)
             interrupted, where = False, ""
             try:
                 try:
@@ -382,6 +408,71 @@ def test_get_of_a_spilled_object_interrupted_at_every_step(crash_store, mode):
         assert_consistent(store)
 
     assert sweep(store, _child_store(store), op, verify, mode) > 5
+
+
+def _die_holding(store, key: str) -> None:
+    """A process takes the stripe lock of ``key``, leaves half an update under it (the stripe's object counter
+    7 too high, which the stripe's repair counts again), and is SIGKILLed holding it."""
+    node = store.node_store
+    stripe = node.table.locate(store.kernel.sid, key.encode())[2]
+    lock, soff = node.stripes[stripe], node.layout.stripe_stats(stripe)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if native.mutex_trylock(lock.address) == 0:
+                L.STRIPE_STATS.set(node.buf, soff, "objects", L.STRIPE_STATS.get(node.buf, soff, "objects") + 7)
+                os.write(w, b"x")
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        taken = f.read(1)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert taken == b"x", "the stripe lock was not free"
+
+
+@pytest.mark.parametrize("verb", ["get", "contains", "delete", "put", "put large"])
+def test_a_verb_meeting_a_dead_holders_lock_interrupted_anywhere_leaves_it_repaired_and_free(crash_store, verb):
+    """The verb's key's stripe lock was held by a process that died half way through an update; the verb takes it
+    (in a C fast path or in Python), repairs the stripe and goes on. An asynchronous exception at every point
+    that matters there (the return of each C call, the repair's first instruction) leaves the lock free and the
+    stripe repaired: before, the C fast paths handed the lock back held for the caller to repair, and an
+    exception before the caller's next line left it held for good (CI: a Ctrl-C'd chaos worker, "lock stripe
+    58 is held by this very thread")."""
+    if fastpath.load() is None:
+        pytest.skip("the C fast path is not built: no C call takes the lock")
+    store = crash_store
+    small, large = np.arange(1000), np.arange(300_000)
+    value = large if verb == "put large" else small
+    if not verb.startswith("put"):
+        store.put("victim", value)
+    connect = _child_store(store)
+
+    def prepare():
+        s = connect()
+        _die_holding(s, "victim")
+        return s
+
+    op = {"get": lambda s: s.get("victim"), "contains": lambda s: "victim" in s, "delete": lambda s: s.delete("victim"),
+          "put": lambda s: s.put("victim", value), "put large": lambda s: s.put("victim", value)}[verb]
+
+    def verify(finished):
+        if verb.startswith("put"):
+            assert "victim" in store or not finished
+            if "victim" in store:
+                assert crc_of(store.get("victim")) == crc_of(value)
+                store.delete("victim")
+        else:
+            assert "victim" not in store if verb == "delete" and finished else True
+            if "victim" not in store:
+                store.put("victim", value)
+            assert crc_of(store.get("victim")) == crc_of(value)
+        assert_consistent(store)
+
+    assert sweep(store, prepare, op, verify, "dead holder") >= 1
 
 
 # ---- the store's signal handler ------------------------------------------------------------------------
