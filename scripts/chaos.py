@@ -34,7 +34,9 @@ run holds (every worker journals which store it uses):
 then lets the old store go (it removes its own files, and no name: the new
 store keeps working), and at the end checks that nothing of either store is
 left in /dev/shm or the spill directory. The seed is printed first: a
-failure reproduces (up to timing) with ``--seed``.
+failure reproduces (up to timing) with ``--seed``. With
+``SHMSTORE_CHAOS_KEEP=1`` a failed run keeps the workers' journals and
+stderr (the path is printed).
 """
 from __future__ import annotations
 
@@ -799,7 +801,11 @@ class Chaos:
                 if store is not None:
                     store.close()
             shmstore.destroy(self.name, force=True)
-            shutil.rmtree(self.dir, ignore_errors=True)
+            if os.environ.get("SHMSTORE_CHAOS_KEEP") and sys.exc_info()[0] is not None:
+                self.log(f"chaos: the workers' journals and stderr are kept in {self.dir}")
+                shutil.rmtree(self.spill_dir, ignore_errors=True)
+            else:
+                shutil.rmtree(self.dir, ignore_errors=True)
         return self._result(n)
 
     def _result(self, rounds: int) -> dict[str, Any]:

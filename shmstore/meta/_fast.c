@@ -980,17 +980,20 @@ static int LockBase_init(LockBase *self, PyObject *args, PyObject *kwds) {
 }
 
 /* __exit__(exc_type, exc, tb): with an exception, self._abandon(exc_type) first (it repairs what an
- * unexpected one left half done); then unlock, whatever _abandon did. */
+ * unexpected one left half done; once more where it raised, as run_repair); then unlock, whatever _abandon
+ * did. */
 static PyObject *LockBase_exit(LockBase *self, PyObject *args) {
     PyObject *et = PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0) : Py_None;
-    PyObject *r = NULL;
-    if (et != Py_None)
-        r = PyObject_CallMethod((PyObject *)self, "_abandon", "O", et);
+    int failed = 0;
+    if (et != Py_None) {
+        PyObject *abandon = PyObject_GetAttrString((PyObject *)self, "_abandon");
+        failed = abandon == NULL || run_repair(abandon, et) < 0;
+        Py_XDECREF(abandon);
+    }
     int rc = self->mutex ? pthread_mutex_unlock(self->mutex) : EINVAL;
     if (et != Py_None) {
-        if (r == NULL)
+        if (failed)
             return NULL;
-        Py_DECREF(r);
     } else if (rc) {
         PyErr_Format(PyExc_RuntimeError, "release of a lock this thread does not hold (%d)", rc);
         return NULL;

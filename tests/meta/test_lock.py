@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -10,6 +11,7 @@ import uuid
 import pytest
 
 from shmstore.errors import LockTimeoutError
+from shmstore.meta import fastpath
 from shmstore.meta.lock import ShmLock, init_lock
 from shmstore.primitives.segment import Segment
 
@@ -156,3 +158,43 @@ def test_a_timeout_names_the_holder_a_thread_here_or_another_process(seg):
                 pass
     finally:
         child.kill()
+
+
+def _raise_at_first(name: str, where: list[str]):
+    """A profile function that raises KeyboardInterrupt (as an asynchronous exception would) at the first
+    instruction of the first call of a function ``name``, once; ``where`` records that it did."""
+    def prof(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == name and not where:
+            where.append(name)
+            sys.setprofile(None)
+            raise KeyboardInterrupt(f"at the start of {name}")
+    return prof
+
+
+@pytest.mark.skipif(fastpath.load() is None, reason="the C helper repairs twice; pure Python once (signals deferred)")
+@pytest.mark.parametrize("where", ["a section that raised", "a dead holder's lock"])
+def test_a_repair_cut_short_at_its_first_instruction_runs_again(seg, where):
+    """An asynchronous exception at the repair's first instruction (a second Ctrl-C while the store's handler
+    defers the first) repaired nothing, and the lock was released consistent: nobody would ever repair that
+    section. The C helper runs the repair once more, then raises the first exception."""
+    repaired, hit = [], []
+    lock = ShmLock(seg.address, "t", timeout=5, on_recover=lambda: repaired.append(True))
+    if where == "a dead holder's lock":
+        child = Child(child_code(seg.name, "lock.acquire()\nprint('held', flush=True)\ntime.sleep(60)"))
+        assert child.readline() == "held"
+        child.kill()
+        sys.setprofile(_raise_at_first("<lambda>", hit))
+        try:
+            with pytest.raises(KeyboardInterrupt, match="at the start"):
+                lock.acquire(timeout=5)
+        finally:
+            sys.setprofile(None)
+    else:
+        with pytest.raises(KeyboardInterrupt, match="at the start"):
+            with lock:
+                sys.setprofile(_raise_at_first("_abandon", hit))
+                raise ValueError("not raised on purpose: the section may be half done")
+        sys.setprofile(None)
+    assert hit and repaired == [True]
+    assert lock.acquire(blocking=False)  # released, and consistent
+    lock.release()
