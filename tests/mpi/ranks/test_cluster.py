@@ -137,8 +137,11 @@ def test_migrate_moves_or_copies_with_its_key(cluster, comm, key):
     comm.Barrier()  # everyone looked before anyone fetches it back
     assert bytes(cluster.get(key)) == b"payload" * 1000
     comm.Barrier()
+    gone, listed = (cluster.delete(key), cluster.locate(key)) if comm.rank == 0 else (None, None)
+    comm.Barrier()
+    left = comm.allgather(key in cluster.store)  # no copy anywhere once the delete returned
     if comm.rank == 0:
-        assert cluster.delete(key) == len(cluster.nodes)
+        assert not any(left) and not listed and gone == len(cluster.nodes), (gone, listed, left)
     comm.Barrier()
 
 
