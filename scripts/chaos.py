@@ -379,21 +379,22 @@ def worker_main(args: argparse.Namespace) -> int:
 
 # ---- the run -----------------------------------------------------------------
 
-def _leaked_owners(store: shmstore.Store) -> list[str]:
-    """The owner entries of the extents check() calls leaked, as they are now: what the leak left behind."""
+def _explain(store: shmstore.Store, problems: list[str]) -> list[str]:
+    """What the entries named by check()'s problems hold now (the owner of a leaked extent, the entry of a spill
+    file no object explains), and the spill process's state: what a failure left behind, for its report."""
+    import re
+
     from shmstore.node.repair import valid_extents
     node = store.node_store
     buf, lay = node.buf, node.layout
     n, _ = L.extent_cursor(buf)
     ext = L.extent_table(buf, lay)[:n]
     keep, _ = valid_extents(buf, lay)
-    out = []
-    for rec in sorted(set((1 + np.flatnonzero(ext["flags"] == L.EXT_USED)).tolist()) - set(keep.tolist())):
-        owner = int(ext["owner"][rec - 1])
-        if 0 < owner <= lay.max_objects:
-            out.append(f"extent {rec}: its owner entry {owner - 1} is {L.entry(buf, lay.entry(owner - 1))}")
-    return out
-
+    entries = {int(ext["owner"][rec - 1]) - 1
+               for rec in set((1 + np.flatnonzero(ext["flags"] == L.EXT_USED)).tolist()) - set(keep.tolist())}
+    entries |= {int(m.group(1)) for p in problems for m in [re.match(r"spill file (\d+)\.\d+(\.tmp)? ", p)] if m}
+    out = [f"entry {i} is now {L.entry(buf, lay.entry(i))}" for i in sorted(entries) if 0 <= i < lay.max_objects]
+    return out + [f"spill state: {L.unpack_spill_state(buf)}"]
 
 class Journal:
     """What the workers' journals say about every key."""
@@ -530,7 +531,7 @@ class Chaos:
             problems = store.check()
             if problems:
                 raise AssertionError(f"store.check() beside live workers that caught Ctrl-Cs (seed {self.seed}):"
-                                     f"\n  " + "\n  ".join(problems[:30] + _leaked_owners(store)))
+                                     f"\n  " + "\n  ".join(problems[:30] + _explain(store, problems)))
 
     def _interrupt_workers(self) -> None:
         """Ctrl-C a few times to random workers (half of the time while a move is in flight), at random
@@ -709,7 +710,8 @@ class Chaos:
                 self._read_back(store, key, state)
         problems = store.check()
         if problems:
-            raise AssertionError(f"store.check() after round (seed {self.seed}):\n  " + "\n  ".join(problems[:30]))
+            raise AssertionError(f"store.check() after round (seed {self.seed}):\n  "
+                                 + "\n  ".join(problems[:30] + _explain(store, problems)))
         self._check_capacity(store)
         self._trim(store, listed)
 
