@@ -243,8 +243,12 @@ class ShmLock(_LockBase):  # type: ignore[misc]
 
     def locked(self) -> bool:
         """True when some thread or process holds the lock (a snapshot)."""
-        if not self._finish(_trylock(self._addr), False, 0):
-            return True
+        try:
+            if not self._finish(_trylock(self._addr), False, 0):
+                return True
+        except BaseException:  # a dead holder's repair raised, or an asynchronous exception: taken, so released
+            _unlock(self._addr)  # EPERM, harmless, where this thread does not hold it
+            raise
         _unlock(self._addr)
         return False
 
