@@ -70,14 +70,13 @@ def _arm(stop_at: int) -> list[int]:
     return count
 
 
-def _arm_async(stop_at: int) -> list[int]:
-    """Profile this process: raise ``KeyboardInterrupt`` at the ``stop_at``-th point of shmstore code where
-    Python checks for asynchronous exceptions (``PyThreadState_SetAsyncExc``, a signal handler the store
-    does not defer): where a function of it starts, and right after each C function it calls returns."""
+def _raise_at(stop_at: int, hit) -> list[int]:
+    """Profile this process: raise ``KeyboardInterrupt`` at the ``stop_at``-th profile event for which
+    ``hit(frame, event, arg)`` is true. Returns the count of such events so far (one item)."""
     count = [0]
 
     def prof(frame, event, arg):
-        if event in ("call", "c_return") and frame.f_code.co_filename.startswith(PKG) and not _in_finalizer(frame):
+        if hit(frame, event, arg):
             count[0] += 1
             if count[0] == stop_at:
                 sys.setprofile(None)
@@ -85,6 +84,14 @@ def _arm_async(stop_at: int) -> list[int]:
 
     sys.setprofile(prof)
     return count
+
+
+def _arm_async(stop_at: int) -> list[int]:
+    """Raise ``KeyboardInterrupt`` at the ``stop_at``-th point of shmstore code where Python checks for
+    asynchronous exceptions (``PyThreadState_SetAsyncExc``, a signal handler the store does not defer): where
+    a function of it starts, and right after each C function it calls returns."""
+    return _raise_at(stop_at, lambda frame, event, arg: event in ("call", "c_return")
+                     and frame.f_code.co_filename.startswith(PKG) and not _in_finalizer(frame))
 
 
 def _in_finalizer(frame) -> bool:
@@ -101,26 +108,18 @@ _REPAIRS = ("_repair_at", "repair", "repair_stripe")  # what runs the repair of 
 
 
 def _arm_dead_holder(stop_at: int) -> list[int]:
-    """Profile this process: raise ``KeyboardInterrupt`` at the ``stop_at``-th of the points that matter where a
-    verb meets a lock whose holder died: the return of each C call of the fast path or of the lock primitives
-    (one took the lock from the dead holder: a lock handed back held leaked when an exception came before the
-    caller's repair, CI's "lock stripe 58 is held by this very thread"), and the first instruction of the
-    repair (cut short there, it repaired nothing, and nobody else would)."""
-    count = [0]
-
-    def prof(frame, event, arg):
-        if event == "c_return":  # (frame: the caller's)
-            hit = frame.f_code.co_filename.startswith(PKG) and getattr(arg, "__module__", None) == "shmstore.meta._fast"
-        else:
-            hit = event == "call" and frame.f_code.co_name in _REPAIRS and frame.f_code.co_filename.startswith(PKG)
-        if hit:
-            count[0] += 1
-            if count[0] == stop_at:
-                sys.setprofile(None)
-                raise KeyboardInterrupt("asynchronous")
-
-    sys.setprofile(prof)
-    return count
+    """Raise ``KeyboardInterrupt`` at the ``stop_at``-th of the points that matter where a verb meets a lock whose
+    holder died: the return of each call of the C fast path (``_fast``: one took the lock from the dead holder,
+    and a lock handed back held leaked when an exception came before the caller's repair, CI's "lock stripe 58
+    is held by this very thread"; ShmLock's ``recover``), and the first instruction of the repair (cut short
+    there, it repaired nothing, and nobody else would)."""
+    def hit(frame, event, arg):
+        if not frame.f_code.co_filename.startswith(PKG):  # (at a C return: the caller's frame)
+            return False
+        if event == "c_return":
+            return getattr(arg, "__module__", None) == "shmstore.meta._fast"
+        return event == "call" and frame.f_code.co_name in _REPAIRS
+    return _raise_at(stop_at, hit)
 
 
 def private_state_problems(store, mode: str) -> list[str]:
