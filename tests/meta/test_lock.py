@@ -190,11 +190,13 @@ def test_a_repair_cut_short_at_its_first_instruction_runs_again(seg, where):
         finally:
             sys.setprofile(None)
     else:
-        with pytest.raises(KeyboardInterrupt, match="at the start"):
-            with lock:
-                sys.setprofile(_raise_at_first("_abandon", hit))
-                raise ValueError("not raised on purpose: the section may be half done")
-        sys.setprofile(None)
+        try:
+            with pytest.raises(KeyboardInterrupt, match="at the start"):
+                with lock:
+                    sys.setprofile(_raise_at_first("_abandon", hit))
+                    raise ValueError("not raised on purpose: the section may be half done")
+        finally:
+            sys.setprofile(None)
     assert hit and repaired == [True]
     assert lock.acquire(blocking=False)  # released, and consistent
     lock.release()
