@@ -19,7 +19,7 @@ from .units import parse_size
 
 __all__ = ["Config", "SHM_DIR", "env", "explicit_settings",
            "pure_python", "stream_count", "node_label", "default_node", "service_spin",
-           "cuda_aware_override", "mpich_vcis", "no_gpu", "doorbell"]
+           "cuda_aware_override", "mpich_vcis", "no_gpu", "doorbell", "partner_hop"]
 
 SHM_DIR = "/dev/shm"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -245,6 +245,13 @@ def doorbell() -> bool:
     """``SHMSTORE_DOORBELL``: an idle MPI node service sleeps in the kernel and a request after silence rings it
     awake (``shmstore.mpi.doorbell``; default on); ``0``: it probes MPI at its idle pace instead."""
     return bool(env("DOORBELL", _parse_bool, True))
+
+
+def partner_hop() -> bool:
+    """``SHMSTORE_PARTNER_HOP``: a thread spinning for a message from a thread of this machine (a get's reply from
+    the holder's service, a service's next request from its asker) moves itself to an idle CPU where that thread
+    waits to run on its own (``shmstore.mpi.poll``; default on); ``0``: it naps 20 us there instead."""
+    return bool(env("PARTNER_HOP", _parse_bool, True))
 
 
 def no_gpu() -> bool:

@@ -133,6 +133,53 @@ static int partner_waits_here(int *fd, int tid, int cpu) {
     return atoi(p) == cpu;
 }
 
+/* Whether a CPU other than this thread's could take it at once: the machine's runnable threads (the 4th field
+ * of /proc/loadavg, counted now, this thread and its waiting partner included) leave one of the CPUs this
+ * thread may run on without any. */
+static int idle_cpu_elsewhere(int allowed) {
+    char buf[128];
+    int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    char *p = buf;
+    for (int field = 0; field < 3; p++) { /* three load averages, then "running/total" */
+        if (*p == 0)
+            return 0;
+        if (*p == ' ')
+            field++;
+    }
+    long running = atol(p);
+    return running > 0 && running - 2 < allowed - 1;
+}
+
+static __thread long partner_hops = 0; /* this thread's moves off its partner's CPU, for tests */
+static int hop_allowed = 1; /* set_hop(): SHMSTORE_PARTNER_HOP, poll.prober sets it; 2 (tests): idle or not */
+
+/* Move this thread off CPU ``cpu`` where its partner waits to run there and another CPU it may use idles: its
+ * affinity without ``cpu`` (the kernel moves it at once), then its own again (a mask that holds the CPU it now
+ * runs on moves nothing). 1 where it moved. A thread bound to one CPU (a launcher's binding) never moves. */
+static int hop_off(int cpu) {
+    cpu_set_t own, other;
+    if (!hop_allowed)
+        return 0;
+    if (sched_getaffinity(0, sizeof own, &own) != 0 || CPU_COUNT(&own) < 2 || !CPU_ISSET(cpu, &own))
+        return 0;
+    if (hop_allowed == 1 && !idle_cpu_elsewhere(CPU_COUNT(&own)))
+        return 0;
+    other = own;
+    CPU_CLR(cpu, &other);
+    if (sched_setaffinity(0, sizeof other, &other) != 0)
+        return 0;
+    sched_setaffinity(0, sizeof own, &own);
+    partner_hops++;
+    return 1;
+}
+
 /* Naps shorter than a millisecond with a tight timer slack: Linux lets a 50 us sleep last 50 us more by default
  * (a 20 us nap took 105 us here). *slack keeps the thread's own (-1: not tightened yet), which probe_wait gives
  * back as it returns. */
@@ -210,8 +257,9 @@ static void lower_switch_interval(unsigned long us) {
  * depends on: the service that will answer, the asker whose next request comes. Two such threads on one core
  * each spun their window while the other waited to run (emulated nodes of one host, where the scheduler woke
  * them side by side: traced, a service spun 333 us on the asker's core, the asker woken and waiting, the other
- * core idle). From 40 us into a spin, every 20 us, this looks whether the partner waits to run on this CPU, and
- * where it does naps 20 us: the partner runs, and this thread wakes on a free CPU where there is one.
+ * core idle). From 40 us into a spin, every 20 us, this looks whether the partner waits to run on this CPU. Where
+ * it does and another CPU this thread may use idles, this thread moves there (hop_off: the kernel left the two
+ * side by side for 60 gets in a row, ~30 ms, with a 20 us nap alone); else it naps 20 us and the partner runs.
  *
  * urgent_us (> 0: a node's service): the GIL's switch interval is the application's while this waits and
  * urgent_us from where it takes the GIL back (see lower_switch_interval), with a message or without: an idle
@@ -259,7 +307,8 @@ static PyObject *probe_wait(PyObject *self, PyObject *args) {
              * where a CPU is free (a yield kept both on one core: gets 20-40 us slower at the median) */
             if (partner > 0 && now - looked >= PARTNER_LOOK_NS) {
                 looked = now;
-                if (partner_waits_here(&partner_fd, partner, sched_getcpu())) {
+                int cpu = sched_getcpu();
+                if (partner_waits_here(&partner_fd, partner, cpu) && !hop_off(cpu)) {
                     tighten_slack(&slack); /* a 20 us nap, not 70 */
                     struct timespec step = {0, 20000};
                     nanosleep(&step, NULL);
@@ -314,6 +363,19 @@ static PyObject *py_take_rings(PyObject *self, PyObject *args) {
 /* partner_naps() -> how often probe_wait on this thread napped for its partner. For tests. */
 static PyObject *py_partner_naps(PyObject *self, PyObject *noargs) { return PyLong_FromLong(partner_naps); }
 
+/* set_hop(allowed) -> None: whether a spin may move its thread off the CPU its partner waits for (hop_off); 2
+ * (tests): whether or not another CPU idles. */
+static PyObject *py_set_hop(PyObject *self, PyObject *args) {
+    int allowed;
+    if (!PyArg_ParseTuple(args, "i", &allowed))
+        return NULL;
+    hop_allowed = allowed;
+    Py_RETURN_NONE;
+}
+
+/* partner_hops() -> how often probe_wait on this thread moved off its partner's CPU. For tests. */
+static PyObject *py_partner_hops(PyObject *self, PyObject *noargs) { return PyLong_FromLong(partner_hops); }
+
 /* partner_waits(tid) -> whether thread ``tid`` waits to run on this thread's CPU. For tests. */
 static PyObject *py_partner_waits(PyObject *self, PyObject *args) {
     int tid;
@@ -347,6 +409,8 @@ static PyMethodDef methods[] = {
     {"probe_wait", probe_wait, METH_VARARGS, "Wait for an MPI message with the GIL released (see above)."},
     {"take_rings", py_take_rings, METH_VARARGS, "Take the rings waiting on a bell (see above)."},
     {"partner_naps", py_partner_naps, METH_NOARGS, "How often probe_wait on this thread napped for its partner."},
+    {"set_hop", py_set_hop, METH_VARARGS, "Whether a spin may move its thread off its partner's CPU."},
+    {"partner_hops", py_partner_hops, METH_NOARGS, "How often probe_wait on this thread moved off its partner's CPU."},
     {"partner_waits", py_partner_waits, METH_VARARGS, "Whether a thread waits to run on this thread's CPU."},
     {"kernel_id", py_kernel_id, METH_NOARGS, "This kernel's identity as rings carry it."},
     {"rung_here", py_rung_here, METH_NOARGS, "Whether the last rings came from this CPU (then cleared)."},

@@ -27,7 +27,7 @@ from typing import Any, Callable, NamedTuple
 
 from mpi4py import MPI
 
-from ..config import pure_python, service_idle, service_spin
+from ..config import partner_hop, pure_python, service_idle, service_spin
 from ..primitives.interrupts import interruptible
 
 __all__ = ["prober", "python_prober", "ring_origin", "Ring", "spin_window", "idle_nap", "Pace", "quiet_wait",
@@ -103,14 +103,19 @@ def prober(comm: MPI.Comm) -> Probe:
     ``urgent`` (a node's service): the GIL's switch interval from where it takes the GIL back (see
     :class:`Urgency`; :func:`native` says whether this prober does that itself); ``partner``: the thread id
     (of this machine; 0: none) of the thread the awaited message depends on (the service that will answer, the
-    asker whose next request comes): a spin naps 20 us where that thread waits to run on this very CPU (looked
-    at from 40 us into the spin, every 20 us), never for any other. The GIL is released while it waits."""
+    asker whose next request comes): where that thread waits to run on this very CPU (looked at from 40 us into
+    the spin, every 20 us), the spinning thread moves to another CPU it may use that idles (``SHMSTORE_PARTNER_HOP``,
+    default on: its affinity without this CPU, then its own again), else naps 20 us; never for any other thread.
+    The GIL is released while it waits."""
     probe_wait = _probe_wait()
     if probe_wait is None:
         return python_prober(comm)
     addr = _iprobe_address()
     if addr is None:
         return python_prober(comm)
+    ext = _extension()
+    if hasattr(ext, "set_hop"):
+        ext.set_hop(int(partner_hop()))
     handle = MPI._handleof(comm)
 
     # holds nothing: a Ctrl-C raises here at once (the caller burns the reply tag)

@@ -260,6 +260,77 @@ def test_a_service_has_a_short_gil_switch_interval_only_while_it_wants_the_gil_a
         comm.Free()
 
 
+def test_a_spin_moves_off_the_cpu_its_partner_waits_for_where_another_idles(monkeypatch):
+    """Where the partner waits to run on the spinner's CPU and another CPU the spinner may use idles, the spinner
+    moves there (the kernel left an asker and the holder's service side by side on one core for 60 gets in a
+    row, the other core idle), and its affinity is its own again after. It stays (and naps) where every CPU is
+    busy (a thread of this test spins on each), with ``SHMSTORE_PARTNER_HOP=0``, and where its affinity holds
+    one CPU (a launcher's binding). Whether a CPU idles otherwise depends on the machine's other work (the
+    suite may run twice at once), so the move itself is checked with that question skipped (``set_hop(2)``)."""
+    import ctypes
+    import os
+    import subprocess
+    import sys
+
+    _probe = pytest.importorskip("shmstore.mpi._probe")
+    monkeypatch.setenv("SHMSTORE_PURE_PYTHON", "0")
+    sched_getcpu = ctypes.CDLL(None, use_errno=True).sched_getcpu
+    allowed = os.sched_getaffinity(0)
+    cpu = min(allowed)
+    spin = ("import os, threading, time\n"
+            "os.sched_setaffinity(0, {%d})\n"
+            "print(threading.get_native_id(), flush=True)\n"
+            "end = time.monotonic() + 300\n"
+            "while time.monotonic() < end: pass\n")
+    procs: list[subprocess.Popen] = []
+    comm = MPI.COMM_SELF.Dup()
+
+    def start(on: int) -> int:
+        p = subprocess.Popen([sys.executable, "-c", spin % on], stdout=subprocess.PIPE)
+        procs.append(p)
+        return int(p.stdout.readline())  # spinning on CPU ``on`` from now on
+
+    def spin_once(probe, mask: set[int]) -> tuple[int, int, int]:
+        """(hops, naps, the CPU after) of one 50 ms spin begun on ``cpu`` beside the partner, free to use
+        ``mask``."""
+        os.sched_setaffinity(0, {cpu})  # onto the partner's CPU ...
+        os.sched_setaffinity(0, mask)  # ... free to leave it (a mask holding this CPU moves nothing)
+        hops, naps = _probe.partner_hops(), _probe.partner_naps()
+        assert probe(MPI.ANY_SOURCE, 7, 0.05, 1e-4, 0.05, partner=here) is False
+        assert os.sched_getaffinity(0) == mask, "the spin left this thread's affinity changed"
+        return _probe.partner_hops() - hops, _probe.partner_naps() - naps, sched_getcpu()
+
+    try:
+        here = start(cpu)
+        probe = poll.prober(comm)
+        assert poll.native(probe)
+        # bound to one CPU: nowhere to go, it naps
+        hops, naps, _ = spin_once(probe, {cpu})
+        assert hops == 0 and naps >= 1
+        if len(allowed) > 1:
+            _probe.set_hop(2)  # the move, whatever the machine's other work
+            hops, naps, now = spin_once(probe, allowed)
+            assert hops >= 1 and now != cpu, f"hops {hops}, naps {naps}, on CPU {now} (the partner's: {cpu})"
+            monkeypatch.setenv("SHMSTORE_PARTNER_HOP", "0")
+            probe = poll.prober(comm)  # (it sets the hop from the setting again)
+            hops, naps, _ = spin_once(probe, allowed)
+            assert hops == 0 and naps >= 1
+            monkeypatch.delenv("SHMSTORE_PARTNER_HOP")
+            probe = poll.prober(comm)
+            for other in sorted(allowed - {cpu}):  # every CPU busy: nowhere idle to go
+                start(other)
+            hops, naps, _ = spin_once(probe, allowed)
+            assert hops == 0 and naps >= 1, f"moved with every CPU busy: {open('/proc/loadavg').read().strip()}"
+    finally:
+        os.sched_setaffinity(0, allowed)
+        poll.prober(comm)  # the hop as SHMSTORE_PARTNER_HOP says again
+        for p in procs:
+            p.kill()
+            p.wait(60)
+            p.stdout.close()
+        comm.Free()
+
+
 def test_a_spin_leaves_its_cpu_to_its_partner_only_where_the_partner_waits_for_that_cpu(monkeypatch):
     """A wait spinning for a message whose sender is a thread of this machine (``partner``: the service that will
     answer, the asker whose next request comes) naps where that thread waits to run on the spinner's own CPU (two
