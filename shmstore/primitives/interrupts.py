@@ -340,6 +340,13 @@ class _Watcher:
         return True
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        finally:  # however it ended, a later deferral starts another (a claim kept by this thread blocked it)
+            if self._thread is threading.current_thread():
+                self._thread = None
+
+    def _watch(self) -> None:
         now, main = _DEFERRED_NOW, threading.main_thread()
         quiet = 0.0
         while main.is_alive():
@@ -357,13 +364,15 @@ class _Watcher:
             signum = next((h.signum for h in now.handlers if _getsignal(h.signum) is h), None)
             if signum is None:  # the program replaced every such handler: nobody to hand them to
                 now.handlers.clear()
-                break
+                if self._ending():  # (unless one was deferred meanwhile: then this thread watches on)
+                    return
+                continue
             now.handoff = True
             try:
                 signal.pthread_kill(main.ident or 0, signum)
-            except (OSError, ValueError):
+            except (OSError, ValueError):  # the main thread is going: the hooks deliver what waits, if anyone
                 now.handoff = False
-                break
+                return
 
 
 def _outside_store(ident: int) -> bool:

@@ -544,6 +544,39 @@ def test_a_signal_inside_a_verb_is_handled_when_the_verb_returns_and_a_second_on
     assert "three" in store and store.check() == []
 
 
+def test_a_signal_watcher_that_had_nobody_to_hand_back_to_lets_a_later_deferral_start_another():
+    """The watcher thread ends where the program replaced every handler of the signals that waited (nobody to
+    hand them to). It must let go of its claim: a signal deferred later, whose return no hook sees (both slots
+    held by C tools, or a finalizer's next line), is handed back to the main thread by the watcher alone, and a
+    claim kept by the ended thread left it waiting for good."""
+    from helpers import wait_for
+
+    now, watcher = interrupts._DEFERRED_NOW, interrupts._watcher
+    assert wait_for(lambda: watcher._thread is None, 30), "a watcher of an earlier test did not end"
+    interval = interrupts.watcher_interval(0.001)
+    calls: list[str] = []
+    before = signal.signal(signal.SIGUSR2, lambda s, f: calls.append("the program's"))  # it replaced ours
+    try:
+        now.handlers.append(interrupts.DeferringHandler(signal.SIGUSR2, lambda s, f: calls.append("ours")))
+        watcher.start()
+        first = watcher._thread
+        assert first is not None and wait_for(lambda: not first.is_alive(), 30)
+        assert now.handlers == [] and calls == []  # nobody to hand them to: dropped
+        assert watcher._thread is None, "the ended watcher still claims its place: no later one can start"
+
+        later = interrupts.DeferringHandler(signal.SIGUSR2, lambda s, f: calls.append("later"))
+        signal.signal(signal.SIGUSR2, later)
+        now.handlers.append(later)  # deferred where no hook will see the return: the watcher's to hand back
+        watcher.start()
+        assert wait_for(lambda: calls == ["later"], 30), f"the signal deferred later never ran: {calls}"
+        assert now.handlers == [] and not now.handoff
+    finally:
+        now.handlers.clear()
+        now.handoff = False
+        signal.signal(signal.SIGUSR2, before)
+        interrupts.watcher_interval(interval)
+
+
 def test_ctrl_c_in_a_wait_for_the_spill_process_raises_at_once_and_withdraws_the_request(tmp_path, sigint_restored):
     import threading
     import time
