@@ -3,7 +3,10 @@ under SHMSTORE_PURE_PYTHON; both say False when nothing comes within the limit a
 On COMM_SELF: runs at any rank count."""
 from __future__ import annotations
 
+import os
 import select
+import subprocess
+import sys
 import threading
 import time
 
@@ -82,7 +85,6 @@ def test_the_kernel_extension_knows_no_mpi():
 def test_service_idle_nap_is_short_only_where_a_core_is_spare(monkeypatch):
     """An idle node service probes every 50 us where the host has a core to spare (a request after a pause is
     answered within ~100 us), every 1 ms where ranks fill the cores; SHMSTORE_SERVICE_IDLE_US decides where set."""
-    import os
 
     from shmstore import config
     from shmstore.errors import ConfigError
@@ -145,7 +147,6 @@ def test_a_ring_says_whether_it_came_from_the_sleepers_own_cpu():
     """A ring carries its machine's kernel id and the ringing thread's CPU (doorbell.Bells.sent); the C prober
     tells a ring from the CPU it runs on (a loopback ring wakes the service there: the service then naps at once
     after answering, leaving that core to the rank that waits for the answer) from any other."""
-    import os
     import socket
     import struct
 
@@ -189,8 +190,6 @@ def test_a_service_has_a_short_gil_switch_interval_only_while_it_wants_the_gil_a
     before 3.12) lowers it from where it takes the GIL back, a request or not, and gives it back as it lets the
     GIL go for its next wait; elsewhere :meth:`Urgency.on` lowers it. An interval the application set meanwhile,
     or a shorter one of its own, stays; a child forked while it is lowered has the application's at once."""
-    import os
-    import sys
     monkeypatch.setenv("SHMSTORE_PURE_PYTHON", "1" if pure else "0")
     before = sys.getswitchinterval()
     comm = MPI.COMM_SELF.Dup()
@@ -260,6 +259,30 @@ def test_a_service_has_a_short_gil_switch_interval_only_while_it_wants_the_gil_a
         comm.Free()
 
 
+# a child whose second thread (not its main one) spins on CPU %d for at most 300 s, and says its thread id first
+_SPIN = ("import os, threading, time\n"
+         "def run():\n"
+         "    os.sched_setaffinity(0, {%d})\n"
+         "    print(threading.get_native_id(), flush=True)\n"
+         "    end = time.monotonic() + 300\n"
+         "    while time.monotonic() < end: pass\n"
+         "t = threading.Thread(target=run); t.start(); t.join()")
+
+
+def _child(code: str, procs: list[subprocess.Popen]) -> tuple[subprocess.Popen, int]:
+    """``python -c code``, kept in ``procs`` (see :func:`_kill`), and the number it prints first."""
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    procs.append(p)
+    return p, int(p.stdout.readline())
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.kill()
+        p.wait(60)
+        p.stdout.close()
+
+
 def test_a_spin_moves_off_the_cpu_its_partner_waits_for_where_another_idles(monkeypatch):
     """Where the partner waits to run on the spinner's CPU and another CPU the spinner may use idles, the spinner
     moves there (the kernel left an asker and the holder's service side by side on one core for 60 gets in a
@@ -268,27 +291,14 @@ def test_a_spin_moves_off_the_cpu_its_partner_waits_for_where_another_idles(monk
     one CPU (a launcher's binding). Whether a CPU idles otherwise depends on the machine's other work (the
     suite may run twice at once), so the move itself is checked with that question skipped (``set_hop(2)``)."""
     import ctypes
-    import os
-    import subprocess
-    import sys
 
     _probe = pytest.importorskip("shmstore.mpi._probe")
     monkeypatch.setenv("SHMSTORE_PURE_PYTHON", "0")
     sched_getcpu = ctypes.CDLL(None, use_errno=True).sched_getcpu
     allowed = os.sched_getaffinity(0)
     cpu = min(allowed)
-    spin = ("import os, threading, time\n"
-            "os.sched_setaffinity(0, {%d})\n"
-            "print(threading.get_native_id(), flush=True)\n"
-            "end = time.monotonic() + 300\n"
-            "while time.monotonic() < end: pass\n")
     procs: list[subprocess.Popen] = []
     comm = MPI.COMM_SELF.Dup()
-
-    def start(on: int) -> int:
-        p = subprocess.Popen([sys.executable, "-c", spin % on], stdout=subprocess.PIPE)
-        procs.append(p)
-        return int(p.stdout.readline())  # spinning on CPU ``on`` from now on
 
     def spin_once(probe, mask: set[int]) -> tuple[int, int, int]:
         """(hops, naps, the CPU after) of one 50 ms spin begun on ``cpu`` beside the partner, free to use
@@ -301,7 +311,7 @@ def test_a_spin_moves_off_the_cpu_its_partner_waits_for_where_another_idles(monk
         return _probe.partner_hops() - hops, _probe.partner_naps() - naps, sched_getcpu()
 
     try:
-        here = start(cpu)
+        here = _child(_SPIN % cpu, procs)[1]  # spinning on ``cpu`` from now on
         probe = poll.prober(comm)
         assert poll.native(probe)
         # bound to one CPU: nowhere to go, it naps
@@ -318,16 +328,13 @@ def test_a_spin_moves_off_the_cpu_its_partner_waits_for_where_another_idles(monk
             monkeypatch.delenv("SHMSTORE_PARTNER_HOP")
             probe = poll.prober(comm)
             for other in sorted(allowed - {cpu}):  # every CPU busy: nowhere idle to go
-                start(other)
+                _child(_SPIN % other, procs)
             hops, naps, _ = spin_once(probe, allowed)
             assert hops == 0 and naps >= 1, f"moved with every CPU busy: {open('/proc/loadavg').read().strip()}"
     finally:
         os.sched_setaffinity(0, allowed)
         poll.prober(comm)  # the hop as SHMSTORE_PARTNER_HOP says again
-        for p in procs:
-            p.kill()
-            p.wait(60)
-            p.stdout.close()
+        _kill(procs)
         comm.Free()
 
 
@@ -337,35 +344,18 @@ def test_a_spin_leaves_its_cpu_to_its_partner_only_where_the_partner_waits_for_t
     such threads on one core each spun their window while the other waited), and never for another thread: one
     that sleeps, one that runs elsewhere, one that is gone, or no partner at all; a message sent while it naps
     is still found. The partner here is a second thread of a process, not its main thread."""
-    import os
-    import subprocess
-    import sys
-
     _probe = pytest.importorskip("shmstore.mpi._probe")
     monkeypatch.setenv("SHMSTORE_PURE_PYTHON", "0")
     allowed = os.sched_getaffinity(0)
     cpu = min(allowed)
     others = sorted(allowed - {cpu})
-    # a thread (not the main one) that spins on one CPU for at most 300 s, and says its thread id
-    spin = ("import os, threading, time\n"
-            "def run():\n"
-            "    os.sched_setaffinity(0, {%d})\n"
-            "    print(threading.get_native_id(), flush=True)\n"
-            "    end = time.monotonic() + 300\n"
-            "    while time.monotonic() < end: pass\n"
-            "t = threading.Thread(target=run); t.start(); t.join()")
     procs: list[subprocess.Popen] = []
     comm = MPI.COMM_SELF.Dup()
     try:
-        def start(code: str) -> tuple[subprocess.Popen, int]:
-            p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
-            procs.append(p)
-            return p, int(p.stdout.readline())
-
-        _, here = start(spin % cpu)
-        _, asleep = start("import os, time; print(os.getpid(), flush=True); time.sleep(300)")
-        elsewhere = start(spin % others[0])[1] if others else 0
-        gone_proc, gone = start("import os; print(os.getpid(), flush=True)")
+        _, here = _child(_SPIN % cpu, procs)
+        _, asleep = _child("import os, time; print(os.getpid(), flush=True); time.sleep(300)", procs)
+        elsewhere = _child(_SPIN % others[0], procs)[1] if others else 0
+        gone_proc, gone = _child("import os; print(os.getpid(), flush=True)", procs)
         gone_proc.wait(60)
         os.sched_setaffinity(0, {cpu})  # this thread and the busy partner share one CPU
         probe = poll.prober(comm)
@@ -395,8 +385,5 @@ def test_a_spin_leaves_its_cpu_to_its_partner_only_where_the_partner_waits_for_t
         reqs[0].wait()
     finally:
         os.sched_setaffinity(0, allowed)
-        for p in procs:
-            p.kill()
-            p.wait(60)
-            p.stdout.close()
+        _kill(procs)
         comm.Free()
