@@ -67,7 +67,12 @@ def step(c: Cluster, op: str, keys: list[str], i: int) -> None:
         c.get(k)
         c.store.delete(k)
     elif op == "get_many":
-        batch = keys[(i % 2)::2][:8]  # a batch of small objects, or of large ones
+        # a batch of small objects, or of large ones; the next of its kind (i + 2) takes the next 8: the call
+        # after the kill gets keys the one it hit had not (that one may have landed its objects here before it
+        # raised, at the registration with the dead home)
+        kind = keys[(i % 2)::2]
+        start = 8 * (i // 2) % (len(kind) - 7)
+        batch = kind[start:start + 8]
         c.get_many(batch)
         for b in batch:
             c.store.delete(b)
