@@ -21,7 +21,10 @@ round trip (median and p99 of ``--gets``) and a raw 1 MiB ``Send`` answering an
 memory and from POSIX shared memory into shared memory (where a store's objects
 live: on /dev/shm's 4 KiB pages the copy between processes costs more), and from
 and into distinct shared memory each time (``distinct``: as the store's gets of
-distinct objects, the bytes not in the caches; the 1 MiB rows give both ratios); a raw
+distinct objects, the bytes not in the caches; the 1 MiB rows give both ratios), and
+that last one again right after each mode's 1 MiB gets (``1 MiB raw beside``: as many,
+the holder's hold over; ``... / raw beside``: the back-to-back gets' median over it, repeat
+by repeat, as a link's speed drifts within minutes on a VM); a raw
 8 B round trip after each silence with the other rank probing every 50 us,
 followed by ``--gets`` more back to back (their p99: the raw counterpart of the
 gets' p99), and with it spinning in a blocking ``Recv`` (what this machine adds
@@ -93,6 +96,15 @@ def raw_round_trips(comm: MPI.Comm, n: int, reply_bytes: int, shm: bool = False,
     finally:
         if seg is not None:
             seg.close()
+
+
+def paired_raw(comm: MPI.Comm) -> list[float]:
+    """:func:`raw_round_trips` of 1 MiB from and into distinct shared memory, as many as a mode's back-to-back
+    1 MiB gets, right after them (both ranks, the holder's hold over): the baseline beside them, not minutes
+    before. The services of the Cluster are left 50 ms to go idle first (their probes would slow the raw
+    transfer: over TCP a thread probing every 200 us made a raw 1 MiB one 20-50% slower)."""
+    time.sleep(0.05)
+    return raw_round_trips(comm, BIGS - 1, MiB, distinct=True)
 
 
 def raw_after_silence(comm: MPI.Comm, silence: float, nap: float, then: int = 0) -> list[float]:
@@ -322,6 +334,7 @@ def main() -> int:
             for m in modes:
                 if world.rank == 1:
                     hold(world, m)
+                    paired_raw(world)
                     continue
                 got = rows[m]
                 keys = iter(f"{m}{r}s{i}" for i in range(per_round))
@@ -361,6 +374,12 @@ def main() -> int:
                     locs.append(time.perf_counter() - t)
                 got.setdefault("locate", []).append(statistics.median(locs))
                 release(world, m)
+                # the raw baseline again, seconds after the store's 1 MiB gets rather than minutes: on a VM a link's
+                # speed drifts 2x within minutes (nodes apart, this VM: 0.35 ms, then 0.75 ms, a quarter hour later)
+                beside = statistics.median(paired_raw(world))
+                got.setdefault("1 MiB raw beside", []).append(beside)
+                got.setdefault(f"{BIGS - 1} 1 MiB gets / raw beside", []).append(
+                    statistics.median(bigs[1:]) / beside)
         quiet_barrier(world)
     if world.rank == 0:
         print(f"bench_latency: 2 ranks on 2 nodes, {os.cpu_count()} cpus, GIL switch interval "
@@ -381,6 +400,9 @@ def main() -> int:
             print(f"  holder {m}:")
             for label, xs in (rows[m] | rma.get(m, {})).items():
                 v = statistics.median(xs)
+                if label.endswith("/ raw beside"):  # a ratio, repeat by repeat
+                    print(f"    {label:22} {v:10.2f}x  (runs: {', '.join(f'{x:.2f}' for x in xs)})")
+                    continue
                 base, unit = (raw_mib, "raw 1 MiB") if "1 MiB" in label else (rtt, "RTT")
                 cold = f", {v / cold_mib:.2f}x distinct" if "1 MiB" in label else ""
                 print(f"    {label:22} {v * 1e6:10.1f} us  {v / base:7.1f}x {unit}{cold}  (runs: "

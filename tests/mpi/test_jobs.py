@@ -804,7 +804,8 @@ def test_a_rank_killed_during_a_checkpoints_copy_and_flush_leaves_a_whole_checkp
 def test_bench_latency_prints_every_row_beside_its_baselines_and_leaves_nothing(mpi):
     """``scripts/bench_latency.py`` (issue 36's figures) on two emulated nodes with short silences and few gets:
     every mode's rows come, the raw baselines and the raw responder thread's rows beside them (paced ones
-    included: pings that span the holder's compute turns as the store's gets do), each a positive figure, and
+    included: pings that span the holder's compute turns as the store's gets do; the raw 1 MiB taken again right
+    after each mode's 1 MiB gets, and their ratio to it), each a positive figure, and
     the job leaves no segment of its Cluster behind."""
     before = set(shm_segments())
     name = f"{SUITE}lat{uuid.uuid4().hex[:6]}"
@@ -820,10 +821,15 @@ def test_bench_latency_prints_every_row_beside_its_baselines_and_leaves_nothing(
     for mode in ("asleep", "computing"):
         rows = out.split(f"holder {mode}:")[1].split("holder ")[0]
         for label in ("first after 0.05 s", "20 gets p99", "1 ms apart median", "1 MiB get", "locate",
-                      "raw thread 20 p99", "raw thread paced median", "raw thread paced p99"):
+                      "raw thread 20 p99", "raw thread paced median", "raw thread paced p99", "1 MiB raw beside",
+                      "5 1 MiB gets / raw beside"):
             line = next((ln for ln in rows.splitlines() if ln.strip().startswith(label)), None)
             assert line is not None, f"no {label!r} row for {mode}:\n{out[-3000:]}"
-            assert float(line.split(label)[1].split()[0]) > 0, line
-            if "1 MiB" in label:  # beside both raw baselines
+            figure = line.split(label)[1].split()[0]
+            if label.endswith("/ raw beside"):  # a ratio to the raw baseline taken right after the gets
+                assert figure.endswith("x"), line
+                figure = figure[:-1]
+            assert float(figure) > 0, line
+            if "1 MiB" in label and not label.endswith("/ raw beside"):  # beside both raw baselines
                 assert "x raw 1 MiB" in line and "x distinct" in line, line
     assert wait_for(lambda: not _new_of_this_run(before), timeout=15), _new_of_this_run(before)
