@@ -101,9 +101,10 @@ def raw_round_trips(comm: MPI.Comm, n: int, reply_bytes: int, shm: bool = False,
 def paired_raw(comm: MPI.Comm) -> list[float]:
     """:func:`raw_round_trips` of 1 MiB from and into distinct shared memory, as many as a mode's back-to-back
     1 MiB gets, right after them (both ranks, the holder's hold over): the baseline beside them, not minutes
-    before. The services of the Cluster are left 50 ms to go idle first (their probes would slow the raw
-    transfer: over TCP a thread probing every 200 us made a raw 1 MiB one 20-50% slower)."""
-    time.sleep(0.05)
+    before. Both are left 0.3 s first: the services to go idle (over TCP a thread probing every 200 us made a raw
+    1 MiB 20-50% slower), a computing holder's BLAS threads to stop spinning (OpenBLAS's wait for its next
+    product, ~0.1 s: 50 ms after the compute, a raw 1 MiB took 1.1-2.3 ms where it took 0.6-0.7 ms otherwise)."""
+    time.sleep(0.3)
     return raw_round_trips(comm, BIGS - 1, MiB, distinct=True)
 
 
