@@ -376,7 +376,7 @@ def main() -> int:
                 got.setdefault("locate", []).append(statistics.median(locs))
                 release(world, m)
                 # the raw baseline again, seconds after the store's 1 MiB gets rather than minutes: on a VM a link's
-                # speed drifts 2x within minutes (nodes apart, this VM: 0.35 ms, then 0.75 ms, a quarter hour later)
+                # speed drifts 2x within minutes (nodes apart, this VM: 0.35 ms, then 0.75 ms, minutes later)
                 beside = statistics.median(paired_raw(world))
                 got.setdefault("1 MiB raw beside", []).append(beside)
                 got.setdefault(f"{BIGS - 1} 1 MiB gets / raw beside", []).append(
