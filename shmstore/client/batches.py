@@ -129,6 +129,7 @@ class Batches:
         supply, todo, state = self._state.supply, list(group), self._state
         try_put = None if overwrite or state.ops is None else lv.try_put
         cut_short: list[tuple[int, int]] = []  # entries a C call was cut short in: given up once unlocked
+        lv.prepare(refs[group[0]].key)  # what waits on another process, before the stripe lock
         while todo:
             entries = self._take_entries([refs[i].key for i in todo])  # outside the lock: it may refill
             n, stolen = 0, False

@@ -170,6 +170,7 @@ class Puts:
             done = shortcut(self._put_ctx, ref, what if what.src is None else what._replace(src=None), self.give_up)
             if done is not None:
                 return done
+        lv.prepare(ref.key)  # what waits on another process, before the stripe lock (see StorageLevel.prepare)
         while True:
             held = self._supply.take_entry(ref.key)
             try:

@@ -86,6 +86,9 @@ class DiskLevel:
     def _refund_locked(self, size: int) -> None:
         L.ALLOC.set(self.host.buf, "disk_reserved", max(0, L.ALLOC.get(self.host.buf, "disk_reserved") - size))
 
+    def prepare(self, key: str) -> None:
+        pass  # a quota, charged under the ALLOC lock
+
     def place(self, key: str, idx: int, gen: int, size: int, client: PutContext,
               write_entry: Callable[[int, int, int], None]) -> tuple[int, int, int]:
         with self.host.alloc_lock:  # one section: the quota always equals what the table charges

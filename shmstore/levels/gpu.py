@@ -392,12 +392,26 @@ class GpuLevel:
     def remove_files(self) -> int:
         return 0  # nothing outside device memory and the metadata
 
+    def prepare(self, key: str) -> None:
+        """This device's arena, made by the spill process (waited for) where it is not yet: before the
+        stripe lock, which :meth:`place` then takes no longer than its allocation."""
+        slot = self._slot(claim=True)
+        if slot < 0:
+            need_cupy("store", key)
+        self._arena(slot)
+
     def place(self, key: str, idx: int, gen: int, size: int, client: PutContext,
               write_entry: Callable[[int, int, int], None]) -> tuple[int, int, int]:
         slot = self._slot(claim=True)
         if slot < 0:
             need_cupy("store", key)
-        arena = self._arena(slot)
+        arena = allocator(self.host, slot)
+        if arena is None and self.owner:  # the spill process makes it itself, waiting on nobody
+            arena = self._arena(slot)
+        if arena is None:  # prepare() had it made, and it was lost since (its spill process died)
+            raise StorageFullError(f"no GPU arena for {self._name()}: it was lost after this put had it made "
+                                   f"(its spill process died); the next put on the level has it made again",
+                                   key, Level.GPU, size)
         node, eoff = self.host, self.host.layout.entry(idx)
         with node.alloc_lock:
             if not owns_entry(node.buf, eoff, client.slot, gen):

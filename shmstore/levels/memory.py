@@ -72,6 +72,9 @@ class MemoryLevel:
         return s.high, s.low
 
     # ---- space ---------------------------------------------------------------------
+    def prepare(self, key: str) -> None:
+        pass  # the arena is there from the store's creation
+
     def place(self, key: str, idx: int, gen: int, size: int, client: PutContext,
               write_entry: Callable[[int, int, int], None]) -> tuple[int, int, int]:
         supply = client.supply

@@ -173,9 +173,21 @@ class StorageLevel(Protocol):
     def watermarks(self) -> tuple[float, float]:
         """(high, low): the spill policy keeps usage between these fractions of ``total``."""
 
+    def prepare(self, key: str) -> None:
+        """Whatever a :meth:`place` here needs that waits on another process, done before the caller takes
+        the key's stripe lock (``place`` itself never waits on one): the GPU level has the spill process make
+        this device's arena. A put that waited for the spill process holding its stripe lock, while a client
+        held every other stripe (``check``, a supply steal) and the spill process waited for one of those,
+        stood until a lock timeout (issue 36's CI, stop 52).
+
+        Raises:
+            StorageFullError: what the place would raise for want of it (no arena could be made).
+        """
+
     def place(self, key: str, idx: int, gen: int, size: int, client: PutContext,
               write_entry: Callable[[int, int, int], None]) -> tuple[int, int, int]:
-        """Space for ``size`` bytes of reserved entry ``idx`` (stripe lock held).
+        """Space for ``size`` bytes of reserved entry ``idx`` (stripe lock held; it never waits on another
+        process: see :meth:`prepare`).
 
         Calls ``write_entry(offset, extent, flags)`` in the section that
         places the space, so that the entry names it from the start.

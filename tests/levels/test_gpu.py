@@ -414,6 +414,72 @@ def test_host_up_device_down_zero_length_and_spill(gstore, cp):
 
 @pytest.mark.gpu
 @needs_device
+@pytest.mark.parametrize("verb", ["put", "put_many", "open_writer"])
+def test_a_first_put_waiting_for_its_gpu_arena_holds_no_lock_another_client_needs(gstore, cp, verb):
+    """The first put on the GPU level has the spill process make the device's arena, and waits for it. It
+    waited holding its key's stripe lock: a client taking every stripe (``check``, a supply steal) then
+    waited on it, and a spill process busy with a move under one of that client's stripes never answered it,
+    until a lock timeout (a rank suite's ``check()`` in CI, stop 52; 1 round in 16 of it two jobs at once,
+    the put a rank's first on the GPU level). Here the spill process is stopped (SIGSTOP) while the put
+    waits: another client's puts, deletes and ``check()`` (every stripe) go on meanwhile, and once the spill
+    process resumes the put lands whole."""
+    import signal
+    import threading
+
+    from shmstore.spill import requests
+    node = gstore.node_store
+    assert all(L.unpack_gpu(node.buf, node.layout, d).state != L.GPU_READY for d in range(L.MAX_GPUS))
+    child = Child("""
+import os, numpy as np, shmstore
+with shmstore.connect(os.environ['N'], spill_dir=os.environ['D']) as s:
+    print('ready', flush=True)
+    input()
+    keys = [f'm{i}' for i in range(512)]  # every stripe's lock, many times over
+    for k in keys:
+        s.put(k, np.full(4, 1.0))
+    problems = s.check()
+    for k in keys:
+        s.delete(k)
+    print('done', problems, flush=True)
+""", env={"N": gstore.name, "D": gstore.config.spill_dir, "SHMSTORE_LOCK_TIMEOUT": "5"})
+    assert child.readline() == "ready"
+    want, out = cp.arange(1 << 20, dtype=cp.float32), {}
+
+    def put() -> None:
+        try:
+            if verb == "put":
+                gstore.put("g", want, levels=[Level.GPU])
+            elif verb == "put_many":
+                gstore.put_many({"g": want}, levels=[Level.GPU])
+            else:
+                with gstore.open_writer("g", want.nbytes, levels=[Level.GPU]) as w:
+                    w.write(cp.asnumpy(want).tobytes())
+            out["done"] = True
+        except BaseException as exc:  # noqa: BLE001 (asserted below)
+            out["error"] = exc
+    pid = gstore.spill_pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        putter = threading.Thread(target=put, daemon=True)
+        putter.start()
+        assert wait_for(lambda: requests.pending(node) != [], timeout=30)  # the put waits for its arena
+        child.send("go")
+        assert child.readline(timeout=60) == "done []"
+        assert putter.is_alive() and not out  # still waiting for the stopped spill process
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    putter.join(60)
+    assert not putter.is_alive() and "error" not in out, out
+    got = gstore.get("g")
+    got = got if verb != "open_writer" else got.view(cp.float32)  # raw bytes, on the GPU
+    assert gstore.get_info("g").level == Level.GPU and bool((got == want).all())
+    del got
+    child.wait()
+    assert gstore.check() == []
+
+
+@pytest.mark.gpu
+@needs_device
 def test_torch_cuda_tensor_is_accepted(gstore):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():

@@ -11,6 +11,8 @@ import faulthandler
 import os
 import re
 import signal
+import stat
+import tempfile
 import time
 import uuid
 
@@ -23,8 +25,30 @@ from shmstore.mpi import Cluster  # noqa: E402
 
 from helpers import job_name  # noqa: E402
 
-# every thread's Python stack on SIGUSR1: a rank whose lock wait timed out asks the holder for its stack
-faulthandler.register(signal.SIGUSR1, all_threads=True)
+# every thread's Python stack on SIGUSR1: a rank whose lock wait timed out asks the holder for its stack. Into a
+# file of this process, which the asking rank reads through /proc and prints: pytest captures this rank's stderr
+# (fd 2) per test, and an aborted job never shows what it captured (a CI run printed the header and no stack).
+# The file is unlinked at once, so an aborted job leaves nothing in /tmp.
+_STACKS = tempfile.TemporaryFile("w+")  # noqa: SIM115 (open for the life of the rank)
+
+
+def _stacks_of(pid: int) -> str:
+    """What rank ``pid``'s faulthandler wrote into its unlinked stacks file (the first such file it holds)."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            if not (os.readlink(path).endswith("(deleted)") and stat.S_ISREG(os.stat(path).st_mode)):
+                continue  # never open a pipe or socket of another process: its read could wait forever
+            with open(path, errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if "Thread 0x" in text or "Current thread 0x" in text:
+            return text
+    return "(it wrote none)"
+
+
+faulthandler.register(signal.SIGUSR1, file=_STACKS, all_threads=True)
 
 
 @pytest.fixture(autouse=True)
@@ -48,8 +72,9 @@ def pytest_runtest_makereport(item, call):
             try:
                 os.kill(int(held.group(1)), signal.SIGUSR1)
                 time.sleep(2)
-            except OSError:
-                pass
+                print(_stacks_of(int(held.group(1))), file=sys.stderr, flush=True)
+            except OSError as exc:
+                print(f"(its stacks could not be had: {exc})", file=sys.stderr, flush=True)
         MPI.COMM_WORLD.Abort(1)
 
 
