@@ -52,6 +52,10 @@ operations (freeing, repair) never need CuPy.
 The level is built from the store's ``LevelHost`` and a way to ask the spill
 process for an arena (``request_arena``); the spill process builds it
 without one, and then makes and owns the arenas itself (``make_arena``).
+A client waits for that request in ``prepare``, before a put takes its
+stripe lock, never in ``place`` under it: a client taking every stripe
+(``check``) and a spill process busy under one of its stripes waited on
+that put until a lock timeout.
 """
 from __future__ import annotations
 
