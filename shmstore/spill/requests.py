@@ -20,17 +20,34 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from ..errors import LockTimeoutError
 from ..meta import layout as L
+from ..meta.lock import held_here
 from ..node.nodestore import NodeStore
 from ..primitives.interrupts import interruptible
 from .supervisor import ensure_spill
 
 __all__ = ["submit", "wait", "pending", "complete", "request_arena"]
 
+_KINDS = {L.REQ_SPACE: "make room", L.REQ_MOVE: "move an object", L.REQ_GPU: "make a GPU arena"}
+
 
 def submit(node: NodeStore, slot: int, kind: int, nbytes: int = 0, idx: int = 0, gen: int = 0,
            level: int = 0, arena: int = 0) -> int:
-    """Post a request for client ``slot``; returns its sequence number."""
+    """Post a request for client ``slot``; returns its sequence number.
+
+    Raises:
+        LockTimeoutError: the calling thread holds a lock of the store (a bug in shmstore): the spill process
+            may need that lock to serve any request, and a client taking every lock (``check``) would wait on
+            this one while it waits on the spill process. Said at once, instead of all three waiting for a
+            lock timeout (a first GPU put did, under its stripe lock: stop 52's CI).
+    """
+    held = held_here([*node.stripes, node.alloc_lock, node.admin])
+    if held:
+        raise LockTimeoutError(
+            f"a request to the spill process ({_KINDS.get(kind, kind)}) from a thread that holds the store's lock(s) "
+            f"{', '.join(held)}: the spill process may need them to serve it, and waiting would stand until a "
+            f"lock timeout (a bug in shmstore: please report it with this traceback)")
     buf, at = node.buf, node.layout.client(slot) + L.REQUEST_OFFSET
     seq: int = (L.REQUEST.get(buf, at, "seq") + 1) & 0xFFFFFFFF
     L.REQUEST.set(buf, at, "status", L.RS_IDLE)  # then the rest, then pending: the publishing store

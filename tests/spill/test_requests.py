@@ -47,3 +47,21 @@ def test_a_request_not_served_in_time_is_withdrawn_and_a_late_answer_ignored(sto
     requests.complete(node, slot, late)  # the spill process answers after all: nothing changes
     r = L.unpack_request(node.buf, node.layout.client(slot))
     assert r.status == L.RS_IDLE  # withdrawn: not pending, and no answer
+
+
+def test_a_thread_holding_a_store_lock_is_refused_a_request_at_once(stopped):
+    """Nobody waits for the spill process holding a store lock (the module's rule): the spill process may need
+    that lock to serve any request, and a client taking every lock (check) would wait on the asker. A first GPU
+    put broke it, under its stripe lock, and three processes stood until a lock timeout (stop 52's CI). Now the
+    request is refused at once, naming the lock, and nothing is posted."""
+    import shmstore
+    node, slot = stopped
+    for lock in (node.stripes[3], node.alloc_lock, node.admin):
+        with lock:
+            with pytest.raises(shmstore.LockTimeoutError, match=f"make room.*holds the store's lock.*{lock.name}"):
+                requests.submit(node, slot, L.REQ_SPACE, nbytes=1)
+        assert requests.pending(node) == []
+    seq = requests.submit(node, slot, L.REQ_SPACE, nbytes=1)  # with no lock held it goes
+    [(s, r)] = requests.pending(node)
+    assert s == slot and r.seq == seq
+    requests.withdraw(node, slot, seq)
