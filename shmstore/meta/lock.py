@@ -99,8 +99,7 @@ def _held_here(addr: int) -> bool:
 
 def held_here(locks: Sequence[ShmLock]) -> list[str]:
     """The names of the locks of ``locks`` that the calling thread holds (a few hundred ns a lock)."""
-    me = threading.get_native_id()
-    return [lock.name for lock in locks if _owner(lock.address) == me]
+    return [lock.name for lock in locks if _held_here(lock.address)]
 
 
 def holder(addr: int) -> str:
