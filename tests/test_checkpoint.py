@@ -257,6 +257,7 @@ s.close()
 """
 
 
+@pytest.mark.slow
 def test_a_spill_process_killed_mid_flush_leaves_nothing_visible_and_its_successor_flushes_it_whole(name, pdir):
     child = Child(SLOW_FLUSH, env={"N": name, "P": pdir})
     try:
@@ -381,6 +382,7 @@ def test_a_plan_left_by_the_last_client_keeps_the_store_until_the_spill_process_
         del got
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_spill_process_mid_flush_finishes_the_flush(name, pdir):
     child = Child(SLOW_FLUSH, env={"N": name, "P": pdir})
     try:
@@ -443,6 +445,7 @@ def _spill_pids(name: str) -> list[int]:
     return [int(p) for p in r.stdout.split()]
 
 
+@pytest.mark.slow
 def test_a_spill_process_stopped_mid_flush_and_resumed_completes_it_whole_once(name, pdir):
     """SIGSTOP of the spill process while it writes the part (a debugger, a suspended job), SIGCONT seconds
     later while the writer waits on the checkpoint: the checkpoint completes whole (every crc checked), no
@@ -469,6 +472,7 @@ def test_a_spill_process_stopped_mid_flush_and_resumed_completes_it_whole_once(n
     assert wait_for(lambda: len(_spill_pids(name)) <= 1, timeout=30), _spill_pids(name)
 
 
+@pytest.mark.slow
 def test_a_writer_stopped_in_its_checkpoint_put_and_resumed_completes_it(name, pdir):
     """SIGSTOP of a process in the middle of its checkpoint's put, SIGCONT after seconds: the put finishes,
     the checkpoint completes, every value restores; meanwhile nothing of it is visible."""

@@ -73,6 +73,7 @@ def _segments(name: str) -> list[str]:
     return [s for s in os.listdir("/dev/shm") if f"-{name}-" in s]
 
 
+@pytest.mark.slow
 def test_a_look_at_a_dead_store_changes_nothing_and_gc_removes_it(name, tmp_path):
     """Regression: `shmstore status` on a store whose job died restarted a spill process, which then removed
     the store; looking must not change anything (stores, status, ls, info, check)."""

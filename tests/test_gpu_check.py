@@ -15,6 +15,8 @@ import sysconfig
 import tarfile
 import zipfile
 
+import pytest
+
 from helpers import ROOT
 
 SCRIPT = os.path.join(ROOT, "scripts", "gpu-check.sh")
@@ -191,6 +193,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 """
 
 
+@pytest.mark.slow
 def test_the_image_python_is_a_venv_and_the_checks_venv_sees_its_packages(tmp_path):
     """Issue 31: on the GPU machine python3 is itself a venv holding the packages (CuPy, numpy, mpi4py, pytest,
     pip...). A venv made from it with --system-site-packages sees only the base interpreter's site-packages, so

@@ -106,6 +106,7 @@ def _warned(stderr: str, paths: dict[str, str]) -> set[str]:
 QUIET = {"empty"}  # a store being created: no warning
 
 
+@pytest.mark.slow
 def test_planted_fifos_sockets_links_and_garbage_neither_hang_nor_stop_stores_gc_status(store, name, tmp_path):
     """Regression (issue 19): `mkfifo /dev/shm/shmstore-<uid>-x-n-meta` hung `shmstore stores`, `gc`, `gc --uid`,
     `gc --all-users` and the Slurm epilog forever (opened without O_NONBLOCK, looked at only after the open)."""

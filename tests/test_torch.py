@@ -92,6 +92,7 @@ class _StoreDataset(torch.utils.data.Dataset):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("context", ["fork", "forkserver", "spawn"])
+@pytest.mark.slow
 def test_a_dataloader_whose_dataset_keeps_its_store_reads_it_in_its_workers(store, context):
     """Issue 35 item 2 with a real DataLoader: its workers under the default start method on Linux (fork),
     forkserver and spawn use the Store the Dataset kept (it failed with StoreClosedError under fork); every item
@@ -124,6 +125,7 @@ def test_a_dataloader_whose_dataset_keeps_its_store_reads_it_in_its_workers(stor
     assert store.check() == []
 
 
+@pytest.mark.slow
 def test_another_process_gets_the_tensor(store):
     store.put("sd", {"w": torch.arange(10.0)})
     child = Child("""
@@ -186,6 +188,7 @@ print('wrote', flush=True)
     assert torch.equal(store.get("sd")["w"], torch.arange(1000, dtype=torch.float32))
 
 
+@pytest.mark.slow
 def test_a_model_and_optimizer_checkpoint_restores_zero_copy_from_the_store_and_whole_from_the_folder(name,
                                                                                                    tmp_path):
     """Issue 34 item 4: ``store.checkpoint`` of a model's and an optimizer's state dicts; ``restore`` gives
@@ -288,6 +291,7 @@ print('ok', rank, flush=True)
 """
 
 
+@pytest.mark.slow
 def test_dcp_save_and_load_with_two_ranks_of_a_gloo_group(name, tmp_path):
     """dcp with a real process group (two ranks, gloo): dcp spreads the replicated items over the ranks, each
     rank's writer checkpoints its share, the coordinator's finish waits for both parts; both ranks then load

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 USER_SCRIPT = """
 import numpy as np
 import shmstore

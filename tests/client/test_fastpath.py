@@ -20,6 +20,7 @@ def test_the_extension_is_used_where_it_was_built():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_pure_python_kernel_passes_the_store_tests():
     env = dict(os.environ, SHMSTORE_PURE_PYTHON="1", PYTHONPATH=ROOT)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",

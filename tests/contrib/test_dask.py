@@ -233,6 +233,7 @@ def _run_job(scenario: str, name: str, tmp_path) -> dict:
 
 
 @pytest.mark.timeout(450)  # a cluster's start, work and end on a busy 2-core machine; each wait is bounded
+@pytest.mark.slow
 def test_localcluster_sum_and_matmul_with_copies_made_and_dropped(name, tmp_path):
     """192 MiB copied to both workers, one copy of each dropped by the active memory manager (the issue's bug:
     the other copy went too), then a sum, a mean along an axis and a blocked matmul, checked against numpy."""
@@ -251,6 +252,7 @@ def test_localcluster_sum_and_matmul_with_copies_made_and_dropped(name, tmp_path
 
 
 @pytest.mark.timeout(450)
+@pytest.mark.slow
 def test_a_worker_sigkilled_mid_computation(name, tmp_path):
     """Dask recomputes what the killed worker held; its store objects are swept; nothing leaks."""
     facts = _run_job("kill", name, tmp_path)

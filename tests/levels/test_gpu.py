@@ -578,6 +578,7 @@ def test_item12_two_connects_in_one_process_share_one_mapping(gstore, cp):
 
 @pytest.mark.gpu
 @needs_device
+@pytest.mark.slow
 def test_item13_the_spill_process_marks_its_arena_lost_as_it_exits(gstore, cp):
     import signal
     node = gstore.node_store
@@ -676,6 +677,7 @@ def test_item06_a_view_let_go_during_a_graph_capture_leaves_the_capture_valid(gs
 
 @pytest.mark.gpu
 @needs_device
+@pytest.mark.slow
 def test_item06_an_exiting_spill_process_keeps_its_arena_while_a_client_reads_a_view_of_it(gstore, cp):
     """SIGTERM to the spill process while a client holds a view: it marks the arena lost (no new view), then
     keeps the allocation until the view goes (CUDA leaves freeing memory another process maps undefined),
@@ -704,6 +706,7 @@ def test_item06_an_exiting_spill_process_keeps_its_arena_while_a_client_reads_a_
 
 @pytest.mark.gpu
 @needs_device
+@pytest.mark.slow
 def test_bench_gpu_runs_in_both_modes(name):
     """scripts/bench_gpu.py, single process and two ranks on two emulated nodes, through the real store (on the
     CuPy stand-in where no device is: its figures mean nothing there, its paths run)."""

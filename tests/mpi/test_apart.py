@@ -47,7 +47,7 @@ def _why_not() -> str | None:
     return None
 
 
-pytestmark = [pytest.mark.mpi, pytest.mark.apart]
+pytestmark = [pytest.mark.mpi, pytest.mark.apart, pytest.mark.slow]
 
 
 class Nodes:

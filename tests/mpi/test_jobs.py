@@ -19,7 +19,7 @@ from helpers import ROOT, SUITE, of_this_run, shm_segments, wait_for
 pytest.importorskip("mpi4py")
 from mpi4py import MPI  # noqa: E402,F401  (MPI opens its descriptors at import: before the leak checks count them)
 
-pytestmark = [pytest.mark.mpi]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 # the tests marked so run under every MPI of launchers.mpis() (MPICH's hydra with fake hosts, Open MPI 5 with one
 # application context per node); the others under MPICH only, for what only hydra or MPICH does (fake hosts that

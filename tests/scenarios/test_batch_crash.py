@@ -15,6 +15,8 @@ import pytest
 from ._sweeps import _child_store, crc_of, values
 from .test_crash import sweep
 
+pytestmark = pytest.mark.slow
+
 
 def _batch() -> dict[str, object]:
     v = values()

@@ -29,6 +29,8 @@ from helpers import ROOT
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import chaos  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 
 def _seed() -> int:
     seed = os.environ.get("SHMSTORE_CHAOS_SEED")

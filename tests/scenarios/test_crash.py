@@ -30,6 +30,8 @@ from shmstore.node.nodestore import NodeStore
 from ._sweeps import PKG, _child_store, assert_consistent, crc_of, kill_points, settle, values
 from helpers import spill_running, wait_for
 
+pytestmark = pytest.mark.slow
+
 MiB = 1 << 20
 
 

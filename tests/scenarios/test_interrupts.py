@@ -262,6 +262,7 @@ def mode(request) -> str:
 
 
 @pytest.mark.parametrize("kind", ["small", "dict", "large", "disk"])
+@pytest.mark.slow
 def test_put_interrupted_at_every_step_is_all_or_nothing(crash_store, kind, mode):
     store, value = crash_store, values()[kind]
     levels = [Level.DISK] if kind == "disk" else None
@@ -282,6 +283,7 @@ def test_put_interrupted_at_every_step_is_all_or_nothing(crash_store, kind, mode
 
 
 @pytest.mark.parametrize("kind", ["small", "dict", "large", "disk"])
+@pytest.mark.slow
 def test_overwrite_interrupted_at_every_step_leaves_the_old_or_the_new(crash_store, kind, mode):
     store, new = crash_store, values()[kind]
     old = np.arange(50_000)
@@ -307,6 +309,7 @@ def test_overwrite_interrupted_at_every_step_leaves_the_old_or_the_new(crash_sto
 
 
 @pytest.mark.parametrize("kind", ["small", "dict", "disk"])
+@pytest.mark.slow
 def test_delete_interrupted_at_every_step_leaves_no_ghost(crash_store, kind, mode):
     store, value = crash_store, values()[kind]
     levels = [Level.DISK] if kind == "disk" else None
@@ -327,6 +330,7 @@ def test_delete_interrupted_at_every_step_leaves_no_ghost(crash_store, kind, mod
 
 
 @pytest.mark.parametrize("level", [Level.MEMORY, Level.DISK])
+@pytest.mark.slow
 def test_writer_interrupted_at_every_step_leaves_nothing_half_visible(crash_store, level, mode):
     store = crash_store
     data = bytes(range(256)) * 2000
@@ -347,6 +351,7 @@ def test_writer_interrupted_at_every_step_leaves_nothing_half_visible(crash_stor
     assert sweep(store, _child_store(store), op, verify, mode) > 5
 
 
+@pytest.mark.slow
 def test_reader_and_pins_interrupted_at_every_step(crash_store, mode):
     store = crash_store
     store.put("victim", np.arange(100_000))
@@ -370,6 +375,7 @@ def test_reader_and_pins_interrupted_at_every_step(crash_store, mode):
 
 
 @pytest.mark.parametrize("direction", ["spill", "restore"])
+@pytest.mark.slow
 def test_move_and_spilled_get_interrupted_at_every_step(crash_store, direction, mode):
     store = crash_store
     value = values()["large"]
@@ -390,6 +396,7 @@ def test_move_and_spilled_get_interrupted_at_every_step(crash_store, direction, 
     assert sweep(store, _child_store(store), op, verify, mode) > 5
 
 
+@pytest.mark.slow
 def test_get_of_a_spilled_object_interrupted_at_every_step(crash_store, mode):
     store = crash_store
     value = values()["disk"]
@@ -434,6 +441,7 @@ def _die_holding(store, key: str) -> None:
 
 
 @pytest.mark.parametrize("verb", ["get", "contains", "delete", "put", "put large"])
+@pytest.mark.slow
 def test_a_verb_meeting_a_dead_holders_lock_interrupted_anywhere_leaves_it_repaired_and_free(crash_store, verb):
     """The verb's key's stripe lock was held by a process that died half way through an update; the verb takes it
     (in a C fast path or in Python), repairs the stripe and goes on. An asynchronous exception at every point

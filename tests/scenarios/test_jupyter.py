@@ -21,6 +21,8 @@ import pytest
 
 from helpers import ROOT, shm_segments, unique_name, wait_for
 
+pytestmark = pytest.mark.slow
+
 jupyter_client = pytest.importorskip("jupyter_client", reason="pip install jupyter_client ipykernel ([test] extra)")
 pytest.importorskip("ipykernel", reason="pip install ipykernel ([test] extra)")
 

@@ -6,6 +6,7 @@ import signal
 import time
 
 import numpy as np
+import pytest
 
 import shmstore
 from shmstore import Level
@@ -73,6 +74,7 @@ def test_sigterm_leaves_a_persistent_store_consistent(name, tmp_path):
     assert gone(name) and not os.listdir(tmp_path)
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_spill_process_alone_keeps_the_store_for_its_clients(name, tmp_path):
     with shmstore.connect(name, capacity="16MiB", spill_dir=str(tmp_path)) as s:
         s.put("a", np.arange(1000))
@@ -190,6 +192,7 @@ def in_its_loop(store) -> bool:
     return L.unpack_spill_state(store.node_store.meta.mm).heartbeat > 0
 
 
+@pytest.mark.slow
 def test_spill_process_ignores_sigint_and_ends_cleanly_on_sigterm_during_its_wait(store):
     """Regression: SIGTERM interrupted the semaphore wait and the spill process died of posix_ipc.SignalError."""
     pid = store.spill_pid
@@ -204,6 +207,7 @@ def test_spill_process_ignores_sigint_and_ends_cleanly_on_sigterm_during_its_wai
     assert store.check() == []
 
 
+@pytest.mark.slow
 def test_spill_process_of_a_store_removed_behind_its_back_exits_and_removes_its_files(name, tmp_path):
     """Regression: a persistent store whose segments a cleaner unlinked directly (not through destroy or gc)
     kept its spill process polling forever, with nobody able to attach again."""

@@ -157,6 +157,7 @@ def _value(seed: int) -> np.ndarray:
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.slow
 def test_readers_never_miss_or_see_torn_values_while_writers_overwrite_and_are_killed(name, tmp_path):
     """Readers read while writers overwrite and are SIGKILLed, eight times: a count, not a time (a loaded
     machine once fitted only 4 kills into the 5 s this test ran for; issue 30 item 11). The deadline only

@@ -316,6 +316,7 @@ class Pauser:
             os.close(fd)
 
 
+@pytest.mark.slow
 def test_short_scripts_coming_and_going_on_one_name_never_fail_or_leave_anything(name):
     """Six processes each connect and close one name 30 times, as short job steps do, half of the times putting,
     reading back and deleting a value in between, with random naps between the steps, while each process is

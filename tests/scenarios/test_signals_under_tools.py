@@ -168,6 +168,7 @@ with shmstore.connect(name, capacity="64MiB", persist_dir=pdir) as s:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("tool", sorted(TOOLS))
+@pytest.mark.slow
 def test_signals_inside_checkpoints_under_tools_reach_the_program_and_the_newest_complete_one_restores_whole(
         tool, tmp_path):
     """Issue 34 under the tools of issue 30: a program checkpointing in a loop (the put, then the wait for the

@@ -23,7 +23,8 @@ from helpers import ROOT, hand_over, wait_for
 
 pytestmark = [pytest.mark.mpi, pytest.mark.skipif(
     not (shutil.which("slurmctld") and shutil.which("slurmd") and shutil.which("munged") and shutil.which("sbatch"))
-    or os.getuid() != 0, reason="no Slurm here (apt-get install slurm-wlm munge, as root; .ci/run does)")]
+    or os.getuid() != 0, reason="no Slurm here (apt-get install slurm-wlm munge, as root; .ci/run does)"),
+    pytest.mark.slow]
 BIN = os.path.dirname(sys.executable)
 
 

@@ -188,6 +188,7 @@ def test_sigterm_with_its_client_gone_removes_the_store_and_exits(client, logged
     assert f"shmstore-spill[{pid}]" in log and "last client gone; removed the store and 1 spill file(s)" in log, log
 
 
+@pytest.mark.slow
 def test_sigterm_with_a_client_attached_exits_and_leaves_the_store_to_it(client, logged):
     """SIGTERM while a client stays: the spill process waits its grace, logs that the client keeps the
     store, and exits 0; the store is whole, and the client (the last) removes it."""

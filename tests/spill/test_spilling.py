@@ -220,6 +220,7 @@ def test_disk_quota_is_enforced(name, tmp_path):
         assert s.get_capacity()[Level.DISK].total == 4 * MiB
 
 
+@pytest.mark.slow
 def test_spill_process_killed_mid_spill_loses_nothing(name, tmp_path):
     with shmstore.connect(name, capacity="768MiB", spill_dir=str(tmp_path)) as s:
         data = np.arange(64 * MiB, dtype=np.int32)  # 256 MiB
@@ -380,6 +381,7 @@ def _check_old(old) -> None:
     assert old.check() == []
 
 
+@pytest.mark.slow
 def test_a_new_store_under_an_unlinked_name_leaves_the_old_store_s_files_alone(name, tmp_path):
     """The old store's clients go on using it while a new store is made under its name, with the same spill
     directory. The new store's files took the old one's names (entry 31 of generation 0 in both: the old store
@@ -409,6 +411,7 @@ def test_a_new_store_under_an_unlinked_name_leaves_the_old_store_s_files_alone(n
             child.kill()
 
 
+@pytest.mark.slow
 def test_a_spill_process_started_for_an_unlinked_store_leaves_the_new_one_alone(name, tmp_path):
     """A client of the old store restarted its dead spill process, which opened the store by name and got the
     new one: it recovered that store under its running spill process (rolling back the moves in flight there,
@@ -443,6 +446,7 @@ def test_a_spill_process_started_for_an_unlinked_store_leaves_the_new_one_alone(
             child.kill()
 
 
+@pytest.mark.slow
 def test_the_old_store_leaves_the_directory_to_a_new_one_that_has_it_open(name, tmp_path):
     """The new store has the directory open but no file in it yet when the old store goes: the old store's
     removal took the empty directory, the new store's next spill failed (``No such file or directory``: its
